@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Sets up a virtual environment in .venv (idempotent) and runs one job in it.
+#   bash scripts/run.sh serve [ARGS...]   start the OpenAI-compatible server on the bundled default model
+#   bash scripts/run.sh test  [ARGS...]   run the lint and the test suite
+# On a machine without an NVIDIA GPU the CPU build of PyTorch is installed first, so that the package's
+# `torch>=2.4` requirement does not pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+job="${1:-}"; shift || true
+PY="${PYTHON:-python3}"
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+if ! "$VPY" -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    "$VPY" -m pip install --quiet torch
+  else
+    "$VPY" -m pip install --quiet torch==2.13.0
+  fi
+fi
+"$VPY" -m pip install --quiet -e ".[test]"
+
+case "$job" in
+  serve)
+    exec .venv/bin/diffuserve serve "$@"
+    ;;
+  test)
+    .venv/bin/ruff check diffuserve tests scripts
+    exec "$VPY" -m pytest -q "$@"
+    ;;
+  *)
+    echo "usage: bash scripts/run.sh serve|test [ARGS...]" >&2
+    exit 2
+    ;;
+esac
