@@ -26,7 +26,8 @@ def special_token_ids() -> dict[str, int]:
 def write_byte_tokenizer(out_dir: str | Path, vocab_size: int) -> dict[str, int]:
     """Writes the tokenizer files; returns the special token ids by name."""
     if vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size: {vocab_size} is too small for a byte tokenizer; need >= {256 + len(SPECIAL_TOKENS)}")
+        minimum = 256 + len(SPECIAL_TOKENS)
+        raise ValueError(f"vocab_size: {vocab_size} is too small for a byte tokenizer; need >= {minimum}")
     out = Path(out_dir)
     byte_symbols = list(ByteLevel.alphabet())
     byte_symbols.sort(key=lambda s: _byte_of(s))
@@ -51,7 +52,7 @@ def write_byte_tokenizer(out_dir: str | Path, vocab_size: int) -> dict[str, int]
 
 def _byte_of(symbol: str) -> int:
     """The byte a ByteLevel alphabet symbol stands for (GPT-2's printable remapping)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     remapped = [b for b in range(256) if b not in printable]
     code = ord(symbol)
     return code if code in printable else remapped[code - 256]

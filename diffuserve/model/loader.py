@@ -75,7 +75,9 @@ def load_weights(model: nn.Module, family: ModelFamily, args: ModelArgs, model_d
         if target is None or (args.tie_word_embeddings and name == "lm_head.weight"):
             continue
         if target.param not in params:
-            raise ValueError(f"checkpoint: unexpected weight {name!r} (no parameter {target.param!r} in {args.architecture})")
+            raise ValueError(
+                f"checkpoint: unexpected weight {name!r} (no parameter {target.param!r} in {args.architecture})"
+            )
         dst = target.view(params[target.param].data)
         if dst.shape != tensor.shape:
             raise ValueError(f"checkpoint: weight {name!r} has shape {list(tensor.shape)}, expected {list(dst.shape)}")

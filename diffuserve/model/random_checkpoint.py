@@ -97,5 +97,6 @@ def _save_sharded(tensors: dict[str, torch.Tensor], out: Path, max_shard_bytes: 
         file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, str(out / file), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(shard, file))
-    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())}, "weight_map": weight_map}
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

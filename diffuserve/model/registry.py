@@ -25,7 +25,9 @@ class ModelFamily:
     """Our state dict -> checkpoint tensors with Hub names (for writing checkpoints)."""
 
 
-CLOVER = ModelFamily("clover", CloverForBlockDiffusion, qwen3_args_from_hf, qwen3_weight_target, qwen3_checkpoint_tensors)
+CLOVER = ModelFamily(
+    "clover", CloverForBlockDiffusion, qwen3_args_from_hf, qwen3_weight_target, qwen3_checkpoint_tensors
+)
 
 ARCHITECTURES: dict[str, ModelFamily] = {
     "CloverForBlockDiffusion": CLOVER,

@@ -54,7 +54,8 @@ def qwen3_weight_target(name: str, args: ModelArgs) -> WeightTarget | None:
         inter = args.moe_intermediate_size
         if m[3] == "down":
             return WeightTarget(f"{m[1]}.down_proj", expert=int(m[2]))
-        return WeightTarget(f"{m[1]}.gate_up_proj", expert=int(m[2]), row_start=0 if m[3] == "gate" else inter, rows=inter)
+        start = 0 if m[3] == "gate" else inter
+        return WeightTarget(f"{m[1]}.gate_up_proj", expert=int(m[2]), row_start=start, rows=inter)
     if m := _GATE_UP.fullmatch(name):
         inter = args.shared_expert_intermediate_size if m[1].endswith("shared_experts") else args.intermediate_size
         return WeightTarget(f"{m[1]}.gate_up_proj.weight", row_start=0 if m[2] == "gate" else inter, rows=inter)

@@ -16,7 +16,7 @@ def grouped_experts(
     x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
 ) -> torch.Tensor:
     """x [N, H], weights/ids [N, K], gate_up [E, 2I, H], down [E, H, I] -> [N, H]."""
-    num_tokens, top_k = ids.shape
+    top_k = ids.shape[1]
     flat_ids = ids.reshape(-1)  # [N*K]
     order = torch.argsort(flat_ids, stable=True)  # assignments grouped by expert
     token_of = order // top_k  # [N*K] source token of each sorted assignment

@@ -65,7 +65,9 @@ def _llama3(rope: RopeArgs, dim: int) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def compute_inv_freq(rope: RopeArgs, rotary_dim: int, max_position: int, max_model_len: int) -> tuple[torch.Tensor, float]:
+def compute_inv_freq(
+    rope: RopeArgs, rotary_dim: int, max_position: int, max_model_len: int
+) -> tuple[torch.Tensor, float]:
     """Returns (inv_freq [rotary_dim / 2] fp32, attention scaling applied to cos and sin)."""
     if rope.rope_type == "default":
         return _base_inv_freq(rope.theta, rotary_dim), 1.0

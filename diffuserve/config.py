@@ -1,0 +1,180 @@
+"""Engine configuration: frozen dataclasses, one per subsystem, each field documented by the string beneath it.
+
+The same docstrings become the CLI's `--help` (`add_config_arguments`), and `EngineConfig.from_kwargs` routes
+flat keyword arguments (as `LLM(model, max_num_seqs=...)` takes them) to the right sub-config, rejecting unknown
+names with the list of valid ones. Values that depend on the model ("auto", None) are resolved later by building
+new objects with `dataclasses.replace`; nothing here is ever mutated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import textwrap
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+
+def _positive(name: str, value: int | float | None, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or value <= 0:
+        raise ValueError(f"{name}: must be > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    page_size: int | None = None
+    """Tokens per KV-cache page; must be a multiple of the block length (default: smallest multiple >= 16)."""
+    num_pages: int | None = None
+    """Number of KV-cache pages; overrides --kv-cache-memory when set."""
+    kv_cache_memory: int | None = None
+    """KV-cache budget in bytes (default on CPU: what max_num_seqs sequences of max_model_len need, at most 4 GiB)."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of GPU memory the engine may use (weights + activations + KV cache) when no budget is given."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV pages of a shared prompt prefix across requests."""
+
+    def __post_init__(self) -> None:
+        _positive("page_size", self.page_size)
+        _positive("num_pages", self.num_pages)
+        _positive("kv_cache_memory", self.kv_cache_memory)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    """Most requests denoised together in one step."""
+    max_num_batched_tokens: int = 4096
+    """Token budget of one step (current blocks + commit tokens + prefill chunks)."""
+    fused_commit: bool = True
+    """Write a finished block's K/V in the same forward as the next block's first step (exact). Off: a separate
+    commit forward per block, as other engines do (kept for comparison benchmarks)."""
+
+    def __post_init__(self) -> None:
+        _positive("max_num_seqs", self.max_num_seqs, allow_none=False)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens, allow_none=False)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    """Processes that split attention and dense layers (torch.distributed)."""
+    enable_expert_parallel: bool = False
+    """Split the experts of MoE layers across the tensor-parallel processes instead of slicing each expert."""
+
+    def __post_init__(self) -> None:
+        _positive("tensor_parallel_size", self.tensor_parallel_size, allow_none=False)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    """Model directory (Hugging Face style: config.json, safetensors, tokenizer)."""
+    dtype: str = "auto"
+    """Weight and activation dtype: auto (the checkpoint's), float32, bfloat16 or float16."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N, or auto (cuda when available)."""
+    max_model_len: int | None = None
+    """Longest prompt + generation in tokens (default: the model's max_position_embeddings, at most 32768)."""
+    block_length: int | None = None
+    """Diffusion block length (default: the model's block_length)."""
+    seed: int = 0
+    """Seed of requests that set none."""
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self) -> None:
+        _positive("max_model_len", self.max_model_len)
+        _positive("block_length", self.block_length)
+
+    @classmethod
+    def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:
+        """Routes flat keyword arguments to the sub-configs; unknown names raise with the valid ones."""
+        groups: dict[str, dict[str, Any]] = {name: {} for name in _SUB_CONFIGS}
+        top: dict[str, Any] = {}
+        for key, value in kwargs.items():
+            owner = _owner_of(key)
+            if owner is None:
+                valid = sorted(_flat_field_names())
+                raise ValueError(f"unknown engine option {key!r}; valid options: {', '.join(valid)}")
+            (top if owner == "" else groups[owner])[key] = value
+        subs = {name: sub_cls(**groups[name]) for name, sub_cls in _SUB_CONFIGS.items()}
+        return cls(model=model, **top, **subs)
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """Inverse of `from_kwargs` (without `model`)."""
+        flat = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _SUB_CONFIGS}
+        flat.pop("model")
+        for name in _SUB_CONFIGS:
+            flat.update(dataclasses.asdict(getattr(self, name)))
+        return flat
+
+
+_SUB_CONFIGS = {"cache": CacheConfig, "scheduler": SchedulerConfig, "parallel": ParallelConfig}
+
+
+def _owner_of(key: str) -> str | None:
+    if key in {f.name for f in dataclasses.fields(EngineConfig)} - set(_SUB_CONFIGS) - {"model"}:
+        return ""
+    for name, sub_cls in _SUB_CONFIGS.items():
+        if key in {f.name for f in dataclasses.fields(sub_cls)}:
+            return name
+    return None
+
+
+def _flat_field_names() -> list[str]:
+    names = [f.name for f in dataclasses.fields(EngineConfig) if f.name not in _SUB_CONFIGS and f.name != "model"]
+    for sub_cls in _SUB_CONFIGS.values():
+        names += [f.name for f in dataclasses.fields(sub_cls)]
+    return names
+
+
+@cache
+def field_docs(cls: type) -> dict[str, str]:
+    """{field name: the docstring written beneath it} (read from the class source)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())  # type: ignore[union-attr]
+    return docs
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """Adds one `--flag` per dataclass field (recursing into sub-configs); help text = the field docstring."""
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        if f.name in _SUB_CONFIGS:
+            add_config_arguments(parser, _SUB_CONFIGS[f.name], skip)
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        kind = {"bool": _parse_bool, "int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=argparse.SUPPRESS,
+            metavar=f.name.upper() if kind is not _parse_bool else "{true,false}",
+            help=docs.get(f.name, "") + ("" if default is None else f" (default: {default})"),
+        )
+
+
+def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfig:
+    """Builds an EngineConfig from the flags `add_config_arguments(parser, EngineConfig)` defined."""
+    known = set(_flat_field_names())
+    return EngineConfig.from_kwargs(model, **{k: v for k, v in vars(args).items() if k in known})

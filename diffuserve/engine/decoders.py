@@ -1,0 +1,99 @@
+"""Decoders: which masked positions of a block to accept at a step. Pure functions over tensors.
+
+Every tensor here is canvas-shaped, [B] for one request's current block of B positions. A proposal carries, at
+each masked position, the token the model proposes and its confidence (the probability of that token under
+the sampling distribution) and entropy; unmasked positions hold -inf confidence and +inf entropy, so they are
+never chosen. `torch.topk` runs over the whole block exactly as the SDAR / LLaDA2 references run it, so ties
+break the same way.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from diffuserve.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: torch.Tensor
+    """[B] long: proposed token at masked positions (undefined elsewhere)."""
+    confidence: torch.Tensor
+    """[B] fp32: probability of the proposed token; -inf where not masked."""
+    entropy: torch.Tensor | None
+    """[B] fp32: entropy of the position's distribution (nats); +inf where not masked. None unless needed."""
+
+    @property
+    def num_masked(self) -> int:
+        return int(torch.isfinite(self.confidence).sum())
+
+
+def num_transfer_tokens(block_length: int, steps: int, step: int) -> int:
+    """Even split of the block over `steps`, remainder to the first steps (SDAR and LLaDA2 schedules)."""
+    return block_length // steps + (1 if step < block_length % steps else 0)
+
+
+def top_k_mask(confidence: torch.Tensor, k: int) -> torch.Tensor:
+    """[B] bool with the k most confident positions set (k clamped to the masked count)."""
+    k = min(k, int(torch.isfinite(confidence).sum()))
+    accept = torch.zeros_like(confidence, dtype=torch.bool)
+    accept[torch.topk(confidence, k).indices] = True
+    return accept
+
+
+class Decoder(ABC):
+    """A denoising policy. `select` returns the [B] bool mask of positions whose proposal is accepted."""
+
+    needs_entropy = False
+
+    @abstractmethod
+    def select(self, proposal: Proposal, step: int, params: SamplingParams, block_length: int) -> torch.Tensor: ...
+
+    @staticmethod
+    def min_count(step: int, params: SamplingParams, block_length: int) -> int:
+        return num_transfer_tokens(block_length, params.steps or block_length, step)
+
+
+class ThresholdDecoder(Decoder):
+    """Accept every proposal with confidence > threshold (strict); if fewer than the schedule's count for this
+    step, accept the schedule's count of most confident ones instead (SDAR `low_confidence_dynamic`, LLaDA2)."""
+
+    def select(self, proposal: Proposal, step: int, params: SamplingParams, block_length: int) -> torch.Tensor:
+        count = self.min_count(step, params, block_length)
+        above = proposal.confidence > params.threshold
+        return above if int(above.sum()) >= count else top_k_mask(proposal.confidence, count)
+
+
+class FixedStepsDecoder(Decoder):
+    """Accept exactly the schedule's count of most confident proposals (LLaDA / SDAR `low_confidence_static`)."""
+
+    def select(self, proposal: Proposal, step: int, params: SamplingParams, block_length: int) -> torch.Tensor:
+        return top_k_mask(proposal.confidence, self.min_count(step, params, block_length))
+
+
+class EntropyBoundDecoder(Decoder):
+    """EB-sampler: sort masked positions by entropy (ascending) and accept the longest prefix whose entropy sum,
+    less its largest member, stays within gamma = `entropy_bound`; always at least one position."""
+
+    needs_entropy = True
+
+    def select(self, proposal: Proposal, step: int, params: SamplingParams, block_length: int) -> torch.Tensor:
+        assert proposal.entropy is not None, "entropy decoder needs proposal entropies"
+        num_masked = proposal.num_masked
+        order = torch.sort(proposal.entropy, stable=True).indices[:num_masked]
+        sorted_entropy = proposal.entropy[order]
+        excess = torch.cumsum(sorted_entropy, 0) - sorted_entropy  # sum of the set minus its largest member
+        count = max(1, int((excess <= params.entropy_bound).sum()))
+        accept = torch.zeros_like(proposal.confidence, dtype=torch.bool)
+        accept[order[:count]] = True
+        return accept
+
+
+DECODERS: dict[str, Decoder] = {
+    "threshold": ThresholdDecoder(),
+    "fixed": FixedStepsDecoder(),
+    "entropy": EntropyBoundDecoder(),
+}

@@ -1,0 +1,85 @@
+"""Builds an engine's parts from an EngineConfig: resolves the model-dependent settings (device, block length,
+max_model_len, page size, KV budget), loads the model and tokenizer, and allocates the KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from diffuserve.config import EngineConfig
+from diffuserve.engine.kv_cache import allocate_kv_cache, num_pages_for, resolve_page_size, spec_for
+from diffuserve.engine.kv_pages import PagePool
+from diffuserve.engine.model_runner import ModelRunner
+from diffuserve.engine.scheduler import Scheduler
+from diffuserve.model.config import ModelArgs
+from diffuserve.model.loader import load_args, load_model, read_model_config
+from diffuserve.tokenizer import Tokenizer
+
+DEFAULT_MAX_MODEL_LEN = 32768
+GENERATION_KEYS = ("temperature", "top_p", "top_k", "decoder", "threshold", "steps", "entropy_bound")
+
+
+@dataclass(frozen=True)
+class EngineComponents:
+    args: ModelArgs
+    tokenizer: Tokenizer | None
+    runner: ModelRunner
+    scheduler: Scheduler
+    pool: PagePool
+    max_model_len: int
+    generation_defaults: dict[str, Any]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device: {name!r} requested but CUDA is not available; use --device cpu")
+    return torch.device(name)
+
+
+def resolve_max_model_len(requested: int | None, args: ModelArgs) -> int:
+    if requested is None:
+        return min(args.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+    limit = args.max_position_embeddings
+    if requested > limit and args.rope.rope_type == "default":
+        raise ValueError(
+            f"max_model_len: {requested} exceeds the model's max_position_embeddings {limit} and its RoPE has no "
+            "scaling; lower --max-model-len"
+        )
+    return requested
+
+
+def build_components(config: EngineConfig) -> EngineComponents:
+    device = resolve_device(config.device)
+    _, args = load_args(config.model)
+    args = args.replace(block_length=config.block_length or args.block_length)
+    max_model_len = resolve_max_model_len(config.max_model_len, args)
+    # The RoPE table covers the last block, which may reach past max_model_len.
+    args, model = load_model(config.model, config.dtype, str(device), max_model_len + args.block_length, args)
+    page_size = resolve_page_size(config.cache.page_size, args.block_length)
+    sched = config.scheduler
+    if sched.max_num_batched_tokens < args.block_length:
+        raise ValueError(
+            f"max_num_batched_tokens: {sched.max_num_batched_tokens} is below the block length {args.block_length}; "
+            f"raise it to at least {2 * args.block_length}"
+        )
+    spec = spec_for(args, page_size, next(model.parameters()).dtype)
+    reserve = sched.max_num_batched_tokens * (args.hidden_size * 32 + args.vocab_size * 4)
+    num_pages = num_pages_for(config.cache, spec, device, sched.max_num_seqs, max_model_len, reserve)
+    k_caches, v_caches = allocate_kv_cache(spec, num_pages, device)
+    pool = PagePool(num_pages, page_size, config.cache.enable_prefix_caching)
+    scheduler = Scheduler(pool, sched.max_num_seqs, sched.max_num_batched_tokens, args.block_length, sched.fused_commit)
+    runner = ModelRunner(model, k_caches, v_caches, page_size, args.block_length, device, config.seed)
+    _, generation = read_model_config(config.model)
+    defaults = {k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None}
+    return EngineComponents(args, _tokenizer(config.model), runner, scheduler, pool, max_model_len, defaults)
+
+
+def _tokenizer(model_dir: str) -> Tokenizer | None:
+    from pathlib import Path
+
+    files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    return Tokenizer(model_dir) if any((Path(model_dir) / f).is_file() for f in files) else None

@@ -1,0 +1,65 @@
+"""LLM: the offline API (vLLM's shape). `LLM(model, **engine options).generate(prompts, params)` runs every
+prompt through one engine concurrently and returns the outputs in prompt order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from diffuserve.config import EngineConfig
+from diffuserve.engine.llm_engine import LLMEngine
+from diffuserve.engine.outputs import RequestOutput
+from diffuserve.sampling_params import SamplingParams
+
+PromptType = str | list[int] | dict[str, Any]
+
+
+class LLM:
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        self.engine = LLMEngine(EngineConfig.from_kwargs(str(model), **kwargs))
+        self._counter = 0
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Prompts: text, token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}. One params for all, or one
+        per prompt."""
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        if isinstance(sampling_params, Sequence):
+            params_list = list(sampling_params)
+        else:
+            params_list = [sampling_params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"sampling_params: {len(params_list)} given for {len(prompts)} prompts")
+        ids = []
+        for prompt, params in zip(prompts, params_list):
+            request_id = f"llm-{self._counter}"
+            self._counter += 1
+            self.engine.add_request(request_id, _unwrap(prompt), params)
+            ids.append(request_id)
+        finished: dict[str, RequestOutput] = {}
+        while len(finished) < len(ids):
+            for out in self.engine.step():
+                if out.finished:
+                    finished[out.request_id] = out
+        return [finished[i] for i in ids]
+
+    def chat(self, messages: list[dict[str, Any]], sampling_params: SamplingParams | None = None) -> RequestOutput:
+        """One conversation through the model's chat template."""
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise ValueError("messages: this model directory has no tokenizer")
+        return self.generate({"prompt_token_ids": tokenizer.encode_chat(messages)}, sampling_params)[0]
+
+
+def _unwrap(prompt: PromptType) -> str | list[int]:
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"])
+        if "prompt" in prompt:
+            return prompt["prompt"]
+        raise ValueError("prompt: a dict prompt needs `prompt` or `prompt_token_ids`")
+    return prompt

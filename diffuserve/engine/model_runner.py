@@ -1,0 +1,138 @@
+"""Runs one engine step on the model: builds the flattened batch, runs the forward, applies the decoders.
+
+The only engine module that touches torch. Input: the scheduler's work list. Output: per request, the canvas
+positions accepted this step and their tokens. It reads requests but never changes them (the engine applies
+results), and it owns the per-request sampling generators.
+
+Batch layout for a step (N query tokens, requests one after another):
+
+    input_ids  [ r0 commit tokens | r0 block | r1 block | r2 prefill chunk | ... ]   [N]
+    positions  absolute positions of those tokens                                    [N]
+    logit rows the masked positions of each block                                    [M]
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from diffuserve.engine.decoders import DECODERS
+from diffuserve.engine.request import Request
+from diffuserve.engine.sampling import propose
+from diffuserve.engine.scheduler import ScheduledRequest
+from diffuserve.model.layers.attention_backend import PagedAttentionInputs, SequenceSlice, block_causal_mask
+
+
+@dataclass(frozen=True)
+class BlockRows:
+    """Where one request's block sits in the step batch."""
+
+    work: ScheduledRequest
+    logit_start: int
+    masked: list[int]
+    """Canvas indices with a mask token (their logits are rows logit_start .. logit_start + len(masked))."""
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attention: PagedAttentionInputs
+    logit_rows: torch.Tensor
+    blocks: list[BlockRows]
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+                 page_size: int, block_length: int, device: torch.device, seed: int = 0) -> None:
+        self.model = model
+        self.k_caches, self.v_caches = k_caches, v_caches
+        self.page_size, self.block_length, self.device = page_size, block_length, device
+        self._seed_source = random.Random(seed)
+        self._generators: dict[str, torch.Generator] = {}
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[tuple[int, int]]]:
+        """Runs the step; returns {request_id: [(canvas index, token), ...]} for requests with a block."""
+        batch = self.build_batch(scheduled)
+        hidden = self.model(batch.input_ids, batch.positions, batch.attention)  # [N, H]
+        logits = self.model.compute_logits(hidden.index_select(0, batch.logit_rows)) if batch.blocks else None
+        return {b.work.request.request_id: self._decode(b, logits) for b in batch.blocks}
+
+    def release(self, request_id: str) -> None:
+        """Forgets a finished request's generator."""
+        self._generators.pop(request_id, None)
+
+    # ---- batch building ------------------------------------------------------------------------------------
+    def build_batch(self, scheduled: list[ScheduledRequest]) -> StepBatch:
+        ids: list[int] = []
+        positions: list[int] = []
+        slot_mapping: list[torch.Tensor] = []
+        sequences: list[SequenceSlice] = []
+        blocks: list[BlockRows] = []
+        logit_rows: list[int] = []
+        for work in scheduled:
+            request = work.request
+            start = len(ids)
+            ids += request.known_tokens(work.commit_start, work.commit_end)
+            if work.has_block:
+                masked = request.masked_indices()
+                blocks.append(BlockRows(work, len(logit_rows), masked))
+                logit_rows += [len(ids) + i for i in masked]
+                ids += request.canvas
+            positions += range(work.query_start, work.query_end)
+            key_slots = self._key_slots(request.page_ids, work.query_end)
+            slot_mapping.append(key_slots[work.query_start :])
+            sequences.append(SequenceSlice(start, work.num_tokens, key_slots, self._mask(work)))
+        attention = PagedAttentionInputs(torch.cat(slot_mapping), tuple(sequences), self.k_caches, self.v_caches)
+        return StepBatch(
+            torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), attention,
+            torch.tensor(logit_rows, dtype=torch.long, device=self.device), blocks,
+        )
+
+    def _key_slots(self, page_ids: list[int], end: int) -> torch.Tensor:
+        """[end] long: cache slot of positions 0..end-1 (page * page_size + offset)."""
+        pages = torch.tensor(page_ids, dtype=torch.long, device=self.device)
+        offsets = torch.arange(self.page_size, device=self.device)
+        return (pages[:, None] * self.page_size + offsets).flatten()[:end]
+
+    def _mask(self, work: ScheduledRequest) -> torch.Tensor | None:
+        """Block-causal mask, or None when all queries are one block (they see every key)."""
+        if work.num_tokens <= self.block_length:
+            return None
+        query_positions = torch.arange(work.query_start, work.query_end, device=self.device)
+        return block_causal_mask(query_positions, work.query_end, self.block_length)
+
+    # ---- decoding ------------------------------------------------------------------------------------------
+    def _decode(self, block: BlockRows, logits: torch.Tensor) -> list[tuple[int, int]]:
+        request = block.work.request
+        params = request.params
+        rows = logits[block.logit_start : block.logit_start + len(block.masked)]  # [M, V]
+        rows = self._suppress_early_stops(request, block.masked, rows)
+        decoder = DECODERS[params.decoder]
+        masked = torch.tensor(block.masked, dtype=torch.long, device=self.device)
+        proposal = propose(rows, masked, self.block_length, params, self._generator(request), decoder.needs_entropy)
+        accept = decoder.select(proposal, request.step_in_block, params, self.block_length)
+        indices = accept.nonzero().flatten()
+        return list(zip(indices.tolist(), proposal.tokens[indices].tolist()))
+
+    def _suppress_early_stops(self, request: Request, masked: list[int], rows: torch.Tensor) -> torch.Tensor:
+        """min_tokens: stop ids get -inf logits at generated positions below min_tokens."""
+        first_generated = request.block_start - request.num_prompt_tokens
+        early = [i for i, index in enumerate(masked) if first_generated + index < request.params.min_tokens]
+        if not early or not request.stop_ids:
+            return rows
+        rows = rows.clone()
+        stop = torch.tensor(sorted(request.stop_ids), device=self.device)
+        rows[torch.tensor(early, device=self.device)[:, None], stop[None, :]] = float("-inf")
+        return rows
+
+    def _generator(self, request: Request) -> torch.Generator | None:
+        if request.params.is_greedy:
+            return None
+        if request.request_id not in self._generators:
+            seed = request.params.seed if request.params.seed is not None else self._seed_source.getrandbits(63)
+            self._generators[request.request_id] = torch.Generator(device=self.device).manual_seed(seed)
+        return self._generators[request.request_id]

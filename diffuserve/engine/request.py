@@ -1,0 +1,141 @@
+"""A request's life in the engine: status, the current diffusion block ("canvas"), and when it is finished.
+
+Torch-free. The engine's geometry, for prompt length P and block length B (blocks aligned to position 0):
+
+    positions  0 ............ P-1 | P ............................
+    blocks     [ B ][ B ][ B ][ prompt tail + masks ][ masks ] ...
+               <- committed KV -->|<- block_start      (canvas = the current block, B tokens)
+
+`num_computed_tokens` counts positions whose final K/V are in the cache; positions in
+[num_computed_tokens, block_start) are known tokens still to commit (prompt blocks, or the block finished in
+the previous step: the fused commit). Accepted tokens never change unless the decoder edits (LLaDA2.1).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from diffuserve.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Ordered: every status after PREEMPTED is final."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """OpenAI's names."""
+        return {
+            RequestStatus.FINISHED_STOPPED: "stop",
+            RequestStatus.FINISHED_LENGTH: "length",
+            RequestStatus.FINISHED_ABORTED: "abort",
+            RequestStatus.FINISHED_ERROR: "error",
+        }.get(self)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    """Resolved (no None knobs left but `max_tokens`, which the engine has capped)."""
+    block_length: int
+    mask_token_id: int
+    stop_ids: frozenset[int]
+    """EOS (unless ignore_eos) and stop_token_ids."""
+    max_tokens: int
+    arrival_time: float = field(default_factory=time.monotonic)
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    """Generated tokens of finished blocks (and, once finished, the final answer)."""
+    canvas: list[int] = field(default_factory=list)
+    block_start: int = 0
+    step_in_block: int = 0
+    num_computed_tokens: int = 0
+    page_ids: list[int] = field(default_factory=list)
+    page_hashes: list[int] = field(default_factory=list)
+    """Prefix-cache hashes of this request's leading full, committed pages."""
+    num_forwards: int = 0
+    num_cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache at the request's first admission."""
+    last_scheduled_step: int = -1
+    stop_reason: int | str | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.open_block(len(self.prompt_token_ids) // self.block_length * self.block_length)
+
+    # ---- geometry ------------------------------------------------------------------------------------------
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def block_end(self) -> int:
+        return self.block_start + self.block_length
+
+    def known_tokens(self, start: int, end: int) -> list[int]:
+        """Final tokens at positions [start, end) < block_start (prompt, then finished blocks)."""
+        prompt = self.prompt_token_ids
+        return (prompt + self.output_token_ids)[start:end] if end > len(prompt) else prompt[start:end]
+
+    def open_block(self, block_start: int) -> None:
+        """Starts a new current block at `block_start`: known prompt tail, masks elsewhere."""
+        self.block_start = block_start
+        tail = self.prompt_token_ids[block_start:]
+        self.canvas = tail + [self.mask_token_id] * (self.block_length - len(tail))
+        self.step_in_block = 0
+
+    def masked_indices(self) -> list[int]:
+        return [i for i, token in enumerate(self.canvas) if token == self.mask_token_id]
+
+    def generation_start_in_block(self) -> int:
+        """Index in the canvas of the first generated position (> 0 only in the prompt's last block)."""
+        return max(0, self.num_prompt_tokens - self.block_start)
+
+    # ---- progress ------------------------------------------------------------------------------------------
+    def check_finished(self) -> RequestStatus | None:
+        """After accepting tokens: stop (a stop id with everything before it decided) or length (every
+        position below max_tokens decided). Returns the final status and trims the output, or None."""
+        generated = self.output_token_ids + self.canvas[self.generation_start_in_block():]
+        for g, token in enumerate(generated[: self.max_tokens]):
+            if token == self.mask_token_id:
+                return None
+            if token in self.stop_ids and g >= self.params.min_tokens:
+                self._finish_with(generated[: g + 1], RequestStatus.FINISHED_STOPPED, token)
+                return self.status
+        if len(generated) >= self.max_tokens:
+            self._finish_with(generated[: self.max_tokens], RequestStatus.FINISHED_LENGTH, None)
+            return self.status
+        return None
+
+    def finish_block(self) -> list[int]:
+        """The canvas has no masks and the request goes on: its generated part joins the output (to be
+        committed by the next forward) and the next block opens. Returns the new tokens."""
+        new = self.canvas[self.generation_start_in_block():]
+        self.output_token_ids.extend(new)
+        self.open_block(self.block_end)
+        return new
+
+    def _finish_with(self, tokens: list[int], status: RequestStatus, stop_reason: int | None) -> None:
+        self.output_token_ids = tokens
+        self.status = status
+        self.stop_reason = stop_reason
+
+    def total_tokens_needed(self) -> int:
+        """Positions the request can ever occupy: its last block ends at or after prompt + max_tokens."""
+        end = self.num_prompt_tokens + self.max_tokens
+        return -(-end // self.block_length) * self.block_length

@@ -1,0 +1,213 @@
+"""Step-level continuous batching for block diffusion. Torch-free.
+
+NOTE: the framing is vLLM's, adapted to diffusion. A request has `num_computed_tokens` (final K/V in the cache)
+and a current block. One engine step spends a token budget (`max_num_batched_tokens`) on, per request:
+
+    commit tokens  [num_computed_tokens, block_start)   prompt blocks (prefill, chunked by whole blocks) or
+                                                         the block finished last step (the fused commit)
+    + its current block (block_length tokens)            denoised this step, once nothing is left to commit
+
+Running requests come first, least recently scheduled first (so a tight budget rotates among them); waiting
+requests are admitted FCFS after them while pages, budget and `max_num_seqs` allow. When pages run out, the most
+recently admitted running request is preempted: its pages are freed, its tokens and canvas kept, and it is
+recomputed later. A request is only admitted if its whole life fits in the pool, so the oldest request can
+always proceed: no deadlock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from diffuserve.engine.kv_pages import PagePool, chain_hash
+from diffuserve.engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's work in a step: commit tokens [commit_start, commit_end), then optionally its block."""
+
+    request: Request
+    commit_start: int
+    commit_end: int
+    has_block: bool
+
+    @property
+    def query_start(self) -> int:
+        return self.commit_start
+
+    @property
+    def query_end(self) -> int:
+        return self.request.block_end if self.has_block else self.commit_end
+
+    @property
+    def num_tokens(self) -> int:
+        return self.query_end - self.query_start
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(
+        self, pool: PagePool, max_num_seqs: int, max_num_batched_tokens: int, block_length: int,
+        fused_commit: bool = True,
+    ) -> None:
+        self.pool = pool
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.block_length = block_length
+        self.fused_commit = fused_commit
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admission order: the last one is preempted first
+        self.num_steps = 0
+        self.num_preemptions = 0
+        self.num_prefix_queried_tokens = 0
+        self.num_prefix_hit_tokens = 0
+
+    # ---- public API ----------------------------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        """Queues a request. Raises ValueError if it could never fit in the KV cache."""
+        needed = -(-request.total_tokens_needed() // self.pool.page_size)
+        if needed > self.pool.num_pages:
+            raise ValueError(
+                f"request {request.request_id}: prompt ({request.num_prompt_tokens}) + max_tokens "
+                f"({request.max_tokens}) needs {needed} KV pages, the cache has {self.pool.num_pages}; "
+                "lower max_tokens or raise --num-pages / --kv-cache-memory"
+            )
+        self.waiting.append(request)
+
+    def schedule(self) -> SchedulerOutput:
+        """Picks this step's work and allocates its pages. Mutates request statuses, pages and queues."""
+        self.num_steps += 1
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[Request] = []
+        for request in sorted(self.running, key=lambda r: r.last_scheduled_step):
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            work = self._plan(request, budget)
+            if work is None or not self._reserve_pages(work, scheduled, preempted):
+                continue
+            scheduled.append(work)
+            budget -= work.num_tokens
+        if not preempted:
+            budget = self._admit_waiting(budget, scheduled)
+        for work in scheduled:
+            work.request.last_scheduled_step = self.num_steps
+        return SchedulerOutput(scheduled, preempted)
+
+    def finish(self, request: Request) -> None:
+        """Removes a finished (or aborted) request and frees its pages."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self._release(request)
+
+    def commit(self, work: ScheduledRequest) -> None:
+        """After the forward: the commit range's K/V are final; full pages join the prefix cache."""
+        request = work.request
+        request.num_computed_tokens = max(request.num_computed_tokens, work.commit_end)
+        page_size = self.pool.page_size
+        while len(request.page_hashes) < request.num_computed_tokens // page_size:
+            i = len(request.page_hashes)
+            parent = request.page_hashes[-1] if request.page_hashes else None
+            page_hash = chain_hash(parent, request.known_tokens(i * page_size, (i + 1) * page_size))
+            request.page_hashes.append(page_hash)
+            self.pool.register(request.page_ids[i], page_hash)
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Share of the reusable prompt tokens of admitted requests that came from the prefix cache."""
+        return self.num_prefix_hit_tokens / self.num_prefix_queried_tokens if self.num_prefix_queried_tokens else 0.0
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- planning ------------------------------------------------------------------------------------------
+    def _plan(self, request: Request, budget: int) -> ScheduledRequest | None:
+        """The largest piece of work that fits the budget: all pending commits plus the block, or a chunk of
+        whole blocks of commits. With fused_commit off, a finished block's commit runs as its own forward."""
+        start, pending = request.num_computed_tokens, request.block_start - request.num_computed_tokens
+        is_block_commit = request.block_start > request.num_prompt_tokens // self.block_length * self.block_length
+        if pending + self.block_length <= budget and not (pending and is_block_commit and not self.fused_commit):
+            return ScheduledRequest(request, start, request.block_start, has_block=True)
+        chunk = min(pending, budget // self.block_length * self.block_length)
+        if chunk <= 0:
+            return None
+        return ScheduledRequest(request, start, start + chunk, has_block=False)
+
+    def _pages_needed(self, work: ScheduledRequest) -> int:
+        return -(-work.query_end // self.pool.page_size) - len(work.request.page_ids)
+
+    def _reserve_pages(self, work: ScheduledRequest, scheduled: list, preempted: list[Request]) -> bool:
+        """Allocates the pages `work` needs, preempting the youngest unscheduled running requests if the pool
+        is short. Returns False if `work`'s own request had to be preempted."""
+        needed = self._pages_needed(work)
+        busy = {s.request.request_id for s in scheduled}
+        while not self.pool.can_allocate(needed):
+            victims = [r for r in self.running if r.request_id not in busy]
+            victim = victims[-1]  # `work.request` itself is among them, so never empty
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is work.request:
+                return False
+        work.request.page_ids += self.pool.allocate(needed)
+        return True
+
+    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            self._match_prefix(request)
+            work = self._plan(request, budget)
+            if work is None or not self.pool.can_allocate(self._pages_needed(work)):
+                self._release(request)  # drop the prefix pages again; retry next step
+                break
+            self.waiting.popleft()
+            request.page_ids += self.pool.allocate(self._pages_needed(work))
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self.num_prefix_queried_tokens += request.block_start // self.pool.page_size * self.pool.page_size
+            self.num_prefix_hit_tokens += request.num_computed_tokens
+            if request.num_forwards == 0:
+                request.num_cached_tokens = request.num_computed_tokens
+            scheduled.append(work)
+            budget -= work.num_tokens
+        return budget
+
+    def _match_prefix(self, request: Request) -> None:
+        """Reuses cached pages for the request's committed-able prefix (whole pages before its block)."""
+        page_size = self.pool.page_size
+        num_full = request.block_start // page_size
+        hashes, parent = [], None
+        for i in range(num_full):
+            parent = chain_hash(parent, request.known_tokens(i * page_size, (i + 1) * page_size))
+            hashes.append(parent)
+        pages = self.pool.match_prefix(hashes)
+        request.page_ids = pages
+        request.page_hashes = hashes[: len(pages)]
+        request.num_computed_tokens = len(pages) * page_size
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self._release(request)
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+
+    def _release(self, request: Request) -> None:
+        self.pool.free(request.page_ids)
+        request.page_ids, request.page_hashes = [], []
+        request.num_computed_tokens = 0

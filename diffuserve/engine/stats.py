@@ -1,0 +1,56 @@
+"""Cumulative engine counters and point-in-time snapshots (what /metrics and `bench` report). Torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from diffuserve.engine.kv_pages import PagePool
+    from diffuserve.engine.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    """Fraction of KV pages referenced by requests."""
+    prefix_hit_rate: float
+    num_preemptions: int
+    num_steps: int
+    """Forwards the engine ran (each step is one forward over the whole batch)."""
+    num_batched_tokens: int
+    """Query tokens over all steps (blocks, commits, prefill chunks)."""
+    num_generated_tokens: int
+    step_time_s: float
+    """Wall time spent inside model forwards and decoders."""
+    num_prefix_hit_tokens: int
+    num_prefix_queried_tokens: int
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.num_batched_tokens / self.num_steps if self.num_steps else 0.0
+
+
+@dataclass
+class EngineCounters:
+    num_steps: int = 0
+    num_batched_tokens: int = 0
+    num_generated_tokens: int = 0
+    step_time_s: float = 0.0
+
+    def record_step(self, num_tokens: int, seconds: float) -> None:
+        self.num_steps += 1
+        self.num_batched_tokens += num_tokens
+        self.step_time_s += seconds
+
+    def snapshot(self, scheduler: Scheduler, pool: PagePool) -> EngineStats:
+        return EngineStats(
+            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting), kv_usage=pool.usage,
+            prefix_hit_rate=scheduler.prefix_hit_rate, num_preemptions=scheduler.num_preemptions,
+            num_steps=self.num_steps, num_batched_tokens=self.num_batched_tokens,
+            num_generated_tokens=self.num_generated_tokens, step_time_s=self.step_time_s,
+            num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
+            num_prefix_queried_tokens=scheduler.num_prefix_queried_tokens,
+        )

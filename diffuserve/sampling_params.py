@@ -1,0 +1,87 @@
+"""Per-request decoding knobs, under vLLM's names, plus the block-diffusion ones (decoder, threshold, ...).
+
+`None` means "the model's default" (its generation_config.json, else the value documented on the field); the
+engine fills those in with `with_defaults`. Validation raises ValueError naming the field, the value and the
+allowed range. Knows nothing of tensors or the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+DECODERS = ("threshold", "fixed", "entropy")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    """Completions per prompt (each its own request; seeded ones use seed, seed + 1, ...)."""
+    temperature: float | None = None
+    """0 = argmax (default, as the block-diffusion references decode)."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 or -1 = no top-k filtering."""
+    seed: int | None = None
+    max_tokens: int | None = 16
+    """Generated tokens at most; None = up to the engine's max_model_len."""
+    min_tokens: int = 0
+    """Stop tokens are suppressed (their logits set to -inf) before this many generated tokens."""
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    decoder: str | None = None
+    """threshold (SDAR/LLaDA2 confidence threshold with a top-k fallback), fixed (a fixed number of tokens per
+    step) or entropy (EB-sampler entropy bound). Default: threshold."""
+    threshold: float | None = None
+    """Confidence a proposal must exceed (strict >) to be accepted; default 0.9."""
+    steps: int | None = None
+    """Denoising steps per block of the fallback / fixed schedule: each step accepts at least
+    block_length // steps tokens (remainder to the first steps). Default: block_length (one token a step)."""
+    entropy_bound: float | None = None
+    """EB-sampler gamma for decoder=entropy; default 0.35."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", [self.stop])  # normalise before freezing is observable
+        _check(self.n >= 1, "n", self.n, ">= 1")
+        _check(self.temperature is None or self.temperature >= 0, "temperature", self.temperature, ">= 0")
+        _check(0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
+        _check(self.top_k >= -1, "top_k", self.top_k, ">= -1 (0 or -1 disable it)")
+        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", self.max_tokens, ">= 1")
+        _check(self.min_tokens >= 0, "min_tokens", self.min_tokens, ">= 0")
+        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
+               f"<= max_tokens ({self.max_tokens})")
+        _check(self.decoder is None or self.decoder in DECODERS, "decoder", self.decoder, f"one of {DECODERS}")
+        _check(self.threshold is None or 0 <= self.threshold <= 1, "threshold", self.threshold, "in [0, 1]")
+        _check(self.steps is None or self.steps >= 1, "steps", self.steps, ">= 1")
+        _check(self.entropy_bound is None or self.entropy_bound >= 0, "entropy_bound", self.entropy_bound, ">= 0")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings")
+        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+               self.stop_token_ids, "non-negative token ids")
+
+    @property
+    def is_greedy(self) -> bool:
+        return not self.temperature
+
+    def with_defaults(self, defaults: dict[str, Any]) -> SamplingParams:
+        """Fills every None knob from `defaults` (the model's generation config), then from built-in defaults."""
+        builtin = {"temperature": 0.0, "decoder": "threshold", "threshold": 0.9, "entropy_bound": 0.35}
+        updates = {}
+        for name in ("temperature", "decoder", "threshold", "steps", "entropy_bound"):
+            if getattr(self, name) is None:
+                value = defaults.get(name, builtin.get(name))
+                if value is not None:
+                    updates[name] = value
+        return dataclasses.replace(self, **updates)
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        return dataclasses.replace(self, **changes)
+
+
+def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}: got {value!r}, must be {allowed}")

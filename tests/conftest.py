@@ -1,0 +1,33 @@
+"""Shared fixtures: tiny seeded random checkpoints written once per session (no downloads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffuserve.model.random_checkpoint import make_config, write_random_checkpoint
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def tiny_checkpoint(root: Path, name: str, block_length: int = 4, seed: int = 0, logit_scale: float = 40.0,
+                    **overrides) -> Path:
+    """A clover-tiny MoE (4 experts top-2, a shared expert, layer 0 dense) with a peaky LM head, so that
+    threshold decoding accepts several tokens at some steps and one at others."""
+    config = make_config(
+        "clover-tiny", block_length=block_length, first_k_dense_replace=1, shared_expert_intermediate_size=48,
+        **overrides,
+    )
+    return write_random_checkpoint(root / name, config, seed=seed, logit_scale=logit_scale)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("models"), "tiny-b4", block_length=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir_b32(tmp_path_factory) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("models"), "tiny-b32", block_length=32)
