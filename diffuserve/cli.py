@@ -1,8 +1,9 @@
 """`diffuserve serve | generate | chat | bench | plan | eval`: one entry point, one module per subcommand.
 
 Each subcommand module exposes `add_arguments(parser)` and `run(args) -> int` and imports its heavy
-dependencies (torch, the server) inside `run`, so `diffuserve plan` and `--help` stay fast and torch-free.
-User and config errors (ValueError) print one line, never a traceback.
+dependencies (torch, the server) inside `run`. Only the chosen subcommand's module is imported, so
+`diffuserve plan` stays torch-free and `--help` is instant. User and config errors (ValueError) print one
+line, never a traceback.
 """
 
 from __future__ import annotations
@@ -21,25 +22,25 @@ SUBCOMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None) -> argparse.ArgumentParser:
+    """The full parser; only `command`'s arguments are loaded (the others show their one-line help)."""
     parser = argparse.ArgumentParser(
         prog="diffuserve", description="Serve block-diffusion MoE language models: exact, batched, OpenAI-compatible."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        try:
+        subparser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
             module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name != module_name:
-                raise
-            continue  # subcommand not part of this build
-        module.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
-        sub.choices[name].set_defaults(run=module.run)
+            module.add_arguments(subparser)
+            subparser.set_defaults(run=module.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     try:
         return int(args.run(args) or 0)
     except ValueError as e:

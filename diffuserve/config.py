@@ -166,9 +166,14 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple
             add_config_arguments(parser, _SUB_CONFIGS[f.name], skip)
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
-        kind = {"bool": _parse_bool, "int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+        type_name = str(f.type)
+        is_list = type_name.startswith("list[")
+        if is_list:
+            type_name = type_name[len("list[") :]
+        kind = {"bool": _parse_bool, "int": int, "float": float}.get(type_name.split(" ")[0].rstrip("]"), str)
         parser.add_argument(
             "--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=argparse.SUPPRESS,
+            nargs="+" if is_list else None,
             metavar=f.name.upper() if kind is not _parse_bool else "{true,false}",
             help=docs.get(f.name, "") + ("" if default is None else f" (default: {default})"),
         )

@@ -84,6 +84,11 @@ class Request:
         return len(self.prompt_token_ids)
 
     @property
+    def num_prefill_positions(self) -> int:
+        """The prompt's complete blocks: the positions prefill computes (the tail is denoised with the block)."""
+        return self.num_prompt_tokens // self.block_length * self.block_length
+
+    @property
     def block_end(self) -> int:
         return self.block_start + self.block_length
 

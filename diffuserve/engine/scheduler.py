@@ -141,7 +141,7 @@ class Scheduler:
         """The largest piece of work that fits the budget: all pending commits plus the block, or a chunk of
         whole blocks of commits. With fused_commit off, a finished block's commit runs as its own forward."""
         start, pending = request.num_computed_tokens, request.block_start - request.num_computed_tokens
-        is_block_commit = request.block_start > request.num_prompt_tokens // self.block_length * self.block_length
+        is_block_commit = request.block_start > request.num_prefill_positions
         if pending + self.block_length <= budget and not (pending and is_block_commit and not self.fused_commit):
             return ScheduledRequest(request, start, request.block_start, has_block=True)
         chunk = min(pending, budget // self.block_length * self.block_length)

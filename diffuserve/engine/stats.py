@@ -23,6 +23,8 @@ class EngineStats:
     num_batched_tokens: int
     """Query tokens over all steps (blocks, commits, prefill chunks)."""
     num_generated_tokens: int
+    num_prefill_tokens: int
+    """Prompt tokens whose K/V the engine computed (prefix-cache hits are not computed)."""
     step_time_s: float
     """Wall time spent inside model forwards and decoders."""
     num_prefix_hit_tokens: int
@@ -38,6 +40,7 @@ class EngineCounters:
     num_steps: int = 0
     num_batched_tokens: int = 0
     num_generated_tokens: int = 0
+    num_prefill_tokens: int = 0
     step_time_s: float = 0.0
 
     def record_step(self, num_tokens: int, seconds: float) -> None:
@@ -50,7 +53,8 @@ class EngineCounters:
             num_running=len(scheduler.running), num_waiting=len(scheduler.waiting), kv_usage=pool.usage,
             prefix_hit_rate=scheduler.prefix_hit_rate, num_preemptions=scheduler.num_preemptions,
             num_steps=self.num_steps, num_batched_tokens=self.num_batched_tokens,
-            num_generated_tokens=self.num_generated_tokens, step_time_s=self.step_time_s,
+            num_generated_tokens=self.num_generated_tokens, num_prefill_tokens=self.num_prefill_tokens,
+            step_time_s=self.step_time_s,
             num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
             num_prefix_queried_tokens=scheduler.num_prefix_queried_tokens,
         )

@@ -1,0 +1,63 @@
+"""`diffuserve generate`: complete prompts offline (no server) and print the answers with NFE and TPF."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
+from diffuserve.sampling_params import SamplingParams
+
+SAMPLING_SKIP = ("n", "seed")  # one completion each; seeding is the engine's --seed
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model plus every engine option (shared by generate and chat)."""
+    parser.add_argument("--model", default=None, help="model directory (default: the bundled model)")
+    add_config_arguments(parser, EngineConfig, skip=("model",))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt text ('-' reads one from stdin)")
+    parser.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn of the chat template")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    add_model_arguments(parser)
+    add_config_arguments(parser, SamplingParams, skip=SAMPLING_SKIP)
+
+
+def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
+    names = {f for f in SamplingParams.__dataclass_fields__ if f not in SAMPLING_SKIP}
+    return SamplingParams(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def build_llm(args: argparse.Namespace):
+    from diffuserve.default_model import resolve_model
+    from diffuserve.engine.llm import LLM
+
+    config = engine_config_from_args(resolve_model(args.model), args)
+    return LLM(config.model, **config.to_kwargs())
+
+
+def run(args: argparse.Namespace) -> int:
+    params = sampling_params_from_args(args)
+    prompts = [sys.stdin.read() if p == "-" else p for p in args.prompts]
+    llm = build_llm(args)
+    if args.chat:
+        tokenizer = llm.engine.tokenizer
+        inputs = [{"prompt_token_ids": tokenizer.encode_chat([{"role": "user", "content": p}])} for p in prompts]
+    else:
+        inputs = list(prompts)
+    for prompt, out in zip(prompts, llm.generate(inputs, params)):
+        completion = out.outputs[0]
+        if args.json:
+            print(json.dumps({
+                "prompt": prompt, "text": completion.text, "token_ids": completion.token_ids,
+                "finish_reason": completion.finish_reason, "num_forwards": completion.num_forwards,
+                "tokens_per_forward": round(completion.tokens_per_forward, 3),
+            }))
+        else:
+            print(completion.text)
+            print(f"[{len(completion.token_ids)} tokens, NFE {completion.num_forwards}, "
+                  f"TPF {completion.tokens_per_forward:.2f}, finish: {completion.finish_reason}]", file=sys.stderr)
+    return 0

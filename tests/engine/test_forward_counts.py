@@ -1,0 +1,26 @@
+"""NFE accounting: the fused commit adds no forward; a separate commit adds exactly one per committed block,
+with the same tokens."""
+
+from __future__ import annotations
+
+from diffuserve import LLM, SamplingParams
+from diffuserve.bench.reference_decode import reference_generate
+
+
+def test_fused_commit_adds_no_forward(tiny_model_dir):
+    prompt = [(j * 7) % 250 + 1 for j in range(10)]  # 2 complete blocks + 2 prompt tokens in the first block
+    params = SamplingParams(max_tokens=26, ignore_eos=True, threshold=0.8)  # 10 + 26 = 36: the last block ends it
+    fused = LLM(str(tiny_model_dir), num_pages=64)
+    separate = LLM(str(tiny_model_dir), num_pages=64, fused_commit=False)
+    a = fused.generate({"prompt_token_ids": prompt}, params)[0]
+    b = separate.generate({"prompt_token_ids": prompt}, params)[0]
+    engine = fused.engine
+    resolved = params.with_defaults(engine.generation_defaults)
+    ref = reference_generate(engine.runner.model, engine.args, prompt, resolved, 26, engine._stop_ids(resolved))
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids == ref.token_ids
+    # every forward of the fused engine was a denoising step of the reference
+    assert a.num_forwards == ref.num_forwards
+    # blocks 2..8 (7 blocks) were each committed before the next one started; the last block never is
+    assert b.num_forwards == a.num_forwards + len(ref.steps_per_block) - 1
+    # the engine ran one step per forward (single request): prefill was fused into the first denoising step
+    assert engine.stats().num_steps == a.num_forwards

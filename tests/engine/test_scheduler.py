@@ -1,0 +1,134 @@
+"""Scheduler, torch-free: budgets, chunked prefill by whole blocks, fused commits, preemption of the youngest,
+prefix reuse, aborts, and no page leaks. Requests are driven by a fake "decoder" that fills a block per step."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from diffuserve.engine.kv_pages import PagePool
+from diffuserve.engine.request import Request, RequestStatus
+from diffuserve.engine.scheduler import Scheduler
+from diffuserve.sampling_params import SamplingParams
+
+MASK = 999
+
+
+def make_request(rid: str, prompt_len: int, max_tokens: int = 8, block: int = 4, first_token: int = 1) -> Request:
+    prompt = [(first_token + i) % 50 for i in range(prompt_len)]
+    return Request(rid, prompt, SamplingParams(), block, MASK, frozenset(), max_tokens)
+
+
+def make_scheduler(num_pages=64, page_size=4, max_num_seqs=8, budget=64, block=4, fused=True) -> Scheduler:
+    return Scheduler(PagePool(num_pages, page_size), max_num_seqs, budget, block, fused)
+
+
+def run_step(scheduler: Scheduler) -> list:
+    """One step: commit, and fill every scheduled block completely (one step per block)."""
+    out = scheduler.schedule()
+    for work in out.scheduled:
+        scheduler.commit(work)
+        request = work.request
+        if not work.has_block:
+            continue
+        request.canvas = [7 if t == MASK else t for t in request.canvas]
+        if request.check_finished() is not None:
+            scheduler.finish(request)
+        else:
+            request.finish_block()
+    scheduler.pool.check_invariants()
+    return out.scheduled
+
+
+def drain(scheduler: Scheduler, max_steps: int = 500) -> int:
+    steps = 0
+    while scheduler.has_unfinished:
+        run_step(scheduler)
+        steps += 1
+        assert steps < max_steps, "scheduler made no progress"
+    return steps
+
+
+def test_long_prompt_is_prefilled_in_whole_block_chunks_then_fused_with_the_first_block():
+    scheduler = make_scheduler(budget=16)
+    request = make_request("a", prompt_len=41)  # 10 complete blocks + 1 prompt token in the current block
+    scheduler.add(request)
+    chunks = [(w.commit_start, w.commit_end, w.has_block) for w in run_step(scheduler)]
+    assert chunks == [(0, 16, False)]
+    assert [(w.commit_start, w.commit_end, w.has_block) for w in run_step(scheduler)] == [(16, 32, False)]
+    assert [(w.commit_start, w.commit_end, w.has_block) for w in run_step(scheduler)] == [(32, 40, True)]
+    # the finished block is committed in the same forward as the next block's first step
+    assert [(w.commit_start, w.commit_end, w.has_block) for w in run_step(scheduler)] == [(40, 44, True)]
+
+
+def test_separate_commit_runs_its_own_forward():
+    scheduler = make_scheduler(fused=False)
+    scheduler.add(make_request("a", prompt_len=4, max_tokens=12))
+    shapes = [[(w.commit_start, w.commit_end, w.has_block) for w in run_step(scheduler)] for _ in range(4)]
+    assert shapes == [[(0, 4, True)], [(4, 8, False)], [(8, 8, True)], [(8, 12, False)]]
+
+
+def test_budget_rotates_among_running_requests():
+    scheduler = make_scheduler(budget=8, max_num_seqs=4)
+    for i in range(2):
+        scheduler.add(make_request(str(i), prompt_len=2, max_tokens=40))
+    assert len(run_step(scheduler)) == 2  # both admitted: 4 block tokens each
+    # now each needs 8 (fused commit + block): one per step, least recently scheduled first
+    turns = [[w.request.request_id for w in run_step(scheduler)] for _ in range(4)]
+    assert turns == [["0"], ["1"], ["0"], ["1"]]
+
+
+def test_preemption_frees_the_youngest_and_everything_completes():
+    scheduler = make_scheduler(num_pages=12, page_size=4, budget=64)
+    requests = [make_request(str(i), prompt_len=10, max_tokens=24) for i in range(6)]
+    for r in requests:
+        scheduler.add(r)
+    drain(scheduler)
+    assert scheduler.num_preemptions > 0
+    assert all(r.status.is_finished and len(r.output_token_ids) == 24 for r in requests)
+    assert scheduler.pool.num_free_pages == scheduler.pool.num_pages
+
+
+def test_request_larger_than_the_cache_is_rejected():
+    scheduler = make_scheduler(num_pages=4, page_size=4)
+    with pytest.raises(ValueError, match="KV pages"):
+        scheduler.add(make_request("big", prompt_len=10, max_tokens=20))
+
+
+def test_prefix_is_reused_by_a_later_request():
+    scheduler = make_scheduler(page_size=8, budget=256)
+    scheduler.add(make_request("a", prompt_len=37))
+    drain(scheduler)
+    second = make_request("b", prompt_len=37)
+    second.prompt_token_ids[-3:] = [40, 41, 42]  # same 34-token prefix, different tail
+    second.open_block(36)
+    scheduler.add(second)
+    first_work = run_step(scheduler)[0]
+    assert first_work.commit_start == 32  # 4 full pages of 8 reused, only the rest computed
+    assert scheduler.prefix_hit_rate > 0
+
+
+def test_abort_frees_pages_at_once():
+    scheduler = make_scheduler()
+    request = make_request("a", prompt_len=20, max_tokens=30)
+    scheduler.add(request)
+    run_step(scheduler)
+    assert request.page_ids
+    request.status = RequestStatus.FINISHED_ABORTED
+    scheduler.finish(request)
+    assert scheduler.pool.num_free_pages == scheduler.pool.num_pages and not scheduler.has_unfinished
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_workloads_never_deadlock_or_leak(seed):
+    rng = random.Random(seed)
+    scheduler = make_scheduler(num_pages=rng.randint(10, 30), page_size=4, budget=rng.choice([8, 16, 64]),
+                               max_num_seqs=rng.randint(1, 6))
+    requests = [make_request(str(i), rng.randint(1, 20), rng.randint(1, 16), first_token=rng.randint(0, 3))
+                for i in range(20)]
+    for r in requests:
+        scheduler.add(r)
+    drain(scheduler, max_steps=2000)
+    assert all(r.status.is_finished for r in requests)
+    assert scheduler.pool.num_free_pages == scheduler.pool.num_pages

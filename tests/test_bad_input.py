@@ -1,0 +1,95 @@
+"""User and config errors: each names the field, the value and the fix; the CLI prints one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from diffuserve import LLM, EngineConfig, SamplingParams
+
+
+def _edit_config(src, dst, **changes):
+    import shutil
+
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def test_nonexistent_path():
+    with pytest.raises(ValueError, match="does not exist"):
+        LLM("/no/such/model")
+
+
+def test_missing_config(tmp_path):
+    with pytest.raises(ValueError, match="no config.json"):
+        LLM(str(tmp_path))
+
+
+def test_unsupported_architecture(tiny_model_dir, tmp_path):
+    path = _edit_config(tiny_model_dir, tmp_path / "m", architectures=["LlamaForCausalLM"])
+    with pytest.raises(ValueError, match="'LlamaForCausalLM' is not supported; supported: CloverForBlockDiffusion"):
+        LLM(str(path))
+
+
+def test_missing_mask_token_id(tiny_model_dir, tmp_path):
+    path = _edit_config(tiny_model_dir, tmp_path / "m", mask_token_id=None)
+    with pytest.raises(ValueError, match="missing field `mask_token_id`"):
+        LLM(str(path))
+
+
+def test_prompt_longer_than_max_model_len(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), max_model_len=32, num_pages=16)
+    with pytest.raises(ValueError, match="40 tokens leave no room to generate within max_model_len 32"):
+        llm.generate({"prompt_token_ids": [1] * 40})
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("temperature", -0.5, "temperature: got -0.5, must be >= 0"),
+        ("top_p", 0.0, "top_p: got 0.0"),
+        ("max_tokens", 0, "max_tokens: got 0, must be >= 1"),
+        ("decoder", "beam", "decoder: got 'beam'"),
+        ("threshold", 1.5, "threshold: got 1.5"),
+        ("n", 0, "n: got 0"),
+    ],
+)
+def test_invalid_sampling_values(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**{field: value})
+
+
+def test_unknown_engine_option_lists_valid_ones():
+    with pytest.raises(ValueError, match="unknown engine option 'max_num_seq'; valid options: .*max_num_seqs"):
+        EngineConfig.from_kwargs("m", max_num_seq=4)
+
+
+def test_bad_token_ids(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), num_pages=16)
+    with pytest.raises(ValueError, match=r"prompt_token_ids: \[100000\] are not token ids"):
+        llm.generate({"prompt_token_ids": [1, 100000]})
+
+
+def test_page_size_must_hold_whole_blocks(tiny_model_dir):
+    with pytest.raises(ValueError, match="page_size: 6 is not a multiple of the block length 4; use e.g. --page-size 8"):
+        LLM(str(tiny_model_dir), page_size=6)
+
+
+def test_cli_prints_one_line_without_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "diffuserve", "generate", "--model", str(tmp_path / "none"), "hi"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+    assert "does not exist" in result.stderr
