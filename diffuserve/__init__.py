@@ -1,8 +1,29 @@
-"""diffuserve: serve block-diffusion Mixture-of-Experts language models, exactly and fast."""
+"""diffuserve: serve block-diffusion Mixture-of-Experts language models, exactly and fast.
 
-from diffuserve.config import EngineConfig
-from diffuserve.engine.llm import LLM
-from diffuserve.sampling_params import SamplingParams
+The public names load lazily, so that torch-free parts (`diffuserve.planner`, the CLI's help) never import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from diffuserve.config import EngineConfig
+    from diffuserve.engine.llm import LLM
+    from diffuserve.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "EngineConfig", "SamplingParams", "__version__"]
+
+_LAZY = {
+    "LLM": "diffuserve.engine.llm",
+    "EngineConfig": "diffuserve.config",
+    "SamplingParams": "diffuserve.sampling_params",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'diffuserve' has no attribute {name!r}")

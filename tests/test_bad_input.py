@@ -31,13 +31,13 @@ def test_nonexistent_path():
 
 
 def test_missing_config(tmp_path):
-    with pytest.raises(ValueError, match="no config.json"):
+    with pytest.raises(ValueError, match=r"no config\.json"):
         LLM(str(tmp_path))
 
 
 def test_unsupported_architecture(tiny_model_dir, tmp_path):
     path = _edit_config(tiny_model_dir, tmp_path / "m", architectures=["LlamaForCausalLM"])
-    with pytest.raises(ValueError, match="'LlamaForCausalLM' is not supported; supported: CloverForBlockDiffusion"):
+    with pytest.raises(ValueError, match=r"'LlamaForCausalLM' is not supported; supported: CloverForBlockDiffusion"):
         LLM(str(path))
 
 
@@ -49,7 +49,7 @@ def test_missing_mask_token_id(tiny_model_dir, tmp_path):
 
 def test_prompt_longer_than_max_model_len(tiny_model_dir):
     llm = LLM(str(tiny_model_dir), max_model_len=32, num_pages=16)
-    with pytest.raises(ValueError, match="40 tokens leave no room to generate within max_model_len 32"):
+    with pytest.raises(ValueError, match=r"40 tokens leave no room to generate within max_model_len 32"):
         llm.generate({"prompt_token_ids": [1] * 40})
 
 
@@ -70,7 +70,7 @@ def test_invalid_sampling_values(field, value, message):
 
 
 def test_unknown_engine_option_lists_valid_ones():
-    with pytest.raises(ValueError, match="unknown engine option 'max_num_seq'; valid options: .*max_num_seqs"):
+    with pytest.raises(ValueError, match=r"unknown engine option 'max_num_seq'; valid options: .*max_num_seqs"):
         EngineConfig.from_kwargs("m", max_num_seq=4)
 
 
@@ -81,7 +81,8 @@ def test_bad_token_ids(tiny_model_dir):
 
 
 def test_page_size_must_hold_whole_blocks(tiny_model_dir):
-    with pytest.raises(ValueError, match="page_size: 6 is not a multiple of the block length 4; use e.g. --page-size 8"):
+    message = r"page_size: 6 is not a multiple of the block length 4; use e\.g\. --page-size 8"
+    with pytest.raises(ValueError, match=message):
         LLM(str(tiny_model_dir), page_size=6)
 
 

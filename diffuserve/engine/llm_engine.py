@@ -105,7 +105,8 @@ class LLMEngine:
         """Commits, applies accepted tokens, finishes blocks/requests. Returns how many tokens became final."""
         request = work.request
         self.scheduler.commit(work)
-        self.counters.num_prefill_tokens += max(0, min(work.commit_end, request.num_prefill_positions) - work.commit_start)
+        prefill_end = min(work.commit_end, request.num_prefill_positions)
+        self.counters.num_prefill_tokens += max(0, prefill_end - work.commit_start)
         if not work.has_block:
             if work.commit_end > request.num_prefill_positions:
                 request.num_forwards += 1  # a separate commit forward (fused_commit off)

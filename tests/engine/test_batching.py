@@ -53,9 +53,9 @@ def test_tiny_page_budget_preempts_and_still_gives_the_same_tokens(tiny_model_di
 def test_shared_prefix_is_computed_once(tiny_model_dir):
     llm = LLM(str(tiny_model_dir), num_pages=256, page_size=16)
     shared = [(j * 3) % 250 + 1 for j in range(70)]
-    first = llm.generate({"prompt_token_ids": shared + [5, 6]}, SamplingParams(max_tokens=8))[0]
+    first = llm.generate({"prompt_token_ids": [*shared, 5, 6]}, SamplingParams(max_tokens=8))[0]
     before = llm.engine.stats()
-    second = llm.generate({"prompt_token_ids": shared + [9, 9, 9]}, SamplingParams(max_tokens=8))[0]
+    second = llm.generate({"prompt_token_ids": [*shared, 9, 9, 9]}, SamplingParams(max_tokens=8))[0]
     after = llm.engine.stats()
     # prompt 73: its complete blocks end at 72; the 4 full pages (64 tokens) of the shared prefix are reused
     assert second.num_cached_tokens == 64

@@ -1,0 +1,133 @@
+"""Model presets: config.json excerpts of the models diffuserve serves, with where each number came from.
+
+Owns the preset configs and their published parameter totals (so reports can show computed vs published).
+Knows nothing of hardware. Every preset is parsed by `spec_from_config`, exactly like a user's config.json,
+so a preset is only a shortcut for "this config.json".
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from diffuserve.planner.model_spec import ModelSpec, spec_from_config
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    config: dict[str, Any]
+    published_total: float | None
+    published_active: float | None
+    source: str
+    default_tpf: float | None = None
+    """Tokens per forward to assume when none is given or calibrated (None: the planner's generic default)."""
+
+
+# Clover-35B-A3B is our own model; only "35B total, ~3B active, 128K context, block 32" is published. The shape
+# below is ASSUMED: Qwen3-MoE (GQA 32/4 x 128, Qwen3 vocabulary) scaled to 40 layers with 192 experts (top-8,
+# width 704) and a 1024-wide shared expert -> 34.86B total, 3.03B active (embeddings in), 80 KiB KV per token.
+_CLOVER = dict(
+    architectures=["CloverForBlockDiffusion"], model_type="clover", hidden_size=2048, num_hidden_layers=40,
+    num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144, num_experts=192,
+    num_experts_per_tok=8, moe_intermediate_size=704, shared_expert_intermediate_size=1024,
+    decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936, tie_word_embeddings=False,
+    max_position_embeddings=131072, block_length=32,
+)
+
+# SDAR-30B-A3B(-Chat/-Sci): no SDAR-MoE config.json was readable; lmdeploy, SGLang and JetEngine all implement
+# it as Qwen3-MoE, so these are the Qwen/Qwen3-30B-A3B config.json dims (hidden 2048, 48 layers, 32/4 heads,
+# head_dim 128, 128 experts, top-8, moe_intermediate_size 768, vocab 151936, untied) with SDAR's
+# max_position_embeddings 32768 (SDAR-4B/8B config.json) and block_size 4 (SDAR configs; SGLang DLLM_PARAMS).
+_SDAR_30B = dict(
+    architectures=["SDARMoeForCausalLM"], model_type="sdar_moe", hidden_size=2048, num_hidden_layers=48,
+    num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144, num_experts=128,
+    num_experts_per_tok=8, moe_intermediate_size=768, decoder_sparse_step=1, mlp_only_layers=[],
+    vocab_size=151936, tie_word_embeddings=False, max_position_embeddings=32768, block_size=4,
+)
+
+# LLaDA2.0-mini: huggingface.co/inclusionAI/LLaDA2.0-mini config.json, identical in LLaDA2.1-mini/config.json
+# (read through the Hub pages) and in inclusionAI/dFactory configs/model_configs/llada2_mini/config.json.
+# No block field in the config: block 32 from the tech report and SGLang's DLLM_PARAMS.
+_LLADA2_MINI = dict(
+    architectures=["LLaDA2MoeModelLM"], model_type="llada2_moe", hidden_size=2048, num_hidden_layers=20,
+    num_attention_heads=16, num_key_value_heads=4, head_dim=128, intermediate_size=5120, num_experts=256,
+    num_experts_per_tok=8, num_shared_experts=1, moe_intermediate_size=512, first_k_dense_replace=1,
+    vocab_size=157184, tie_word_embeddings=False, max_position_embeddings=32768, partial_rotary_factor=0.5,
+)
+
+# LLaDA2.0-flash: inclusionAI/dFactory configs/model_configs/llada2_flash/config.json @c29d72c (32 layers,
+# hidden 4096, 32/4 heads x 128, intermediate 9216, 256 experts top-8 width 1024, 1 shared, layer 0 dense,
+# vocab 157184, untied). That file says max_position_embeddings 16384 (a training setting); we use the
+# LLaDA2.0 family's 32768 (LLaDA2.0-mini / 2.1-mini config.json).
+_LLADA2_FLASH = dict(
+    _LLADA2_MINI, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, intermediate_size=9216,
+    moe_intermediate_size=1024,
+)
+
+# DiffusionGemma-26B-A4B: the text stack is Gemma-4 26B-A4B (text_config of google/gemma-4-26B-A4B and of
+# DiffusionGemma checkpoints, as quoted verbatim by parsers in public code): hidden 2816, 30 layers
+# (sliding:full = 5:1), 16 query heads; sliding layers 8 KV heads x 256, window 1024; full layers 2 KV heads x
+# 512 with K reused as V; dense GeGLU 2112 beside 128 experts (top-8, width 704); vocab 262144, tied;
+# 262144 positions; canvas (block) 256. (transformers' class default sliding_window 512 is NOT the checkpoint's.)
+_DIFFUSION_GEMMA = dict(
+    architectures=["DiffusionGemmaForBlockDiffusion"], model_type="diffusion_gemma", canvas_length=256,
+    tie_word_embeddings=True,
+    text_config=dict(
+        model_type="diffusion_gemma_text", hidden_size=2816, num_hidden_layers=30, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=256, num_global_key_value_heads=2, global_head_dim=512,
+        attention_k_eq_v=True, intermediate_size=2112, num_experts=128, top_k_experts=8,
+        moe_intermediate_size=704, vocab_size=262144, tie_word_embeddings=True, max_position_embeddings=262144,
+        sliding_window=1024, layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 5,
+    ),
+)
+
+MODEL_PRESETS: dict[str, ModelPreset] = {
+    preset.name: preset for preset in (
+        ModelPreset("Clover-35B-A3B", _CLOVER, 35e9, 3e9,
+                    "diffuserve's own model: published 35B / ~3B active / 128K / block 32; layer shape assumed"),
+        ModelPreset("SDAR-30B-A3B", _SDAR_30B, 30.5e9, 3.3e9,
+                    "Qwen3-30B-A3B config.json dims (SDAR-MoE = Qwen3-MoE); totals from the Qwen3-30B-A3B card"),
+        ModelPreset("LLaDA2.0-mini", _LLADA2_MINI, 16e9, 1.4e9,
+                    "inclusionAI/LLaDA2.0-mini config.json; totals from its model card (16B, 1.4B active, "
+                    "789M non-embedding)"),
+        ModelPreset("LLaDA2.0-flash", _LLADA2_FLASH, 100e9, 6.1e9,
+                    "inclusionAI/dFactory llada2_flash config.json; totals from the model card (100BA6B; "
+                    "6.1B active, 4.8B non-embedding, as Ling-flash-2.0)"),
+        ModelPreset("DiffusionGemma-26B-A4B", _DIFFUSION_GEMMA, 25.2e9, 3.8e9,
+                    "Gemma-4 26B-A4B text_config; totals from the Gemma 4 model details (25.2B total, "
+                    "3.8B active; the name rounds to 26B / 4B)",
+                    # SGLang's renoise sampler stops a 256-token canvas after at most 48 steps: TPF >= 256/48.
+                    default_tpf=256 / 48),
+    )
+}
+
+
+def find_preset(name: str) -> ModelPreset | None:
+    wanted = name.lower().replace("_", "-")
+    for preset_name, preset in MODEL_PRESETS.items():
+        if preset_name.lower() == wanted:
+            return preset
+    return None
+
+
+def load_model(name_or_path: str) -> tuple[ModelSpec, ModelPreset | None]:
+    """A preset name, a model directory holding config.json, or a config.json path -> (spec, preset or None)."""
+    preset = find_preset(name_or_path)
+    if preset is not None:
+        return spec_from_config(preset.config, preset.name), preset
+    path = Path(name_or_path)
+    config_path = path / "config.json" if path.is_dir() else path
+    if not config_path.is_file():
+        raise ValueError(
+            f"model: {name_or_path!r} is neither a preset ({', '.join(MODEL_PRESETS)}) nor a model directory "
+            "or config.json path"
+        )
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"model: {config_path} is not valid JSON ({e})") from e
+    name = path.name if path.is_dir() else path.parent.name or config_path.stem
+    return spec_from_config(config, name), None

@@ -1,0 +1,171 @@
+"""ModelSpec: the shape facts the planner needs, read from a Hugging Face style `config.json` dict.
+
+Owns the translation of the config spellings of our model families (Qwen3-MoE / SDAR-MoE / clover, LLaDA2 =
+BailingMoeV2, Gemma-4 / DiffusionGemma with `text_config`, sliding-window `layer_types`) into layer groups.
+Knows nothing of dtypes, hardware or workloads; raises ValueError naming the config field and the fix.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_BLOCK_LENGTH = 32
+"""LLaDA2 configs carry no block field; its tech report decodes with blocks of 32."""
+
+
+@dataclass(frozen=True)
+class AttentionGroup:
+    """Layers sharing one attention shape. Shape letters: Hq query heads, Hkv KV heads, D head dim."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    window: int | None = None
+    """Sliding-window length in tokens; None = full attention (KV grows with the context)."""
+    has_v_proj: bool = True
+    """False when V is derived from the K projection (Gemma-4 `attention_k_eq_v`); V is still cached."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    attention: tuple[AttentionGroup, ...]
+    intermediate_size: int
+    """Width of the dense gated MLP (SwiGLU / GeGLU: gate, up, down)."""
+    num_dense_mlp_layers: int
+    """Layers that run a dense MLP: the non-MoE layers, or every layer when the MoE runs beside it (Gemma-4)."""
+    num_moe_layers: int
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 32768
+    block_length: int = DEFAULT_BLOCK_LENGTH
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0 and self.num_moe_layers > 0
+
+    @property
+    def num_heads(self) -> int:
+        return min(group.num_heads for group in self.attention)
+
+
+def spec_from_config(config: dict[str, Any], name: str | None = None) -> ModelSpec:
+    """Parses a config.json dict (top level, or the `text_config` of multimodal / DiffusionGemma configs)."""
+    text = {**config, **(config.get("text_config") or {})}
+    hidden = int(_require(text, "hidden_size"))
+    layers = int(_require(text, "num_hidden_layers"))
+    experts = int(_first(text, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0)
+    parallel_moe = _has_parallel_dense_mlp(text)
+    moe_layers = _moe_layers(text, layers, experts)
+    return ModelSpec(
+        name=name or _model_name(config),
+        architecture=(config.get("architectures") or text.get("architectures") or ["?"])[0],
+        vocab_size=int(_require(text, "vocab_size")),
+        hidden_size=hidden,
+        num_layers=layers,
+        attention=_attention_groups(text, layers, hidden),
+        intermediate_size=int(_first(text, "intermediate_size", default=0) or 0),
+        num_dense_mlp_layers=layers if parallel_moe else layers - moe_layers,
+        num_moe_layers=moe_layers,
+        num_experts=experts,
+        num_experts_per_tok=int(_first(text, "num_experts_per_tok", "top_k_experts", "moe_topk", default=0) or 0),
+        moe_intermediate_size=int(_first(text, "moe_intermediate_size", "expert_intermediate_size", default=0) or 0),
+        shared_expert_intermediate_size=_shared_width(text),
+        tie_word_embeddings=bool(_first(text, "tie_word_embeddings", default=False)),
+        max_position_embeddings=int(_first(text, "max_position_embeddings", default=32768)),
+        block_length=int(_first(config, "block_length", "block_size", "bd_size", "canvas_length",
+                                default=DEFAULT_BLOCK_LENGTH)),
+    )
+
+
+def _require(config: dict, key: str) -> Any:
+    if config.get(key) is None:
+        raise ValueError(f"config.json: missing field `{key}`; the planner needs it to size the model")
+    return config[key]
+
+
+def _first(config: dict, *keys: str, default: Any = None) -> Any:
+    for key in keys:
+        if config.get(key) is not None:
+            return config[key]
+    return default
+
+
+def _model_name(config: dict) -> str:
+    return str(config.get("_name_or_path") or (config.get("architectures") or ["model"])[0])
+
+
+def _has_parallel_dense_mlp(text: dict) -> bool:
+    """Gemma-4 MoE layers run a dense MLP *and* the experts side by side; Qwen3-MoE / LLaDA2 replace it."""
+    return str(text.get("model_type", "")).startswith(("gemma4", "diffusion_gemma"))
+
+
+def _moe_layers(text: dict, layers: int, experts: int) -> int:
+    """Counts MoE layers from the three spellings of "this layer is dense": Qwen3-MoE `mlp_only_layers` and
+    `decoder_sparse_step`, DeepSeek / LLaDA2 `first_k_dense_replace`."""
+    if experts == 0 or text.get("enable_moe_block") is False:
+        return 0
+    dense = set(text.get("mlp_only_layers") or [])
+    step = int(text.get("decoder_sparse_step") or 1)
+    dense |= {i for i in range(layers) if (i + 1) % step != 0}
+    dense |= set(range(int(text.get("first_k_dense_replace") or 0)))
+    return layers - len(dense & set(range(layers)))
+
+
+def _shared_width(text: dict) -> int:
+    width = int(_first(text, "shared_expert_intermediate_size", default=0) or 0)
+    if not width and text.get("num_shared_experts"):
+        width = int(text["num_shared_experts"]) * int(_require(text, "moe_intermediate_size"))
+    return width
+
+
+def _layer_types(text: dict, layers: int) -> list[str]:
+    types = text.get("layer_types")
+    if types is not None:
+        if len(types) != layers:
+            raise ValueError(
+                f"config.json: `layer_types` lists {len(types)} layers but num_hidden_layers is {layers}; "
+                "make them agree"
+            )
+        return list(types)
+    if text.get("use_sliding_window") and text.get("sliding_window"):
+        # Qwen2/Qwen3 semantics: layers from `max_window_layers` on use the sliding window.
+        first_swa = int(text.get("max_window_layers") or 0)
+        return ["full_attention" if i < first_swa else "sliding_attention" for i in range(layers)]
+    return ["full_attention"] * layers
+
+
+def _attention_groups(text: dict, layers: int, hidden: int) -> tuple[AttentionGroup, ...]:
+    heads = int(_require(text, "num_attention_heads"))
+    kv_heads = int(_first(text, "num_key_value_heads", default=heads))
+    head_dim = int(_first(text, "head_dim", default=hidden // heads))
+    counts = Counter(_layer_types(text, layers))
+    unknown = set(counts) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise ValueError(
+            f"config.json: layer type(s) {sorted(unknown)} are not modelled by the planner; "
+            "supported: full_attention, sliding_attention"
+        )
+    groups = []
+    if counts["sliding_attention"]:
+        window = int(_require(text, "sliding_window"))
+        groups.append(AttentionGroup(counts["sliding_attention"], heads, kv_heads, head_dim, window=window))
+    if counts["full_attention"]:
+        # Gemma-4 full-attention layers have their own KV heads / head dim and may reuse K as V.
+        groups.append(AttentionGroup(
+            counts["full_attention"], heads,
+            int(_first(text, "num_global_key_value_heads", default=kv_heads)),
+            int(_first(text, "global_head_dim", default=head_dim)),
+            has_v_proj=not text.get("attention_k_eq_v", False),
+        ))
+    return tuple(groups)
