@@ -98,7 +98,8 @@ class LLMEngine:
         return self.scheduler.has_unfinished
 
     def stats(self) -> EngineStats:
-        return self.counters.snapshot(self.scheduler, self.pool)
+        experts = self.runner.experts.snapshot() if self.runner.experts.enabled else None
+        return self.counters.snapshot(self.scheduler, self.pool, experts)
 
     # ---- applying a step -----------------------------------------------------------------------------------
     def _apply(self, work: ScheduledRequest, accepted: list[tuple[int, int]]) -> int:
@@ -120,6 +121,7 @@ class LLMEngine:
             self._finish(request)
         elif request.mask_token_id not in request.canvas:
             request.finish_block()
+            self.runner.experts.finish_block(request.request_id)
         new = len(request.output_token_ids) - before
         self.counters.num_generated_tokens += max(new, 0)
         return new

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from diffuserve.engine.decoders import DECODERS
+from diffuserve.engine.expert_stats import ExpertTracker
 from diffuserve.engine.request import Request
 from diffuserve.engine.sampling import propose
 from diffuserve.engine.scheduler import ScheduledRequest
@@ -30,6 +31,8 @@ class BlockRows:
     """Where one request's block sits in the step batch."""
 
     work: ScheduledRequest
+    token_start: int
+    """Row of the block's first position in the step batch."""
     logit_start: int
     masked: list[int]
     """Canvas indices with a mask token (their logits are rows logit_start .. logit_start + len(masked))."""
@@ -52,18 +55,23 @@ class ModelRunner:
         self.page_size, self.block_length, self.device = page_size, block_length, device
         self._seed_source = random.Random(seed)
         self._generators: dict[str, torch.Generator] = {}
+        self.experts = ExpertTracker(model)
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[tuple[int, int]]]:
         """Runs the step; returns {request_id: [(canvas index, token), ...]} for requests with a block."""
         batch = self.build_batch(scheduled)
         hidden = self.model(batch.input_ids, batch.positions, batch.attention)  # [N, H]
+        if self.experts.enabled:
+            rows = [(b.work.request.request_id, b.token_start, self.block_length) for b in batch.blocks]
+            self.experts.record_step(rows)
         logits = self.model.compute_logits(hidden.index_select(0, batch.logit_rows)) if batch.blocks else None
         return {b.work.request.request_id: self._decode(b, logits) for b in batch.blocks}
 
     def release(self, request_id: str) -> None:
-        """Forgets a finished request's generator."""
+        """Forgets a finished request's generator and expert statistics."""
         self._generators.pop(request_id, None)
+        self.experts.forget(request_id)
 
     # ---- batch building ------------------------------------------------------------------------------------
     def build_batch(self, scheduled: list[ScheduledRequest]) -> StepBatch:
@@ -79,7 +87,7 @@ class ModelRunner:
             ids += request.known_tokens(work.commit_start, work.commit_end)
             if work.has_block:
                 masked = request.masked_indices()
-                blocks.append(BlockRows(work, len(logit_rows), masked))
+                blocks.append(BlockRows(work, len(ids), len(logit_rows), masked))
                 logit_rows += [len(ids) + i for i in masked]
                 ids += request.canvas
             positions += range(work.query_start, work.query_end)

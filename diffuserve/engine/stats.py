@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from diffuserve.engine.expert_stats import ExpertStatsSnapshot
     from diffuserve.engine.kv_pages import PagePool
     from diffuserve.engine.scheduler import Scheduler
 
@@ -29,6 +30,8 @@ class EngineStats:
     """Wall time spent inside model forwards and decoders."""
     num_prefix_hit_tokens: int
     num_prefix_queried_tokens: int
+    experts: ExpertStatsSnapshot | None = None
+    """Routing statistics (MoE models only)."""
 
     @property
     def tokens_per_step(self) -> float:
@@ -48,7 +51,9 @@ class EngineCounters:
         self.num_batched_tokens += num_tokens
         self.step_time_s += seconds
 
-    def snapshot(self, scheduler: Scheduler, pool: PagePool) -> EngineStats:
+    def snapshot(
+        self, scheduler: Scheduler, pool: PagePool, experts: ExpertStatsSnapshot | None = None
+    ) -> EngineStats:
         return EngineStats(
             num_running=len(scheduler.running), num_waiting=len(scheduler.waiting), kv_usage=pool.usage,
             prefix_hit_rate=scheduler.prefix_hit_rate, num_preemptions=scheduler.num_preemptions,
@@ -56,5 +61,5 @@ class EngineCounters:
             num_generated_tokens=self.num_generated_tokens, num_prefill_tokens=self.num_prefill_tokens,
             step_time_s=self.step_time_s,
             num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
-            num_prefix_queried_tokens=scheduler.num_prefix_queried_tokens,
+            num_prefix_queried_tokens=scheduler.num_prefix_queried_tokens, experts=experts,
         )

@@ -24,3 +24,13 @@ def test_fused_commit_adds_no_forward(tiny_model_dir):
     assert b.num_forwards == a.num_forwards + len(ref.steps_per_block) - 1
     # the engine ran one step per forward (single request): prefill was fused into the first denoising step
     assert engine.stats().num_steps == a.num_forwards
+
+
+def test_expert_statistics_are_recorded(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), num_pages=64)
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9] * 9}], SamplingParams(max_tokens=12))
+    experts = llm.engine.stats().experts
+    assert experts is not None and experts.num_experts == 4
+    assert 1 <= experts.experts_touched_per_block <= experts.num_experts
+    assert 1 <= experts.experts_touched_per_step <= experts.num_experts
+    assert experts.load_imbalance >= 1.0

@@ -53,7 +53,8 @@ class Router(nn.Module):
 
 
 class SparseMoeBlock(nn.Module):
-    """Routed experts (+ shared expert). `use_reference` switches to the per-token reference dispatch."""
+    """Routed experts (+ shared expert). `use_reference` switches to the per-token reference dispatch.
+    `last_expert_ids` [N, K] keeps the latest routing for the engine's expert statistics."""
 
     use_reference: bool = False
 
@@ -62,6 +63,8 @@ class SparseMoeBlock(nn.Module):
         norm_topk_prob: bool, shared_intermediate_size: int = 0,
     ) -> None:
         super().__init__()
+        self.num_experts = num_experts
+        self.last_expert_ids: torch.Tensor | None = None
         self.gate = Router(num_experts, hidden_size, top_k, norm_topk_prob)
         self.experts = FusedExperts(num_experts, hidden_size, intermediate_size)
         self.shared_experts = SwiGLU(hidden_size, shared_intermediate_size) if shared_intermediate_size else None
@@ -70,6 +73,7 @@ class SparseMoeBlock(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # [N, H]
         weights, ids = self.gate(flat)  # [N, K]
+        self.last_expert_ids = ids
         dispatch = reference_experts if self.use_reference else grouped_experts
         out = dispatch(flat, weights, ids, self.experts.gate_up_proj, self.experts.down_proj)
         if self.shared_experts is not None:
