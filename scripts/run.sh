@@ -27,7 +27,7 @@ case "$job" in
     exec .venv/bin/diffuserve serve "$@"
     ;;
   test)
-    .venv/bin/ruff check diffuserve tests scripts
+    .venv/bin/ruff check .
     exec "$VPY" -m pytest -q "$@"
     ;;
   *)
