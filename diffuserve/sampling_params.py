@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-DECODERS = ("threshold", "fixed", "entropy")
+DECODERS = ("threshold", "fixed", "entropy", "edit")
 
 
 @dataclass(frozen=True)
@@ -35,14 +35,21 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     decoder: str | None = None
     """threshold (SDAR/LLaDA2 confidence threshold with a top-k fallback), fixed (a fixed number of tokens per
-    step) or entropy (EB-sampler entropy bound). Default: threshold."""
+    step), entropy (EB-sampler entropy bound) or edit (LLaDA2.1: threshold, plus rewriting accepted tokens while
+    their block is open). Default: threshold."""
     threshold: float | None = None
-    """Confidence a proposal must exceed (strict >) to be accepted; default 0.9."""
+    """Confidence a proposal must exceed (strict >) to be accepted; default 0.9 (LLaDA2 models: 0.95)."""
     steps: int | None = None
     """Denoising steps per block of the fallback / fixed schedule: each step accepts at least
     block_length // steps tokens (remainder to the first steps). Default: block_length (one token a step)."""
     entropy_bound: float | None = None
     """EB-sampler gamma for decoder=entropy; default 0.35."""
+    edit_threshold: float | None = None
+    """decoder=edit: an accepted, generated token of the open block is rewritten when the newly proposed token
+    differs and its confidence exceeds this (strict >); default 0.5 (diffusers' LLaDA2.1 quality mode)."""
+    max_post_edit_steps: int | None = None
+    """decoder=edit: denoising steps a block may still take once its masks are gone (it is final as soon as one
+    changes nothing); default 16. Other decoders finish a block when its masks are gone."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -59,6 +66,10 @@ class SamplingParams:
         _check(self.threshold is None or 0 <= self.threshold <= 1, "threshold", self.threshold, "in [0, 1]")
         _check(self.steps is None or self.steps >= 1, "steps", self.steps, ">= 1")
         _check(self.entropy_bound is None or self.entropy_bound >= 0, "entropy_bound", self.entropy_bound, ">= 0")
+        _check(self.edit_threshold is None or 0 <= self.edit_threshold <= 1, "edit_threshold", self.edit_threshold,
+               "in [0, 1]")
+        _check(self.max_post_edit_steps is None or self.max_post_edit_steps >= 0, "max_post_edit_steps",
+               self.max_post_edit_steps, ">= 0")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings")
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
                self.stop_token_ids, "non-negative token ids")
@@ -67,11 +78,23 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return not self.temperature
 
+    @property
+    def is_editing(self) -> bool:
+        """Whether accepted tokens may still change while their block is open (decoder=edit)."""
+        return self.decoder == "edit"
+
+    @property
+    def post_edit_budget(self) -> int:
+        """Steps a block may take after its masks are gone: max_post_edit_steps with decoder=edit, else 0."""
+        return (self.max_post_edit_steps or 0) if self.is_editing else 0
+
     def with_defaults(self, defaults: dict[str, Any]) -> SamplingParams:
         """Fills every None knob from `defaults` (the model's generation config), then from built-in defaults."""
-        builtin = {"temperature": 0.0, "decoder": "threshold", "threshold": 0.9, "entropy_bound": 0.35}
+        builtin = {"temperature": 0.0, "decoder": "threshold", "threshold": 0.9, "entropy_bound": 0.35,
+                   "edit_threshold": 0.5, "max_post_edit_steps": 16}
         updates = {}
-        for name in ("temperature", "decoder", "threshold", "steps", "entropy_bound"):
+        for name in ("temperature", "decoder", "threshold", "steps", "entropy_bound", "edit_threshold",
+                     "max_post_edit_steps"):
             if getattr(self, name) is None:
                 value = defaults.get(name, builtin.get(name))
                 if value is not None:

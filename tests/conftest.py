@@ -9,7 +9,8 @@ import torch
 
 from diffuserve.model.random_checkpoint import make_config, write_random_checkpoint
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Tiny models gain nothing from threads, and OpenMP threads collapse when other processes share the cores.
+torch.set_num_threads(1)
 
 
 def tiny_checkpoint(root: Path, name: str, block_length: int = 4, seed: int = 0, logit_scale: float = 40.0,

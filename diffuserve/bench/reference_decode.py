@@ -3,7 +3,8 @@ mask, one request at a time (as the LLaDA2 reference `generate` does). Slow and 
 compare the engine against it, and `bench compare` measures against it.
 
 Stops after the block in which a stop id appears or max_tokens is reached, then cuts the answer at the first
-stop id (inclusive) and at max_tokens.
+stop id (inclusive) and at max_tokens. With decoder=edit a block runs as LLaDA2.1's `generate` runs it: steps
+while masks remain, then up to max_post_edit_steps more, ending early at a step that changes nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from diffuserve.sampling_params import SamplingParams
 class ReferenceResult:
     token_ids: list[int]
     steps_per_block: list[int]
+    num_edits: int = 0
+    """Accepted tokens rewritten by an editing decoder."""
 
     @property
     def num_forwards(self) -> int:
@@ -35,35 +38,59 @@ def reference_generate(
     stop_ids: frozenset[int], generator: torch.Generator | None = None,
 ) -> ReferenceResult:
     """`params` must be resolved (`with_defaults`); `max_tokens` already capped by the caller."""
-    block, mask_id, num_prompt = args.block_length, args.mask_token_id, len(prompt)
+    block, num_prompt = args.block_length, len(prompt)
     total = -(-(num_prompt + max_tokens) // block) * block
-    x = list(prompt) + [mask_id] * (total - num_prompt)
-    steps_per_block = []
+    x = list(prompt) + [args.mask_token_id] * (total - num_prompt)
+    steps_per_block, num_edits = [], 0
     for start in range(num_prompt // block * block, total, block):
-        end = start + block
-        steps = 0
-        while mask_id in x[start:end]:
-            masked = [i for i in range(block) if x[start + i] == mask_id]
-            logits = _block_logits(model, x[:end], start, masked, block)
-            _suppress(logits, masked, start - num_prompt, params.min_tokens, stop_ids)
-            decoder = DECODERS[params.decoder]
-            proposal = propose(logits, torch.tensor(masked), block, params, generator, decoder.needs_entropy)
-            for i in decoder.select(proposal, steps, params, block).nonzero().flatten().tolist():
-                x[start + i] = int(proposal.tokens[i])
-            steps += 1
+        steps, edits = _decode_block(model, args, x, start, num_prompt, params, stop_ids, generator)
         steps_per_block.append(steps)
-        if end >= num_prompt + max_tokens or any(t in stop_ids for t in x[num_prompt:end]):
+        num_edits += edits
+        if start + block >= num_prompt + max_tokens or any(t in stop_ids for t in x[num_prompt : start + block]):
             break
-    return ReferenceResult(_cut(x[num_prompt : num_prompt + max_tokens], stop_ids, params.min_tokens), steps_per_block)
+    cut = _cut(x[num_prompt : num_prompt + max_tokens], stop_ids, params.min_tokens)
+    return ReferenceResult(cut, steps_per_block, num_edits)
 
 
-def _block_logits(model: torch.nn.Module, tokens: list[int], start: int, masked: list[int], block: int) -> torch.Tensor:
-    """Full recompute of tokens[:end]; returns fp32 logits [M, V] at the block's masked positions."""
+def _decode_block(
+    model: torch.nn.Module, args: ModelArgs, x: list[int], start: int, num_prompt: int, params: SamplingParams,
+    stop_ids: frozenset[int], generator: torch.Generator | None,
+) -> tuple[int, int]:
+    """Denoises the block x[start : start + B] in place; returns (steps, edits). Steps run while masks remain,
+    then (LLaDA2.1) up to `post_edit_budget` more, stopping after a step that changed nothing."""
+    block = args.block_length
+    end = start + block
+    decoder = DECODERS[params.decoder]
+    steps = post_edit_steps = edits = 0
+    while True:
+        canvas = torch.tensor(x[start:end])  # [B]
+        masked = canvas == args.mask_token_id
+        if not masked.any():
+            post_edit_steps += 1
+            if post_edit_steps > params.post_edit_budget:
+                break
+        read = decoder.logit_positions(masked.nonzero().flatten().tolist(), max(0, num_prompt - start), block)
+        logits = _block_logits(model, x[:end], start, read, block)
+        _suppress(logits, read, start - num_prompt, params.min_tokens, stop_ids)
+        proposal = propose(logits, torch.tensor(read, dtype=torch.long), block, params, generator,
+                           decoder.needs_entropy)
+        write = decoder.decide(proposal, canvas, masked, steps, params, block)
+        changed = write & (proposal.tokens != canvas)
+        edits += int((changed & ~masked).sum())
+        x[start:end] = torch.where(write, proposal.tokens, canvas).tolist()
+        steps += 1
+        if not masked.any() and not changed.any():
+            break
+    return steps, edits
+
+
+def _block_logits(model: torch.nn.Module, tokens: list[int], start: int, read: list[int], block: int) -> torch.Tensor:
+    """Full recompute of tokens[:end]; returns fp32 logits [M, V] at the block positions `read`."""
     end = len(tokens)
     positions = torch.arange(end)
     mask = block_causal_mask(positions, end, block)[None, None]
     hidden = model(torch.tensor(tokens)[None], positions[None], DenseAttentionInputs(mask))  # [1, end, H]
-    return model.compute_logits(hidden[0, [start + i for i in masked]])
+    return model.compute_logits(hidden[0, [start + i for i in read]])
 
 
 def _suppress(

@@ -1,9 +1,10 @@
-"""Decoders: which masked positions of a block to accept at a step. Pure functions over tensors.
+"""Decoders: which positions of a block to write at a step. Pure functions over tensors.
 
 Every tensor here is canvas-shaped, [B] for one request's current block of B positions. A proposal carries, at
-each masked position, the token the model proposes and its confidence (the probability of that token under
-the sampling distribution) and entropy; unmasked positions hold -inf confidence and +inf entropy, so they are
-never chosen. `torch.topk` runs over the whole block exactly as the SDAR / LLaDA2 references run it, so ties
+each position the decoder asked logits for (`logit_positions`: the masked ones, and for the edit decoder also
+the accepted generated ones), the token the model proposes and its confidence (the probability of that token
+under the sampling distribution) and entropy; other positions hold -inf confidence and +inf entropy, so they
+are never chosen. `torch.topk` runs over the whole block exactly as the SDAR / LLaDA2 references run it, so ties
 break the same way.
 """
 
@@ -30,6 +31,12 @@ class Proposal:
     def num_masked(self) -> int:
         return int(torch.isfinite(self.confidence).sum())
 
+    def only(self, positions: torch.Tensor) -> Proposal:
+        """The proposal restricted to the [B] bool `positions` (confidence -inf, entropy +inf elsewhere)."""
+        confidence = self.confidence.masked_fill(~positions, float("-inf"))
+        entropy = None if self.entropy is None else self.entropy.masked_fill(~positions, float("inf"))
+        return Proposal(self.tokens, confidence, entropy)
+
 
 def num_transfer_tokens(block_length: int, steps: int, step: int) -> int:
     """Even split of the block over `steps`, remainder to the first steps (SDAR and LLaDA2 schedules)."""
@@ -45,12 +52,25 @@ def top_k_mask(confidence: torch.Tensor, k: int) -> torch.Tensor:
 
 
 class Decoder(ABC):
-    """A denoising policy. `select` returns the [B] bool mask of positions whose proposal is accepted."""
+    """A denoising policy. `select` returns the [B] bool mask of masked positions whose proposal is accepted;
+    `decide` the positions written this step (by default the same: accepted tokens never change)."""
 
     needs_entropy = False
 
     @abstractmethod
     def select(self, proposal: Proposal, step: int, params: SamplingParams, block_length: int) -> torch.Tensor: ...
+
+    def logit_positions(self, masked: list[int], first_generated: int, block_length: int) -> list[int]:
+        """Canvas indices whose logits this decoder reads (the LM head runs only there): the masked ones."""
+        return masked
+
+    def decide(
+        self, proposal: Proposal, canvas: torch.Tensor, masked: torch.Tensor, step: int, params: SamplingParams,
+        block_length: int,
+    ) -> torch.Tensor:
+        """[B] bool: positions whose proposed token is written this step. `canvas` [B] long holds the block's
+        tokens before the step and `masked` [B] bool marks its mask tokens."""
+        return self.select(proposal, step, params, block_length)
 
     @staticmethod
     def min_count(step: int, params: SamplingParams, block_length: int) -> int:
@@ -92,8 +112,33 @@ class EntropyBoundDecoder(Decoder):
         return accept
 
 
+class EditDecoder(ThresholdDecoder):
+    """LLaDA2.1 token editing (SGLang `JointThreshold`, diffusers' LLaDA2 block refinement), two rules per step:
+
+    mask-to-token: the threshold decoder over the masked positions (`threshold`, top-k fallback);
+    token-to-token: every accepted generated position (never the prompt's tail) whose newly proposed token
+    differs from its current one with confidence > `edit_threshold` is rewritten.
+
+    When the block is final (no masks, and a step that changed nothing or `max_post_edit_steps` spent) is the
+    request's business (`Request.apply_step`); until then the engine keeps the block open and uncommitted.
+    """
+
+    def logit_positions(self, masked: list[int], first_generated: int, block_length: int) -> list[int]:
+        return list(range(first_generated, block_length))
+
+    def decide(
+        self, proposal: Proposal, canvas: torch.Tensor, masked: torch.Tensor, step: int, params: SamplingParams,
+        block_length: int,
+    ) -> torch.Tensor:
+        fill = self.select(proposal.only(masked), step, params, block_length)
+        # Prompt positions have no proposal (-inf), so they never pass the threshold.
+        edit = ~masked & (proposal.tokens != canvas) & (proposal.confidence > params.edit_threshold)
+        return fill | edit
+
+
 DECODERS: dict[str, Decoder] = {
     "threshold": ThresholdDecoder(),
     "fixed": FixedStepsDecoder(),
     "entropy": EntropyBoundDecoder(),
+    "edit": EditDecoder(),
 }

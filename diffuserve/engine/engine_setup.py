@@ -18,7 +18,8 @@ from diffuserve.model.loader import load_args, load_model, read_model_config
 from diffuserve.tokenizer import Tokenizer
 
 DEFAULT_MAX_MODEL_LEN = 32768
-GENERATION_KEYS = ("temperature", "top_p", "top_k", "decoder", "threshold", "steps", "entropy_bound")
+GENERATION_KEYS = ("temperature", "top_p", "top_k", "decoder", "threshold", "steps", "entropy_bound",
+                   "edit_threshold", "max_post_edit_steps")
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def resolve_max_model_len(requested: int | None, args: ModelArgs) -> int:
 
 def build_components(config: EngineConfig) -> EngineComponents:
     device = resolve_device(config.device)
-    _, args = load_args(config.model)
+    family, args = load_args(config.model)
     args = args.replace(block_length=config.block_length or args.block_length)
     max_model_len = resolve_max_model_len(config.max_model_len, args)
     # The RoPE table covers the last block, which may reach past max_model_len.
@@ -74,7 +75,8 @@ def build_components(config: EngineConfig) -> EngineComponents:
     scheduler = Scheduler(pool, sched.max_num_seqs, sched.max_num_batched_tokens, args.block_length, sched.fused_commit)
     runner = ModelRunner(model, k_caches, v_caches, page_size, args.block_length, device, config.seed)
     _, generation = read_model_config(config.model)
-    defaults = {k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None}
+    from_file = {k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None}
+    defaults = {**family.decoding_defaults, **from_file}
     return EngineComponents(args, _tokenizer(config.model), runner, scheduler, pool, max_model_len, defaults)
 
 

@@ -103,7 +103,11 @@ class LLMEngine:
 
     # ---- applying a step -----------------------------------------------------------------------------------
     def _apply(self, work: ScheduledRequest, accepted: list[tuple[int, int]]) -> int:
-        """Commits, applies accepted tokens, finishes blocks/requests. Returns how many tokens became final."""
+        """Commits, applies the step's tokens, finishes blocks/requests. Returns how many tokens became final.
+
+        NOTE: a block is finished (and so committed by the next forward, fused) only once it is final: for an
+        editing decoder that is after a step that changed nothing or once the post-edit budget is spent, so the
+        committed K/V are always those of the block's final tokens."""
         request = work.request
         self.scheduler.commit(work)
         prefill_end = min(work.commit_end, request.num_prefill_positions)
@@ -114,12 +118,11 @@ class LLMEngine:
             return 0
         request.num_forwards += 1
         request.step_in_block += 1
-        for index, token in accepted:
-            request.canvas[index] = token
+        request.apply_step(accepted)
         before = len(request.output_token_ids)
         if request.check_finished() is not None:
             self._finish(request)
-        elif request.mask_token_id not in request.canvas:
+        elif request.block_is_final:
             request.finish_block()
             self.runner.experts.finish_block(request.request_id)
         new = len(request.output_token_ids) - before

@@ -8,7 +8,8 @@ Batch layout for a step (N query tokens, requests one after another):
 
     input_ids  [ r0 commit tokens | r0 block | r1 block | r2 prefill chunk | ... ]   [N]
     positions  absolute positions of those tokens                                    [N]
-    logit rows the masked positions of each block                                    [M]
+    logit rows the positions each block's decoder reads (its masked ones; the edit   [M]
+               decoder also its accepted generated ones)
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ class BlockRows:
     token_start: int
     """Row of the block's first position in the step batch."""
     logit_start: int
-    masked: list[int]
-    """Canvas indices with a mask token (their logits are rows logit_start .. logit_start + len(masked))."""
+    positions: list[int]
+    """Canvas indices the decoder reads (their logits are rows logit_start .. logit_start + len(positions))."""
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,12 @@ class ModelRunner:
             start = len(ids)
             ids += request.known_tokens(work.commit_start, work.commit_end)
             if work.has_block:
-                masked = request.masked_indices()
-                blocks.append(BlockRows(work, len(ids), len(logit_rows), masked))
-                logit_rows += [len(ids) + i for i in masked]
+                decoder = DECODERS[request.params.decoder]
+                read = decoder.logit_positions(
+                    request.masked_indices(), request.generation_start_in_block(), self.block_length
+                )
+                blocks.append(BlockRows(work, len(ids), len(logit_rows), read))
+                logit_rows += [len(ids) + i for i in read]
                 ids += request.canvas
             positions += range(work.query_start, work.query_end)
             key_slots = self._key_slots(request.page_ids, work.query_end)
@@ -115,21 +119,25 @@ class ModelRunner:
 
     # ---- decoding ------------------------------------------------------------------------------------------
     def _decode(self, block: BlockRows, logits: torch.Tensor) -> list[tuple[int, int]]:
+        """The block's (canvas index, token) pairs to write this step."""
         request = block.work.request
         params = request.params
-        rows = logits[block.logit_start : block.logit_start + len(block.masked)]  # [M, V]
-        rows = self._suppress_early_stops(request, block.masked, rows)
+        rows = logits[block.logit_start : block.logit_start + len(block.positions)]  # [M, V]
+        rows = self._suppress_early_stops(request, block.positions, rows)
         decoder = DECODERS[params.decoder]
-        masked = torch.tensor(block.masked, dtype=torch.long, device=self.device)
-        proposal = propose(rows, masked, self.block_length, params, self._generator(request), decoder.needs_entropy)
-        accept = decoder.select(proposal, request.step_in_block, params, self.block_length)
-        indices = accept.nonzero().flatten()
+        positions = torch.tensor(block.positions, dtype=torch.long, device=self.device)
+        proposal = propose(rows, positions, self.block_length, params, self._generator(request),
+                           decoder.needs_entropy)
+        canvas = torch.tensor(request.canvas, device=self.device)  # [B]
+        write = decoder.decide(proposal, canvas, canvas == request.mask_token_id, request.step_in_block, params,
+                               self.block_length)
+        indices = write.nonzero().flatten()
         return list(zip(indices.tolist(), proposal.tokens[indices].tolist()))
 
-    def _suppress_early_stops(self, request: Request, masked: list[int], rows: torch.Tensor) -> torch.Tensor:
+    def _suppress_early_stops(self, request: Request, positions: list[int], rows: torch.Tensor) -> torch.Tensor:
         """min_tokens: stop ids get -inf logits at generated positions below min_tokens."""
         first_generated = request.block_start - request.num_prompt_tokens
-        early = [i for i, index in enumerate(masked) if first_generated + index < request.params.min_tokens]
+        early = [i for i, index in enumerate(positions) if first_generated + index < request.params.min_tokens]
         if not early or not request.stop_ids:
             return rows
         rows = rows.clone()

@@ -14,6 +14,9 @@ from typing import Protocol
 from diffuserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from diffuserve.sampling_params import SamplingParams
 
+MAX_UTF8_CONTINUATION = 3
+"""A UTF-8 character is at most 4 bytes: the last 3 byte tokens may still be waiting for the rest."""
+
 
 class Decoding(Protocol):
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str: ...
@@ -61,10 +64,21 @@ class Completion:
             self.output.stop_reason = stop
             return True
         if not finished:
-            text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence: wait for its next token
+            text = self._without_incomplete_character(tokenizer, token_ids, text)
             text = text[: len(text) - partial_stop_length(text, self.params.stop)]
         self.output.text = text
         return False
+
+    def _without_incomplete_character(self, tokenizer: Decoding, token_ids: list[int], text: str) -> str:
+        """Holds back replacement characters that the last few (byte) tokens may still complete into one
+        character; invalid bytes further back are shown as they are."""
+        if not text.endswith("\ufffd"):
+            return text
+        stable = tokenizer.decode(token_ids[: max(0, len(token_ids) - MAX_UTF8_CONTINUATION)],
+                                  self.params.skip_special_tokens)
+        if not text.startswith(stable):
+            return text
+        return stable + text[len(stable) :].rstrip("\ufffd")
 
     def _tokens_through(self, tokenizer: Decoding, token_ids: list[int], stop: str) -> list[int]:
         """The shortest token prefix whose text contains the stop string."""

@@ -8,7 +8,8 @@ Torch-free. The engine's geometry, for prompt length P and block length B (block
 
 `num_computed_tokens` counts positions whose final K/V are in the cache; positions in
 [num_computed_tokens, block_start) are known tokens still to commit (prompt blocks, or the block finished in
-the previous step: the fused commit). Accepted tokens never change unless the decoder edits (LLaDA2.1).
+the previous step: the fused commit). Accepted tokens never change unless the decoder edits (LLaDA2.1): then
+they are provisional until the block is final, and neither committed nor used to stop before that.
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ class Request:
     canvas: list[int] = field(default_factory=list)
     block_start: int = 0
     step_in_block: int = 0
+    num_post_edit_steps: int = 0
+    """Steps the current block took with no mask left (decoder=edit)."""
+    block_is_final: bool = False
+    """The canvas can no longer change: the block may be committed and its tokens used to stop."""
     num_computed_tokens: int = 0
     page_ids: list[int] = field(default_factory=list)
     page_hashes: list[int] = field(default_factory=list)
@@ -103,6 +108,8 @@ class Request:
         tail = self.prompt_token_ids[block_start:]
         self.canvas = tail + [self.mask_token_id] * (self.block_length - len(tail))
         self.step_in_block = 0
+        self.num_post_edit_steps = 0
+        self.block_is_final = False
 
     def masked_indices(self) -> list[int]:
         return [i for i, token in enumerate(self.canvas) if token == self.mask_token_id]
@@ -112,10 +119,30 @@ class Request:
         return max(0, self.num_prompt_tokens - self.block_start)
 
     # ---- progress ------------------------------------------------------------------------------------------
+    def apply_step(self, accepted: list[tuple[int, int]]) -> None:
+        """Writes a step's (canvas index, token) pairs and decides `block_is_final`: no mask left, and either the
+        post-edit budget (`params.post_edit_budget`, 0 unless the decoder edits) is spent or this step began
+        with no mask and changed nothing. Without editing, a block is thus final once its masks are gone."""
+        had_masks = self.mask_token_id in self.canvas
+        if not had_masks:
+            self.num_post_edit_steps += 1
+        changed = False
+        for index, token in accepted:
+            changed |= self.canvas[index] != token
+            self.canvas[index] = token
+        if self.mask_token_id in self.canvas:  # still masked (a proposal may be the mask token itself)
+            return
+        settled = not had_masks and not changed
+        self.block_is_final = settled or self.num_post_edit_steps >= self.params.post_edit_budget
+
     def check_finished(self) -> RequestStatus | None:
-        """After accepting tokens: stop (a stop id with everything before it decided) or length (every
-        position below max_tokens decided). Returns the final status and trims the output, or None."""
-        generated = self.output_token_ids + self.canvas[self.generation_start_in_block():]
+        """After a step: stop (a stop id with everything before it decided) or length (every position below
+        max_tokens decided). Returns the final status and trims the output, or None. Tokens of a block that may
+        still be edited count as undecided."""
+        tail = self.canvas[self.generation_start_in_block():]
+        if self.params.is_editing and not self.block_is_final:
+            tail = [self.mask_token_id] * len(tail)
+        generated = self.output_token_ids + tail
         for g, token in enumerate(generated[: self.max_tokens]):
             if token == self.mask_token_id:
                 return None
@@ -128,8 +155,8 @@ class Request:
         return None
 
     def finish_block(self) -> list[int]:
-        """The canvas has no masks and the request goes on: its generated part joins the output (to be
-        committed by the next forward) and the next block opens. Returns the new tokens."""
+        """The block is final and the request goes on: its generated part joins the output (to be committed by
+        the next forward) and the next block opens. Returns the new tokens."""
         new = self.canvas[self.generation_start_in_block():]
         self.output_token_ids.extend(new)
         self.open_block(self.block_end)

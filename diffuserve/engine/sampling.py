@@ -1,5 +1,5 @@
-"""From logits at a block's masked positions to a Proposal: temperature, top-k, top-p, a per-request seeded
-generator. Pure functions over tensors; knows nothing of decoders' policies."""
+"""From logits at a block's positions (those the decoder asked for) to a Proposal: temperature, top-k, top-p, a
+per-request seeded generator. Pure functions over tensors; knows nothing of decoders' policies."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 
 def propose(
-    logits: torch.Tensor, masked: torch.Tensor, block_length: int, params: SamplingParams,
+    logits: torch.Tensor, positions: torch.Tensor, block_length: int, params: SamplingParams,
     generator: torch.Generator | None, need_entropy: bool = False,
 ) -> Proposal:
-    """logits [M, V] fp32 at canvas indices `masked` [M] -> canvas-shaped Proposal [B].
+    """logits [M, V] fp32 at canvas indices `positions` [M] -> canvas-shaped Proposal [B].
 
     temperature 0: the argmax and its softmax probability; otherwise a multinomial draw from the tempered,
     filtered distribution and that distribution's probability of the drawn token.
@@ -43,9 +43,9 @@ def propose(
         confidence = probs.gather(-1, tokens[:, None]).squeeze(-1)
     canvas_tokens = torch.zeros(block_length, dtype=torch.long, device=logits.device)
     canvas_conf = torch.full((block_length,), float("-inf"), device=logits.device)
-    canvas_tokens[masked], canvas_conf[masked] = tokens, confidence
+    canvas_tokens[positions], canvas_conf[positions] = tokens, confidence
     entropy = None
     if need_entropy:
         entropy = torch.full((block_length,), float("inf"), device=logits.device)
-        entropy[masked] = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+        entropy[positions] = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
     return Proposal(canvas_tokens, canvas_conf, entropy)

@@ -1,6 +1,7 @@
 """Model directory -> (ModelArgs, loaded model). Reads config.json, generation_config.json and safetensors
 (one file or a sharded `model.safetensors.index.json`). Names map through the family's `weight_target`; a
-missing, unexpected or misshapen weight is an error that names it. Knows nothing of tokenizers or requests.
+missing, unexpected or misshapen weight is an error that names it. Knows nothing of requests, and of tokenizers
+only the ids of the special tokens a family's config.json leaves to them (see special_tokens).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.registry import ModelFamily, family_for
+from diffuserve.model.special_tokens import fill_special_token_ids
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -40,6 +42,7 @@ def read_model_config(model_dir: str | Path) -> tuple[dict, dict]:
 def load_args(model_dir: str | Path) -> tuple[ModelFamily, ModelArgs]:
     config, generation = read_model_config(model_dir)
     family = family_for(config)
+    config = fill_special_token_ids(config, generation, family.special_tokens, Path(model_dir))
     return family, family.parse_args(config, generation)
 
 

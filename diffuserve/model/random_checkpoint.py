@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import save_file
 
 from diffuserve.model.byte_tokenizer import write_byte_tokenizer
-from diffuserve.model.registry import family_for
+from diffuserve.model.config import ModelArgs
+from diffuserve.model.registry import ModelFamily, family_for
 
 PRESETS: dict[str, dict[str, Any]] = {
     "clover-bench": dict(
@@ -55,7 +56,20 @@ def write_random_checkpoint(
     specials = write_byte_tokenizer(out, config["vocab_size"])
     config = {"mask_token_id": specials["<|MASK|>"], "eos_token_id": specials["<|endoftext|>"], **config}
     family = family_for(config)
-    args = family.parse_args(config, {})
+    write_random_weights(out, family, family.parse_args(config, {}), _dtype(config), seed, init_std, logit_scale,
+                         per_expert, max_shard_bytes)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    gen = {"eos_token_id": [specials["<|im_end|>"], specials["<|endoftext|>"]], **(generation or {})}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    return out
+
+
+def write_random_weights(
+    out: Path, family: ModelFamily, args: ModelArgs, dtype: torch.dtype, seed: int = 0, init_std: float = 0.02,
+    logit_scale: float = 1.0, per_expert: bool = True, max_shard_bytes: int | None = None,
+) -> None:
+    """Writes the family's seeded random weights under their Hub names (sharded past `max_shard_bytes`): every
+    tensor normal(0, init_std), norm weights 1 + that, the LM head times `logit_scale`."""
     generator = torch.Generator().manual_seed(seed)
     with torch.device("meta"):
         model = family.model_cls(args, 1)
@@ -66,13 +80,9 @@ def write_random_checkpoint(
             value = 1.0 + value
         if name == "lm_head.weight":
             value = value * logit_scale
-        state[name] = value.to(_dtype(config))
+        state[name] = value.to(dtype)
     tensors = {name: t.contiguous() for name, t in family.checkpoint_tensors(state, args, per_expert)}
     _save_sharded(tensors, out, max_shard_bytes)
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    gen = {"eos_token_id": [specials["<|im_end|>"], specials["<|endoftext|>"]], **(generation or {})}
-    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    return out
 
 
 def _dtype(config: dict) -> torch.dtype:

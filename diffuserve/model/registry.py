@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 from diffuserve.model.clover import CloverForBlockDiffusion
-from diffuserve.model.config import ModelArgs, qwen3_args_from_hf
+from diffuserve.model.config import ModelArgs, llada2_args_from_hf, qwen3_args_from_hf
+from diffuserve.model.llada2 import LLaDA2ForBlockDiffusion
+from diffuserve.model.llada2_weights import llada2_checkpoint_tensors, llada2_weight_target
 from diffuserve.model.weight_names import WeightTarget, qwen3_checkpoint_tensors, qwen3_weight_target
 
 
@@ -23,10 +26,21 @@ class ModelFamily:
     """Checkpoint tensor name -> where it loads (None: ignore)."""
     checkpoint_tensors: Callable[[dict[str, torch.Tensor], ModelArgs], Iterator[tuple[str, torch.Tensor]]]
     """Our state dict -> checkpoint tensors with Hub names (for writing checkpoints)."""
+    special_tokens: Mapping[str, str] = field(default_factory=dict)
+    """config field -> token text, for ids the family's Hub config.json leaves out (looked up in tokenizer.json)."""
+    decoding_defaults: Mapping[str, Any] = field(default_factory=dict)
+    """The family's reference decoding knobs (SamplingParams names); generation_config.json overrides them."""
 
 
 CLOVER = ModelFamily(
     "clover", CloverForBlockDiffusion, qwen3_args_from_hf, qwen3_weight_target, qwen3_checkpoint_tensors
+)
+
+# LLaDA2.0 and LLaDA2.1 share architecture name and config; 2.1 differs only in decoding (decoder="edit").
+LLADA2 = ModelFamily(
+    "llada2", LLaDA2ForBlockDiffusion, llada2_args_from_hf, llada2_weight_target, llada2_checkpoint_tensors,
+    special_tokens={"mask_token_id": "<|mask|>", "eos_token_id": "<|endoftext|>"},
+    decoding_defaults={"decoder": "threshold", "threshold": 0.95, "temperature": 0.0},
 )
 
 ARCHITECTURES: dict[str, ModelFamily] = {
@@ -36,6 +50,7 @@ ARCHITECTURES: dict[str, ModelFamily] = {
     # Plain Qwen3 checkpoints load too once their config names the diffusion fields (mask_token_id, block_length).
     "Qwen3ForCausalLM": CLOVER,
     "Qwen3MoeForCausalLM": CLOVER,
+    "LLaDA2MoeModelLM": LLADA2,
 }
 
 

@@ -21,9 +21,12 @@ from diffuserve.model.layers.rotary import RotaryEmbedding
 
 
 class Attention(nn.Module):
-    """Parameters follow the checkpoint names; `qkv_proj` packs q_proj | k_proj | v_proj rows (see loader)."""
+    """Parameters follow the checkpoint names; `qkv_proj` packs q_proj | k_proj | v_proj rows (see loader).
+    `qk_norm`: per-head RMSNorm of q and k before RoPE; `output_bias`: a bias on o_proj (LLaDA2 `use_bias`)."""
 
-    def __init__(self, args: ModelArgs, layer_id: int, rotary: RotaryEmbedding, qk_norm: bool = True) -> None:
+    def __init__(
+        self, args: ModelArgs, layer_id: int, rotary: RotaryEmbedding, qk_norm: bool = True, output_bias: bool = False
+    ) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
@@ -31,7 +34,7 @@ class Attention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
         self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=output_bias)
         self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if qk_norm else None
         self.rotary = rotary

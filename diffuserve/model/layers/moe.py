@@ -54,18 +54,21 @@ class Router(nn.Module):
 
 class SparseMoeBlock(nn.Module):
     """Routed experts (+ shared expert). `use_reference` switches to the per-token reference dispatch.
-    `last_expert_ids` [N, K] keeps the latest routing for the engine's expert statistics."""
+    `last_expert_ids` [N, K] keeps the latest routing for the engine's expert statistics.
+
+    `gate` replaces the softmax top-k router: any module mapping hidden states [N, H] to (weights [N, K],
+    expert ids [N, K]), e.g. LLaDA2's group-limited sigmoid router (top_k and norm_topk_prob are then its own)."""
 
     use_reference: bool = False
 
     def __init__(
         self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int,
-        norm_topk_prob: bool, shared_intermediate_size: int = 0,
+        norm_topk_prob: bool, shared_intermediate_size: int = 0, gate: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.num_experts = num_experts
         self.last_expert_ids: torch.Tensor | None = None
-        self.gate = Router(num_experts, hidden_size, top_k, norm_topk_prob)
+        self.gate = gate if gate is not None else Router(num_experts, hidden_size, top_k, norm_topk_prob)
         self.experts = FusedExperts(num_experts, hidden_size, intermediate_size)
         self.shared_experts = SwiGLU(hidden_size, shared_intermediate_size) if shared_intermediate_size else None
 

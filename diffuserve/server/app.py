@@ -1,0 +1,125 @@
+"""The FastAPI application: routes, and the wiring of engine, bridge, metrics and auth.
+
+Routes only translate HTTP to `OpenAIServing` calls. The engine-loop thread starts and stops with the app
+(lifespan). Public routes (no API key): /health, /version, /metrics and the docs; everything else needs the key
+when one is configured.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from diffuserve import __version__
+from diffuserve.server.async_engine import AsyncEngine
+from diffuserve.server.auth import require_api_key
+from diffuserve.server.config import ServerConfig
+from diffuserve.server.errors import engine_unavailable, install_error_handlers
+from diffuserve.server.metrics import ServerMetrics
+from diffuserve.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+    VersionResponse,
+)
+from diffuserve.server.serving import OpenAIServing
+from diffuserve.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from diffuserve.engine.llm_engine import LLMEngine
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 500, 503)
+}
+STREAM = {200: {"content": {"text/event-stream": {}}, "description": "JSON body, or SSE frames when stream=true"}}
+
+
+def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
+    """The server for `engine`; its state is `app.state.serving` (an OpenAIServing)."""
+    model_name = config.served_model_name or str(engine.config.model)
+    metrics = ServerMetrics(model_name)
+    bridge = AsyncEngine(engine, config.max_waiting_requests, metrics)
+    tokenizer = Tokenizer(engine.config.model) if engine.tokenizer is not None else None
+    serving = OpenAIServing(bridge, tokenizer, config, model_name, metrics, int(time.time()))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        bridge.start()
+        try:
+            yield
+        finally:
+            bridge.shutdown()
+
+    app = FastAPI(title="diffuserve", version=__version__, lifespan=lifespan,
+                  description="OpenAI-compatible server for block-diffusion MoE language models.")
+    app.state.serving = serving
+    install_error_handlers(app)
+    app.include_router(_public_routes(serving))
+    app.include_router(_api_routes(serving), dependencies=[Depends(require_api_key(config.api_key))],
+                       responses=ERRORS)
+    return app
+
+
+def _public_routes(serving: OpenAIServing) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health", responses={503: {"model": ErrorResponse}})
+    async def health() -> Response:
+        if not serving.bridge.is_alive:
+            raise engine_unavailable(serving.bridge.dead_reason or "not started")
+        return Response(status_code=200)
+
+    @router.get("/version")
+    async def version() -> VersionResponse:
+        return VersionResponse(version=__version__)
+
+    @router.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        return Response(serving.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+def _api_routes(serving: OpenAIServing) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/v1/models")
+    async def list_models() -> ModelList:
+        return serving.models()
+
+    @router.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> ModelCard:
+        serving.check_model(model_id)
+        return serving.models().data[0]
+
+    @router.post("/v1/completions", response_model=CompletionResponse, responses=STREAM)
+    async def completions(body: CompletionRequest, request: Request) -> CompletionResponse | StreamingResponse:
+        return await serving.completion(body, request)
+
+    @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=STREAM)
+    async def chat(body: ChatCompletionRequest, request: Request) -> ChatCompletionResponse | StreamingResponse:
+        return await serving.chat(body, request)
+
+    @router.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        return serving.tokenize(body)
+
+    @router.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        return serving.detokenize(body)
+
+    return router

@@ -1,0 +1,56 @@
+"""`diffuserve serve [MODEL]`: the OpenAI-compatible HTTP server.
+
+Flags come from `ServerConfig` and the engine config dataclasses (their field docstrings are the help). Torch,
+FastAPI and the engine are imported inside `run`, so `diffuserve --help` stays fast. Without MODEL the bundled
+default model is served. The API key may also come from DIFFUSERVE_API_KEY (the flag wins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
+from diffuserve.server.config import ServerConfig
+
+API_KEY_ENV = "DIFFUSERVE_API_KEY"
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                        help="model directory (default: the bundled default model)")
+    add_config_arguments(parser, ServerConfig)
+    add_config_arguments(parser, EngineConfig, skip=("model",))
+
+
+def server_config_from_args(args: argparse.Namespace, model_arg: str | None, model_dir: str) -> ServerConfig:
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig) if hasattr(args, f.name)}
+    given.setdefault("api_key", os.environ.get(API_KEY_ENV) or None)
+    given.setdefault("served_model_name", model_arg or Path(model_dir).name)
+    return ServerConfig(**given)
+
+
+def run(args: argparse.Namespace) -> int:
+    from diffuserve.default_model import resolve_model
+
+    model_dir = resolve_model(args.model)
+    config = server_config_from_args(args, args.model, model_dir)
+    engine_config = engine_config_from_args(model_dir, args)
+
+    import uvicorn
+
+    from diffuserve.engine.llm_engine import LLMEngine
+    from diffuserve.server.app import build_app
+
+    logging.basicConfig(format="%(levelname)-9s %(name)s: %(message)s")
+    logging.getLogger("diffuserve").setLevel(logging.INFO)
+    engine = LLMEngine(engine_config)
+    logger.info("serving %r from %s: max_model_len %d, %d KV pages of %d tokens", config.served_model_name,
+                model_dir, engine.max_model_len, engine.pool.num_pages, engine.pool.page_size)
+    uvicorn.run(build_app(engine, config), host=config.host, port=config.port, log_level=config.uvicorn_log_level)
+    return 0

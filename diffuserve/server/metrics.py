@@ -1,0 +1,138 @@
+"""Prometheus metrics under vLLM's names with a `diffuserve:` prefix, plus the block-diffusion ones (NFE, TPF).
+
+`ServerMetrics` is the engine observer: the engine-loop thread reports requests added, outputs, aborts and a
+stats snapshot after every step, and this module turns them into gauges, counters and per-request latency
+histograms (TTFT, inter-token latency between committed blocks, end-to-end, queue time). Every metric is
+labelled `model_name`. Each server owns its own registry, so several servers can live in one process.
+Knows nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+from diffuserve.engine.outputs import RequestOutput
+from diffuserve.engine.stats import EngineStats
+from diffuserve.server.async_engine import EngineRequest
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+TPF_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0)
+PREFIX = "diffuserve:"
+
+disable_created_metrics()  # no `*_created` series next to every counter (vLLM does the same)
+
+
+@dataclass
+class _Tracker:
+    arrival_time: float
+    scheduled_time: float | None = None
+    last_token_time: float | None = None
+    num_tokens: int = 0
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self._trackers: dict[str, _Tracker] = {}
+        self._last: EngineStats | None = None
+
+        def make(kind: type, name: str, doc: str, labels: tuple[str, ...] = (), **kwargs: object) -> Any:
+            metric = kind(PREFIX + name, doc, ("model_name", *labels), registry=self.registry, **kwargs)
+            return metric.labels(model_name=model_name) if not labels else _Bound(metric, model_name)
+
+        self.running = make(Gauge, "num_requests_running", "Requests in the running batch.")
+        self.waiting = make(Gauge, "num_requests_waiting", "Requests waiting to be scheduled (incl. preempted).")
+        self.kv_usage = make(Gauge, "kv_cache_usage_perc", "Fraction of KV-cache pages in use (1 = 100 %).")
+        self.prefix_hit_rate = make(Gauge, "prefix_cache_hit_rate", "Prompt tokens served from the prefix cache "
+                                    "/ prompt tokens looked up, since start.")
+        self.prefix_queries = make(Counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = make(Counter, "prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.preemptions = make(Counter, "num_preemptions", "Requests preempted (pages freed, recomputed later).")
+        self.prompt_tokens = make(Counter, "prompt_tokens", "Prompt tokens of accepted requests.")
+        self.generation_tokens = make(Counter, "generation_tokens", "Generated tokens made final.")
+        self.engine_steps = make(Counter, "engine_steps", "Forwards the engine ran (one per step, whole batch).")
+        self.rejected = make(Counter, "requests_rejected", "Requests refused before reaching the engine.",
+                             ("reason",))
+        self.success = make(Counter, "request_success", "Finished completions.", ("finished_reason",))
+        self.ttft = make(Histogram, "time_to_first_token_seconds", "Arrival to first committed block.",
+                         buckets=LATENCY_BUCKETS)
+        self.itl = make(Histogram, "inter_token_latency_seconds", "Gap between a request's successive committed "
+                        "blocks (several tokens arrive at once).", buckets=LATENCY_BUCKETS)
+        self.e2e = make(Histogram, "e2e_request_latency_seconds", "Arrival to finish.", buckets=LATENCY_BUCKETS)
+        self.queue_time = make(Histogram, "request_queue_time_seconds", "Arrival to first scheduled step.",
+                               buckets=LATENCY_BUCKETS)
+        self.request_prompt_tokens = make(Histogram, "request_prompt_tokens", "Prompt length per request.",
+                                          buckets=TOKEN_BUCKETS)
+        self.request_generation_tokens = make(Histogram, "request_generation_tokens", "Generated tokens per "
+                                              "request (all its completions).", buckets=TOKEN_BUCKETS)
+        self.nfe = make(Histogram, "request_num_forwards", "NFE: denoising forwards per completion.",
+                        buckets=TOKEN_BUCKETS)
+        self.tpf = make(Histogram, "tokens_per_forward", "TPF: generated tokens / NFE, per completion.",
+                        buckets=TPF_BUCKETS)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # ---- EngineObserver (engine-loop thread) ---------------------------------------------------------------
+    def request_added(self, request: EngineRequest, arrival_time: float) -> None:
+        self._trackers[request.request_id] = _Tracker(arrival_time)
+        self.prompt_tokens.inc(len(request.prompt_token_ids))
+        self.request_prompt_tokens.observe(len(request.prompt_token_ids))
+
+    def request_output(self, output: RequestOutput, now: float) -> None:
+        tracker = self._trackers.get(output.request_id)
+        if tracker is None:
+            return
+        if tracker.scheduled_time is None:
+            tracker.scheduled_time = now
+            self.queue_time.observe(now - tracker.arrival_time)
+        num_tokens = sum(len(o.token_ids) for o in output.outputs)
+        if num_tokens > tracker.num_tokens:
+            if tracker.last_token_time is None:
+                self.ttft.observe(now - tracker.arrival_time)
+            else:
+                self.itl.observe(now - tracker.last_token_time)
+            tracker.last_token_time, tracker.num_tokens = now, num_tokens
+        if output.finished:
+            del self._trackers[output.request_id]
+            self.e2e.observe(now - tracker.arrival_time)
+            self.request_generation_tokens.observe(num_tokens)
+            for completion in output.outputs:
+                self.success.labels(finished_reason=completion.finish_reason).inc()
+                self.nfe.observe(completion.num_forwards)
+                if completion.num_forwards:
+                    self.tpf.observe(completion.tokens_per_forward)
+
+    def request_aborted(self, request_id: str) -> None:
+        self._trackers.pop(request_id, None)
+        self.success.labels(finished_reason="abort").inc()
+
+    def engine_stats(self, stats: EngineStats) -> None:
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.kv_usage)
+        self.prefix_hit_rate.set(stats.prefix_hit_rate)
+        last = self._last
+        self._last = stats
+        if last is None:
+            last = stats  # counters start at the server's start, whatever the engine did before
+        self.prefix_queries.inc(stats.num_prefix_queried_tokens - last.num_prefix_queried_tokens)
+        self.prefix_hits.inc(stats.num_prefix_hit_tokens - last.num_prefix_hit_tokens)
+        self.preemptions.inc(stats.num_preemptions - last.num_preemptions)
+        self.generation_tokens.inc(stats.num_generated_tokens - last.num_generated_tokens)
+        self.engine_steps.inc(stats.num_steps - last.num_steps)
+
+
+class _Bound:
+    """A labelled metric with `model_name` already bound: `.labels(reason=...)` fills in the rest."""
+
+    def __init__(self, metric: Counter, model_name: str) -> None:
+        self._metric, self._model_name = metric, model_name
+
+    def labels(self, **labels: str | None) -> Counter:
+        return self._metric.labels(model_name=self._model_name, **labels)

@@ -1,0 +1,296 @@
+"""The OpenAI wire format (and vLLM's extensions) as pydantic models: requests, responses, stream chunks, errors.
+
+Models only: no logic beyond declarative constraints, which the published OpenAPI schema carries too. Request
+models are strict (a string where a number is expected is a type error, not a coercion; only an integral number
+such as 4.0 counts as an integer, as in JSON Schema) and reject NaN/infinity. Unknown request fields are kept in
+`model_extra` (the server ignores them with a warning, as vLLM does). Fields that OpenAI or vLLM define but
+diffuserve does not implement are declared with `unsupported()`, so that `request_params` can reject any
+non-neutral value with a 400 naming the field instead of silently ignoring it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from diffuserve.sampling_params import DECODERS
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# JSON integers: 4 or 4.0, never "4". (Constraints go before the validator, or the schema loses them.)
+Int = Annotated[int, BeforeValidator(_integral)]
+PositiveInt = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
+NonNegativeInt = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
+TopK = Annotated[int, Field(ge=-1), BeforeValidator(_integral)]
+Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX), BeforeValidator(_integral)]
+Text = Annotated[str, Field(min_length=1)]
+
+
+def unsupported() -> Any:
+    """A field diffuserve does not implement: the schema says null; any other value but a neutral one is a 400."""
+    return Field(default=None, json_schema_extra={"type": "null"},
+                 description="Not supported by diffuserve: omit it (a non-neutral value is a 400).")
+
+
+class RequestModel(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False, use_attribute_docstrings=True)
+
+
+class ResponseModel(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+
+class StreamOptions(RequestModel):
+    include_usage: bool = False
+    """Send a final chunk with `usage` (and no choices) before `data: [DONE]`."""
+    continuous_usage_stats: bool = False
+    """vLLM extension: every chunk carries the usage so far."""
+
+
+class SamplingFields(RequestModel):
+    """Fields shared by completions and chat completions."""
+
+    model: str | None = None
+    """Served model name; None = the one model this server serves."""
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: TopK = 0
+    seed: Seed | None = None
+    n: PositiveInt = 1
+    stop: Text | list[Text] | None = None
+    stop_token_ids: list[Int] | None = None
+    ignore_eos: bool = False
+    min_tokens: NonNegativeInt = 0
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # Block-diffusion extensions (diffuserve), see docs/server.md. None = the model's default.
+    decoder: Literal[DECODERS] | None = None  # type: ignore[valid-type]
+    """Which masked positions a denoising step accepts."""
+    threshold: float | None = Field(default=None, ge=0, le=1)
+    """Confidence a proposal must exceed to be accepted (threshold and edit decoders)."""
+    steps: PositiveInt | None = None
+    """Denoising steps per block of the schedule: each step accepts at least block_length // steps tokens."""
+    entropy_bound: float | None = Field(default=None, ge=0)
+    """EB-sampler gamma (entropy decoder)."""
+    edit_threshold: float | None = Field(default=None, ge=0, le=1)
+    """Confidence above which the edit decoder rewrites an accepted token of the open block."""
+    max_post_edit_steps: NonNegativeInt | None = None
+    """Steps the edit decoder may still take on a block once its masks are gone."""
+    # Defined by OpenAI or vLLM, not implemented: any non-neutral value is a 400.
+    logit_bias: Any = unsupported()
+    presence_penalty: Any = unsupported()
+    frequency_penalty: Any = unsupported()
+    repetition_penalty: Any = unsupported()
+    min_p: Any = unsupported()
+    use_beam_search: Any = unsupported()
+    allowed_token_ids: Any = unsupported()
+    bad_words: Any = unsupported()
+    prompt_logprobs: Any = unsupported()
+    truncate_prompt_tokens: Any = unsupported()
+    response_format: Any = unsupported()
+    structured_outputs: Any = unsupported()
+    guided_json: Any = unsupported()
+    guided_regex: Any = unsupported()
+    guided_choice: Any = unsupported()
+    guided_grammar: Any = unsupported()
+
+
+class CompletionRequest(SamplingFields):
+    prompt: (Text | Annotated[list[Text], Field(min_length=1)] | Annotated[list[Int], Field(min_length=1)]
+             | Annotated[list[Annotated[list[Int], Field(min_length=1)]], Field(min_length=1)])
+    """Text, several texts, token ids, or several token-id lists (one choice group per prompt)."""
+    max_tokens: PositiveInt | None = 16
+    echo: bool = False
+    logprobs: Any = unsupported()
+    suffix: Any = unsupported()
+    best_of: Any = unsupported()
+
+
+class TextPart(RequestModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(RequestModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    """`developer` is OpenAI's newer name for `system`; tool messages are not supported."""
+    content: str | list[TextPart]
+    """Text, or text parts (joined with newlines)."""
+    name: str | None = None
+    tool_calls: Any = unsupported()
+    tool_call_id: Any = unsupported()
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: PositiveInt | None = None
+    """Deprecated by OpenAI in favour of max_completion_tokens; None = up to the context length."""
+    max_completion_tokens: PositiveInt | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: Any = unsupported()
+    top_logprobs: Any = unsupported()
+    tools: Any = unsupported()
+    tool_choice: Any = unsupported()
+    functions: Any = unsupported()
+    function_call: Any = unsupported()
+    audio: Any = unsupported()
+    modalities: Any = unsupported()
+    prediction: Any = unsupported()
+    reasoning_effort: Any = unsupported()
+    web_search_options: Any = unsupported()
+    chat_template: Any = unsupported()
+    documents: Any = unsupported()
+    echo: Any = unsupported()
+
+
+class TokenizeRequest(RequestModel):
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    """Exactly one of prompt and messages."""
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(RequestModel):
+    model: str | None = None
+    tokens: list[Int]
+
+
+# ---- responses -----------------------------------------------------------------------------------------------
+class PromptTokensDetails(ResponseModel):
+    cached_tokens: int = 0
+
+
+class Usage(ResponseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    num_forwards: int
+    """NFE: denoising forwards over all choices."""
+    tokens_per_forward: float
+    """TPF: completion_tokens / num_forwards."""
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class CompletionChoice(ResponseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(ResponseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class AssistantMessage(ResponseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(ResponseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(ResponseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class DeltaMessage(ResponseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(ResponseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(ResponseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChunk(ResponseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(ResponseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "diffuserve"
+    root: str
+    parent: str | None = None
+    max_model_len: int
+
+
+class ModelList(ResponseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(ResponseModel):
+    count: int
+    max_model_len: int
+    tokens: list[Int]
+
+
+class DetokenizeResponse(ResponseModel):
+    prompt: str
+
+
+class VersionResponse(ResponseModel):
+    version: str
+
+
+class ErrorInfo(ResponseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(ResponseModel):
+    error: ErrorInfo

@@ -1,0 +1,122 @@
+"""From an OpenAI request to the engine's `SamplingParams`, and the policy for fields diffuserve lacks.
+
+- Fields OpenAI or vLLM define but diffuserve does not implement (logprobs, tools, penalties, structured output,
+  ...) are rejected with a 400 naming the field unless they carry their neutral value: never silently ignored.
+- Unknown fields are ignored with a logged warning, as vLLM does: clients and harnesses send vendor extras, and
+  failing on them would break them for no benefit.
+- Guards the engine against values that would fail a whole batched step rather than one request: stop token ids
+  outside the vocabulary, and temperatures so small that the tempered logits overflow (raised to 0.01, as vLLM).
+
+Knows nothing of HTTP or of prompts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from diffuserve.sampling_params import SamplingParams
+from diffuserve.server.errors import APIError, bad_request, from_value_error
+from diffuserve.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+logger = logging.getLogger(__name__)
+
+MIN_TEMPERATURE = 1e-2
+"""Positive temperatures below this are raised to it (1/T overflows the logits' fp32 range far below 1e-2)."""
+
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "logit_bias": ({},),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "min_p": (0, 0.0),
+    "use_beam_search": (False,),
+    "bad_words": ([],),
+    "response_format": ({"type": "text"},),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "modalities": (["text"],),
+    "echo": (False,),
+    "suffix": ("",),
+}
+"""Values of unsupported fields that ask for nothing (None is neutral for all of them)."""
+
+UNSUPPORTED_COMMON = (
+    "logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "use_beam_search",
+    "allowed_token_ids", "bad_words", "prompt_logprobs", "truncate_prompt_tokens", "response_format",
+    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+)
+UNSUPPORTED_COMPLETION = ("logprobs", "suffix")
+UNSUPPORTED_CHAT = (
+    "logprobs", "top_logprobs", "tools", "tool_choice", "functions", "function_call", "audio", "modalities",
+    "prediction", "reasoning_effort", "web_search_options", "chat_template", "documents", "echo",
+)
+
+
+def completion_params(request: CompletionRequest, vocab_size: int, max_n: int) -> SamplingParams:
+    _reject_unsupported(request, UNSUPPORTED_COMMON + UNSUPPORTED_COMPLETION)
+    if request.best_of is not None and request.best_of != request.n:
+        raise APIError(400, f"best_of: only best_of == n is supported (got best_of={request.best_of!r}, "
+                       f"n={request.n})", param="best_of", code="unsupported_parameter")
+    return _sampling_params(request, request.max_tokens, vocab_size, max_n)
+
+
+def chat_params(request: ChatCompletionRequest, vocab_size: int, max_n: int) -> SamplingParams:
+    _reject_unsupported(request, UNSUPPORTED_COMMON + UNSUPPORTED_CHAT)
+    return _sampling_params(request, chat_max_tokens(request), vocab_size, max_n)
+
+
+def chat_max_tokens(request: ChatCompletionRequest) -> int | None:
+    """max_completion_tokens wins over the deprecated max_tokens (as OpenAI and vLLM)."""
+    return request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+
+
+def _sampling_params(request: SamplingFields, max_tokens: int | None, vocab_size: int, max_n: int) -> SamplingParams:
+    _warn_unknown(request)
+    if request.stream_options is not None and not request.stream:
+        raise bad_request("stream_options: only allowed when stream is true", "stream_options")
+    if request.n > max_n:
+        raise bad_request(f"n: got {request.n}, this server allows at most {max_n} (--max-n)", "n")
+    stop_ids = request.stop_token_ids or []
+    bad_ids = [t for t in stop_ids if not 0 <= t < vocab_size]
+    if bad_ids:
+        raise bad_request(f"stop_token_ids: {bad_ids[:5]} are not token ids of this model (0 <= id < {vocab_size})",
+                          "stop_token_ids")
+    temperature = request.temperature
+    if temperature is not None and 0 < temperature < MIN_TEMPERATURE:
+        temperature = MIN_TEMPERATURE
+    try:
+        return SamplingParams(
+            n=request.n, temperature=temperature, top_p=request.top_p, top_k=request.top_k, seed=request.seed,
+            max_tokens=max_tokens, min_tokens=request.min_tokens, stop=_stops(request.stop),
+            stop_token_ids=list(stop_ids), ignore_eos=request.ignore_eos,
+            skip_special_tokens=request.skip_special_tokens,
+            include_stop_str_in_output=request.include_stop_str_in_output, decoder=request.decoder,
+            threshold=request.threshold, steps=request.steps, entropy_bound=request.entropy_bound,
+            edit_threshold=request.edit_threshold, max_post_edit_steps=request.max_post_edit_steps,
+        )
+    except ValueError as e:
+        raise from_value_error(e) from e
+
+
+def _stops(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
+def _reject_unsupported(request: SamplingFields, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(request, name)
+        if value is None or any(type(value) is type(n) and value == n for n in NEUTRAL.get(name, ())):
+            continue
+        raise APIError(400, f"{name}: not supported by diffuserve (got {value!r:.80}); remove the field",
+                       param=name, code="unsupported_parameter")
+
+
+def _warn_unknown(request: SamplingFields) -> None:
+    if request.model_extra:
+        logger.warning("ignoring unknown request fields: %s", ", ".join(sorted(request.model_extra)))

@@ -1,0 +1,168 @@
+"""What each OpenAI endpoint does, between the parsed request and the response: the server's request lifecycle.
+
+Resolves the model name, builds sampling params and prompts, checks the context, submits one engine request
+per prompt through the async bridge, then either streams SSE or waits for the final outputs. A non-streamed
+request whose client disconnects is aborted like a streamed one. Maps the bridge's refusals to HTTP errors
+(429 with Retry-After, 503). Knows nothing of routing or of the engine's internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from diffuserve.engine.outputs import RequestOutput
+from diffuserve.sampling_params import SamplingParams
+from diffuserve.server import request_params
+from diffuserve.server.async_engine import AsyncEngine, EngineDeadError, EngineRequest, QueueFullError
+from diffuserve.server.config import ServerConfig
+from diffuserve.server.errors import APIError, bad_request, engine_unavailable, from_value_error, queue_full
+from diffuserve.server.metrics import ServerMetrics
+from diffuserve.server.output_stream import OutputStream
+from diffuserve.server.prompts import Prompt, chat_prompt, check_context, completion_prompts, encode, render_chat
+from diffuserve.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from diffuserve.server.responses import ResponseContext, chat_response, completion_response
+from diffuserve.server.streaming import chat_events, completion_events, sse
+from diffuserve.tokenizer import Tokenizer
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class OpenAIServing:
+    bridge: AsyncEngine
+    tokenizer: Tokenizer | None
+    """The server's own instance: the engine's belongs to the engine-loop thread."""
+    config: ServerConfig
+    model_name: str
+    metrics: ServerMetrics
+    created: int
+
+    @property
+    def max_model_len(self) -> int:
+        return self.bridge.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.bridge.engine.args.vocab_size
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"model: {model!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+
+    def models(self) -> ModelList:
+        card = ModelCard(id=self.model_name, created=self.created, root=str(self.bridge.engine.config.model),
+                         max_model_len=self.max_model_len)
+        return ModelList(data=[card])
+
+    # ---- generation ----------------------------------------------------------------------------------------
+    async def completion(self, body: CompletionRequest, request: Request) -> CompletionResponse | StreamingResponse:
+        self.check_model(body.model)
+        params = request_params.completion_params(body, self.vocab_size, self.config.max_n)
+        prompts = completion_prompts(self.tokenizer, body.prompt, self.vocab_size)
+        for prompt in prompts:
+            check_context(prompt, params.max_tokens, "max_tokens" in body.model_fields_set, self.max_model_len,
+                          "prompt")
+        stream, ctx = await self._submit("cmpl", prompts, params)
+        if body.stream:
+            return _sse_response(sse(stream, completion_events(stream, ctx, body.echo, body.stream_options)))
+        return completion_response(ctx, await _collect(stream, request), body.echo)
+
+    async def chat(self, body: ChatCompletionRequest, request: Request) -> ChatCompletionResponse | StreamingResponse:
+        self.check_model(body.model)
+        params = request_params.chat_params(body, self.vocab_size, self.config.max_n)
+        prompt = chat_prompt(self.tokenizer, body)
+        check_context(prompt, params.max_tokens, params.max_tokens is not None, self.max_model_len, "messages")
+        stream, ctx = await self._submit("chatcmpl", [prompt], params)
+        if body.stream:
+            return _sse_response(sse(stream, chat_events(stream, ctx, body.stream_options)))
+        return chat_response(ctx, await _collect(stream, request))
+
+    async def _submit(self, prefix: str, prompts: list[Prompt], params: SamplingParams
+                      ) -> tuple[OutputStream, ResponseContext]:
+        response_id = f"{prefix}-{uuid.uuid4().hex}"
+        request_ids = [f"{response_id}-{i}" for i in range(len(prompts))]
+        requests = [EngineRequest(rid, p.token_ids, params) for rid, p in zip(request_ids, prompts)]
+        try:
+            stream = await self.bridge.submit(requests)
+        except QueueFullError as e:
+            self.metrics.rejected.labels(reason="queue_full").inc()
+            raise queue_full(self.config.max_waiting_requests) from e
+        except EngineDeadError as e:
+            raise engine_unavailable(str(e)) from e
+        except ValueError as e:
+            raise from_value_error(e) from e
+        ctx = ResponseContext(response_id, int(time.time()), self.model_name, prompts, request_ids, params.n)
+        return stream, ctx
+
+    # ---- tokenizer endpoints -------------------------------------------------------------------------------
+    def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
+        self.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise bad_request("prompt, messages: give exactly one of them", "prompt")
+        if body.messages is not None:
+            token_ids = render_chat(self.tokenizer, body.messages, body.add_generation_prompt).token_ids
+        elif self.tokenizer is None:
+            raise bad_request("prompt: this model directory has no tokenizer", "prompt")
+        else:
+            token_ids = encode(self.tokenizer, body.prompt or "", "prompt", body.add_special_tokens)
+        return TokenizeResponse(count=len(token_ids), max_model_len=self.max_model_len, tokens=token_ids)
+
+    def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
+        self.check_model(body.model)
+        if self.tokenizer is None:
+            raise bad_request("tokens: this model directory has no tokenizer", "tokens")
+        bad = [t for t in body.tokens if not 0 <= t < self.tokenizer.vocab_size]
+        if bad:
+            raise bad_request(f"tokens: {bad[:5]} are not token ids of this model "
+                              f"(0 <= id < {self.tokenizer.vocab_size})", "tokens")
+        return DetokenizeResponse(prompt=self.tokenizer.decode(body.tokens, skip_special_tokens=False))
+
+
+def _sse_response(frames: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _collect(stream: OutputStream, request: Request) -> dict[str, RequestOutput]:
+    """The final output of every engine request; aborts them all if the client disconnects first."""
+    collect = asyncio.ensure_future(_finals(stream))
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({collect, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        collect.cancel()
+        stream.close()
+    if collect in done:
+        try:
+            return collect.result()
+        except EngineDeadError as e:
+            raise engine_unavailable(str(e)) from e
+    raise APIError(499, "client closed the request", code="client_closed_request")
+
+
+async def _finals(stream: OutputStream) -> dict[str, RequestOutput]:
+    return {output.request_id: output async for output in stream if output.finished}
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
