@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+GREEDY_BELOW = 1e-5
 DECODERS = ("threshold", "fixed", "entropy", "edit")
 
 
@@ -76,7 +77,8 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return not self.temperature
+        """Temperatures below 1e-5 decode greedily (vLLM's rule): dividing logits by them overflows."""
+        return not self.temperature or self.temperature < GREEDY_BELOW
 
     @property
     def is_editing(self) -> bool:

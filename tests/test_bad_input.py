@@ -80,6 +80,18 @@ def test_bad_token_ids(tiny_model_dir):
         llm.generate({"prompt_token_ids": [1, 100000]})
 
 
+def test_stop_token_ids_outside_the_vocabulary(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), num_pages=16)
+    with pytest.raises(ValueError, match=r"stop_token_ids: \[5000\] are not token ids"):
+        llm.generate("hi", SamplingParams(stop_token_ids=[5000], min_tokens=2))
+
+
+def test_tiny_temperature_decodes_greedily(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), num_pages=16)
+    greedy, tiny = (llm.generate("abc", SamplingParams(max_tokens=8, temperature=t))[0] for t in (0.0, 1e-9))
+    assert greedy.outputs[0].token_ids == tiny.outputs[0].token_ids
+
+
 def test_page_size_must_hold_whole_blocks(tiny_model_dir):
     message = r"page_size: 6 is not a multiple of the block length 4; use e\.g\. --page-size 8"
     with pytest.raises(ValueError, match=message):

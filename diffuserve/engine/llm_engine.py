@@ -48,18 +48,20 @@ class LLMEngine:
         text = prompt if isinstance(prompt, str) else None
         token_ids = self._encode(prompt)
         max_tokens = self._max_tokens(len(token_ids), params)
+        stop_ids = self._stop_ids(params)
         completions = [Completion(i, params) for i in range(params.n)]
         parent = ParentRequest(request_id, text, token_ids, completions)
         children = []
-        for i, completion in enumerate(completions):
+        for i in range(params.n):
             child_id = request_id if params.n == 1 else f"{request_id}#{i}"
             child_params = params if params.seed is None else params.replace(seed=params.seed + i)
             children.append(Request(child_id, token_ids, child_params, self.args.block_length,
-                                    self.args.mask_token_id, self._stop_ids(params), max_tokens))
-            self._parent_of[child_id] = (parent, completion)
-        for child in children:
-            self.scheduler.add(child)
+                                    self.args.mask_token_id, stop_ids, max_tokens))
+        self.scheduler.check_fits(children[0])  # all children have the same size; raises before any is queued
+        for child, completion in zip(children, completions):
+            self._parent_of[child.request_id] = (parent, completion)
             self._requests[child.request_id] = child
+            self.scheduler.add(child)
         self._parents[request_id] = parent
 
     def abort_request(self, request_id: str) -> None:
@@ -205,5 +207,9 @@ class LLMEngine:
         return min(params.max_tokens or room, room)
 
     def _stop_ids(self, params: SamplingParams) -> frozenset[int]:
+        vocab = self.args.vocab_size
+        bad = [t for t in params.stop_token_ids if t >= vocab]
+        if bad:
+            raise ValueError(f"stop_token_ids: {bad[:5]} are not token ids of this model (0 <= id < {vocab})")
         eos = () if params.ignore_eos else self.args.eos_token_ids
         return frozenset((*eos, *params.stop_token_ids))

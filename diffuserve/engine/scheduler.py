@@ -78,6 +78,11 @@ class Scheduler:
     # ---- public API ----------------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
         """Queues a request. Raises ValueError if it could never fit in the KV cache."""
+        self.check_fits(request)
+        self.waiting.append(request)
+
+    def check_fits(self, request: Request) -> None:
+        """Raises ValueError if the request's whole life needs more pages than the cache has."""
         needed = -(-request.total_tokens_needed() // self.pool.page_size)
         if needed > self.pool.num_pages:
             raise ValueError(
@@ -85,7 +90,6 @@ class Scheduler:
                 f"({request.max_tokens}) needs {needed} KV pages, the cache has {self.pool.num_pages}; "
                 "lower max_tokens or raise --num-pages / --kv-cache-memory"
             )
-        self.waiting.append(request)
 
     def schedule(self) -> SchedulerOutput:
         """Picks this step's work and allocates its pages. Mutates request statuses, pages and queues."""
