@@ -37,11 +37,23 @@ class CacheConfig:
     """Fraction of GPU memory the engine may use (weights + activations + KV cache) when no budget is given."""
     enable_prefix_caching: bool = True
     """Reuse the KV pages of a shared prompt prefix across requests."""
+    expert_offload: bool = False
+    """MoE models: keep the routed experts' weights in host memory and only the hot ones in a device-resident
+    expert cache; missed experts are fetched or computed on the host, whichever is cheaper (exact)."""
+    expert_cache_memory: int | None = None
+    """Device bytes for the expert cache under --expert-offload, split evenly over the MoE layers (default: room
+    for a quarter of each layer's experts)."""
+    expert_residency: str = "block"
+    """Which experts the expert cache holds: block (chosen from each diffusion block's first step and kept for
+    its later steps) or step (re-chosen every step, as autoregressive offloaders do)."""
 
     def __post_init__(self) -> None:
         _positive("page_size", self.page_size)
         _positive("num_pages", self.num_pages)
         _positive("kv_cache_memory", self.kv_cache_memory)
+        _positive("expert_cache_memory", self.expert_cache_memory)
+        if self.expert_residency not in ("block", "step"):
+            raise ValueError(f"expert_residency: must be block or step, got {self.expert_residency!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
 
@@ -64,9 +76,11 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor_parallel_size: int = 1
-    """Processes that split attention and dense layers (torch.distributed)."""
+    """Processes that split attention heads, dense layers and experts (torch.distributed: gloo on CPU, NCCL on
+    GPUs). Started as worker processes by the engine itself, or by torchrun (one process per rank)."""
     enable_expert_parallel: bool = False
-    """Split the experts of MoE layers across the tensor-parallel processes instead of slicing each expert."""
+    """Split the experts of MoE layers whole across the tensor-parallel processes (E / size each) instead of
+    slicing each expert's width."""
 
     def __post_init__(self) -> None:
         _positive("tensor_parallel_size", self.tensor_parallel_size, allow_none=False)
@@ -86,6 +100,9 @@ class EngineConfig:
     """Diffusion block length (default: the model's block_length)."""
     seed: int = 0
     """Seed of requests that set none."""
+    load_format: str = "auto"
+    """auto: the checkpoint's safetensors; dummy: seeded random weights made on the device, no weight files
+    needed (benchmarks of shapes without a checkpoint)."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -93,6 +110,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _positive("max_model_len", self.max_model_len)
         _positive("block_length", self.block_length)
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format: must be auto or dummy, got {self.load_format!r}")
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:

@@ -59,14 +59,11 @@ class ExpertTracker:
                 union[layer_index, ids[start : start + length].flatten()] = True
 
     def finish_block(self, request_id: str) -> None:
-        """The request's block is final: record its expert union and start a new one."""
+        """The request's block is final (or the request finished): record its expert union, start a new one."""
         union = self._blocks.pop(request_id, None)
         if union is not None:
             self._block_touched_sum += float(union.sum(dim=1).double().mean())
             self._num_blocks += 1
-
-    def forget(self, request_id: str) -> None:
-        self._blocks.pop(request_id, None)
 
     def snapshot(self) -> ExpertStatsSnapshot:
         steps = max(self._num_layer_steps, 1)

@@ -1,5 +1,6 @@
 """KV-cache tensors: one K and one V tensor per layer, [num_pages * page_size, Hkv, D], preallocated from a memory
-budget. Owns only the sizing arithmetic and the allocation; which page belongs to whom is `kv_pages`' business."""
+budget. Owns only the sizing arithmetic and the allocation; which page belongs to whom is `kv_pages`' business.
+Under tensor parallelism each rank caches its own Hkv / size KV heads of every page."""
 
 from __future__ import annotations
 
@@ -72,5 +73,5 @@ def allocate_kv_cache(
     return k, v
 
 
-def spec_for(args: ModelArgs, page_size: int, dtype: torch.dtype) -> KVCacheSpec:
-    return KVCacheSpec(args.num_layers, args.num_kv_heads, args.head_dim, page_size, dtype)
+def spec_for(args: ModelArgs, page_size: int, dtype: torch.dtype, tensor_parallel_size: int = 1) -> KVCacheSpec:
+    return KVCacheSpec(args.num_layers, args.num_kv_heads // tensor_parallel_size, args.head_dim, page_size, dtype)

@@ -101,7 +101,12 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         experts = self.runner.experts.snapshot() if self.runner.experts.enabled else None
-        return self.counters.snapshot(self.scheduler, self.pool, experts)
+        offload = self.runner.offload.snapshot() if self.runner.offload is not None else None
+        return self.counters.snapshot(self.scheduler, self.pool, experts, offload)
+
+    def shutdown(self) -> None:
+        """Stops the worker processes of a multi-process engine (also done at interpreter exit)."""
+        self.runner.shutdown()
 
     # ---- applying a step -----------------------------------------------------------------------------------
     def _apply(self, work: ScheduledRequest, accepted: list[tuple[int, int]]) -> int:

@@ -2,7 +2,8 @@
 
 The only engine module that touches torch. Input: the scheduler's work list. Output: per request, the canvas
 positions accepted this step and their tokens. It reads requests but never changes them (the engine applies
-results), and it owns the per-request sampling generators.
+results), and it owns the per-request sampling generators. Under tensor / expert parallelism it broadcasts each
+step's forward inputs to the worker ranks first; they run the same forward on their parts of the model.
 
 Batch layout for a step (N query tokens, requests one after another):
 
@@ -19,12 +20,16 @@ from dataclasses import dataclass
 
 import torch
 
+from diffuserve.distributed.launcher import ParallelRuntime
 from diffuserve.engine.decoders import DECODERS
+from diffuserve.engine.expert_offload import ExpertOffload
 from diffuserve.engine.expert_stats import ExpertTracker
+from diffuserve.engine.forward_step import ForwardInputs, ModelShard
 from diffuserve.engine.request import Request
 from diffuserve.engine.sampling import propose
 from diffuserve.engine.scheduler import ScheduledRequest
-from diffuserve.model.layers.attention_backend import PagedAttentionInputs, SequenceSlice, block_causal_mask
+from diffuserve.model.layers.attention_backend import SequenceSlice, block_causal_mask
+from diffuserve.model.layers.moe_offload import BlockRef
 
 
 @dataclass(frozen=True)
@@ -41,28 +46,33 @@ class BlockRows:
 
 @dataclass(frozen=True)
 class StepBatch:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    attention: PagedAttentionInputs
+    forward: ForwardInputs
     logit_rows: torch.Tensor
     blocks: list[BlockRows]
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
-                 page_size: int, block_length: int, device: torch.device, seed: int = 0) -> None:
-        self.model = model
-        self.k_caches, self.v_caches = k_caches, v_caches
-        self.page_size, self.block_length, self.device = page_size, block_length, device
+    def __init__(self, shard: ModelShard, block_length: int, device: torch.device, seed: int = 0,
+                 runtime: ParallelRuntime | None = None) -> None:
+        self.shard, self.model = shard, shard.model
+        self.k_caches, self.v_caches = shard.k_caches, shard.v_caches
+        self.page_size, self.block_length, self.device = shard.page_size, block_length, device
+        self.runtime = runtime or ParallelRuntime()
         self._seed_source = random.Random(seed)
         self._generators: dict[str, torch.Generator] = {}
-        self.experts = ExpertTracker(model)
+        self.experts = ExpertTracker(shard.model)
+
+    @property
+    def offload(self) -> ExpertOffload | None:
+        return self.shard.offload
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[tuple[int, int]]]:
         """Runs the step; returns {request_id: [(canvas index, token), ...]} for requests with a block."""
         batch = self.build_batch(scheduled)
-        hidden = self.model(batch.input_ids, batch.positions, batch.attention)  # [N, H]
+        if self.runtime.channel is not None:
+            self.runtime.channel.send(batch.forward.to("cpu"))
+        hidden = self.shard.forward(batch.forward)  # [N, H]
         if self.experts.enabled:
             rows = [(b.work.request.request_id, b.token_start, self.block_length) for b in batch.blocks]
             self.experts.record_step(rows)
@@ -70,9 +80,13 @@ class ModelRunner:
         return {b.work.request.request_id: self._decode(b, logits) for b in batch.blocks}
 
     def release(self, request_id: str) -> None:
-        """Forgets a finished request's generator and expert statistics."""
+        """Forgets a finished request's generator; its last block's experts still count in the statistics."""
         self._generators.pop(request_id, None)
-        self.experts.forget(request_id)
+        self.experts.finish_block(request_id)
+
+    def shutdown(self) -> None:
+        """Stops the worker ranks, if any (idempotent)."""
+        self.runtime.close()
 
     # ---- batch building ------------------------------------------------------------------------------------
     def build_batch(self, scheduled: list[ScheduledRequest]) -> StepBatch:
@@ -81,6 +95,7 @@ class ModelRunner:
         slot_mapping: list[torch.Tensor] = []
         sequences: list[SequenceSlice] = []
         blocks: list[BlockRows] = []
+        block_refs: list[BlockRef] = []
         logit_rows: list[int] = []
         for work in scheduled:
             request = work.request
@@ -92,17 +107,17 @@ class ModelRunner:
                     request.masked_indices(), request.generation_start_in_block(), self.block_length
                 )
                 blocks.append(BlockRows(work, len(ids), len(logit_rows), read))
+                block_refs.append(BlockRef((request.request_id, request.block_start), len(ids), self.block_length,
+                                           request.step_in_block == 0))
                 logit_rows += [len(ids) + i for i in read]
                 ids += request.canvas
             positions += range(work.query_start, work.query_end)
             key_slots = self._key_slots(request.page_ids, work.query_end)
             slot_mapping.append(key_slots[work.query_start :])
             sequences.append(SequenceSlice(start, work.num_tokens, key_slots, self._mask(work)))
-        attention = PagedAttentionInputs(torch.cat(slot_mapping), tuple(sequences), self.k_caches, self.v_caches)
-        return StepBatch(
-            torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), attention,
-            torch.tensor(logit_rows, dtype=torch.long, device=self.device), blocks,
-        )
+        forward = ForwardInputs(torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device),
+                                torch.cat(slot_mapping), tuple(sequences), tuple(block_refs))
+        return StepBatch(forward, torch.tensor(logit_rows, dtype=torch.long, device=self.device), blocks)
 
     def _key_slots(self, page_ids: list[int], end: int) -> torch.Tensor:
         """[end] long: cache slot of positions 0..end-1 (page * page_size + offset)."""

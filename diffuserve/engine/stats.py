@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from diffuserve.engine.expert_offload import OffloadStatsSnapshot
     from diffuserve.engine.expert_stats import ExpertStatsSnapshot
     from diffuserve.engine.kv_pages import PagePool
     from diffuserve.engine.scheduler import Scheduler
@@ -32,10 +33,19 @@ class EngineStats:
     num_prefix_queried_tokens: int
     experts: ExpertStatsSnapshot | None = None
     """Routing statistics (MoE models only)."""
+    offload: OffloadStatsSnapshot | None = None
+    """Expert-cache statistics (with --expert-offload only; rank 0's experts under expert parallelism)."""
 
     @property
     def tokens_per_step(self) -> float:
         return self.num_batched_tokens / self.num_steps if self.num_steps else 0.0
+
+    @property
+    def expert_bytes_per_generated_token(self) -> float:
+        """Bytes the expert offload moved (weights and activations) per generated token, since start."""
+        if self.offload is None or not self.num_generated_tokens:
+            return 0.0
+        return self.offload.bytes_moved / self.num_generated_tokens
 
 
 @dataclass
@@ -52,7 +62,8 @@ class EngineCounters:
         self.step_time_s += seconds
 
     def snapshot(
-        self, scheduler: Scheduler, pool: PagePool, experts: ExpertStatsSnapshot | None = None
+        self, scheduler: Scheduler, pool: PagePool, experts: ExpertStatsSnapshot | None = None,
+        offload: OffloadStatsSnapshot | None = None,
     ) -> EngineStats:
         return EngineStats(
             num_running=len(scheduler.running), num_waiting=len(scheduler.waiting), kv_usage=pool.usage,
@@ -61,5 +72,5 @@ class EngineCounters:
             num_generated_tokens=self.num_generated_tokens, num_prefill_tokens=self.num_prefill_tokens,
             step_time_s=self.step_time_s,
             num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
-            num_prefix_queried_tokens=scheduler.num_prefix_queried_tokens, experts=experts,
+            num_prefix_queried_tokens=scheduler.num_prefix_queried_tokens, experts=experts, offload=offload,
         )

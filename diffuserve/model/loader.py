@@ -2,6 +2,9 @@
 (one file or a sharded `model.safetensors.index.json`). Names map through the family's `weight_target`; a
 missing, unexpected or misshapen weight is an error that names it. Knows nothing of requests, and of tokenizers
 only the ids of the special tokens a family's config.json leaves to them (see special_tokens).
+
+Under tensor / expert parallelism every rank reads the full checkpoint tensors and copies only its slices: a
+parameter tagged with a `ShardSpec` (layers/linear) takes the pieces of each tensor that fall in its rank's part.
 """
 
 from __future__ import annotations
@@ -9,16 +12,24 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.materialize import init_dummy_weights, materialize
 from diffuserve.model.registry import ModelFamily, family_for
 from diffuserve.model.special_tokens import fill_special_token_ids
+from diffuserve.model.tensor_parallel import apply_tp
+from diffuserve.model.weight_names import WeightTarget
+
+if TYPE_CHECKING:
+    from diffuserve.distributed.group import ParallelGroup
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LOAD_FORMATS = ("auto", "dummy")
 
 
 def read_json(path: Path) -> dict:
@@ -70,7 +81,7 @@ def iter_checkpoint(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]
 
 
 def load_weights(model: nn.Module, family: ModelFamily, args: ModelArgs, model_dir: str | Path) -> None:
-    """Copies every checkpoint tensor into its parameter slice; checks full coverage."""
+    """Copies every checkpoint tensor into its parameter slice (this rank's part of it); checks full coverage."""
     params = dict(model.named_parameters())
     loaded = dict.fromkeys(params, 0)
     for name, tensor in iter_checkpoint(model_dir):
@@ -81,31 +92,81 @@ def load_weights(model: nn.Module, family: ModelFamily, args: ModelArgs, model_d
             raise ValueError(
                 f"checkpoint: unexpected weight {name!r} (no parameter {target.param!r} in {args.architecture})"
             )
-        dst = target.view(params[target.param].data)
-        if dst.shape != tensor.shape:
-            raise ValueError(f"checkpoint: weight {name!r} has shape {list(tensor.shape)}, expected {list(dst.shape)}")
-        dst.copy_(tensor)
-        loaded[target.param] += tensor.numel()
+        for dst, src in _local_views(params[target.param], target, tensor, name):
+            dst.copy_(src)
+            loaded[target.param] += src.numel()
     missing = [name for name, param in params.items() if loaded[name] != param.numel()]
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise ValueError(f"checkpoint: missing weights {shown} in {str(model_dir)!r}")
 
 
-def load_model(
-    model_dir: str | Path, dtype: str = "auto", device: str = "cpu", max_model_len: int | None = None,
-    args: ModelArgs | None = None,
-) -> tuple[ModelArgs, nn.Module]:
-    """Builds the family's model on `device` in the resolved dtype and loads its weights."""
-    family, parsed = load_args(model_dir)
-    args = args or parsed
-    torch_dtype = resolve_dtype(dtype, args)
+def _local_views(
+    param: nn.Parameter, target: WeightTarget, tensor: torch.Tensor, name: str
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(destination, source) pairs: the whole target slice, or, for a sharded parameter, the pieces of the
+    checkpoint tensor that fall in this rank's part (full coordinates -> local ones, see ShardSpec)."""
+    spec = getattr(param, "shard", None)
+    data = param.data
+    full = list(data.shape)
+    if spec is not None:
+        full[spec.dim] = spec.full_size
+    starts, lengths = [0] * len(full), list(full)
+    if target.expert is not None:
+        starts[0], lengths[0] = target.expert, 1
+    row_dim = 0 if target.expert is None else 1
+    if target.rows is not None:
+        starts[row_dim], lengths[row_dim] = target.row_start, target.rows
+    expected = lengths[1:] if target.expert is not None else lengths
+    if list(tensor.shape) != expected:
+        raise ValueError(f"checkpoint: weight {name!r} has shape {list(tensor.shape)}, expected {expected}")
+    src = tensor.unsqueeze(0) if target.expert is not None else tensor  # aligned with the parameter's dims
+    if spec is None:
+        return [(target.view(data), tensor)]
+    pairs = []
+    for src_offset, dst_offset, length in spec.pieces(starts[spec.dim], lengths[spec.dim]):
+        dst_index = [slice(s, s + n) for s, n in zip(starts, lengths)]
+        dst_index[spec.dim] = slice(dst_offset, dst_offset + length)
+        src_index = [slice(None)] * len(full)
+        src_index[spec.dim] = slice(src_offset, src_offset + length)
+        pairs.append((data[tuple(dst_index)], src[tuple(src_index)]))
+    return pairs
+
+
+def build_model(
+    family: ModelFamily, args: ModelArgs, max_model_len: int, dtype: torch.dtype, device: str | torch.device,
+    group: ParallelGroup | None = None, expert_device: torch.device | None = None,
+) -> nn.Module:
+    """The family's model, this rank's part of it when `group` spans several ranks, allocated once (on the meta
+    device first, see materialize); routed experts on `expert_device` if given (expert offload)."""
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch_dtype)
+    torch.set_default_dtype(dtype)
     try:
-        with torch.device(device):
-            model = family.model_cls(args, max_model_len or args.max_position_embeddings)
+        with torch.device("meta"):
+            model = family.model_cls(args, max_model_len)
+        if group is not None and group.size > 1:
+            apply_tp(model, group)
+        materialize(model, torch.device(device), expert_device)
     finally:
         torch.set_default_dtype(previous)
-    load_weights(model, family, args, model_dir)
+    return model
+
+
+def load_model(
+    model_dir: str | Path, dtype: str = "auto", device: str = "cpu", max_model_len: int | None = None,
+    args: ModelArgs | None = None, group: ParallelGroup | None = None, expert_device: torch.device | None = None,
+    load_format: str = "auto", seed: int = 0,
+) -> tuple[ModelArgs, nn.Module]:
+    """Builds the family's model (this rank's part) in the resolved dtype and loads its weights: from the
+    checkpoint (`auto`), or seeded random ones (`dummy`, no weights on disk needed)."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format: {load_format!r} is not supported; use one of {', '.join(LOAD_FORMATS)}")
+    family, parsed = load_args(model_dir)
+    args = args or parsed
+    model = build_model(family, args, max_model_len or args.max_position_embeddings, resolve_dtype(dtype, args),
+                        device, group, expert_device)
+    if load_format == "dummy":
+        init_dummy_weights(model, seed)
+    else:
+        load_weights(model, family, args, model_dir)
     return args, model.eval()

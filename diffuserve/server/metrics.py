@@ -2,8 +2,9 @@
 
 `ServerMetrics` is the engine observer: the engine-loop thread reports requests added, outputs, aborts and a
 stats snapshot after every step, and this module turns them into gauges, counters and per-request latency
-histograms (TTFT, inter-token latency between committed blocks, end-to-end, queue time). Every metric is
-labelled `model_name`. Each server owns its own registry, so several servers can live in one process.
+histograms (TTFT, inter-token latency between committed blocks, end-to-end, queue time), and for MoE models the
+expert routing statistics and the expert-offload cache's hit rate and bytes moved. Every metric is labelled
+`model_name`. Each server owns its own registry, so several servers can live in one process.
 Knows nothing of HTTP.
 """
 
@@ -74,6 +75,22 @@ class ServerMetrics:
                         buckets=TOKEN_BUCKETS)
         self.tpf = make(Histogram, "tokens_per_forward", "TPF: generated tokens / NFE, per completion.",
                         buckets=TPF_BUCKETS)
+        self._add_expert_metrics(make)
+
+    def _add_expert_metrics(self, make: Any) -> None:
+        """MoE routing statistics and the expert-offload cache (set only for models and engines that have them)."""
+        self.experts_per_step = make(Gauge, "experts_touched_per_step", "Distinct experts per MoE layer per step "
+                                     "(whole batch), averaged since start.")
+        self.experts_per_block = make(Gauge, "experts_touched_per_block", "Distinct experts per MoE layer over one "
+                                      "block's denoising steps, averaged since start.")
+        self.expert_imbalance = make(Gauge, "expert_load_imbalance", "Max / mean tokens over the touched experts "
+                                     "of a layer-step, averaged since start (1 = even).")
+        self.expert_hit_rate = make(Gauge, "expert_cache_hit_rate", "Expert offload: routed (token, expert) pairs "
+                                    "served by a device-resident expert / all pairs, since start.")
+        self.expert_bytes = make(Counter, "expert_offload_bytes", "Expert offload: expert weights and hidden "
+                                 "states moved between host and device, in bytes.")
+        self.expert_bytes_per_token = make(Gauge, "expert_offload_bytes_per_generated_token", "Expert offload: "
+                                           "bytes moved per generated token, since start.")
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -126,6 +143,17 @@ class ServerMetrics:
         self.preemptions.inc(stats.num_preemptions - last.num_preemptions)
         self.generation_tokens.inc(stats.num_generated_tokens - last.num_generated_tokens)
         self.engine_steps.inc(stats.num_steps - last.num_steps)
+        self._expert_stats(stats, last)
+
+    def _expert_stats(self, stats: EngineStats, last: EngineStats) -> None:
+        if stats.experts is not None:
+            self.experts_per_step.set(stats.experts.experts_touched_per_step)
+            self.experts_per_block.set(stats.experts.experts_touched_per_block)
+            self.expert_imbalance.set(stats.experts.load_imbalance)
+        if stats.offload is not None:
+            self.expert_hit_rate.set(stats.offload.hit_rate)
+            self.expert_bytes.inc(stats.offload.bytes_moved - (last.offload or stats.offload).bytes_moved)
+            self.expert_bytes_per_token.set(stats.expert_bytes_per_generated_token)
 
 
 class _Bound:

@@ -1,10 +1,13 @@
 """Block-diffusion self-attention: fused QKV projection, per-head q/k RMSNorm, RoPE, GQA, output projection.
 
 The math is Qwen3's; which keys a query sees (block-causal) and where K/V live (paged cache or none) are decided
-by the `AttentionInputs` the caller passes (see attention_backend).
+by the `AttentionInputs` the caller passes (see attention_backend). Under tensor parallelism (`shard_`) each
+rank keeps its own query and KV heads (qkv_proj column-parallel, o_proj row-parallel) and caches only its KV heads.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -16,8 +19,12 @@ from diffuserve.model.layers.attention_backend import (
     dense_attention,
     paged_attention,
 )
+from diffuserve.model.layers.linear import RowParallelLinear, column_parallel
 from diffuserve.model.layers.norm import RMSNorm
 from diffuserve.model.layers.rotary import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from diffuserve.distributed.group import ParallelGroup
 
 
 class Attention(nn.Module):
@@ -38,6 +45,15 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if qk_norm else None
         self.rotary = rotary
+
+    def shard_(self, group: ParallelGroup) -> None:
+        """Keeps this rank's heads: Hq / size query and Hkv / size KV heads (sizes checked by the caller)."""
+        segments = (self.q_size, self.kv_size, self.kv_size)
+        self.qkv_proj = column_parallel(self.qkv_proj, segments, group)
+        self.o_proj = RowParallelLinear(self.o_proj, (self.q_size,), group)
+        self.num_heads //= group.size
+        self.num_kv_heads //= group.size
+        self.q_size, self.kv_size = self.q_size // group.size, self.kv_size // group.size
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionInputs) -> torch.Tensor:
         """x [N, H] (paged) or [Bt, T, H] (dense); positions of the same leading shape."""

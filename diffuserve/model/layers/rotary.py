@@ -94,12 +94,23 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, rope: RopeArgs, max_position: int, max_model_len: int) -> None:
         super().__init__()
         self.rotary_dim = int(head_dim * rope.partial_rotary_factor)
+        self._table_args = (rope, max_position, max_model_len)
+        cos, sin = self._tables()
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def reset_tables(self, device: torch.device | str) -> None:
+        """Recomputes the tables on `device` (a model built on the meta device has none)."""
+        with torch.device(device):
+            self.cos, self.sin = self._tables()
+
+    def _tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rope, max_position, max_model_len = self._table_args
         inv_freq, scaling = compute_inv_freq(rope, self.rotary_dim, max_position, max_model_len)
         positions = torch.arange(max(max_model_len, 1), dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)  # [L, rotary_dim / 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [L, rotary_dim]
-        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
-        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+        return emb.cos() * scaling, emb.sin() * scaling
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [N] (or [Bt, N]); q [.., N, Hq, D]; k [.., N, Hkv, D]."""

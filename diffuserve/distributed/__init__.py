@@ -1,0 +1,1 @@
+"""Running one engine over several processes: the process group, worker processes, the step broadcast."""

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Issue 9 GPU check, prepared for one H200 (< 10 minutes): a random-weight Clover-35B-A3B-shaped model in bf16.
+#   1. MoE dispatch at 64 x 32 tokens: grouped (torch._grouped_mm) vs sorted runs vs the per-expert loop
+#   2. the whole model on the GPU at batch 1, 8, 64: tokens/s, TPF, peak memory
+#   3. expert offload under a 24 GB memory cap at batch 1, 8: tokens/s, hit rate, bytes/token, peak memory
+# Usage: scripts/gpu_check.sh [--dry-run] [extra gpu_check.py flags]
+#   --dry-run   the same code on a tiny shape on the CPU (checks the script where no GPU is available)
+# Output: the log and the JSON summary in $OUT (or /tmp/diffuserve-gpu-check), the JSON also as the last line.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+OUT_DIR="${OUT:-/tmp/diffuserve-gpu-check}"
+mkdir -p "$OUT_DIR"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+if ! "$PYTHON" -c "import torch, safetensors, tokenizers" 2>/dev/null; then
+    echo "gpu_check: $PYTHON lacks torch, safetensors or tokenizers; set PYTHON or install the project" >&2
+    exit 2
+fi
+if [[ " $* " != *" --dry-run "* ]]; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+fi
+# 570 s hard limit: the script skips phases past its own 500 s budget, this only guards against a hang.
+timeout 570 "$PYTHON" scripts/gpu_check.py --out "$OUT_DIR/gpu_check.json" "$@" 2>&1 | tee "$OUT_DIR/gpu_check.log"
