@@ -32,29 +32,19 @@ from diffuserve.model.layers.moe_dispatch import grouped_experts, looped_experts
 from diffuserve.model.loader import load_model
 from diffuserve.model.random_checkpoint import make_config, write_random_checkpoint
 
-PRESET = "clover-bench"
 CACHE_FRACTIONS = (0.25, 0.5)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
-    parser.add_argument("--num-requests", type=int, default=16, help="requests in the step (default: 16)")
-    parser.add_argument("--block-length", type=int, default=32, help="diffusion block length (default: 32)")
-    parser.add_argument("--repeats", type=int, default=7, help="timed repeats per dispatch path (default: 7)")
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request in the offload runs")
-    parser.add_argument("--steps-per-block", type=int, default=8, help="fixed denoising steps per block")
-    parser.add_argument("--skip-offload", action="store_true", help="only the dispatch benchmark")
 
 
 def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="diffuserve-bench-moe-") as tmp:
-        model_dir = write_random_checkpoint(Path(tmp) / PRESET, make_config(PRESET, block_length=args.block_length),
+        model_dir = write_random_checkpoint(Path(tmp) / args.preset,
+                                            make_config(args.preset, block_length=args.block_length),
                                             seed=0, logit_scale=40.0)
         dispatch = bench_dispatch(model_dir, args)
         offload = [] if args.skip_offload else bench_offload(model_dir, args)
-    result = {"bench": "moe", "model": PRESET, "threads": args.threads, "load_average": list(os.getloadavg()),
+    result = {"bench": "moe", "model": args.preset, "threads": args.threads, "load_average": list(os.getloadavg()),
               "git_sha": _git_sha(), "dispatch": dispatch, "offload": offload}
     print_tables(result)
     print(json.dumps(result))
@@ -157,7 +147,8 @@ def bench_offload(model_dir: Path, args: argparse.Namespace) -> list[dict[str, A
     from diffuserve import LLM, SamplingParams
 
     g = torch.Generator().manual_seed(3)
-    prompts = [{"prompt_token_ids": torch.randint(1, 8000, (args.block_length,), generator=g).tolist()}
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    prompts = [{"prompt_token_ids": torch.randint(1, min(8000, vocab - 8), (args.block_length,), generator=g).tolist()}
                for _ in range(args.num_requests)]
     params = SamplingParams(decoder="fixed", steps=args.steps_per_block, max_tokens=args.max_tokens, ignore_eos=True)
     options = dict(num_pages=args.num_requests * (args.max_tokens // args.block_length + 3),

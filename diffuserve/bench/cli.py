@@ -1,0 +1,154 @@
+"""`diffuserve bench latency | throughput | compare | serve | moe`: argument parsing and dispatch only.
+
+Each subcommand prints a human table and, last, one JSON line (git sha, hardware, dtype, model, workload,
+results; latency and throughput add the planner's "calibration" object). The benchmark modules, and torch
+with them, are imported inside `run`, so `diffuserve bench --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+MODULES = {
+    "latency": "diffuserve.bench.latency",
+    "throughput": "diffuserve.bench.throughput",
+    "compare": "diffuserve.bench.compare",
+    "serve": "diffuserve.bench.serve",
+    "moe": "diffuserve.bench.moe",
+}
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _add_output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json-out", default=None, metavar="PATH", help="also write the final JSON line here")
+    parser.add_argument("--plot", default=None, metavar="DIR",
+                        help="write PNG charts into DIR (needs: pip install 'diffuserve[plot]')")
+
+
+def _add_model(parser: argparse.ArgumentParser) -> None:
+    model = parser.add_argument_group("model and machine")
+    model.add_argument("--model", default=None,
+                       help="model directory (default: the random clover-bench model, written on first use)")
+    model.add_argument("--model-cache-dir", default=None, metavar="DIR",
+                       help="where clover-bench is written (default: ~/.cache/diffuserve)")
+    model.add_argument("--model-seed", type=int, default=0, help="weight seed of clover-bench (default: 0)")
+    model.add_argument("--logit-scale", type=float, default=3.5,
+                       help="LM-head scale of clover-bench: sets its TPF (default 3.5: about 2.8 at block 32)")
+    model.add_argument("--dtype", default="auto", help="auto (the checkpoint's), float32, bfloat16, float16")
+    model.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    model.add_argument("--threads", type=positive_int, default=None,
+                       help="torch CPU threads (default: torch's choice); recorded in the JSON")
+    model.add_argument("--probe-seconds", type=float, default=1.0,
+                       help="time for each of the matmul-rate and bandwidth probes (default: 1.0)")
+
+
+def _add_decoding(parser: argparse.ArgumentParser) -> None:
+    decoding = parser.add_argument_group("decoding (default: the model's generation_config)")
+    decoding.add_argument("--decoder", default=None, choices=("threshold", "fixed", "entropy"))
+    decoding.add_argument("--threshold", type=float, default=None, help="confidence threshold (default 0.9)")
+    decoding.add_argument("--temperature", type=float, default=0.0, help="0 = argmax (default)")
+    decoding.add_argument("--seed", type=int, default=0, help="seed of prompts and sampling (default: 0)")
+
+
+def _add_latency(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-size", type=positive_int, default=1, help="requests submitted at once (default: 1)")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=128, help="default: 128")
+    parser.add_argument("--output-tokens", type=positive_int, default=128, help="default: 128")
+    parser.add_argument("--block-length", type=positive_int, default=None, help="default: the model's")
+    parser.add_argument("--num-iters", type=positive_int, default=3, help="measured iterations (default: 3)")
+    parser.add_argument("--num-iters-warmup", type=positive_int, default=1,
+                        help="warm-up iterations, also the calibration fit's data (default: 1)")
+
+
+def _add_throughput(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 4, 16, 64],
+                        help="concurrent requests per run (default: 1 4 16 64)")
+    parser.add_argument("--block-lengths", type=positive_int, nargs="+", default=[32, 4], help="default: 32 4")
+    parser.add_argument("--sequential", type=int, default=16,
+                        help="also run this many requests one after another, for the concurrent speed-up "
+                             "(default: 16; 0 = skip)")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=128, help="default: 128")
+    parser.add_argument("--output-tokens", type=positive_int, default=128, help="default: 128")
+    parser.add_argument("--accuracy-examples", type=int, default=0, metavar="N",
+                        help="also score N held-out examples per task at each decoding (models with checkable "
+                             "tasks, e.g. the bundled one): accuracy vs TPF (default: 0 = skip)")
+
+
+def _add_compare(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--block-lengths", type=positive_int, nargs="+", default=[32, 4], help="default: 32 4")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=512, help="default: 512")
+    parser.add_argument("--output-tokens", type=positive_int, default=256, help="default: 256")
+    parser.add_argument("--num-prompts", type=positive_int, default=1, help="prompts, each decoded alone (default: 1)")
+    parser.add_argument("--repeats", type=positive_int, default=3,
+                        help="interleaved rounds of the engine variants; tokens/s from the median (default: 3)")
+    parser.add_argument("--variants", nargs="+", default=["engine", "reference", "separate-commit", "ar"],
+                        choices=("engine", "reference", "separate-commit", "ar"),
+                        help="(a) engine, (b) transformers recompute reference, (c) separate commit forward, "
+                             "(d) autoregressive baseline (block length 1); default: all")
+
+
+def _add_serve(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000 (OpenAI-compatible server)")
+    parser.add_argument("--endpoint", default="/v1/completions", choices=("/v1/completions", "/v1/chat/completions"))
+    parser.add_argument("--model", default=None, help="model name to send (default: the server's first model)")
+    parser.add_argument("--api-key", default=None, help="bearer token (default: $OPENAI_API_KEY if set)")
+    parser.add_argument("--num-prompts", type=positive_int, default=32, help="requests per sweep point (default: 32)")
+    parser.add_argument("--prompt-words", type=positive_int, default=128,
+                        help="prompt length in common English words; the server's usage reports its tokens "
+                             "(default: 128)")
+    parser.add_argument("--output-tokens", type=positive_int, default=64, help="max_tokens, EOS ignored (default: 64)")
+    parser.add_argument("--concurrency", type=positive_int, nargs="*", default=[1, 8, 32],
+                        help="closed-loop sweep: at most N requests in flight (default: 1 8 32)")
+    parser.add_argument("--request-rate", type=float, nargs="*", default=[],
+                        help="open-loop sweep: requests/s (Poisson arrivals unless --fixed-rate); inf = all at once")
+    parser.add_argument("--fixed-rate", action="store_true", help="evenly spaced arrivals instead of Poisson")
+    parser.add_argument("--goodput", nargs="*", default=["ttft:2000", "tpot:200"], metavar="METRIC:MS",
+                        help="latency targets a request must meet to count as goodput: ttft, tpot, itl, e2e "
+                             "in milliseconds (default: ttft:2000 tpot:200)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    parser.add_argument("--seed", type=int, default=0, help="seed of prompts and arrivals (default: 0)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="default: 0")
+
+
+def _add_moe(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="clover-bench", help="random-weight model shape (default: clover-bench)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    parser.add_argument("--num-requests", type=int, default=16, help="requests in the step (default: 16)")
+    parser.add_argument("--block-length", type=int, default=32, help="diffusion block length (default: 32)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed repeats per dispatch path (default: 7)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request in the offload runs")
+    parser.add_argument("--steps-per-block", type=int, default=8, help="fixed denoising steps per block")
+    parser.add_argument("--skip-offload", action="store_true", help="only the dispatch benchmark")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
+    specs = {
+        "latency": ("latency of one batch: TTFT, TPOT, E2E percentiles", _add_latency),
+        "throughput": ("aggregate tokens/s vs concurrency and block length, efficiency, calibration",
+                       _add_throughput),
+        "compare": ("engine vs recompute reference vs separate commit vs AR, same prompts, one run",
+                    _add_compare),
+        "serve": ("load generator for any OpenAI-compatible server: TTFT, TPOT, ITL, E2E, goodput", _add_serve),
+        "moe": ("MoE layers: grouped dispatch vs per-expert loop, expert offload hit rates and bytes", _add_moe),
+    }
+    for name, (help_text, add) in specs.items():
+        subparser = sub.add_parser(name, help=help_text, description=help_text)
+        add(subparser)
+        if name in ("latency", "throughput", "compare"):
+            _add_model(subparser)
+            _add_decoding(subparser)
+        if name != "moe":
+            _add_output(subparser)
+
+
+def run(args: argparse.Namespace) -> int:
+    module = importlib.import_module(MODULES[args.bench_command])
+    return int(module.run(args) or 0)

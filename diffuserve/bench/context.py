@@ -1,0 +1,121 @@
+"""What every offline benchmark sets up before measuring: threads, the model directory and its shape, the
+resolved dtype and device, this machine's measured rates, the environment block, and fresh engines.
+
+A fresh engine is built for every measured configuration, so its counters (steps, expert statistics) cover
+exactly that run; one throw-away warm-up run per process pays for first-call costs (allocator, thread pools,
+kernel selection) before anything is timed. Knows nothing of what a subcommand reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from diffuserve.bench.environment import environment
+from diffuserve.bench.flops import ModelCost, model_cost
+from diffuserve.bench.probes import MachineRates, measure_machine
+from diffuserve.bench.workload import BenchModel, prepare_model, random_prompts
+from diffuserve.config import EngineConfig
+from diffuserve.engine.engine_setup import GENERATION_KEYS, resolve_device
+from diffuserve.engine.kv_cache import resolve_page_size
+from diffuserve.engine.llm_engine import LLMEngine
+from diffuserve.model.config import ModelArgs
+from diffuserve.model.loader import load_args, read_model_config, resolve_dtype
+from diffuserve.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class BenchContext:
+    model_dir: Path
+    model_info: dict[str, Any]
+    model_config: dict[str, Any]
+    args: ModelArgs
+    dtype: str
+    device: torch.device
+    cost: ModelCost
+    rates: MachineRates
+    environment: dict[str, Any]
+    seed: int
+    generation_defaults: dict[str, Any]
+    """The model's generation_config.json decoding knobs (what a request that sets none gets)."""
+    probe_seconds: float
+
+    def engine(self, block_length: int, max_num_seqs: int, max_model_len: int, **options: Any) -> LLMEngine:
+        """A fresh engine on the benchmark model, its KV cache holding max_num_seqs whole sequences of
+        max_model_len (so no run is ever preempted: preemption is not what these benchmarks measure)."""
+        page_size = resolve_page_size(None, block_length)
+        num_pages = max_num_seqs * -(-(max_model_len + block_length) // page_size)
+        config = EngineConfig.from_kwargs(
+            str(self.model_dir), dtype=self.dtype, device=str(self.device), block_length=block_length,
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len, seed=self.seed, num_pages=num_pages,
+            **options,
+        )
+        return LLMEngine(config)
+
+    def measure_rates(self) -> MachineRates:
+        """The probes again (run right before and after each measured run, so that its efficiency is taken
+        against the machine as it was then: on a shared machine the rates move with other processes' load)."""
+        return measure_machine(self.device, getattr(torch, self.dtype), seconds=self.probe_seconds)
+
+    def prompts(self, num_prompts: int, num_tokens: int) -> list[list[int]]:
+        special = {self.args.mask_token_id, *self.args.eos_token_ids}
+        if self.args.pad_token_id is not None:
+            special.add(self.args.pad_token_id)
+        return random_prompts(num_prompts, num_tokens, self.args.vocab_size, self.seed, frozenset(special))
+
+
+def make_context(ns: argparse.Namespace) -> BenchContext:
+    """Applies --threads, prepares the model, measures the machine (matmul rate, bandwidth)."""
+    if ns.threads:
+        torch.set_num_threads(ns.threads)
+    spec = BenchModel(seed=ns.model_seed, logit_scale=ns.logit_scale)
+    model_dir = prepare_model(ns.model, ns.model_cache_dir, spec)
+    config, generation = read_model_config(model_dir)
+    _, args = load_args(model_dir)
+    dtype = resolve_dtype(ns.dtype, args)
+    device = resolve_device(ns.device)
+    itemsize = torch.finfo(dtype).bits // 8
+    info = {"path": str(model_dir), "name": "clover-bench (random weights)" if ns.model is None else model_dir.name,
+            "random_weights": None if ns.model else {"seed": spec.seed, "init_std": spec.init_std,
+                                                       "logit_scale": spec.logit_scale}}
+    return BenchContext(
+        model_dir=model_dir, model_info=info, model_config=config, args=args,
+        dtype=str(dtype).removeprefix("torch."), device=device, cost=model_cost(args, itemsize, itemsize),
+        rates=measure_machine(device, dtype, seconds=ns.probe_seconds), environment=environment(device), seed=ns.seed,
+        generation_defaults={k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None},
+        probe_seconds=ns.probe_seconds,
+    )
+
+
+def sampling_params(ns: argparse.Namespace, output_tokens: int) -> SamplingParams:
+    """Fixed-length outputs (EOS ignored, as every throughput benchmark must, or lengths would differ by run)."""
+    return SamplingParams(max_tokens=output_tokens, ignore_eos=True, temperature=ns.temperature, seed=ns.seed,
+                          decoder=ns.decoder, threshold=ns.threshold)
+
+
+def decoding(ctx: BenchContext, params: SamplingParams) -> dict[str, Any]:
+    """The decoding a request with `params` actually gets (model defaults filled in), for the JSON."""
+    resolved = params.with_defaults(ctx.generation_defaults)
+    return {"decoder": resolved.decoder, "threshold": resolved.threshold, "steps": resolved.steps,
+            "entropy_bound": resolved.entropy_bound, "temperature": resolved.temperature, "seed": resolved.seed}
+
+
+def warm_up(ctx: BenchContext, block_length: int, prompt_tokens: int, params: SamplingParams) -> int:
+    """One short throw-away run (two prompts, two blocks of output). Returns the model's parameter count."""
+    max_len = prompt_tokens + 3 * block_length
+    engine = ctx.engine(block_length, 2, max_len)
+    short = params.replace(max_tokens=min(params.max_tokens or block_length, 2 * block_length))
+    for i, prompt in enumerate(ctx.prompts(2, prompt_tokens)):
+        engine.add_request(f"warm-up-{i}", prompt, short)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return sum(p.numel() for p in engine.runner.model.parameters())
+
+
+def max_model_len(prompt_tokens: int, output_tokens: int, block_length: int) -> int:
+    """Room for the prompt, the output and the last block's padding past it."""
+    return prompt_tokens + output_tokens + block_length

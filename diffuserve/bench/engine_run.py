@@ -1,0 +1,159 @@
+"""Drives an LLMEngine step by step and records every step: its wall time, the time inside the model, and the
+shape of the forward (query tokens, logit rows, attention pairs, K/V read).
+
+The model time comes from forward hooks on the model and its LM head (no engine code is changed to measure
+it), so "engine overhead" = step wall time - model time: scheduling, batch building, decoders, bookkeeping.
+Knows nothing of reporting.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from diffuserve.engine.llm_engine import LLMEngine
+from diffuserve.engine.outputs import RequestOutput
+from diffuserve.model.layers.attention_backend import PagedAttentionInputs
+from diffuserve.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    wall_s: float
+    """engine.step() from call to return."""
+    model_s: float
+    """Inside the model's forward and its LM head."""
+    num_tokens: int
+    num_logit_rows: int
+    attention_pairs: int
+    """Sum over the step's sequences of query tokens x key positions."""
+    kv_tokens_read: int
+    num_seqs: int
+    prefill_tokens: int
+    """Prompt tokens whose K/V this step computed."""
+    generated_tokens: int
+    """Tokens that became final in this step."""
+
+
+@dataclass
+class RunRecord:
+    steps: list[StepRecord] = field(default_factory=list)
+    outputs: list[RequestOutput] = field(default_factory=list)
+    """Finished requests, in submission order."""
+    wall_s: float = 0.0
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(c.token_ids) for o in self.outputs for c in o.outputs)
+
+    @property
+    def num_forwards(self) -> int:
+        """NFE summed over requests (a request's NFE counts the forwards it took part in)."""
+        return sum(o.num_forwards for o in self.outputs)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.generated_tokens / self.num_forwards if self.num_forwards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Aggregate: every generated token over the wall time of the whole run (prefill included)."""
+        return self.generated_tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def decode_steps(self) -> list[StepRecord]:
+        """Steps that computed no prompt tokens."""
+        return [s for s in self.steps if s.prefill_tokens == 0]
+
+
+class ForwardProbe:
+    """Forward hooks that time the model and read the shape of each forward. Use as a context manager."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model, self.device = model, device
+        self._handles: list = []
+        self._started = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        self.model_s = 0.0
+        self.num_tokens = self.num_logit_rows = self.attention_pairs = self.kv_tokens_read = self.num_seqs = 0
+
+    def __enter__(self) -> ForwardProbe:
+        self._handles = [self.model.register_forward_pre_hook(self._before_forward),
+                         self.model.register_forward_hook(self._after)]
+        head = getattr(self.model, "lm_head", None)
+        if isinstance(head, torch.nn.Module):
+            self._handles += [head.register_forward_pre_hook(self._before_head),
+                              head.register_forward_hook(self._after)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _before_forward(self, module: torch.nn.Module, args: tuple) -> None:
+        input_ids, attention = args[0], args[2]
+        self.num_tokens += input_ids.numel()
+        if isinstance(attention, PagedAttentionInputs):
+            self.num_seqs += len(attention.sequences)
+            for seq in attention.sequences:
+                self.attention_pairs += seq.query_len * len(seq.key_slots)
+                self.kv_tokens_read += len(seq.key_slots)
+        self._started = self._now()
+
+    def _before_head(self, module: torch.nn.Module, args: tuple) -> None:
+        self.num_logit_rows += args[0].shape[0]
+        self._started = self._now()
+
+    def _after(self, module: torch.nn.Module, args: tuple, output: object) -> None:
+        self.model_s += self._now() - self._started
+
+
+_ids = itertools.count()
+
+
+def run_requests(
+    engine: LLMEngine, prompts: Sequence[list[int]], params: SamplingParams, sequential: bool = False,
+    on_step: Callable[[StepRecord], None] | None = None,
+) -> RunRecord:
+    """Runs `prompts` through the engine: all submitted at once (they are batched), or one after another
+    (each waits for the previous to finish). Returns every step and every finished output."""
+    record = RunRecord()
+    device = next(engine.runner.model.parameters()).device
+    counters = engine.counters
+    started = time.perf_counter()
+    with ForwardProbe(engine.runner.model, device) as probe:
+        for batch in ([[p] for p in prompts] if sequential else [list(prompts)]):
+            ids = [f"bench-{next(_ids)}" for _ in batch]
+            for request_id, prompt in zip(ids, batch):
+                engine.add_request(request_id, prompt, params)
+            finished: dict[str, RequestOutput] = {}
+            while len(finished) < len(ids):
+                probe.reset()
+                prefill, generated = counters.num_prefill_tokens, counters.num_generated_tokens
+                step_start = time.perf_counter()
+                outputs = engine.step()
+                wall = time.perf_counter() - step_start
+                finished.update((o.request_id, o) for o in outputs if o.finished)
+                if probe.num_tokens == 0:
+                    continue  # nothing was scheduled: no forward ran
+                record.steps.append(StepRecord(
+                    wall, probe.model_s, probe.num_tokens, probe.num_logit_rows, probe.attention_pairs,
+                    probe.kv_tokens_read, probe.num_seqs, counters.num_prefill_tokens - prefill,
+                    counters.num_generated_tokens - generated,
+                ))
+                if on_step is not None:
+                    on_step(record.steps[-1])
+            record.outputs += [finished[i] for i in ids]
+    record.wall_s = time.perf_counter() - started
+    return record

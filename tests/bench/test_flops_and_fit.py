@@ -1,0 +1,49 @@
+"""FLOPs / bytes of the clover-bench shape worked by hand, and the calibration fit on synthetic steps.
+
+clover-bench: H 512, 8 layers, 8 query / 2 KV heads of D 64, 16 experts top-2 of width 256, vocab 8192, fp32.
+Per layer, multiply-adds per token: QKV 512 x (8 + 2 x 2) x 64 = 393,216 and O 512 x 512 = 262,144
+(attention 655,360), router 512 x 16 = 8,192, two experts 2 x 3 x 512 x 256 = 786,432: 1,449,984.
+x 8 layers x 2 = 23,199,744 FLOPs per token. LM head: 2 x 512 x 8192 = 8,388,608 per logit row. Attention:
+4 x 8 x 64 x 8 layers = 16,384 per (query, key) pair.
+Bytes read in full every step: attention 8 x 655,360 + routers 8 x 8,192 + norms 8 x (2 x 512 + 2 x 64) + 512
++ LM head 4,194,304 = 9,512,448 weights x 4 B = 38,049,792; one expert 3 x 512 x 256 x 4 B = 1,572,864.
+K/V per token: 2 x 8 layers x 2 heads x 64 x 4 B = 8,192.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from diffuserve.bench.calibration import StepSample, fit_efficiency
+from diffuserve.bench.flops import model_cost
+from diffuserve.bench.probes import MachineRates
+from diffuserve.model.config import qwen3_args_from_hf
+from diffuserve.model.random_checkpoint import make_config
+
+
+def test_clover_bench_cost():
+    config = make_config("clover-bench", mask_token_id=259)
+    cost = model_cost(qwen3_args_from_hf(config, {}), weight_itemsize=4, kv_itemsize=4)
+    assert cost.flops_per_token == 23_199_744
+    assert cost.flops_per_logit_row == 8_388_608
+    assert cost.flops_per_attention_pair == 16_384
+    assert cost.dense_weight_bytes == 38_049_792
+    assert cost.expert_weight_bytes == 1_572_864
+    assert cost.kv_bytes_per_token == 8_192
+    # One step: 64 tokens, 40 logit rows, 64 x 300 pairs; 10 experts touched per layer, 600 cached keys read.
+    assert cost.step_flops(64, 40, 64 * 300) == 64 * 23_199_744 + 40 * 8_388_608 + 64 * 300 * 16_384
+    assert cost.step_bytes(10, 600) == 38_049_792 + 8 * 10 * 1_572_864 + 600 * 8_192
+
+
+def test_fit_recovers_overhead_and_flops_fraction():
+    """Steps timed as 10 ms + max(bytes / 1 GB/s, FLOPs / (10 GFLOP/s x 0.4)) give back 0.4 and 10 ms."""
+    rates = MachineRates(flops_per_s=1e10, matmul_size=1024, bandwidth_bytes_per_s=1e9,
+                         bandwidth_buffer_bytes=1 << 28, dtype="float32")
+    samples = [StepSample(flops, 2e7, 0.01 + max(2e7 / 1e9, flops / 4e9))
+               for flops in (1e8, 4e8, 1e9, 2e9, 5e9)]
+    fitted = fit_efficiency(samples, rates)
+    assert fitted.flops_fraction == pytest.approx(0.4)
+    assert fitted.step_overhead_s == pytest.approx(0.01, abs=1e-6)
+    assert fitted.rms_relative_error == pytest.approx(0, abs=1e-9)
+    with pytest.raises(ValueError, match="no decode steps"):
+        fit_efficiency([], rates)

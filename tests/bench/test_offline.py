@@ -1,0 +1,67 @@
+"""Tiny runs of `bench throughput` and `bench latency` (no timing assertions): their JSON validates against the
+schema, the counts add up, and `diffuserve plan --calibrate` accepts the calibration they print."""
+
+from __future__ import annotations
+
+from diffuserve.bench.accuracy import accuracy_vs_tpf
+from diffuserve.cli import main
+from diffuserve.planner.calibrate import missing_keys
+from tests.bench.conftest import FAST, plot_args, pngs
+from tests.bench.json_schema import LATENCY, THROUGHPUT, validate
+
+
+def test_throughput_json_and_calibration(bench_model_dir, run_bench, tmp_path, capsys):
+    out = tmp_path / "throughput.json"
+    code, result, text = run_bench([
+        "throughput", "--model", str(bench_model_dir), "--concurrency", "1", "3", "--block-lengths", "4",
+        "--sequential", "3", "--prompt-tokens", "6", "--output-tokens", "8", "--json-out", str(out), *FAST,
+        *plot_args(tmp_path / "plots"),
+    ])
+    assert code == 0
+    assert validate(result, THROUGHPUT) == []
+    assert "tok/s" in text and "sequential" in text  # the human table came first
+    runs = {(r["mode"], r["concurrency"]): r for r in result["results"]}
+    assert set(runs) == {("concurrent", 1), ("concurrent", 3), ("sequential", 1)}
+    for r in runs.values():
+        assert r["generated_tokens"] == 8 * r["num_requests"]  # EOS ignored: exact lengths
+        assert r["tpf"] == r["generated_tokens"] / r["nfe"]
+        assert 0 <= r["efficiency"]["overhead_fraction"] < 1
+    assert result["speedups"][0]["num_requests"] == 3
+    if plot_args(tmp_path):
+        assert pngs(tmp_path / "plots") == {"throughput_vs_concurrency.png", "latency_percentiles.png"}
+    calibration = result["calibration"]
+    assert missing_keys(calibration) == []
+    assert calibration["workload"]["num_seqs"] == 3  # the largest run is predicted from the others
+    assert calibration["fit"]["fit_on_predicted_run"] is False
+    capsys.readouterr()
+    assert main(["plan", "--calibrate", str(out)]) == 0
+    assert "predicted" in capsys.readouterr().out
+
+
+def test_latency_json(bench_model_dir, run_bench, tmp_path):
+    code, result, text = run_bench([
+        "latency", "--model", str(bench_model_dir), "--batch-size", "2", "--num-iters", "2",
+        "--prompt-tokens", "5", "--output-tokens", "6", *FAST, *plot_args(tmp_path),
+    ])
+    assert code == 0
+    assert validate(result, LATENCY) == []
+    assert len(result["batch_latency_s"]["iterations"]) == 2
+    assert result["result"]["num_requests"] == 4
+    assert result["result"]["generated_tokens"] == 4 * 6
+    assert result["workload"]["block_length"] == 4  # the model's
+    assert "latency mean s" in text
+    assert missing_keys(result["calibration"]) == []
+    if plot_args(tmp_path):
+        assert pngs(tmp_path) == {"latency_percentiles.png"}
+
+
+def test_accuracy_vs_tpf_rows(bench_model_dir, tmp_path):
+    """The eval harness's decoding sweep (a random model scores ~0; the rows and the chart are what is tested)."""
+    rows = accuracy_vs_tpf(bench_model_dir, num_per_task=1, dtype="float32", device="cpu")
+    assert rows[0]["decoding"] == "default" and len(rows) > 5
+    for row in rows:
+        assert 0 <= row["accuracy"] <= 1 and row["tokens_per_forward"] > 0 and row["num_examples"] >= 1
+    if plot_args(tmp_path):
+        from diffuserve.bench.plot import accuracy_chart
+
+        assert accuracy_chart(rows, tmp_path).name == "accuracy_vs_tpf.png"
