@@ -54,7 +54,11 @@ def num_pages_for(cache: CacheConfig, spec: KVCacheSpec, device: torch.device, m
         free, total = torch.cuda.mem_get_info(device)
         budget = int(total * cache.gpu_memory_utilization) - (total - free) - activation_reserve
     if budget is None:
-        budget = min(CPU_DEFAULT_BUDGET, max_num_seqs * max_model_len * spec.bytes_per_token)
+        # Room for max_num_seqs full-length sequences (their last block may reach one page past
+        # max_model_len), at most CPU_DEFAULT_BUDGET, but always at least one such sequence.
+        per_sequence = -(-max_model_len // spec.page_size) + 1
+        wanted = min(max_num_seqs * per_sequence, CPU_DEFAULT_BUDGET // spec.bytes_per_page)
+        return max(wanted, per_sequence)
     pages = budget // spec.bytes_per_page
     if pages < 1:
         raise ValueError(

@@ -93,7 +93,10 @@ def _attend_gqa(
     q = q.view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(num_kv_heads, group * q_len, head_dim)
     if mask is not None:
         mask = mask.repeat(group, 1)  # [G * Lq, L], row g * Lq + i is query i of head g
-    out = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale)
+    # A leading batch dimension lets PyTorch pick its fused (flash) CPU kernel; 3-D inputs take the slow path.
+    out = F.scaled_dot_product_attention(
+        q[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask, scale=scale
+    )[0]
     return out.view(num_kv_heads, group, q_len, head_dim).permute(2, 0, 1, 3).reshape(q_len, num_heads * head_dim)
 
 
