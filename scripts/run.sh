@@ -20,7 +20,7 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
     "$VPY" -m pip install --quiet torch==2.13.0
   fi
 fi
-"$VPY" -m pip install --quiet -e ".[test]"
+"$VPY" -m pip install --quiet -e ".[test,plot]"
 
 case "$job" in
   serve)
