@@ -1,12 +1,13 @@
 """Checkpoint names <-> our parameter names for LLaDA2 (BailingMoeV2) checkpoints.
 
-Our LLaDA2 modules keep the Hub names (`model.word_embeddings`, `layers.{i}.attention`, `mlp.gate.expert_bias`,
-...) except inside the shared attention layer, whose parameters are renamed here, once:
+Every family shares one module tree (`transformer.BlockDiffusionLM`), so the Hub's own names are renamed here,
+once:
 
-    attention.query_key_value   -> attention.qkv_proj   rows [all Q heads | all K heads | all V heads], as ours
-    attention.dense             -> attention.o_proj
-    attention.query_layernorm   -> attention.q_norm
-    attention.key_layernorm     -> attention.k_norm
+    model.word_embeddings       -> model.embed_tokens
+    attention.query_key_value   -> self_attn.qkv_proj   rows [all Q heads | all K heads | all V heads], as ours
+    attention.dense             -> self_attn.o_proj
+    attention.query_layernorm   -> self_attn.q_norm
+    attention.key_layernorm     -> self_attn.k_norm
 
 The MLP names are Qwen3-MoE's (`mlp.{gate,up,down}_proj`, `mlp.experts.{e}.*`, `mlp.shared_experts.*`), so their
 packing into `gate_up_proj` and fused experts is `weight_names`' own.
@@ -24,15 +25,16 @@ from diffuserve.model.weight_names import WeightTarget, qwen3_checkpoint_tensors
 
 HUB_TO_OURS = {"query_key_value": "qkv_proj", "dense": "o_proj", "query_layernorm": "q_norm", "key_layernorm": "k_norm"}
 OURS_TO_HUB = {ours: hub for hub, ours in HUB_TO_OURS.items()}
-_HUB_ATTENTION = re.compile(rf"(.*\.attention)\.({'|'.join(HUB_TO_OURS)})\.(weight|bias)")
-_OUR_ATTENTION = re.compile(rf"(.*\.attention)\.({'|'.join(OURS_TO_HUB)})\.(weight|bias)")
+_HUB_ATTENTION = re.compile(rf"(.*)\.attention\.({'|'.join(HUB_TO_OURS)})\.(weight|bias)")
+_OUR_ATTENTION = re.compile(rf"(.*)\.self_attn\.({'|'.join(OURS_TO_HUB)})\.(weight|bias)")
+HUB_EMBEDDING, OUR_EMBEDDING = "model.word_embeddings.weight", "model.embed_tokens.weight"
 
 
 def llada2_weight_target(name: str, args: ModelArgs) -> WeightTarget | None:
     """Maps one checkpoint tensor name; None for names that carry no weight (e.g. cached RoPE tables)."""
     if m := _HUB_ATTENTION.fullmatch(name):
-        return WeightTarget(f"{m[1]}.{HUB_TO_OURS[m[2]]}.{m[3]}")
-    return qwen3_weight_target(name, args)
+        return WeightTarget(f"{m[1]}.self_attn.{HUB_TO_OURS[m[2]]}.{m[3]}")
+    return qwen3_weight_target(OUR_EMBEDDING if name == HUB_EMBEDDING else name, args)
 
 
 def llada2_checkpoint_tensors(
@@ -41,6 +43,7 @@ def llada2_checkpoint_tensors(
     """The inverse map: our state dict -> Hub-style LLaDA2 checkpoint tensors (used to write checkpoints)."""
     renamed = {}
     for name, tensor in state.items():
-        m = _OUR_ATTENTION.fullmatch(name)
-        renamed[f"{m[1]}.{OURS_TO_HUB[m[2]]}.{m[3]}" if m else name] = tensor
+        if m := _OUR_ATTENTION.fullmatch(name):
+            name = f"{m[1]}.attention.{OURS_TO_HUB[m[2]]}.{m[3]}"
+        renamed[HUB_EMBEDDING if name == OUR_EMBEDDING else name] = tensor
     yield from qwen3_checkpoint_tensors(renamed, args, per_expert)
