@@ -184,21 +184,31 @@ class Usage(ResponseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
-class CompletionChoice(ResponseModel):
+class ChoiceFields(ResponseModel):
+    """What every choice carries, whole or streamed."""
+
     index: int
-    text: str
     logprobs: None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
 
-class CompletionResponse(ResponseModel):
+class ResponseFields(ResponseModel):
+    """What every completion response and chunk carries besides its choices."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
-    choices: list[CompletionChoice]
     usage: Usage | None = None
+
+
+class CompletionChoice(ChoiceFields):
+    text: str
+
+
+class CompletionResponse(ResponseFields):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
     system_fingerprint: str | None = None
 
 
@@ -207,21 +217,13 @@ class AssistantMessage(ResponseModel):
     content: str
 
 
-class ChatChoice(ResponseModel):
-    index: int
+class ChatChoice(ChoiceFields):
     message: AssistantMessage
-    logprobs: None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
 
 
-class ChatCompletionResponse(ResponseModel):
-    id: str
+class ChatCompletionResponse(ResponseFields):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
-    usage: Usage | None = None
     system_fingerprint: str | None = None
 
 
@@ -230,30 +232,18 @@ class DeltaMessage(ResponseModel):
     content: str | None = None
 
 
-class ChatChunkChoice(ResponseModel):
-    index: int
+class ChatChunkChoice(ChoiceFields):
     delta: DeltaMessage
-    logprobs: None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
 
 
-class ChatCompletionChunk(ResponseModel):
-    id: str
+class ChatCompletionChunk(ResponseFields):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
 
 
-class CompletionChunk(ResponseModel):
-    id: str
+class CompletionChunk(ResponseFields):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
 
 
 class ModelCard(ResponseModel):
