@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 from pathlib import Path
@@ -57,5 +58,18 @@ def run(args: argparse.Namespace) -> int:
     engine = LLMEngine(engine_config)
     logger.info("serving %r from %s: max_model_len %d, %d KV pages of %d tokens", config.served_model_name,
                 model_dir, engine.max_model_len, engine.pool.num_pages, engine.pool.page_size)
+    print(usage_hint(config), flush=True)
     uvicorn.run(build_app(engine, config), host=config.host, port=config.port, log_level=config.uvicorn_log_level)
     return 0
+
+
+def usage_hint(config: ServerConfig) -> str:
+    """A curl command and an OpenAI-client line that work against this server as started."""
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
+    base = f"http://{host}:{config.port or 'PORT'}/v1"
+    auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if config.api_key else ""  # never echo the key itself
+    body = json.dumps({"model": config.served_model_name, "messages": [{"role": "user", "content": "What is 27+15?"}]})
+    return (
+        f"Try it:\n  curl -s {base}/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'\n"
+        f"  python examples/openai_client.py {base}"
+    )
