@@ -1,0 +1,52 @@
+"""The synthetic tasks: deterministic for a seed, exactly correct answers, and a clean train / held-out split."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+from diffuserve.eval.tasks import TASKS, Example, heldout_examples, is_correct, is_heldout, training_stream
+
+
+def _solve(example: Example) -> str:
+    """An independent solver for every task, from the prompt text alone."""
+    p = example.prompt
+    if m := re.fullmatch(r"What is (\d+)\+(\d+)\?", p):
+        return str(int(m[1]) + int(m[2]))
+    if m := re.fullmatch(r"Reverse ([a-z]+)", p):
+        return "".join(reversed(m[1]))
+    if m := re.fullmatch(r"Sort ([\d ]+)", p):
+        return " ".join(sorted(m[1].split(), key=int))
+    if m := re.fullmatch(r"Copy ([a-z]+)", p):
+        return m[1]
+    if m := re.fullmatch(r"Max of ([\d ]+)", p):
+        return str(max(int(d) for d in m[1].split()))
+    if m := re.fullmatch(r"Item (\d) of ([a-z ]+)", p):
+        return m[2].split()[int(m[1]) - 1]
+    raise AssertionError(f"unparsed prompt {p!r}")
+
+
+def test_answers_are_correct():
+    examples = heldout_examples(50) + list(itertools.islice(training_stream(3), 600))
+    assert {e.task for e in examples} == set(TASKS)
+    for example in examples:
+        assert _solve(example) == example.answer, example
+        assert is_correct(example, f" {example.answer}\n")
+        assert not is_correct(example, example.answer + "0")
+
+
+def test_generators_are_deterministic():
+    assert heldout_examples(20, seed=5) == heldout_examples(20, seed=5)
+    assert heldout_examples(20, seed=5) != heldout_examples(20, seed=6)
+    first = list(itertools.islice(training_stream(0), 200))
+    assert first == list(itertools.islice(training_stream(0), 200))
+    assert first != list(itertools.islice(training_stream(1), 200))
+
+
+def test_training_never_sees_a_heldout_prompt():
+    heldout = heldout_examples(30)
+    assert all(is_heldout(e.task, e.prompt) for e in heldout)
+    assert len({(e.task, e.prompt) for e in heldout}) == len(heldout)
+    train = list(itertools.islice(training_stream(0), 3000))
+    assert not any(is_heldout(e.task, e.prompt) for e in train)
+    assert not {(e.task, e.prompt) for e in heldout} & {(e.task, e.prompt) for e in train}
