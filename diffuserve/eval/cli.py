@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"tasks: unknown {', '.join(unknown)}; available: {', '.join(TASKS)}")
     if args.num_per_task < 1:
         raise ValueError(f"num_per_task: got {args.num_per_task}, must be >= 1")
-    thresholds = [float(t) for t in args.thresholds.split(",")]
+    thresholds = _parse_thresholds(args.thresholds)
     llm = LLM(resolve_model(args.model))
     sweep = decoding_sweep(thresholds, llm.engine.args.block_length)
     if args.default_only:
@@ -49,3 +49,17 @@ def run(args: argparse.Namespace) -> int:
         "defaults": llm.engine.generation_defaults, "results": [r.summary() for r in results],
     }))
     return 0
+
+
+def _parse_thresholds(text: str) -> list[float]:
+    """'0.5,0.9' -> [0.5, 0.9]; each must be a number in (0, 1]."""
+    thresholds = []
+    for item in text.split(","):
+        try:
+            value = float(item)
+        except ValueError:
+            raise ValueError(f"thresholds: {item!r} is not a number; pass e.g. --thresholds 0.5,0.9") from None
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"thresholds: got {value:g}, each must be in (0, 1]")
+        thresholds.append(value)
+    return thresholds
