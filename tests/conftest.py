@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from diffuserve.model.llada2_checkpoint import write_llada2_checkpoint
 from diffuserve.model.random_checkpoint import make_config, write_random_checkpoint
 
 # Tiny models gain nothing from threads, and OpenMP threads collapse when other processes share the cores.
@@ -32,3 +33,9 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir_b32(tmp_path_factory) -> Path:
     return tiny_checkpoint(tmp_path_factory.mktemp("models"), "tiny-b32", block_length=32)
+
+
+@pytest.fixture(scope="session")
+def tiny_llada2_dir(tmp_path_factory) -> Path:
+    """A tiny LLaDA2.0 (BailingMoeV2) checkpoint with a peaky LM head."""
+    return write_llada2_checkpoint(tmp_path_factory.mktemp("llada2") / "tiny", seed=1, logit_scale=40.0)

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 from diffuserve.eval.diffusion_batch import (
     END_OF_TEXT,
@@ -35,6 +34,7 @@ from diffuserve.model.byte_tokenizer import write_byte_tokenizer
 from diffuserve.model.clover import CloverForBlockDiffusion
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.layers.moe import Router
+from diffuserve.model.random_checkpoint import save_weights
 from diffuserve.model.registry import family_for
 
 MODEL_SHAPE: dict[str, Any] = dict(
@@ -181,9 +181,7 @@ def write_checkpoint(model: CloverForBlockDiffusion, args: ModelArgs, cfg: Train
     out.mkdir(parents=True, exist_ok=True)
     write_byte_tokenizer(out, args.vocab_size)
     config = model_config(cfg.shape)
-    state = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
-    tensors = {name: t.contiguous() for name, t in family_for(config).checkpoint_tensors(state, args)}
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_weights(out, family_for(config), args, model.state_dict())
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"eos_token_id": [IM_END, END_OF_TEXT], **GENERATION}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

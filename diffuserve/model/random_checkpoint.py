@@ -1,4 +1,5 @@
-"""Writes random-weight checkpoint directories (clover, SDAR, SDAR-MoE) with a byte-level tokenizer.
+"""Writes random-weight checkpoint directories (clover, SDAR, SDAR-MoE) with a byte-level tokenizer, and the
+safetensors of any model state under its family's Hub names (`save_weights`, also used by the trainer).
 
 Used by tests, benchmarks and demos; weights cannot be downloaded on the machines this project is built on.
 `clover-bench` is the shape every benchmark uses (about 60M parameters).
@@ -81,7 +82,15 @@ def write_random_weights(
         if name == "lm_head.weight":
             value = value * logit_scale
         state[name] = value.to(dtype)
-    tensors = {name: t.contiguous() for name, t in family.checkpoint_tensors(state, args, per_expert)}
+    save_weights(out, family, args, state, per_expert, max_shard_bytes)
+
+
+def save_weights(
+    out: Path, family: ModelFamily, args: ModelArgs, state: dict[str, torch.Tensor], per_expert: bool = True,
+    max_shard_bytes: int | None = None,
+) -> None:
+    """Writes a model's state dict as safetensors under the family's Hub names (sharded past `max_shard_bytes`)."""
+    tensors = {name: t.detach().contiguous() for name, t in family.checkpoint_tensors(state, args, per_expert)}
     _save_sharded(tensors, out, max_shard_bytes)
 
 

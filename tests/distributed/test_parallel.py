@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.model.llada2_checkpoint import write_llada2_checkpoint
 
 PARAMS = SamplingParams(max_tokens=16, ignore_eos=True, threshold=0.7)
 
@@ -20,14 +19,9 @@ def _tokens(llm: LLM) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(_prompts(), PARAMS)]
 
 
-@pytest.fixture(scope="module")
-def llada2_dir(tmp_path_factory):
-    return write_llada2_checkpoint(tmp_path_factory.mktemp("llada2") / "tiny", seed=1, logit_scale=40.0)
-
-
 @pytest.mark.parametrize(("family", "expert_parallel"), [("clover", False), ("clover", True), ("llada2", True)])
 def test_two_processes_give_the_same_tokens_as_one(request, family, expert_parallel):
-    model_dir = str(request.getfixturevalue("tiny_model_dir" if family == "clover" else "llada2_dir"))
+    model_dir = str(request.getfixturevalue("tiny_model_dir" if family == "clover" else "tiny_llada2_dir"))
     expected = _tokens(LLM(model_dir, num_pages=128))
     llm = LLM(model_dir, num_pages=128, tensor_parallel_size=2, enable_expert_parallel=expert_parallel)
     try:

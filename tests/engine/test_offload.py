@@ -11,7 +11,6 @@ from diffuserve.engine.expert_offload import num_cache_slots
 from diffuserve.model.layers.expert_cache import ExpertCache, OffloadCounters
 from diffuserve.model.layers.moe_dispatch import group_by_expert, grouped_experts
 from diffuserve.model.layers.moe_offload import BlockRef, OffloadCostModel, OffloadedExperts, StepPlan
-from diffuserve.model.llada2_checkpoint import write_llada2_checkpoint
 
 ALWAYS_FETCH = OffloadCostModel(link_bytes_per_s=1e12, host_flops_per_s=1.0)
 ALWAYS_HOST = OffloadCostModel(link_bytes_per_s=1.0, host_flops_per_s=1e18)
@@ -26,14 +25,9 @@ def _tokens(llm: LLM) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(_prompts(), PARAMS)]
 
 
-@pytest.fixture(scope="module")
-def llada2_dir(tmp_path_factory):
-    return write_llada2_checkpoint(tmp_path_factory.mktemp("llada2") / "tiny", seed=1, logit_scale=40.0)
-
-
 @pytest.mark.parametrize("family", ["clover", "llada2"])
 def test_offload_gives_the_same_tokens(request, family):
-    model_dir = request.getfixturevalue("tiny_model_dir" if family == "clover" else "llada2_dir")
+    model_dir = request.getfixturevalue("tiny_model_dir" if family == "clover" else "tiny_llada2_dir")
     expected = _tokens(LLM(str(model_dir), num_pages=256))
     for residency in ("block", "step"):
         llm = LLM(str(model_dir), num_pages=256, expert_offload=True, expert_residency=residency)
