@@ -1,0 +1,37 @@
+"""Typed errors for bad requests, raised by `LLMEngine.add_request` (the single authority for context length,
+token-id range and stop-token checks) and by `SamplingParams` validation.
+
+Each carries the field it is about (`param`) and an OpenAI-style error `code`, so that the server maps it to an
+HTTP 400 without parsing messages. Every class is a `ValueError`, so offline callers keep catching ValueError.
+Messages name the field, the value, the limit and the fix. No torch.
+"""
+
+from __future__ import annotations
+
+
+class RequestError(ValueError):
+    """A request the engine refuses as given; `param` names the field, `code` is the OpenAI error code."""
+
+    code = "invalid_value"
+
+    def __init__(self, param: str | None, message: str) -> None:
+        super().__init__(f"{param}: {message}" if param else message)
+        self.param = param
+
+
+class ContextLengthExceeded(RequestError):
+    """The prompt (plus what must be generated) cannot fit within max_model_len or the KV cache."""
+
+    code = "context_length_exceeded"
+
+
+class InvalidTokenIds(RequestError):
+    """Prompt or stop token ids outside the model's vocabulary."""
+
+    code = "invalid_token_ids"
+
+
+class DuplicateRequestId(RequestError):
+    """A request id that is already in use."""
+
+    code = "duplicate_request_id"
