@@ -1,26 +1,30 @@
-"""The FastAPI application: routes, and the wiring of engine, bridge, metrics and auth.
+"""The FastAPI application: routes, API-key authentication, and the wiring of engine, bridge and metrics.
 
 Routes only translate HTTP to `OpenAIServing` calls. The engine-loop thread starts and stops with the app
-(lifespan). Public routes (no API key): /health, /version, /metrics and the docs; everything else needs the key
-when one is configured.
+(lifespan). Public routes (no API key): /health, /version, /metrics and the docs; everything else needs
+`Authorization: Bearer <key>` when a key is configured. The check is a FastAPI dependency declared on the
+protected routes (so /openapi.json documents the bearer scheme); keys are compared as SHA-256 digests in
+constant time, as vLLM does, and failures are 401 in the OpenAI error shape.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from diffuserve import __version__
-from diffuserve.server.async_engine import AsyncEngine
-from diffuserve.server.auth import require_api_key
-from diffuserve.server.config import ServerConfig
-from diffuserve.server.errors import engine_unavailable, install_error_handlers
+from diffuserve.server.bridge import AsyncEngine
+from diffuserve.server.cli import ServerConfig
+from diffuserve.server.errors import APIError, engine_unavailable, install_error_handlers
 from diffuserve.server.metrics import ServerMetrics
 from diffuserve.server.protocol import (
     ChatCompletionRequest,
@@ -46,6 +50,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 500, 503)
 }
 STREAM = {200: {"content": {"text/event-stream": {}}, "description": "JSON body, or SSE frames when stream=true"}}
+
+_bearer = HTTPBearer(auto_error=False, description="The server's --api-key (or DIFFUSERVE_API_KEY).")
 
 
 def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
@@ -123,3 +129,21 @@ def _api_routes(serving: OpenAIServing) -> APIRouter:
         return serving.detokenize(body)
 
     return router
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
+
+
+def require_api_key(api_key: str | None) -> Callable[..., Awaitable[None]]:
+    """The dependency for protected routes: a no-op without a key, else a Bearer check."""
+    expected = _digest(api_key) if api_key is not None else None
+
+    async def check(credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:  # noqa: B008
+        if expected is None:
+            return
+        if credentials is None or not hmac.compare_digest(_digest(credentials.credentials), expected):
+            raise APIError(401, "invalid or missing API key: send the header 'Authorization: Bearer <key>'",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    return check

@@ -3,7 +3,7 @@
 Owns the `APIError` exception the handlers raise and the translation of FastAPI's own failures (malformed JSON,
 schema violations, unknown routes) into that shape, with 400 for bad input (OpenAI and vLLM use 400 where
 FastAPI would say 422). Unexpected exceptions are logged with their traceback and answered with a 500 that
-carries no internals. Knows nothing of the engine.
+carries no internals. Knows nothing of the engine but its typed request errors (`diffuserve.engine.errors`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from diffuserve.engine.errors import RequestError
 from diffuserve.server.protocol import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,10 @@ def bad_request(message: str, param: str | None = None, code: str = "invalid_val
 
 
 def from_value_error(error: ValueError) -> APIError:
-    """The engine's and SamplingParams' ValueErrors start with the field name ("max_tokens: got 0, ...")."""
+    """The engine's and SamplingParams' ValueErrors start with the field name ("max_tokens: got 0, ...");
+    a typed `RequestError` carries its field and OpenAI code itself."""
+    if isinstance(error, RequestError):
+        return bad_request(str(error), error.param, error.code)
     message = str(error)
     head = message.split(":", 1)[0]
     return bad_request(message, param=head if head.isidentifier() else None)

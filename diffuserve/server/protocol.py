@@ -4,7 +4,7 @@ Models only: no logic beyond declarative constraints, which the published OpenAP
 models are strict (a string where a number is expected is a type error, not a coercion; only an integral number
 such as 4.0 counts as an integer, as in JSON Schema) and reject NaN/infinity. Unknown request fields are kept in
 `model_extra` (the server ignores them with a warning, as vLLM does). Fields that OpenAI or vLLM define but
-diffuserve does not implement are declared with `unsupported()`, so that `request_params` can reject any
+diffuserve does not implement are declared with `unsupported()`, so that `parsing` can reject any
 non-neutral value with a 400 naming the field instead of silently ignoring it.
 """
 

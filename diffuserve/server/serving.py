@@ -3,7 +3,8 @@
 Resolves the model name, builds sampling params and prompts, checks the context, submits one engine request
 per prompt through the async bridge, then either streams SSE or waits for the final outputs. A non-streamed
 request whose client disconnects is aborted like a streamed one. Maps the bridge's refusals to HTTP errors
-(429 with Retry-After, 503). Knows nothing of routing or of the engine's internals.
+(429 with Retry-After, 503) and the engine's (a 400 naming the field, with the code of its `RequestError`).
+Knows nothing of routing or of the engine's internals.
 """
 
 from __future__ import annotations
@@ -19,13 +20,20 @@ from fastapi.responses import StreamingResponse
 
 from diffuserve.engine.outputs import RequestOutput
 from diffuserve.sampling_params import SamplingParams
-from diffuserve.server import request_params
-from diffuserve.server.async_engine import AsyncEngine, EngineDeadError, EngineRequest, QueueFullError
-from diffuserve.server.config import ServerConfig
+from diffuserve.server.bridge import AsyncEngine, EngineDeadError, EngineRequest, OutputStream, QueueFullError
+from diffuserve.server.cli import ServerConfig
 from diffuserve.server.errors import APIError, bad_request, engine_unavailable, from_value_error, queue_full
 from diffuserve.server.metrics import ServerMetrics
-from diffuserve.server.output_stream import OutputStream
-from diffuserve.server.prompts import Prompt, chat_prompt, check_context, completion_prompts, encode, render_chat
+from diffuserve.server.parsing import (
+    Prompt,
+    chat_params,
+    chat_prompt,
+    check_context,
+    completion_params,
+    completion_prompts,
+    encode,
+    render_chat,
+)
 from diffuserve.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -38,8 +46,14 @@ from diffuserve.server.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from diffuserve.server.responses import ResponseContext, chat_response, completion_response
-from diffuserve.server.streaming import chat_events, completion_events, sse
+from diffuserve.server.responses import (
+    ResponseContext,
+    chat_events,
+    chat_response,
+    completion_events,
+    completion_response,
+    sse,
+)
 from diffuserve.tokenizer import Tokenizer
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -76,7 +90,7 @@ class OpenAIServing:
     # ---- generation ----------------------------------------------------------------------------------------
     async def completion(self, body: CompletionRequest, request: Request) -> CompletionResponse | StreamingResponse:
         self.check_model(body.model)
-        params = request_params.completion_params(body, self.vocab_size, self.config.max_n)
+        params = completion_params(body, self.config.max_n)
         prompts = completion_prompts(self.tokenizer, body.prompt, self.vocab_size)
         for prompt in prompts:
             check_context(prompt, params.max_tokens, "max_tokens" in body.model_fields_set, self.max_model_len,
@@ -88,7 +102,7 @@ class OpenAIServing:
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> ChatCompletionResponse | StreamingResponse:
         self.check_model(body.model)
-        params = request_params.chat_params(body, self.vocab_size, self.config.max_n)
+        params = chat_params(body, self.config.max_n)
         prompt = chat_prompt(self.tokenizer, body)
         check_context(prompt, params.max_tokens, params.max_tokens is not None, self.max_model_len, "messages")
         stream, ctx = await self._submit("chatcmpl", [prompt], params)

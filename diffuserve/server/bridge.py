@@ -1,9 +1,10 @@
-"""The bridge between the asyncio HTTP handlers and the engine, which is not thread-safe.
+"""The async bridge between the asyncio HTTP handlers and the engine, which is not thread-safe.
 
-One engine-loop thread owns the `LLMEngine`: it takes add/abort commands from a queue, steps while work
-remains, and hands every request's outputs to the event loop (as copies: the engine keeps updating its own
-output objects in place). A handler submits the engine requests of one HTTP request and reads them back from
-one `OutputStream`; closing the stream early (client gone) aborts whatever is unfinished, which frees its pages.
+One engine-loop thread owns the `LLMEngine` (`AsyncEngine`): it takes add/abort commands from a queue, steps
+while work remains, and hands every request's outputs to the event loop (as copies: the engine keeps updating its
+own output objects in place). A handler submits the engine requests of one HTTP request and reads them back from
+one `OutputStream`, which keeps only the latest (cumulative) output per request; closing the stream early (client
+gone) aborts whatever is unfinished, which frees its pages.
 
 Owns backpressure too: the requests accepted but not yet scheduled for their first step are counted, and past
 `max_waiting_requests` a submission is refused (`QueueFullError`). If the loop itself crashes (not a step: the
@@ -26,7 +27,6 @@ from typing import TYPE_CHECKING, Protocol
 from diffuserve.engine.outputs import RequestOutput
 from diffuserve.engine.stats import EngineStats
 from diffuserve.sampling_params import SamplingParams
-from diffuserve.server.output_stream import OutputStream
 
 if TYPE_CHECKING:
     from diffuserve.engine.llm_engine import LLMEngine
@@ -215,6 +215,85 @@ class AsyncEngine:
             self._loop.call_soon_threadsafe(callback, *args)
         except RuntimeError:
             logger.debug("event loop closed; dropping a message for %s", callback)
+
+
+class OutputStream:
+    """The outputs of one HTTP request's engine requests, as the engine produced them; ends when all finished.
+
+    Outputs are cumulative, so only the latest one per request is kept until it is read: a slow reader gets
+    several blocks in one output rather than an ever-growing backlog of snapshots.
+
+    Lives on the event loop; the engine-loop thread only ever calls `put` / `set_accepted` through
+    `call_soon_threadsafe`. `close()` (always call it, e.g. in `finally`) aborts the unfinished requests. It also
+    keeps the owner's count of requests not yet scheduled for their first step (the backpressure bound).
+    """
+
+    def __init__(self, owner: AsyncEngine, request_ids: list[str]) -> None:
+        self._owner = owner
+        self.request_ids = request_ids
+        self._latest: dict[str, RequestOutput] = {}  # unread, oldest first
+        self._error: Exception | None = None
+        self._ready = asyncio.Event()
+        self._accept: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._unstarted = set(request_ids)  # counted as waiting by the owner
+        self._open = set(request_ids)  # no finished output delivered yet
+        self._num_finished_read = 0
+
+    def __aiter__(self) -> OutputStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        while not self._latest:
+            if self._error is not None:
+                raise self._error
+            if self._num_finished_read == len(self.request_ids):
+                raise StopAsyncIteration
+            self._ready.clear()
+            await self._ready.wait()
+        output = self._latest.pop(next(iter(self._latest)))
+        self._num_finished_read += output.finished
+        return output
+
+    def close(self) -> None:
+        """Aborts what is unfinished (idempotent)."""
+        for request_id in self._open:
+            self._owner.abort(request_id)
+        self._open.clear()
+        self._mark_started(set(self._unstarted))
+
+    # ---- the bridge's side -----------------------------------------------------------------------------------
+    async def wait_accepted(self) -> None:
+        """Returns once the engine took every request; raises what it refused them with."""
+        await self._accept
+
+    def set_accepted(self, error: Exception | None) -> None:
+        """The engine took the requests (None) or refused them (error). Only the first call counts."""
+        if self._accept.done():
+            return
+        if error is None:
+            self._accept.set_result(None)
+        else:
+            self._accept.set_exception(error)
+            self.close()
+
+    def put(self, item: RequestOutput | Exception) -> None:
+        """A new output of one of the requests, or the exception the engine died with."""
+        if isinstance(item, RequestOutput):
+            self._mark_started({item.request_id})
+            if item.finished:
+                self._open.discard(item.request_id)
+            self._latest.pop(item.request_id, None)
+            self._latest[item.request_id] = item
+        else:  # the engine died: nothing more will come
+            self._error = item
+            self.set_accepted(item)
+            self.close()
+        self._ready.set()
+
+    def _mark_started(self, request_ids: set[str]) -> None:
+        started = self._unstarted & request_ids
+        self._unstarted -= started
+        self._owner.num_unstarted -= len(started)
 
 
 def _copy(output: RequestOutput) -> RequestOutput:
