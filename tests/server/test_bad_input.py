@@ -7,6 +7,7 @@ import httpx
 import openai
 import pytest
 
+from diffuserve.engine.errors import ContextLengthExceeded, InvalidTokenIds, RequestError
 from tests.server.conftest import MODEL_NAME, LiveServer
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
@@ -77,6 +78,8 @@ CASES = [
      "unsupported_parameter", ["json_object"]),
     ("/v1/chat/completions", {**CHAT, "chat_template_kwargs": {"tokenize": True}}, 400, "chat_template_kwargs",
      "invalid_value", ["tokenize"]),
+    ("/v1/chat/completions", {**CHAT, "continue_final_message": True}, 400, "continue_final_message",
+     "invalid_value", ["add_generation_prompt"]),
     ("/tokenize", {}, 400, "prompt", "invalid_value", ["exactly one"]),
     ("/detokenize", {"tokens": [-1]}, 400, "tokens", "invalid_value", ["-1"]),
     ("/v1/nothing-here", {}, 404, None, "not_found", ["Not Found"]),
@@ -136,3 +139,21 @@ def test_openai_client_raises_typed_errors(live_server: LiveServer):
 def test_unknown_fields_are_ignored_like_vllm(live_server: LiveServer):
     response = live_server.post("/v1/completions", {**COMPLETION, "max_tokens": 4, "not_a_field": 1})
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] <= 4
+
+
+@pytest.mark.parametrize("error", [
+    ContextLengthExceeded("prompt", "12 tokens leave no room to generate within max_model_len 8; shorten the prompt"),
+    InvalidTokenIds("stop_token_ids", "[5000] are not token ids of this model (0 <= id < 320)"),
+    RequestError(None, "the engine refuses this request"),
+], ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_request_errors_are_400s_with_their_param_and_code(live_server: LiveServer, monkeypatch, error,
+                                                                   stream):
+    """The engine is the authority on context length, token ids and stop tokens: its typed refusal reaches the
+    client as-is, before any stream starts."""
+    def refuse(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(live_server.engine, "add_request", refuse)
+    _check_error(live_server.post("/v1/completions", {**COMPLETION, "stream": stream}), 400, error.param,
+                 error.code, [str(error)])

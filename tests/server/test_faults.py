@@ -1,6 +1,7 @@
 """Faults and limits: a client that disconnects (mid-stream, or while waiting for a whole answer) aborts its
 request and frees its pages; an exception inside an engine step fails that step's requests and the server keeps
-serving; a full waiting queue answers 429 with Retry-After."""
+serving; the engine loop itself crashing fails every open request and turns /health and new requests into 503;
+a full waiting queue answers 429 with Retry-After."""
 
 from __future__ import annotations
 
@@ -114,3 +115,43 @@ def test_full_waiting_queue_is_a_429_with_retry_after(one_seat_server: LiveServe
         assert waiting.result().status_code == 200
     assert server.metric("requests_rejected_total", reason="queue_full") == 2
     assert server.client(api_key="any key works without --api-key").completions.create(**short).choices
+
+
+@pytest.fixture()
+def doomed_server(tiny_model_dir: Path, single_threaded_torch: None):
+    """A server of its own, for a test that kills its engine loop; no API key."""
+    server = LiveServer(tiny_model_dir, ServerConfig(served_model_name=MODEL_NAME), num_pages=64,
+                        max_model_len=192).start()
+    yield server
+    server.stop()
+
+
+def test_engine_loop_crash_fails_open_requests_and_answers_503(doomed_server: LiveServer, monkeypatch):
+    server = doomed_server
+    step = server.engine.step
+    crash = {"now": False}
+
+    def step_or_crash():
+        if crash["now"]:
+            raise RuntimeError("injected loop crash")
+        return step()
+
+    # LLMEngine.step fails a step's requests itself when the forward raises; raising from step() instead is the
+    # engine loop's own failure, which nothing inside the engine catches.
+    monkeypatch.setattr(server.engine, "step", step_or_crash)
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    with httpx.stream("POST", f"{server.url}/v1/completions", json={**LONG, "stream": True}, timeout=60) as open_:
+        events = sse_events(open_)
+        assert next(events)["choices"][0]["text"]
+        crash["now"] = True
+        rest = list(events)
+    assert rest[-1] == "[DONE]" and rest[-2]["error"]["code"] == "engine_unavailable"
+    assert "injected loop crash" in rest[-2]["error"]["message"]
+    health = httpx.get(f"{server.url}/health")
+    assert health.status_code == 503 and health.json()["error"]["code"] == "engine_unavailable"
+    with pytest.raises(openai.InternalServerError) as refused:
+        server.client().completions.create(model=MODEL_NAME, prompt="anyone?", max_tokens=4)
+    assert refused.value.status_code == 503 and refused.value.body["code"] == "engine_unavailable"
+    streamed = server.post("/v1/chat/completions", {"model": MODEL_NAME, "stream": True, "messages": [
+        {"role": "user", "content": "anyone?"}]})
+    assert streamed.status_code == 503 and streamed.json()["error"]["code"] == "engine_unavailable"
