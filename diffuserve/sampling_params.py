@@ -1,18 +1,33 @@
 """Per-request decoding knobs, under vLLM's names, plus the block-diffusion ones (decoder, threshold, ...).
 
-`None` means "the model's default" (its generation_config.json, else the value documented on the field); the
-engine fills those in with `with_defaults`. Validation raises ValueError naming the field, the value and the
-allowed range. Knows nothing of tensors or the engine.
+`SamplingParams` is what a caller asks for: `None` means "the model's default" (its generation_config.json, else
+the value documented on the field). `SamplingParams.with_defaults` resolves it into `ResolvedSamplingParams`,
+what a request is decoded with: every default applied, max_tokens capped to the engine's limit, the stop ids
+(EOS unless ignore_eos, plus stop_token_ids) gathered. Validation raises `RequestError` (a ValueError) naming the
+field, the value and the allowed range. Owns the list of decoder names; knows nothing of tensors or the engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from diffuserve.engine.errors import RequestError
+
 GREEDY_BELOW = 1e-5
-DECODERS = ("threshold", "fixed", "entropy", "edit")
+DECODER_NAMES = ("threshold", "fixed", "entropy", "edit")
+"""The decoders, by name: the one list that validation, the engine's policies and the server's schema use."""
+DECODERS = DECODER_NAMES
+"""The same tuple under its former name (server/protocol.py and tests/server import it)."""
+
+BUILTIN_DEFAULTS: dict[str, Any] = {"temperature": 0.0, "decoder": "threshold", "threshold": 0.9,
+                                    "entropy_bound": 0.35, "edit_threshold": 0.5, "max_post_edit_steps": 16}
+"""Values of the knobs below that neither the request nor the model's generation config set."""
+MODEL_DEFAULTED = ("temperature", "decoder", "threshold", "steps", "entropy_bound", "edit_threshold",
+                   "max_post_edit_steps")
+"""Knobs whose None is filled from the model's generation config."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +78,8 @@ class SamplingParams:
         _check(self.min_tokens >= 0, "min_tokens", self.min_tokens, ">= 0")
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
                f"<= max_tokens ({self.max_tokens})")
-        _check(self.decoder is None or self.decoder in DECODERS, "decoder", self.decoder, f"one of {DECODERS}")
+        _check(self.decoder is None or self.decoder in DECODER_NAMES, "decoder", self.decoder,
+               f"one of {DECODER_NAMES}")
         _check(self.threshold is None or 0 <= self.threshold <= 1, "threshold", self.threshold, "in [0, 1]")
         _check(self.steps is None or self.steps >= 1, "steps", self.steps, ">= 1")
         _check(self.entropy_bound is None or self.entropy_bound >= 0, "entropy_bound", self.entropy_bound, ">= 0")
@@ -75,10 +91,69 @@ class SamplingParams:
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
                self.stop_token_ids, "non-negative token ids")
 
+    def with_defaults(self, defaults: Mapping[str, Any], *, max_tokens_limit: int | None = None,
+                      eos_token_ids: Sequence[int] = ()) -> ResolvedSamplingParams:
+        """Resolves every None knob from `defaults` (the model's generation config), then from BUILTIN_DEFAULTS.
+
+        `max_tokens_limit`: the most tokens the engine can generate for this prompt; max_tokens is capped to it
+        and None becomes it (without a limit, max_tokens must be set). `eos_token_ids` join the stop ids unless
+        ignore_eos."""
+        knobs = {name: getattr(self, name) for name in MODEL_DEFAULTED}
+        for name, value in knobs.items():
+            if value is None:
+                knobs[name] = defaults.get(name, BUILTIN_DEFAULTS.get(name))
+        if max_tokens_limit is not None:
+            max_tokens = min(self.max_tokens or max_tokens_limit, max_tokens_limit)
+        elif self.max_tokens is not None:
+            max_tokens = self.max_tokens
+        else:
+            raise ValueError("max_tokens: None (up to max_model_len) needs the engine's max_tokens_limit")
+        eos = () if self.ignore_eos else tuple(eos_token_ids)
+        return ResolvedSamplingParams(
+            n=self.n, top_p=self.top_p, top_k=self.top_k, seed=self.seed, max_tokens=max_tokens,
+            min_tokens=self.min_tokens, stop=list(self.stop), stop_token_ids=list(self.stop_token_ids),
+            stop_ids=frozenset((*eos, *self.stop_token_ids)), ignore_eos=self.ignore_eos,
+            skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
+            **knobs,
+        )
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ResolvedSamplingParams:
+    """What a request is decoded with: SamplingParams after `with_defaults`. Field meanings are SamplingParams'."""
+
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    """None: the engine draws one (a real choice, not a missing default)."""
+    max_tokens: int
+    """Capped to what fits within max_model_len."""
+    min_tokens: int
+    stop: list[str]
+    stop_token_ids: list[int]
+    stop_ids: frozenset[int]
+    """The token ids that end the request: EOS (unless ignore_eos) and stop_token_ids."""
+    ignore_eos: bool
+    skip_special_tokens: bool
+    include_stop_str_in_output: bool
+    decoder: str
+    threshold: float
+    steps: int | None
+    """None: block_length steps (one token a step). The block length belongs to the run, not to the request,
+    so the decoder applies it."""
+    entropy_bound: float
+    edit_threshold: float
+    max_post_edit_steps: int
+
     @property
     def is_greedy(self) -> bool:
         """Temperatures below 1e-5 decode greedily (vLLM's rule): dividing logits by them overflows."""
-        return not self.temperature or self.temperature < GREEDY_BELOW
+        return self.temperature < GREEDY_BELOW
 
     @property
     def is_editing(self) -> bool:
@@ -88,25 +163,12 @@ class SamplingParams:
     @property
     def post_edit_budget(self) -> int:
         """Steps a block may take after its masks are gone: max_post_edit_steps with decoder=edit, else 0."""
-        return (self.max_post_edit_steps or 0) if self.is_editing else 0
+        return self.max_post_edit_steps if self.is_editing else 0
 
-    def with_defaults(self, defaults: dict[str, Any]) -> SamplingParams:
-        """Fills every None knob from `defaults` (the model's generation config), then from built-in defaults."""
-        builtin = {"temperature": 0.0, "decoder": "threshold", "threshold": 0.9, "entropy_bound": 0.35,
-                   "edit_threshold": 0.5, "max_post_edit_steps": 16}
-        updates = {}
-        for name in ("temperature", "decoder", "threshold", "steps", "entropy_bound", "edit_threshold",
-                     "max_post_edit_steps"):
-            if getattr(self, name) is None:
-                value = defaults.get(name, builtin.get(name))
-                if value is not None:
-                    updates[name] = value
-        return dataclasses.replace(self, **updates)
-
-    def replace(self, **changes: Any) -> SamplingParams:
+    def replace(self, **changes: Any) -> ResolvedSamplingParams:
         return dataclasses.replace(self, **changes)
 
 
 def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
     if not ok:
-        raise ValueError(f"{name}: got {value!r}, must be {allowed}")
+        raise RequestError(name, f"got {value!r}, must be {allowed}")

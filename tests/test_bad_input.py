@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from diffuserve import LLM, EngineConfig, SamplingParams
+from diffuserve.engine.errors import ContextLengthExceeded, DuplicateRequestId, InvalidTokenIds, RequestError
 
 
 def _edit_config(src, dst, **changes):
@@ -106,3 +107,27 @@ def test_cli_prints_one_line_without_traceback(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
     assert "does not exist" in result.stderr
+
+
+def test_add_request_raises_typed_errors_and_queues_nothing(tiny_model_dir):
+    engine = LLM(str(tiny_model_dir), max_model_len=64, num_pages=2).engine  # pages of 16 tokens
+    engine.add_request("taken", [1, 2, 3], SamplingParams(max_tokens=2))
+    cases = [
+        (("taken", [1, 2]), DuplicateRequestId, "request_id", "duplicate_request_id", "'taken' is already in use"),
+        (("p", [1, 100000]), InvalidTokenIds, "prompt_token_ids", "invalid_token_ids", r"\[100000\]"),
+        (("p", [1, 2], SamplingParams(stop_token_ids=[5000])), InvalidTokenIds, "stop_token_ids",
+         "invalid_token_ids", r"\[5000\]"),
+        (("p", [1] * 70), ContextLengthExceeded, "prompt", "context_length_exceeded",
+         "70 tokens leave no room to generate within max_model_len 64; shorten the prompt or raise --max-model-len"),
+        (("p", [1] * 8, SamplingParams(max_tokens=50)), ContextLengthExceeded, "max_tokens",
+         "context_length_exceeded", r"prompt \(8 tokens\) \+ max_tokens \(50\) need .* KV pages .*--num-pages"),
+    ]
+    for args, kind, param, code, message in cases:
+        with pytest.raises(kind, match=message) as error:
+            engine.add_request(*args)
+        assert isinstance(error.value, ValueError)
+        assert (error.value.param, error.value.code) == (param, code)
+    assert list(engine.scheduler.requests) == ["taken"]
+    with pytest.raises(RequestError) as error:
+        SamplingParams(temperature=-1)
+    assert (error.value.param, error.value.code) == ("temperature", "invalid_value")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.sampling_params import SamplingParams
+from diffuserve.sampling_params import DECODER_NAMES, ResolvedSamplingParams
 
 
 @dataclass(frozen=True)
@@ -58,22 +58,24 @@ class Decoder(ABC):
     needs_entropy = False
 
     @abstractmethod
-    def select(self, proposal: Proposal, step: int, params: SamplingParams, block_length: int) -> torch.Tensor: ...
+    def select(
+        self, proposal: Proposal, step: int, params: ResolvedSamplingParams, block_length: int
+    ) -> torch.Tensor: ...
 
     def logit_positions(self, masked: list[int], first_generated: int, block_length: int) -> list[int]:
         """Canvas indices whose logits this decoder reads (the LM head runs only there): the masked ones."""
         return masked
 
     def decide(
-        self, proposal: Proposal, canvas: torch.Tensor, masked: torch.Tensor, step: int, params: SamplingParams,
-        block_length: int,
+        self, proposal: Proposal, canvas: torch.Tensor, masked: torch.Tensor, step: int,
+        params: ResolvedSamplingParams, block_length: int,
     ) -> torch.Tensor:
         """[B] bool: positions whose proposed token is written this step. `canvas` [B] long holds the block's
         tokens before the step and `masked` [B] bool marks its mask tokens."""
         return self.select(proposal, step, params, block_length)
 
     @staticmethod
-    def min_count(step: int, params: SamplingParams, block_length: int) -> int:
+    def min_count(step: int, params: ResolvedSamplingParams, block_length: int) -> int:
         return num_transfer_tokens(block_length, params.steps or block_length, step)
 
 
@@ -81,7 +83,9 @@ class ThresholdDecoder(Decoder):
     """Accept every proposal with confidence > threshold (strict); if fewer than the schedule's count for this
     step, accept the schedule's count of most confident ones instead (SDAR `low_confidence_dynamic`, LLaDA2)."""
 
-    def select(self, proposal: Proposal, step: int, params: SamplingParams, block_length: int) -> torch.Tensor:
+    def select(
+        self, proposal: Proposal, step: int, params: ResolvedSamplingParams, block_length: int
+    ) -> torch.Tensor:
         count = self.min_count(step, params, block_length)
         above = proposal.confidence > params.threshold
         return above if int(above.sum()) >= count else top_k_mask(proposal.confidence, count)
@@ -90,7 +94,9 @@ class ThresholdDecoder(Decoder):
 class FixedStepsDecoder(Decoder):
     """Accept exactly the schedule's count of most confident proposals (LLaDA / SDAR `low_confidence_static`)."""
 
-    def select(self, proposal: Proposal, step: int, params: SamplingParams, block_length: int) -> torch.Tensor:
+    def select(
+        self, proposal: Proposal, step: int, params: ResolvedSamplingParams, block_length: int
+    ) -> torch.Tensor:
         return top_k_mask(proposal.confidence, self.min_count(step, params, block_length))
 
 
@@ -100,7 +106,9 @@ class EntropyBoundDecoder(Decoder):
 
     needs_entropy = True
 
-    def select(self, proposal: Proposal, step: int, params: SamplingParams, block_length: int) -> torch.Tensor:
+    def select(
+        self, proposal: Proposal, step: int, params: ResolvedSamplingParams, block_length: int
+    ) -> torch.Tensor:
         assert proposal.entropy is not None, "entropy decoder needs proposal entropies"
         num_masked = proposal.num_masked
         order = torch.sort(proposal.entropy, stable=True).indices[:num_masked]
@@ -127,8 +135,8 @@ class EditDecoder(ThresholdDecoder):
         return list(range(first_generated, block_length))
 
     def decide(
-        self, proposal: Proposal, canvas: torch.Tensor, masked: torch.Tensor, step: int, params: SamplingParams,
-        block_length: int,
+        self, proposal: Proposal, canvas: torch.Tensor, masked: torch.Tensor, step: int,
+        params: ResolvedSamplingParams, block_length: int,
     ) -> torch.Tensor:
         fill = self.select(proposal.only(masked), step, params, block_length)
         # Prompt positions have no proposal (-inf), so they never pass the threshold.
@@ -136,9 +144,7 @@ class EditDecoder(ThresholdDecoder):
         return fill | edit
 
 
-DECODERS: dict[str, Decoder] = {
-    "threshold": ThresholdDecoder(),
-    "fixed": FixedStepsDecoder(),
-    "entropy": EntropyBoundDecoder(),
-    "edit": EditDecoder(),
-}
+DECODERS: dict[str, Decoder] = dict(
+    zip(DECODER_NAMES, (ThresholdDecoder(), FixedStepsDecoder(), EntropyBoundDecoder(), EditDecoder()), strict=True)
+)
+"""The policy of each name in `DECODER_NAMES` (sampling_params), in its order."""

@@ -153,10 +153,10 @@ class ModelRunner:
         """min_tokens: stop ids get -inf logits at generated positions below min_tokens."""
         first_generated = request.block_start - request.num_prompt_tokens
         early = [i for i, index in enumerate(positions) if first_generated + index < request.params.min_tokens]
-        if not early or not request.stop_ids:
+        if not early or not request.params.stop_ids:
             return rows
         rows = rows.clone()
-        stop = torch.tensor(sorted(request.stop_ids), device=self.device)
+        stop = torch.tensor(sorted(request.params.stop_ids), device=self.device)
         rows[torch.tensor(early, device=self.device)[:, None], stop[None, :]] = float("-inf")
         return rows
 

@@ -3,6 +3,11 @@
 Torch-free; the tokenizer is any object with `decode(ids, skip_special_tokens)`. Text is only ever shown up to
 a point no stop string can still reach back over: a suffix that could be the start of a stop string is held back
 until the next block decides it, so a stream never shows text past a stop.
+
+`OutputProcessor` owns the user requests (a prompt and its n completions, each an engine request). After each
+step it refreshes the completions of the step's requests and snapshots their user requests. A completion whose
+text reaches a stop string is reported finished ("stop") and its request id returned in `reqs_to_abort`: the
+processor never finishes a request itself, the engine does so through the scheduler.
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from diffuserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from diffuserve.sampling_params import SamplingParams
+from diffuserve.engine.request import Request, RequestStatus
+from diffuserve.sampling_params import ResolvedSamplingParams
 
 MAX_UTF8_CONTINUATION = 3
 """A UTF-8 character is at most 4 bytes: the last 3 byte tokens may still be waiting for the rest."""
@@ -44,7 +50,7 @@ class Completion:
     """One of a request's n completions: its visible text so far, and whether a stop string ended it."""
 
     index: int
-    params: SamplingParams
+    params: ResolvedSamplingParams
     output: CompletionOutput = field(init=False)
 
     def __post_init__(self) -> None:
@@ -99,8 +105,86 @@ class ParentRequest:
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
     num_cached_tokens: int = 0
 
+    def child_id(self, index: int) -> str:
+        """The engine request id of completion `index`."""
+        return self.request_id if len(self.completions) == 1 else f"{self.request_id}#{index}"
+
     def snapshot(self, new_token_counts: list[int]) -> RequestOutput:
         return RequestOutput(
             self.request_id, self.prompt, self.prompt_token_ids, [c.output for c in self.completions],
             self.metrics, self.num_cached_tokens, new_token_counts,
         )
+
+
+@dataclass(frozen=True)
+class ProcessedOutputs:
+    request_outputs: list[RequestOutput]
+    """One snapshot per user request that progressed, in the order of its first request in the step."""
+    reqs_to_abort: list[str]
+    """Engine request ids a stop string ended: the engine finishes them (FINISHED_STOPPED)."""
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Decoding | None) -> None:
+        self.tokenizer = tokenizer
+        self._parents: dict[str, ParentRequest] = {}
+        self._children: dict[str, tuple[ParentRequest, Completion]] = {}  # engine request id -> its completion
+
+    def add_request(self, parent: ParentRequest) -> None:
+        self._parents[parent.request_id] = parent
+        for completion in parent.completions:
+            self._children[parent.child_id(completion.index)] = (parent, completion)
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._parents
+
+    def abort_request(self, request_id: str) -> list[str]:
+        """Forgets a user request; returns its engine request ids (empty if unknown)."""
+        parent = self._parents.get(request_id)
+        if parent is None:
+            return []
+        self._forget(parent)
+        return [parent.child_id(c.index) for c in parent.completions]
+
+    def process_outputs(self, requests: list[Request], new_token_counts: dict[str, int]) -> ProcessedOutputs:
+        """Refreshes the completions of `requests` (a step's) and snapshots their user requests; a finished
+        user request is forgotten after its last snapshot."""
+        now = time.monotonic()
+        touched: dict[int, ParentRequest] = {}
+        reqs_to_abort = []
+        for request in requests:
+            parent, completion = self._children[request.request_id]
+            if self._refresh(parent, completion, request, now):
+                reqs_to_abort.append(request.request_id)
+            touched.setdefault(id(parent), parent)
+        outputs = []
+        for parent in touched.values():
+            out = parent.snapshot([new_token_counts.get(parent.child_id(c.index), 0) for c in parent.completions])
+            if out.finished:
+                parent.metrics.finished_time = now
+                self._forget(parent)
+            outputs.append(out)
+        return ProcessedOutputs(outputs, reqs_to_abort)
+
+    def _refresh(self, parent: ParentRequest, completion: Completion, request: Request, now: float) -> bool:
+        """Updates one completion from its request; True if a stop string ends the (unfinished) request."""
+        status = request.status
+        stop_hit = completion.update(self.tokenizer, request.output_token_ids, status.is_finished)
+        stops = stop_hit and not status.is_finished
+        if stops:
+            status = RequestStatus.FINISHED_STOPPED  # what the engine is about to make it
+        out = completion.output
+        out.num_forwards, out.error = request.num_forwards, request.error
+        if status.is_finished:
+            out.finish_reason = status.finish_reason
+            if not stop_hit and out.stop_reason is None:
+                out.stop_reason = request.stop_reason
+        if out.token_ids and parent.metrics.first_token_time is None:
+            parent.metrics.first_token_time = now
+        parent.num_cached_tokens = request.num_cached_tokens
+        return stops
+
+    def _forget(self, parent: ParentRequest) -> None:
+        self._parents.pop(parent.request_id, None)
+        for completion in parent.completions:
+            self._children.pop(parent.child_id(completion.index), None)

@@ -10,6 +10,9 @@ Torch-free. The engine's geometry, for prompt length P and block length B (block
 [num_computed_tokens, block_start) are known tokens still to commit (prompt blocks, or the block finished in
 the previous step: the fused commit). Accepted tokens never change unless the decoder edits (LLaDA2.1): then
 they are provisional until the block is final, and neither committed nor used to stop before that.
+
+A request says when its tokens end it (`stop_check`: a stop id or the length) but never finishes itself: its
+status moves to a finished one only in `Scheduler.finish_requests`.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from diffuserve.sampling_params import SamplingParams
+from diffuserve.sampling_params import ResolvedSamplingParams
 
 
 class RequestStatus(enum.IntEnum):
@@ -47,17 +50,23 @@ class RequestStatus(enum.IntEnum):
         }.get(self)
 
 
+@dataclass(frozen=True)
+class TokenStop:
+    """How a request's tokens end it: the final status, the answer (cut at the stop id or max_tokens) and the
+    stop id that ended it (None for length)."""
+
+    status: RequestStatus
+    token_ids: list[int]
+    stop_reason: int | None
+
+
 @dataclass
 class Request:
     request_id: str
     prompt_token_ids: list[int]
-    params: SamplingParams
-    """Resolved (no None knobs left but `max_tokens`, which the engine has capped)."""
+    params: ResolvedSamplingParams
     block_length: int
     mask_token_id: int
-    stop_ids: frozenset[int]
-    """EOS (unless ignore_eos) and stop_token_ids."""
-    max_tokens: int
     arrival_time: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -135,23 +144,22 @@ class Request:
         settled = not had_masks and not changed
         self.block_is_final = settled or self.num_post_edit_steps >= self.params.post_edit_budget
 
-    def check_finished(self) -> RequestStatus | None:
-        """After a step: stop (a stop id with everything before it decided) or length (every position below
-        max_tokens decided). Returns the final status and trims the output, or None. Tokens of a block that may
-        still be edited count as undecided."""
+    def stop_check(self) -> TokenStop | None:
+        """After a step: whether the tokens end the request, by a stop id with everything before it decided, or
+        by length (every position below max_tokens decided); None if not (yet). Tokens of a block that may still
+        be edited count as undecided. Changes nothing: the scheduler applies the result."""
+        params = self.params
         tail = self.canvas[self.generation_start_in_block():]
-        if self.params.is_editing and not self.block_is_final:
+        if params.is_editing and not self.block_is_final:
             tail = [self.mask_token_id] * len(tail)
         generated = self.output_token_ids + tail
-        for g, token in enumerate(generated[: self.max_tokens]):
+        for g, token in enumerate(generated[: params.max_tokens]):
             if token == self.mask_token_id:
                 return None
-            if token in self.stop_ids and g >= self.params.min_tokens:
-                self._finish_with(generated[: g + 1], RequestStatus.FINISHED_STOPPED, token)
-                return self.status
-        if len(generated) >= self.max_tokens:
-            self._finish_with(generated[: self.max_tokens], RequestStatus.FINISHED_LENGTH, None)
-            return self.status
+            if token in params.stop_ids and g >= params.min_tokens:
+                return TokenStop(RequestStatus.FINISHED_STOPPED, generated[: g + 1], token)
+        if len(generated) >= params.max_tokens:
+            return TokenStop(RequestStatus.FINISHED_LENGTH, generated[: params.max_tokens], None)
         return None
 
     def finish_block(self) -> list[int]:
@@ -162,12 +170,7 @@ class Request:
         self.open_block(self.block_end)
         return new
 
-    def _finish_with(self, tokens: list[int], status: RequestStatus, stop_reason: int | None) -> None:
-        self.output_token_ids = tokens
-        self.status = status
-        self.stop_reason = stop_reason
-
     def total_tokens_needed(self) -> int:
         """Positions the request can ever occupy: its last block ends at or after prompt + max_tokens."""
-        end = self.num_prompt_tokens + self.max_tokens
+        end = self.num_prompt_tokens + self.params.max_tokens
         return -(-end // self.block_length) * self.block_length

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from diffuserve.engine.decoders import Proposal
-from diffuserve.sampling_params import SamplingParams
+from diffuserve.sampling_params import ResolvedSamplingParams
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -26,7 +26,7 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 
 def propose(
-    logits: torch.Tensor, positions: torch.Tensor, block_length: int, params: SamplingParams,
+    logits: torch.Tensor, positions: torch.Tensor, block_length: int, params: ResolvedSamplingParams,
     generator: torch.Generator | None, need_entropy: bool = False,
 ) -> Proposal:
     """logits [M, V] fp32 at canvas indices `positions` [M] -> canvas-shaped Proposal [B].

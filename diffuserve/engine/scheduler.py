@@ -12,51 +12,21 @@ requests are admitted FCFS after them while pages, budget and `max_num_seqs` all
 recently admitted running request is preempted: its pages are freed, its tokens and canvas kept, and it is
 recomputed later. A request is only admitted if its whole life fits in the pool, so the oldest request can
 always proceed: no deadlock.
+
+After the forward, `update_from_output` applies the step to the requests (commits, NFE counts, the accepted
+tokens, block completion) and finishes those whose tokens end them (a stop id, or the length).
+`finish_requests` is the one place a request's status becomes a finished one: for those, for the stop strings
+the output processor finds, for aborts and for failed steps. Knows nothing of text, tokenizers or the model.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
+from diffuserve.engine.errors import ContextLengthExceeded
 from diffuserve.engine.kv_pages import PagePool, chain_hash
 from diffuserve.engine.request import Request, RequestStatus
-
-
-@dataclass(frozen=True)
-class ScheduledRequest:
-    """One request's work in a step: commit tokens [commit_start, commit_end), then optionally its block."""
-
-    request: Request
-    commit_start: int
-    commit_end: int
-    has_block: bool
-
-    @property
-    def query_start(self) -> int:
-        return self.commit_start
-
-    @property
-    def query_end(self) -> int:
-        return self.request.block_end if self.has_block else self.commit_end
-
-    @property
-    def num_tokens(self) -> int:
-        return self.query_end - self.query_start
-
-
-@dataclass(frozen=True)
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest]
-    preempted: list[Request] = field(default_factory=list)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
+from diffuserve.engine.scheduler_output import ScheduledRequest, SchedulerOutput, StepUpdate
 
 
 class Scheduler:
@@ -68,6 +38,8 @@ class Scheduler:
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.block_length = block_length
         self.fused_commit = fused_commit
+        self.requests: dict[str, Request] = {}
+        """Unfinished requests by id."""
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self.num_steps = 0
@@ -77,19 +49,25 @@ class Scheduler:
 
     # ---- public API ----------------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
-        """Queues a request. Raises ValueError if it could never fit in the KV cache."""
+        """Queues a request. Raises ContextLengthExceeded if it could never fit in the KV cache."""
         self.check_fits(request)
+        self.requests[request.request_id] = request
         self.waiting.append(request)
 
     def check_fits(self, request: Request) -> None:
-        """Raises ValueError if the request's whole life needs more pages than the cache has."""
-        needed = -(-request.total_tokens_needed() // self.pool.page_size)
-        if needed > self.pool.num_pages:
-            raise ValueError(
-                f"request {request.request_id}: prompt ({request.num_prompt_tokens}) + max_tokens "
-                f"({request.max_tokens}) needs {needed} KV pages, the cache has {self.pool.num_pages}; "
-                "lower max_tokens or raise --num-pages / --kv-cache-memory"
-            )
+        """Raises ContextLengthExceeded if the request's whole life needs more pages than the cache has; it names
+        the prompt when even one generated token would not fit."""
+        page_size, num_pages = self.pool.page_size, self.pool.num_pages
+        needed = -(-request.total_tokens_needed() // page_size)
+        if needed <= num_pages:
+            return
+        prompt_only = -(-(request.num_prompt_tokens + 1) // page_size) > num_pages
+        raise ContextLengthExceeded(
+            "prompt" if prompt_only else "max_tokens",
+            f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({request.params.max_tokens}) need "
+            f"{needed} KV pages of {page_size} tokens, the cache has {num_pages}; lower max_tokens or raise "
+            "--num-pages / --kv-cache-memory",
+        )
 
     def schedule(self) -> SchedulerOutput:
         """Picks this step's work and allocates its pages. Mutates request statuses, pages and queues."""
@@ -111,15 +89,69 @@ class Scheduler:
             work.request.last_scheduled_step = self.num_steps
         return SchedulerOutput(scheduled, preempted)
 
-    def finish(self, request: Request) -> None:
-        """Removes a finished (or aborted) request and frees its pages."""
-        if request in self.running:
-            self.running.remove(request)
-        elif request in self.waiting:
-            self.waiting.remove(request)
-        self._release(request)
+    def update_from_output(self, output: SchedulerOutput, accepted: dict[str, list[tuple[int, int]]]) -> StepUpdate:
+        """Applies a step's results: `accepted` holds, per request with a block, the (canvas index, token)
+        pairs the decoder wrote. Commits, counts forwards, writes the tokens, then finishes the request (stop id,
+        length) or, if its block is final, opens the next block.
 
-    def commit(self, work: ScheduledRequest) -> None:
+        NOTE: a block is finished (and so committed by the next forward, fused) only once it is final: for an
+        editing decoder that is after a step that changed nothing or once the post-edit budget is spent, so the
+        committed K/V are always those of the block's final tokens."""
+        update = StepUpdate()
+        for work in output.scheduled:
+            request = work.request
+            self._commit(work)
+            update.num_prefill_tokens += max(0, min(work.commit_end, request.num_prefill_positions) - work.commit_start)
+            new = self._apply_block(work, accepted.get(request.request_id, []), update) if work.has_block else 0
+            if not work.has_block and work.commit_end > request.num_prefill_positions:
+                request.num_forwards += 1  # a separate commit forward (fused_commit off)
+            update.requests.append(request)
+            update.new_token_counts[request.request_id] = new
+            update.num_generated_tokens += max(new, 0)
+        return update
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus, error: str | None = None
+                        ) -> list[Request]:
+        """Gives the unfinished ones among `request_ids` the final `status` (and `error`), frees their pages
+        and forgets them. Unknown or already finished ids are skipped. Returns the requests it finished."""
+        finished = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            request.error = error
+            self._finish(request, status)
+            finished.append(request)
+        return finished
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Share of the reusable prompt tokens of admitted requests that came from the prefix cache."""
+        return self.num_prefix_hit_tokens / self.num_prefix_queried_tokens if self.num_prefix_queried_tokens else 0.0
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- applying a step ------------------------------------------------------------------------------------
+    def _apply_block(self, work: ScheduledRequest, accepted: list[tuple[int, int]], update: StepUpdate) -> int:
+        """A denoising step of the request's block. Returns how many tokens became final."""
+        request = work.request
+        request.num_forwards += 1
+        request.step_in_block += 1
+        request.apply_step(accepted)
+        before = len(request.output_token_ids)
+        stop = request.stop_check()
+        if stop is not None:
+            request.output_token_ids, request.stop_reason = stop.token_ids, stop.stop_reason
+            self._finish(request, stop.status)
+            update.finished.append(request)
+        elif request.block_is_final:
+            request.finish_block()
+            update.finished_blocks.append(request.request_id)
+        return len(request.output_token_ids) - before
+
+    def _commit(self, work: ScheduledRequest) -> None:
         """After the forward: the commit range's K/V are final; full pages join the prefix cache."""
         request = work.request
         request.num_computed_tokens = max(request.num_computed_tokens, work.commit_end)
@@ -131,14 +163,15 @@ class Scheduler:
             request.page_hashes.append(page_hash)
             self.pool.register(request.page_ids[i], page_hash)
 
-    @property
-    def prefix_hit_rate(self) -> float:
-        """Share of the reusable prompt tokens of admitted requests that came from the prefix cache."""
-        return self.num_prefix_hit_tokens / self.num_prefix_queried_tokens if self.num_prefix_queried_tokens else 0.0
-
-    @property
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        """The one transition into a finished status: the request leaves the queues and its pages are freed."""
+        request.status = status
+        del self.requests[request.request_id]
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self._release(request)
 
     # ---- planning ------------------------------------------------------------------------------------------
     def _plan(self, request: Request, budget: int) -> ScheduledRequest | None:

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from diffuserve.engine.expert_stats import ExpertStatsSnapshot
     from diffuserve.engine.kv_pages import PagePool
     from diffuserve.engine.scheduler import Scheduler
+    from diffuserve.engine.scheduler_output import StepUpdate
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,14 @@ class EngineCounters:
     num_prefill_tokens: int = 0
     step_time_s: float = 0.0
 
-    def record_step(self, num_tokens: int, seconds: float) -> None:
+    def record_step(self, num_tokens: int, seconds: float, update: StepUpdate) -> None:
+        """A completed step: `num_tokens` query tokens, `seconds` in the forward and decoders, and the tokens its
+        `update` computed (prompt) and made final (generated)."""
         self.num_steps += 1
         self.num_batched_tokens += num_tokens
         self.step_time_s += seconds
+        self.num_prefill_tokens += update.num_prefill_tokens
+        self.num_generated_tokens += update.num_generated_tokens
 
     def snapshot(
         self, scheduler: Scheduler, pool: PagePool, experts: ExpertStatsSnapshot | None = None,

@@ -8,7 +8,7 @@ import torch
 
 from diffuserve.engine.decoders import DECODERS, Proposal, num_transfer_tokens
 from diffuserve.engine.sampling import filter_logits, propose
-from diffuserve.sampling_params import SamplingParams
+from diffuserve.sampling_params import DECODER_NAMES, SamplingParams
 
 NEG = float("-inf")
 
@@ -19,8 +19,27 @@ def proposal(conf: list[float], entropy: list[float] | None = None) -> Proposal:
 
 
 def accepted(decoder: str, prop: Proposal, step: int = 0, **params) -> list[int]:
-    mask = DECODERS[decoder].select(prop, step, SamplingParams(**params), len(prop.confidence))
+    mask = DECODERS[decoder].select(prop, step, SamplingParams(**params).with_defaults({}), len(prop.confidence))
     return mask.nonzero().flatten().tolist()
+
+
+def test_every_decoder_name_has_its_policy():
+    assert tuple(DECODERS) == DECODER_NAMES
+    assert [type(d).__name__ for d in DECODERS.values()] == [
+        "ThresholdDecoder", "FixedStepsDecoder", "EntropyBoundDecoder", "EditDecoder"]
+
+
+def test_with_defaults_resolves_every_knob():
+    model = {"threshold": 0.95, "steps": 8}
+    resolved = SamplingParams(max_tokens=None, stop_token_ids=[7]).with_defaults(
+        model, max_tokens_limit=40, eos_token_ids=[2])
+    assert (resolved.decoder, resolved.threshold, resolved.steps, resolved.temperature) == ("threshold", 0.95, 8, 0.0)
+    assert (resolved.entropy_bound, resolved.edit_threshold, resolved.max_post_edit_steps) == (0.35, 0.5, 16)
+    assert resolved.max_tokens == 40 and resolved.stop_ids == {2, 7}
+    capped = SamplingParams(max_tokens=100, ignore_eos=True, decoder="edit", threshold=0.5).with_defaults(
+        model, max_tokens_limit=40, eos_token_ids=[2])
+    assert (capped.max_tokens, capped.stop_ids, capped.threshold, capped.post_edit_budget) == (40, set(), 0.5, 16)
+    assert SamplingParams().with_defaults({}).steps is None  # block_length steps: the run's block length
 
 
 def test_schedule_splits_the_block_evenly_with_remainder_first():
@@ -53,7 +72,8 @@ def test_entropy_bound_accepts_the_low_entropy_prefix():
 
 def test_greedy_proposal_is_argmax_with_softmax_confidence():
     logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]])
-    prop = propose(logits, torch.tensor([0, 2]), 3, SamplingParams(temperature=0.0), None, need_entropy=True)
+    greedy = SamplingParams(temperature=0.0).with_defaults({})
+    prop = propose(logits, torch.tensor([0, 2]), 3, greedy, None, need_entropy=True)
     assert prop.tokens[[0, 2]].tolist() == [1, 0]
     assert torch.allclose(prop.confidence[[0, 2]], torch.softmax(logits, -1).max(-1).values)
     assert prop.confidence[1] == NEG and prop.entropy[1] == math.inf
@@ -61,7 +81,7 @@ def test_greedy_proposal_is_argmax_with_softmax_confidence():
 
 def test_seeded_sampling_is_reproducible_and_respects_top_k():
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
-    params = SamplingParams(temperature=1.0, top_k=3)
+    params = SamplingParams(temperature=1.0, top_k=3).with_defaults({})
     masked = torch.arange(6)
     draws = [propose(logits, masked, 6, params, torch.Generator().manual_seed(7)).tokens for _ in range(2)]
     assert torch.equal(draws[0], draws[1])

@@ -10,7 +10,7 @@ import torch
 from diffuserve import LLM, SamplingParams
 from diffuserve.bench.reference_decode import reference_generate
 from diffuserve.engine.decoders import DECODERS, Proposal
-from diffuserve.engine.request import Request
+from diffuserve.engine.request import Request, RequestStatus
 from diffuserve.model.layers.attention_backend import PagedAttentionInputs, SequenceSlice, block_causal_mask
 from diffuserve.model.llada2_checkpoint import write_llada2_checkpoint
 
@@ -38,29 +38,32 @@ def test_edit_decoder_fills_masks_and_rewrites_confident_changes():
 
 
 def _request(params: SamplingParams, block: int = 4) -> Request:
-    return Request("r", [1, 2], params.with_defaults({}), block, MASK, frozenset({50}), max_tokens=12)
+    resolved = params.replace(max_tokens=12, stop_token_ids=[50]).with_defaults({})
+    return Request("r", [1, 2], resolved, block, MASK)
 
 
 def test_an_editing_block_is_final_after_a_quiet_step_or_the_budget():
     request = _request(EDIT.replace(max_post_edit_steps=2))  # canvas [1, 2, MASK, MASK]
     request.apply_step([(2, 50), (3, 6)])  # masks filled, EOS proposed at 2: not final, not a stop yet
-    assert not request.block_is_final and request.check_finished() is None
+    assert not request.block_is_final and request.stop_check() is None
     request.apply_step([(2, 5)])  # post-edit step 1 edits the EOS away
     assert not request.block_is_final
     request.apply_step([(3, 8)])  # post-edit step 2 still edits: the budget is spent
-    assert request.block_is_final and request.check_finished() is None
+    assert request.block_is_final and request.stop_check() is None
     assert request.finish_block() == [5, 8]
     request.apply_step([(0, 9), (1, 50), (2, 3), (3, 4)])
     request.apply_step([])  # a quiet step: final at once
-    assert request.block_is_final and request.check_finished() is not None
-    assert request.output_token_ids == [5, 8, 9, 50]
+    stop = request.stop_check()
+    assert request.block_is_final and stop is not None
+    assert (stop.status, stop.token_ids, stop.stop_reason) == (RequestStatus.FINISHED_STOPPED, [5, 8, 9, 50], 50)
 
 
 def test_without_editing_a_block_is_final_when_its_masks_are_gone():
     request = _request(SamplingParams(decoder="threshold"))
     request.apply_step([(2, 50)])
     assert not request.block_is_final
-    assert request.check_finished() is not None and request.output_token_ids == [50]  # early exit, as before
+    stop = request.stop_check()
+    assert stop is not None and stop.token_ids == [50]  # early exit, as before
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +74,9 @@ def llm(tmp_path_factory) -> LLM:
 
 def _reference(llm: LLM, prompt: list[int], params: SamplingParams):
     engine = llm.engine
-    resolved = params.with_defaults(engine.generation_defaults)
-    max_tokens = engine._max_tokens(len(prompt), resolved)
-    return reference_generate(engine.runner.model, engine.args, prompt, resolved, max_tokens,
-                              engine._stop_ids(resolved))
+    resolved = engine.resolve_params(params, len(prompt))
+    return reference_generate(engine.runner.model, engine.args, prompt, resolved, resolved.max_tokens,
+                              resolved.stop_ids)
 
 
 def test_editing_engine_matches_the_recompute_reference(llm):
@@ -96,7 +98,7 @@ def test_editing_engine_matches_the_recompute_reference(llm):
 def test_committed_kv_are_those_of_the_final_edited_tokens(llm):
     engine, block = llm.engine, llm.engine.args.block_length
     engine.add_request("kv", [5, 9, 14], EDIT.replace(max_tokens=40, ignore_eos=True))
-    request = engine._requests["kv"]
+    request = engine.scheduler.requests["kv"]
     edited_blocks = set()
     while request.num_computed_tokens < 4 * block:
         assert not request.status.is_finished

@@ -15,8 +15,8 @@ def test_fused_commit_adds_no_forward(tiny_model_dir):
     a = fused.generate({"prompt_token_ids": prompt}, params)[0]
     b = separate.generate({"prompt_token_ids": prompt}, params)[0]
     engine = fused.engine
-    resolved = params.with_defaults(engine.generation_defaults)
-    ref = reference_generate(engine.runner.model, engine.args, prompt, resolved, 26, engine._stop_ids(resolved))
+    resolved = engine.resolve_params(params, len(prompt))
+    ref = reference_generate(engine.runner.model, engine.args, prompt, resolved, 26, resolved.stop_ids)
     assert a.outputs[0].token_ids == b.outputs[0].token_ids == ref.token_ids
     # every forward of the fused engine was a denoising step of the reference
     assert a.num_forwards == ref.num_forwards

@@ -23,9 +23,9 @@ def _prompt(length: int, seed: int) -> list[int]:
 
 def _reference(llm: LLM, prompt: list[int], params: SamplingParams):
     engine = llm.engine
-    params = params.with_defaults(engine.generation_defaults)
-    max_tokens = engine._max_tokens(len(prompt), params)
-    return reference_generate(engine.runner.model, engine.args, prompt, params, max_tokens, engine._stop_ids(params))
+    resolved = engine.resolve_params(params, len(prompt))
+    return reference_generate(engine.runner.model, engine.args, prompt, resolved, resolved.max_tokens,
+                              resolved.stop_ids)
 
 
 @pytest.mark.parametrize("decoder", list(DECODER_PARAMS))

@@ -28,10 +28,9 @@ def _check(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> 
     engine = llm.engine
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     for prompt, p, out in zip(prompts, params, outputs):
-        resolved = p.with_defaults(engine.generation_defaults)
-        max_tokens = engine._max_tokens(len(prompt), resolved)
-        expected = reference_generate(engine.runner.model, engine.args, prompt, resolved, max_tokens,
-                                      engine._stop_ids(resolved))
+        resolved = engine.resolve_params(p, len(prompt))
+        expected = reference_generate(engine.runner.model, engine.args, prompt, resolved, resolved.max_tokens,
+                                      resolved.stop_ids)
         assert out.outputs[0].token_ids == expected.token_ids, f"prompt length {len(prompt)}"
         assert out.num_forwards <= expected.num_forwards
     return [out.outputs[0].token_ids for out in outputs]

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from diffuserve.engine.errors import ContextLengthExceeded
 from diffuserve.engine.kv_pages import PagePool
 from diffuserve.engine.request import Request, RequestStatus
 from diffuserve.engine.scheduler import Scheduler
@@ -17,7 +18,7 @@ MASK = 999
 
 def make_request(rid: str, prompt_len: int, max_tokens: int = 8, block: int = 4, first_token: int = 1) -> Request:
     prompt = [(first_token + i) % 50 for i in range(prompt_len)]
-    return Request(rid, prompt, SamplingParams(), block, MASK, frozenset(), max_tokens)
+    return Request(rid, prompt, SamplingParams(max_tokens=max_tokens).with_defaults({}), block, MASK)
 
 
 def make_scheduler(num_pages=64, page_size=4, max_num_seqs=8, budget=64, block=4, fused=True) -> Scheduler:
@@ -25,18 +26,10 @@ def make_scheduler(num_pages=64, page_size=4, max_num_seqs=8, budget=64, block=4
 
 
 def run_step(scheduler: Scheduler) -> list:
-    """One step: commit, and fill every scheduled block completely (one step per block)."""
+    """One step: a fake forward fills every scheduled block completely (one step per block)."""
     out = scheduler.schedule()
-    for work in out.scheduled:
-        scheduler.commit(work)
-        request = work.request
-        if not work.has_block:
-            continue
-        request.canvas = [7 if t == MASK else t for t in request.canvas]
-        if request.check_finished() is not None:
-            scheduler.finish(request)
-        else:
-            request.finish_block()
+    accepted = {w.request.request_id: [(i, 7) for i in w.request.masked_indices()] for w in out.scheduled}
+    scheduler.update_from_output(out, accepted)
     scheduler.pool.check_invariants()
     return out.scheduled
 
@@ -60,6 +53,16 @@ def test_long_prompt_is_prefilled_in_whole_block_chunks_then_fused_with_the_firs
     assert [(w.commit_start, w.commit_end, w.has_block) for w in run_step(scheduler)] == [(32, 40, True)]
     # the finished block is committed in the same forward as the next block's first step
     assert [(w.commit_start, w.commit_end, w.has_block) for w in run_step(scheduler)] == [(40, 44, True)]
+
+
+def test_a_steps_token_count_is_taken_when_it_is_scheduled():
+    scheduler = make_scheduler()
+    scheduler.add(make_request("a", prompt_len=2, max_tokens=12))
+    out = scheduler.schedule()
+    assert out.num_batched_tokens == 4
+    update = scheduler.update_from_output(out, {"a": [(2, 7), (3, 7)]})
+    assert update.finished_blocks == ["a"] and update.new_token_counts == {"a": 2}
+    assert out.num_batched_tokens == 4  # the request's block moved on; the step's count did not
 
 
 def test_separate_commit_runs_its_own_forward():
@@ -92,8 +95,34 @@ def test_preemption_frees_the_youngest_and_everything_completes():
 
 def test_request_larger_than_the_cache_is_rejected():
     scheduler = make_scheduler(num_pages=4, page_size=4)
-    with pytest.raises(ValueError, match="KV pages"):
+    message = r"max_tokens: prompt \(10 tokens\) \+ max_tokens \(20\) need 8 KV pages of 4 tokens, the cache has 4"
+    with pytest.raises(ContextLengthExceeded, match=message) as error:
         scheduler.add(make_request("big", prompt_len=10, max_tokens=20))
+    assert error.value.param == "max_tokens" and error.value.code == "context_length_exceeded"
+    assert "--num-pages" in str(error.value)
+    with pytest.raises(ContextLengthExceeded) as error:  # not even the prompt fits: the prompt is at fault
+        scheduler.add(make_request("huge", prompt_len=16, max_tokens=4))
+    assert error.value.param == "prompt"
+    assert not scheduler.has_unfinished and not scheduler.requests
+
+
+def test_step_results_finish_requests_on_stop_ids_and_length():
+    scheduler = make_scheduler()
+    stops = SamplingParams(max_tokens=8, stop_token_ids=[7]).with_defaults({})
+    stopping = Request("stop", [1, 2, 3, 4, 5], stops, 4, MASK)  # its first generated token is the stop id 7
+    long = make_request("long", prompt_len=2, max_tokens=6)
+    for request in (stopping, long):
+        scheduler.add(request)
+    finished = []
+    while scheduler.has_unfinished:
+        out = scheduler.schedule()
+        accepted = {w.request.request_id: [(i, 7 if w.request is stopping else 9) for i in
+                                           w.request.masked_indices()] for w in out.scheduled}
+        update = scheduler.update_from_output(out, accepted)
+        finished += [(r.request_id, r.status, r.output_token_ids, r.stop_reason) for r in update.finished]
+    assert finished == [("stop", RequestStatus.FINISHED_STOPPED, [7], 7),
+                        ("long", RequestStatus.FINISHED_LENGTH, [9] * 6, None)]
+    assert scheduler.pool.num_free_pages == scheduler.pool.num_pages
 
 
 def test_prefix_is_reused_by_a_later_request():
@@ -115,9 +144,10 @@ def test_abort_frees_pages_at_once():
     scheduler.add(request)
     run_step(scheduler)
     assert request.page_ids
-    request.status = RequestStatus.FINISHED_ABORTED
-    scheduler.finish(request)
+    assert scheduler.finish_requests(["a", "unknown"], RequestStatus.FINISHED_ABORTED) == [request]
+    assert request.status == RequestStatus.FINISHED_ABORTED
     assert scheduler.pool.num_free_pages == scheduler.pool.num_pages and not scheduler.has_unfinished
+    assert scheduler.finish_requests(["a"], RequestStatus.FINISHED_ERROR) == []  # finished once only
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from diffuserve.engine.errors import ContextLengthExceeded, InvalidTokenIds, RequestError
+from diffuserve.server.cli import ServerConfig
 from tests.server.conftest import MODEL_NAME, LiveServer
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
@@ -157,3 +158,18 @@ def test_engine_request_errors_are_400s_with_their_param_and_code(live_server: L
     monkeypatch.setattr(live_server.engine, "add_request", refuse)
     _check_error(live_server.post("/v1/completions", {**COMPLETION, "stream": stream}), 400, error.param,
                  error.code, [str(error)])
+
+
+def test_engine_context_errors_keep_their_code(tiny_model_dir, single_threaded_torch):
+    """A request within max_model_len that the KV cache can never hold: the engine's ContextLengthExceeded
+    reaches the client as a 400 with its param and code (the server's own context check passes it)."""
+    config = ServerConfig(served_model_name=MODEL_NAME)
+    server = LiveServer(tiny_model_dir, config, num_pages=2, max_model_len=192).start()  # 2 pages of 16 tokens
+    try:
+        with pytest.raises(openai.BadRequestError) as error:
+            server.client().completions.create(model=MODEL_NAME, prompt=[5] * 20, max_tokens=40)
+        assert (error.value.body["code"], error.value.body["param"]) == ("context_length_exceeded", "max_tokens")
+        assert "need 4 KV pages of 16 tokens, the cache has 2" in error.value.body["message"]
+        assert server.client().completions.create(model=MODEL_NAME, prompt=[5] * 4, max_tokens=4).choices
+    finally:
+        server.stop()
