@@ -114,9 +114,9 @@ def test_add_request_raises_typed_errors_and_queues_nothing(tiny_model_dir):
     engine.add_request("taken", [1, 2, 3], SamplingParams(max_tokens=2))
     cases = [
         (("taken", [1, 2]), DuplicateRequestId, "request_id", "duplicate_request_id", "'taken' is already in use"),
-        (("p", [1, 100000]), InvalidTokenIds, "prompt_token_ids", "invalid_token_ids", r"\[100000\]"),
-        (("p", [1, 2], SamplingParams(stop_token_ids=[5000])), InvalidTokenIds, "stop_token_ids",
-         "invalid_token_ids", r"\[5000\]"),
+        (("p", [1, 100000]), InvalidTokenIds, "prompt_token_ids", "invalid_value", r"\[100000\]"),
+        (("p", [1, 2], SamplingParams(stop_token_ids=[5000])), InvalidTokenIds, "stop_token_ids", "invalid_value",
+         r"\[5000\]"),
         (("p", [1] * 70), ContextLengthExceeded, "prompt", "context_length_exceeded",
          "70 tokens leave no room to generate within max_model_len 64; shorten the prompt or raise --max-model-len"),
         (("p", [1] * 8, SamplingParams(max_tokens=50)), ContextLengthExceeded, "max_tokens",

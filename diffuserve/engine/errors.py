@@ -26,9 +26,10 @@ class ContextLengthExceeded(RequestError):
 
 
 class InvalidTokenIds(RequestError):
-    """Prompt or stop token ids outside the model's vocabulary."""
+    """Prompt or stop token ids outside the model's vocabulary. Its code is OpenAI's `invalid_value`, which the
+    server has always answered for out-of-vocabulary ids (the class, not the code, tells it apart)."""
 
-    code = "invalid_token_ids"
+    code = "invalid_value"
 
 
 class DuplicateRequestId(RequestError):
