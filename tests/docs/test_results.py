@@ -52,3 +52,15 @@ def test_results_files_are_records_the_docs_cite(path):
     assert isinstance(data["command"], str) and isinstance(data["result"], dict)
     assert data.get("provenance", "transcribed").startswith("transcribed"), "provenance says how it was made"
     assert any(path.name in text for text in DOCS.values()), f"no doc cites docs/results/{path.name}"
+
+
+def test_record_stores_the_last_json_line_with_its_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(render_docs, "RESULTS", tmp_path)
+    output = tmp_path / "out.txt"
+    output.write_text('table\n{"bench": "moe", "x": 1}\n{"bench": "moe", "x": 2}\n')
+    path = render_docs.record("moe-new", output, ["diffuserve", "bench", "moe", "--threads", "1"])
+    data = json.loads(path.read_text())
+    assert (data["command"], data["result"]) == ("diffuserve bench moe --threads 1", {"bench": "moe", "x": 2})
+    output.write_text("no json\n")
+    with pytest.raises(SystemExit, match="holds no JSON line"):
+        render_docs.record("moe-new", output, ["x"])
