@@ -1,5 +1,6 @@
-"""The `"calibration"` object of a bench run's JSON line: what `diffuserve plan --calibrate` reads (the contract
-is diffuserve/planner/calibrate.py and docs/planner.md#calibration).
+"""The `"calibration"` object of a bench run's JSON line: what `diffuserve plan --calibrate` reads. Its schema is
+the planner's `Calibration` class (diffuserve/planner/calibration_record.py; docs/planner.md#calibration): this
+module fills one in and writes it with `to_json`, the planner reads it back with `from_json`.
 
 Owns the fit of the two engine knobs the planner's roofline needs besides the machine's rates:
     t_step = step_overhead_s + max(bytes / bandwidth, FLOPs / (matmul rate x achieved_flops_fraction))
@@ -18,6 +19,7 @@ from typing import Any
 from diffuserve.bench.engine_run import StepRecord
 from diffuserve.bench.flops import ModelCost
 from diffuserve.bench.probes import MachineRates
+from diffuserve.planner.calibration_record import Calibration
 
 PLANNER_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -75,21 +77,16 @@ def calibration_object(
     planner_dtype = PLANNER_DTYPES.get(dtype)
     if planner_dtype is None:
         raise ValueError(f"dtype: {dtype} has no planner spelling; use one of {', '.join(PLANNER_DTYPES)}")
-    return {
-        "schema_version": 1,
-        "model_config": model_config,
-        "weight_dtype": planner_dtype,
-        "kv_dtype": planner_dtype,
-        "hardware": {"name": "this machine (measured)", "memory_bytes": memory_bytes,
-                     "bandwidth_bytes_per_s": rates.bandwidth_bytes_per_s, "flops_per_s": rates.flops_per_s},
-        "workload": workload,
-        "achieved_bandwidth_fraction": 1.0,
-        "achieved_flops_fraction": fitted.flops_fraction,
-        "step_overhead_s": fitted.step_overhead_s,
-        "tpf": tpf,
-        "experts_touched_per_block": experts_touched_per_block,
-        "measured_decode_tokens_per_s": measured_decode_tokens_per_s,
-        "measured_forward_time_s": measured_forward_time_s,
-        "deployment": deployment,
-        "fit": {"num_decode_steps": fitted.num_samples, "rms_relative_error": fitted.rms_relative_error},
-    }
+    return Calibration(
+        model_config=model_config, weight_dtype=planner_dtype, kv_dtype=planner_dtype,
+        hardware_memory_bytes=memory_bytes, hardware_bandwidth_bytes_per_s=rates.bandwidth_bytes_per_s,
+        hardware_flops_per_s=rates.flops_per_s,
+        num_seqs=workload["num_seqs"], prompt_tokens=workload["prompt_tokens"],
+        output_tokens=workload["output_tokens"], block_length=workload["block_length"],
+        # The bandwidth is this machine's own probe, so the achieved fraction is 1 by definition (see above).
+        achieved_bandwidth_fraction=1.0, achieved_flops_fraction=fitted.flops_fraction,
+        step_overhead_s=fitted.step_overhead_s, tpf=tpf, experts_touched_per_block=experts_touched_per_block,
+        measured_decode_tokens_per_s=measured_decode_tokens_per_s, measured_forward_time_s=measured_forward_time_s,
+        deployment_fields=deployment,
+        fit={"num_decode_steps": fitted.num_samples, "rms_relative_error": fitted.rms_relative_error},
+    ).to_json()

@@ -2,7 +2,9 @@
 
 Owns the translation of the many spellings found in real configs (transformers 4.x and 5.x, SDAR, SDAR-MoE,
 our native "clover", LLaDA2's BailingMoeV2 keys) into one frozen dataclass, so layers never call
-`getattr(config, ...)`. Knows nothing of weights or requests. Every user-facing problem raises `ValueError`
+`getattr(config, ...)`. Knows nothing of weights or requests. Standard library only, never torch: the planner
+(diffuserve/planner/model_spec.py) reads config.json through the same key spellings (`parse_block_length`,
+`dense_layer_ids`), so what it sizes is what the engine loads. Every user-facing problem raises `ValueError`
 naming the field and the fix.
 """
 
@@ -13,6 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+BLOCK_LENGTH_KEYS = ("block_length", "block_size", "bd_size", "canvas_length")
+"""Spellings of the diffusion block length, first present wins: ours, SDAR / Fast-dLLM, SDAR's `bd_size`,
+DiffusionGemma's `canvas_length`. The planner reads the same keys through `parse_block_length`."""
+DEFAULT_BLOCK_LENGTH = 32
+"""LLaDA2 configs carry no block field; its tech report (and every family's reference) decodes with blocks of 32."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,15 @@ def parse_rope(config: dict) -> RopeArgs:
     )
 
 
+def parse_block_length(config: dict) -> int:
+    """The block length under any of BLOCK_LENGTH_KEYS (DEFAULT_BLOCK_LENGTH when none is present)."""
+    value = int(_first(config, *BLOCK_LENGTH_KEYS, default=DEFAULT_BLOCK_LENGTH))
+    if value < 1:
+        key = next(k for k in BLOCK_LENGTH_KEYS if config.get(k) is not None)
+        raise ValueError(f"config.json: `{key}` is {value}; a block length must be >= 1")
+    return value
+
+
 def _eos_ids(config: dict, generation_config: dict) -> tuple[int, ...]:
     ids = _first(generation_config, "eos_token_id", default=config.get("eos_token_id"))
     if ids is None:
@@ -143,7 +159,7 @@ def _eos_ids(config: dict, generation_config: dict) -> tuple[int, ...]:
     return tuple(ids) if isinstance(ids, list) else (int(ids),)
 
 
-def _dense_layers(config: dict, num_layers: int, num_experts: int) -> frozenset[int]:
+def dense_layer_ids(config: dict, num_layers: int, num_experts: int) -> frozenset[int]:
     """Union of the three spellings of "this layer is dense": Qwen3-MoE's `mlp_only_layers` and
     `decoder_sparse_step`, DeepSeek/LLaDA2's `first_k_dense_replace`."""
     if num_experts == 0:
@@ -175,13 +191,13 @@ def qwen3_args_from_hf(config: dict, generation_config: dict | None = None) -> M
         head_dim=int(_first(config, "head_dim", default=hidden // heads)),
         intermediate_size=int(_first(config, "intermediate_size", default=0)),
         mask_token_id=int(_require(config, "mask_token_id")),
-        block_length=int(_first(config, "block_length", "block_size", "bd_size", default=32)),
+        block_length=parse_block_length(config),
         num_experts=experts,
         num_experts_per_tok=int(_first(config, "num_experts_per_tok", default=0)),
         moe_intermediate_size=int(_first(config, "moe_intermediate_size", default=0)),
         norm_topk_prob=bool(_first(config, "norm_topk_prob", default=False)),
         shared_expert_intermediate_size=shared,
-        dense_layer_ids=_dense_layers(config, layers, experts),
+        dense_layer_ids=dense_layer_ids(config, layers, experts),
         rms_norm_eps=float(_first(config, "rms_norm_eps", default=1e-6)),
         rope=parse_rope(config),
         max_position_embeddings=int(_first(config, "max_position_embeddings", default=32768)),
@@ -234,12 +250,12 @@ def llada2_args_from_hf(config: dict, generation_config: dict | None = None) -> 
         head_dim=int(config.get("head_dim") or hidden // heads),
         intermediate_size=int(config.get("intermediate_size") or 0),
         mask_token_id=int(mask_token_id),
-        block_length=int(_first(config, "block_length", "block_size", default=32)),
+        block_length=parse_block_length(config),
         num_experts=experts,
         num_experts_per_tok=int(_require(config, "num_experts_per_tok")),
         moe_intermediate_size=moe_intermediate,
         shared_expert_intermediate_size=int(config["num_shared_experts"]) * moe_intermediate,
-        dense_layer_ids=_dense_layers(config, layers, experts),
+        dense_layer_ids=dense_layer_ids(config, layers, experts),
         rms_norm_eps=float(config["rms_norm_eps"]),
         rope=parse_rope(config),
         max_position_embeddings=int(config["max_position_embeddings"]),

@@ -97,8 +97,9 @@ def _hardware(args: argparse.Namespace, calibration: Calibration | None) -> Hard
               "bf16_flops_per_s": _scaled(args.tflops, TERA)}
     if args.hardware:
         return get_hardware(args.hardware).with_overrides(**custom)
-    if all(value is not None for value in custom.values()):
-        return custom_hardware(custom["memory_bytes"], custom["bandwidth_bytes_per_s"], custom["bf16_flops_per_s"])
+    memory, bandwidth, flops = custom.values()
+    if memory is not None and bandwidth is not None and flops is not None:
+        return custom_hardware(int(memory), bandwidth, flops)
     if calibration and not args.model:
         return calibration.hardware.with_overrides(**custom)
     return get_hardware(DEFAULT_HARDWARE).with_overrides(**custom)
@@ -114,14 +115,15 @@ def _workload(args: argparse.Namespace, spec: ModelSpec, preset: ModelPreset | N
     block = _pick(args.block_length, spec.block_length)
     default_tpf = preset.default_tpf if preset and preset.default_tpf else DEFAULT_TPF
     tpf = _pick(args.tpf, calibration.tpf if calibration else min(default_tpf, block))
-    same_experts = calibration is not None and (
-        (calibration.spec.num_experts, calibration.spec.num_experts_per_tok)
-        == (spec.num_experts, spec.num_experts_per_tok))
+    touched = None
+    if calibration is not None and (calibration.spec.num_experts, calibration.spec.num_experts_per_tok) == (
+            spec.num_experts, spec.num_experts_per_tok):
+        touched = calibration.experts_touched_per_block
     return Workload(
         context_length=context, prompt_tokens=_pick(args.prompt_tokens, context - output), output_tokens=output,
         block_length=block, tpf=tpf, concurrency=_pick(args.concurrency, bench.num_seqs if bench else None),
         request_rate=args.request_rate, experts_touched_fraction=args.experts_touched_fraction,
-        experts_touched_per_block=calibration.experts_touched_per_block if same_experts else None,
+        experts_touched_per_block=touched,
     )
 
 

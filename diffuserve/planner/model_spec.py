@@ -2,7 +2,9 @@
 
 Owns the translation of the config spellings of our model families (Qwen3-MoE / SDAR-MoE / clover, LLaDA2 =
 BailingMoeV2, Gemma-4 / DiffusionGemma with `text_config`, sliding-window `layer_types`) into layer groups.
-Knows nothing of dtypes, hardware or workloads; raises ValueError naming the config field and the fix.
+The spellings the engine also reads (block length, which layers are dense) go through the model's own parser,
+diffuserve/model/config.py (standard library only), so the two cannot disagree. Knows nothing of dtypes,
+hardware or workloads; raises ValueError naming the config field and the fix.
 """
 
 from __future__ import annotations
@@ -11,8 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_BLOCK_LENGTH = 32
-"""LLaDA2 configs carry no block field; its tech report decodes with blocks of 32."""
+from diffuserve.model.config import DEFAULT_BLOCK_LENGTH, dense_layer_ids, parse_block_length
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,7 @@ def spec_from_config(config: dict[str, Any], name: str | None = None) -> ModelSp
         shared_expert_intermediate_size=_shared_width(text),
         tie_word_embeddings=bool(_first(text, "tie_word_embeddings", default=False)),
         max_position_embeddings=int(_first(text, "max_position_embeddings", default=32768)),
-        block_length=int(_first(config, "block_length", "block_size", "bd_size", "canvas_length",
-                                default=DEFAULT_BLOCK_LENGTH)),
+        block_length=parse_block_length(config),
     )
 
 
@@ -115,11 +115,7 @@ def _moe_layers(text: dict, layers: int, experts: int) -> int:
     `decoder_sparse_step`, DeepSeek / LLaDA2 `first_k_dense_replace`."""
     if experts == 0 or text.get("enable_moe_block") is False:
         return 0
-    dense = set(text.get("mlp_only_layers") or [])
-    step = int(text.get("decoder_sparse_step") or 1)
-    dense |= {i for i in range(layers) if (i + 1) % step != 0}
-    dense |= set(range(int(text.get("first_k_dense_replace") or 0)))
-    return layers - len(dense & set(range(layers)))
+    return layers - len(dense_layer_ids(text, layers, experts) & set(range(layers)))
 
 
 def _shared_width(text: dict) -> int:

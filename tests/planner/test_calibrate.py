@@ -15,6 +15,7 @@ import pytest
 
 from diffuserve.planner.calibrate import (
     REQUIRED_KEYS,
+    Calibration,
     check_calibration,
     load_calibration,
     missing_keys,
@@ -82,3 +83,29 @@ def test_bad_values_and_versions_are_rejected(tmp_path):
     (tmp_path / "empty.txt").write_text("no json here\n")
     with pytest.raises(ValueError, match="holds no JSON object"):
         load_calibration(tmp_path / "empty.txt")
+
+
+def test_the_schema_class_round_trips_the_fixture():
+    data = _calibration_object()
+    written = Calibration.from_json(data).to_json()
+    assert written == {**data, "deployment": {}, "fit": {}}
+    assert Calibration.from_json(written) == Calibration.from_json(data)
+
+
+def test_the_bench_writes_what_the_planner_reads():
+    """bench/calibration.py builds its JSON with the planner's class; a value the planner rejects fails there."""
+    from diffuserve.bench.calibration import FittedEfficiency, calibration_object
+    from diffuserve.bench.probes import MachineRates
+
+    data = _calibration_object()
+    rates = MachineRates(flops_per_s=2.56e10, matmul_size=1024, bandwidth_bytes_per_s=5.55e9,
+                         bandwidth_buffer_bytes=1 << 28, dtype="float32")
+    deployment = {"tensor_parallel_size": 1, "max_num_seqs": 8, "max_num_batched_tokens": 4096}
+    written = calibration_object(data["model_config"], "float32", rates, 8 << 30, data["workload"],
+                                 FittedEfficiency(0.5, 1.271, 40, 0.1), 1.333, 15.6, 6.273, 1.699, deployment)
+    calibration = Calibration.from_json(written)
+    assert (calibration.efficiency.flops_fraction, calibration.deployment.max_num_seqs) == (0.5, 8)
+    assert written["fit"] == {"num_decode_steps": 40, "rms_relative_error": 0.1}
+    with pytest.raises(ValueError, match="flops_fraction"):
+        calibration_object(data["model_config"], "float32", rates, 8 << 30, data["workload"],
+                           FittedEfficiency(1.5, 0.0, 1, 0.0), 1.0, None, 1.0, 1.0, deployment)

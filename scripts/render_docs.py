@@ -1,0 +1,265 @@
+"""Writes the result tables of docs/benchmarks.md, docs/moe.md and docs/default-model.md from docs/results/.
+
+Each file in docs/results/ is one run: {"command": the command line, "result": the final JSON line it printed,
+"provenance": only where the line was not kept and was transcribed from older docs}. A doc marks each generated
+table with `<!-- results:NAME -->` ... `<!-- /results:NAME -->`; this script rewrites what lies between them
+from TABLES[NAME] and never touches the prose around it (whose numbers a person checks against the same files).
+
+    python scripts/render_docs.py                  # rewrite the tables in place
+    python scripts/render_docs.py --check          # exit 1 if a doc is out of date (tests/docs does this)
+    python scripts/render_docs.py --record NAME OUTPUT -- COMMAND...   # store OUTPUT's last JSON line as NAME
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+DOCS = ("benchmarks.md", "moe.md", "default-model.md")
+REGION = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
+
+Load = Callable[[str], dict[str, Any]]
+"""Results file name (no .json) -> its contents ({"command", "result", ...})."""
+
+
+def load_results(name: str) -> dict[str, Any]:
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def pct(x: float, space: str = "") -> str:
+    return f"{100 * x:.1f}{space}%"
+
+
+def sig3(x: float) -> str:
+    """Three significant digits, trailing zeros kept (23.0, 5.36, 145)."""
+    return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}" if x else "0"
+
+
+def ms(seconds: float, digits: int = 1) -> str:
+    return f"{1000 * seconds:,.{digits}f}"
+
+
+# --- docs/benchmarks.md ---------------------------------------------------------------------------------------
+
+VARIANTS = {"engine": "(a) engine: KV cache, fused commit",
+            "reference": "(b) transformers Qwen3-MoE, recompute every step",
+            "separate-commit": "(c) cached, separate commit forward", "ar": "(d) AR (block length 1)"}
+TARGETS = {32: "reference", 4: "separate-commit"}
+"""The variant each block length's speed-up target is against (bench/compare.py TARGETS), printed bold."""
+
+
+def compare(load: Load) -> str:
+    rows = []
+    for r in load("compare")["result"]["results"]:
+        for name, v in r["variants"].items():
+            ratio = "1" if name == "engine" else f"{r['ratios'][f'engine_vs_{name}']:.3g}x"
+            if TARGETS[r["block_length"]] == name:
+                ratio = f"**{ratio}**"
+            rows.append([r["block_length"], VARIANTS[name], sig3(v["tokens_per_s"]), v["nfe"], f"{v['tpf']:.2f}",
+                         sig3(v["forwards_per_s"]), ratio])
+    return table(["block", "variant", "tokens/s", "NFE", "TPF", "forwards/s", "engine speed-up"], rows)
+
+
+def compare_quiet(load: Load) -> str:
+    rows = []
+    for name in ("compare-quiet-block32", "compare-quiet-block4"):
+        r = load(name)["result"]["results"][0]
+        target = TARGETS[r["block_length"]]
+        cells = {}
+        for variant in ("separate-commit", "reference"):
+            v = r["variants"].get(variant)
+            ratio = "" if v is None or variant == target else f" ({r['ratios'][f'engine_vs_{variant}']:.3g}x)"
+            cells[variant] = "–" if v is None else f"{sig3(v['tokens_per_s'])} tok/s{ratio}"
+        versus = {"reference": "the reference", "separate-commit": "the separate commit"}[target]
+        engine = f"{sig3(r['variants']['engine']['tokens_per_s'])} tok/s"
+        rows.append([r["block_length"], f"`{load(name)['command']}`", engine, cells["separate-commit"],
+                     cells["reference"], f"**{r['ratios'][f'engine_vs_{target}']:.3g}x** vs {versus}"])
+    return table(["block", "command", "engine", "separate commit", "reference", "engine speed-up"], rows)
+
+
+def throughput(load: Load) -> str:
+    rows = []
+    for r in load("throughput")["result"]["results"]:
+        eff, lat, ex = r["efficiency"], r["latency"], r["experts"]
+        rows.append([r["block_length"], r["mode"], r["num_requests"], f"{r['tokens_per_s']:,.1f}",
+                     f"{r['decode_tokens_per_s']:,.1f}", f"{r['tpf']:.2f}", f"{r['nfe_per_request']:.1f}",
+                     f"{r['mean_seqs_per_decode_step']:.1f}", ms(r["mean_decode_step_s"]),
+                     pct(eff["matmul_fraction"]), pct(eff["bandwidth_fraction"]), pct(eff["overhead_fraction"]),
+                     f"{ex['experts_touched_per_step']:.1f}", f"{ex['experts_touched_per_block']:.1f}",
+                     f"{lat['ttft_s']['p50']:.2f}", f"{lat['e2e_s']['p50']:.1f}"])
+    return table(["block", "mode", "requests", "tokens/s", "decode tokens/s", "TPF", "NFE/request", "seqs/step",
+                  "step ms", "FLOP/s vs matmul", "bytes/s vs bandwidth", "engine overhead", "experts/step",
+                  "experts/block", "TTFT p50 s", "E2E p50 s"], rows)
+
+
+CALIBRATION_RUNS = ("throughput", "latency-batch1", "latency-batch8", "throughput-51c63cc", "throughput-9d82d21",
+                    "latency-batch1-51c63cc", "latency-batch8-51c63cc")
+
+
+def calibration(load: Load) -> str:
+    rows = []
+    for name in CALIBRATION_RUNS:
+        run, check = load(name)["result"], load(name)["calibrate"]["result"]["calibration"]
+        c, work = run["calibration"], run["calibration"]["workload"]
+        what = (f"throughput, {work['num_seqs']} concurrent, block {work['block_length']}"
+                if run["bench"] == "throughput" else f"latency `--batch-size {work['num_seqs']}`")
+        rows.append([f"{what} (git {run['environment']['git']['sha']}, `{name}.json`)",
+                     f"{c['achieved_flops_fraction']:.2f}, {ms(c['step_overhead_s'])} ms",
+                     f"{check['predicted_tokens_per_s']:.1f}", f"{check['measured_tokens_per_s']:.1f}",
+                     f"{check['relative_error']:+.1%}"])
+    return table(["bench run", "fitted MFU, overhead", "predicted decode tokens/s", "measured", "error"], rows)
+
+
+def latency(load: Load) -> str:
+    rows = []
+    for name in ("latency-batch1", "latency-batch8"):
+        run = load(name)["result"]
+        lat, r = run["batch_latency_s"], run["result"]
+        rows.append([run["workload"]["batch_size"], " / ".join(f"{lat[k]:.3g}" for k in ("mean", "p50", "p99")),
+                     f"{r['tokens_per_s']:.1f}", f"{r['tpf']:.2f}", f"{r['nfe_per_request']:.1f}",
+                     f"{r['latency']['ttft_s']['p50']:.2f}", ms(r["latency"]["tpot_s"]["p50"]),
+                     pct(r["efficiency"]["matmul_fraction"]), pct(r["efficiency"]["overhead_fraction"])])
+    return table(["batch", "latency mean / p50 / p99 s", "tokens/s", "TPF", "NFE/request", "TTFT p50 s",
+                  "TPOT p50 ms", "FLOP/s vs matmul", "overhead"], rows)
+
+
+def serve(load: Load) -> str:
+    rows = []
+    for p in load("serve")["result"]["results"]:
+        what = (f"{p['concurrency']} concurrent" if p["load"] == "concurrency"
+                else f"Poisson {p['request_rate']:g} req/s")
+        rows.append([what, p["completed"], p["errors"], f"{p['output_tokens_per_s']:.1f}",
+                     f"{p['request_throughput']:.3f}",
+                     f"{p['goodput_requests_per_s']:.3f} ({p['goodput_fraction']:.0%})",
+                     f"{p['ttft_s']['p50']:.2f} / {p['ttft_s']['p99']:.2f}", ms(p["tpot_s"]["p50"]),
+                     ms(p["itl_chunk_s"]["p50"], 0), ms(p["itl_token_s"]["p50"]),
+                     f"{p['e2e_s']['p50']:.2f} / {p['e2e_s']['p99']:.2f}"])
+    return table(["load", "ok", "errors", "output tok/s", "req/s", "goodput req/s (TTFT 2 s, TPOT 200 ms)",
+                  "TTFT p50 / p99 s", "TPOT p50 ms", "ITL per chunk p50 ms", "ITL per token p50 ms",
+                  "E2E p50 / p99 s"], rows)
+
+
+# --- docs/moe.md ----------------------------------------------------------------------------------------------
+
+DISPATCH_PATHS = {"grouped": "grouped (sorted runs)",
+                  "per_expert_loop": "per-expert loop over one-hot-gathered tokens (the usual implementation)",
+                  "dense_matmul": "dense matmuls with the same FLOPs (the yardstick)",
+                  "loop_per_request": "for context: the same loop per request's block (no step-level batching)"}
+
+
+def moe_dispatch(load: Load) -> str:
+    new, old = load("moe")["result"]["dispatch"], load("moe-4d24bfc")["result"]["dispatch"]
+    rows = []
+    for key, label in DISPATCH_PATHS.items():
+        # GFLOP/s = the expert matmuls' FLOPs over the path's time, as the bench computes it.
+        rates = [d["expert_gflop"] / d["seconds"][key] for d in (new, old)]
+        rows.append([label, f"{ms(new['seconds'][key])} ({ms(old['seconds'][key])})",
+                     f"{rates[0]:.1f} ({rates[1]:.1f})"])
+    head = (f"dispatch path ({new['num_moe_layers']} layers, {new['tokens']} tokens, {new['expert_gflop']:.2f} "
+            "GFLOP of expert matmuls)")
+    return table([head, "ms / step", "GFLOP/s"], rows)
+
+
+def moe_offload(load: Load) -> str:
+    rows = [[f"{r['cache_fraction']:.0%} ({r['slots_per_layer']} slots per layer)", r["residency"],
+             f"{r['hit_rate']:.3f}", f"{r['bytes_per_generated_token'] / 1e6:.3f}", r["residency_loads"], r["fetches"],
+             r["host_computes"], "yes" if r["tokens_identical"] else "NO"]
+            for r in load("moe")["result"]["offload"] if r["cache_fraction"] is not None]
+    return table(["expert cache", "residency", "hit rate", "MB moved / generated token", "residency loads",
+                  "fetches", "host computes", "tokens = no offload"], rows)
+
+
+# --- docs/default-model.md ------------------------------------------------------------------------------------
+
+TASKS = ("add", "reverse", "sort", "copy", "max", "lookup")
+TRAINING_RUNS = {"train-seed0": "seed 0 (first run)", "train-seed0-retrain": "seed 0 (retrained)",
+                 "train-seed1": "seed 1"}
+
+
+def training(load: Load) -> str:
+    rows = []
+    for name, label in TRAINING_RUNS.items():
+        r = load(name)["result"]
+        rows.append([label, f"{r['train_seconds']:,} s", f"{r['steps']:,}", f"**{pct(r['accuracy'], ' ')}**",
+                     *(pct(r["accuracy_by_task"][t], " ") for t in TASKS), f"{r['tokens_per_forward']:.2f}",
+                     f"`{r['weights_sha256'][:8]}...`"])
+    return table(["run", "training wall time", "steps", "accuracy", *TASKS, "TPF", "SHA-256 of the weights"], rows)
+
+
+def accuracy_vs_tpf(load: Load) -> str:
+    run = load("eval")["result"]
+    default = f"default ({run['defaults']['decoder']} {run['defaults']['threshold']:g})"
+    rows = [[default if r["decoding"] == "default" else r["decoding"], pct(r["accuracy"], " "),
+             *(pct(r["accuracy_by_task"][t], " ") for t in TASKS), f"{r['tokens_per_forward']:.2f}",
+             f"{r['nfe_per_example']:.2f}"] for r in run["results"]]
+    return table(["decoding", "accuracy", *TASKS, "TPF", "NFE / example"], rows)
+
+
+TABLES: dict[str, Callable[[Load], str]] = {
+    "compare": compare, "compare-quiet": compare_quiet, "throughput": throughput, "calibration": calibration,
+    "latency": latency, "serve": serve, "moe-dispatch": moe_dispatch, "moe-offload": moe_offload,
+    "training": training, "accuracy-vs-tpf": accuracy_vs_tpf,
+}
+
+
+def render(text: str, load: Load = load_results) -> str:
+    """`text` with every results region rewritten; KeyError names a region no table renders."""
+    def fill(match: re.Match) -> str:
+        name = match.group(2)
+        if name not in TABLES:
+            raise KeyError(f"results region {name!r}: no such table; known: {', '.join(TABLES)}")
+        return f"{match.group(1)}\n{TABLES[name](load)}\n\n{match.group(4)}"
+    return REGION.sub(fill, text)
+
+
+def record(name: str, output: Path, command: list[str]) -> Path:
+    """Stores the last JSON line of a command's output as docs/results/NAME.json."""
+    lines = [line for line in output.read_text().splitlines() if line.startswith("{")]
+    if not lines:
+        raise SystemExit(f"record: {output} holds no JSON line; pass the file the command's stdout went to")
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    data = {"command": " ".join(command), "git": sha.stdout.strip() or None, "result": json.loads(lines[-1])}
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a doc differs from its results")
+    parser.add_argument("--record", nargs=2, metavar=("NAME", "OUTPUT"), help="store OUTPUT's last JSON line")
+    parser.add_argument("command", nargs="*", help="with --record: the command line that printed OUTPUT")
+    args = parser.parse_args(argv)
+    if args.record:
+        print(f"wrote {record(args.record[0], Path(args.record[1]), args.command)}")
+        return 0
+    stale = []
+    for doc in DOCS:
+        path = ROOT / "docs" / doc
+        text = path.read_text()
+        rendered = render(text)
+        if rendered != text:
+            stale.append(doc)
+            if not args.check:
+                path.write_text(rendered)
+    verb = "out of date (run scripts/render_docs.py)" if args.check else "rewritten"
+    print(f"{verb}: {', '.join(stale)}" if stale else "docs match docs/results")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
