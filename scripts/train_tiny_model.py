@@ -22,11 +22,15 @@ from pathlib import Path
 # busy laptop): one descheduled thread makes the other spin, and a step takes several times longer.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "diffuserve" / "assets" / "default-model"
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "diffuserve" / "assets" / "default-model"
+# The trainer lives beside this script (scripts/training), not in the package: importable from the repository root.
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from diffuserve.eval.train import TrainConfig
+    from scripts.training.train import TrainConfig
 
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -48,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     from diffuserve import LLM
     from diffuserve.eval.harness import evaluate, format_table
     from diffuserve.eval.tasks import heldout_examples
-    from diffuserve.eval.train import TrainConfig, train, write_checkpoint
     from diffuserve.sampling_params import SamplingParams
+    from scripts.training.train import TrainConfig, train, write_checkpoint
 
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # denormal gradients late in training slow CPU kernels down many times

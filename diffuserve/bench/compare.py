@@ -26,11 +26,12 @@ from diffuserve.bench.context import BenchContext, decoding, make_context, max_m
 from diffuserve.bench.engine_run import run_requests
 from diffuserve.bench.environment import load_average, peak_memory_bytes
 from diffuserve.bench.hf_reference import load_transformers_model
-from diffuserve.bench.reference_decode import reference_generate
 from diffuserve.bench.report import finish, format_table
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.model.layers.attention_backend import DenseAttentionInputs, block_causal_mask
 from diffuserve.sampling_params import SamplingParams
+from diffuserve.testing.reference_decode import reference_generate
+from diffuserve.testing.reference_model import load_reference
 
 VARIANT_ORDER = ("engine", "reference", "separate-commit", "ar")
 TARGETS = ((32, "reference", 5.0), (4, "separate-commit", 1.15))
@@ -82,9 +83,8 @@ def reference_variant(ctx: BenchContext, block: int, prompts: list[list[int]],
                       params: SamplingParams) -> dict[str, Any]:
     """transformers' model under the block-causal mask, whole sequence recomputed every step."""
     model = load_transformers_model(ctx.model_dir, ctx.dtype)
-    args = ctx.args.replace(block_length=block)
+    reference = load_reference(ctx.model_dir, model=model, block_length=block)
     resolved = params.with_defaults(ctx.generation_defaults)
-    max_tokens = resolved.max_tokens or 1
     with torch.inference_mode():  # warm-up: one full forward of a prompt
         model.compute_logits(model(torch.tensor(prompts[0])[None], torch.arange(len(prompts[0]))[None],
                                    _dense_mask(len(prompts[0]), block))[0, -1:])
@@ -92,7 +92,7 @@ def reference_variant(ctx: BenchContext, block: int, prompts: list[list[int]],
     started = time.perf_counter()
     for prompt in prompts:
         generator = torch.Generator().manual_seed(resolved.seed or 0) if not resolved.is_greedy else None
-        result = reference_generate(model, args, prompt, resolved, max_tokens, frozenset(), generator)
+        result = reference_generate(reference, prompt, params, generator)
         tokens.append(result.token_ids)
         nfe += result.num_forwards
     return _variant(tokens, nfe, [time.perf_counter() - started])

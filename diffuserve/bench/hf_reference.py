@@ -3,7 +3,7 @@ LLaDA2 reference `generate` decodes: no cache, the whole sequence recomputed at 
 block-causal mask.
 
 Owns the adapter that gives transformers' Qwen3 / Qwen3-MoE model our model's call signature (dense attention
-inputs only), so `reference_decode.reference_generate` drives it unchanged; the weights are the benchmark
+inputs only), so `testing.reference_decode.reference_generate` drives it unchanged; the weights are the benchmark
 model's own, copied under transformers' names. Knows nothing of timing.
 """
 

@@ -30,7 +30,7 @@ from diffuserve.model.layers.attention_backend import DenseAttentionInputs, bloc
 from diffuserve.model.layers.moe import SparseMoeBlock
 from diffuserve.model.layers.moe_dispatch import grouped_experts, looped_experts
 from diffuserve.model.loader import load_model
-from diffuserve.model.random_checkpoint import make_config, write_random_checkpoint
+from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
 
 CACHE_FRACTIONS = (0.25, 0.5)
 

@@ -53,7 +53,7 @@ def prepare_model(model: str | None, cache_dir: str | Path | None = None, spec: 
 
 
 def _write_bench_model(path: Path, spec: BenchModel) -> None:
-    from diffuserve.model.random_checkpoint import make_config, write_random_checkpoint
+    from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
 
     # Written under a temporary name and renamed, so an interrupted run never leaves half a checkpoint.
     partial = path.with_name(path.name + f".partial-{os.getpid()}")

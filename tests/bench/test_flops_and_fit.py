@@ -18,7 +18,7 @@ from diffuserve.bench.calibration import StepSample, fit_efficiency
 from diffuserve.bench.flops import model_cost
 from diffuserve.bench.probes import MachineRates
 from diffuserve.model.config import qwen3_args_from_hf
-from diffuserve.model.random_checkpoint import make_config
+from diffuserve.testing.random_checkpoint import make_config
 
 
 def test_clover_bench_cost():

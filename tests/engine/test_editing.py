@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.bench.reference_decode import reference_generate
 from diffuserve.engine.decoders import DECODERS, Proposal
 from diffuserve.engine.request import Request, RequestStatus
 from diffuserve.model.layers.attention_backend import PagedAttentionInputs, SequenceSlice, block_causal_mask
-from diffuserve.model.llada2_checkpoint import write_llada2_checkpoint
+from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
+from diffuserve.testing.reference_decode import reference_generate
 
 MASK, NEG = 99, float("-inf")
 EDIT = SamplingParams(decoder="edit", threshold=0.7, edit_threshold=0.5, max_post_edit_steps=4)

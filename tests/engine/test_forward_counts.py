@@ -4,7 +4,7 @@ with the same tokens."""
 from __future__ import annotations
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.bench.reference_decode import reference_generate
+from diffuserve.testing.reference_decode import reference_generate
 
 
 def test_fused_commit_adds_no_forward(tiny_model_dir):

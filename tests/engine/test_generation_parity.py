@@ -1,13 +1,20 @@
 """The engine (paged KV cache, fused commit, batching) against the naive recompute reference, at temperature 0:
-token for token, for block lengths 4 and 32, prompt lengths on and off the block grid, and every decoder."""
+token for token and forward for forward, for block lengths 4 and 32, prompt lengths on and off the block grid,
+and every decoder. The reference shares only the model's forward with the engine (diffuserve/testing)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.bench.reference_decode import reference_generate
+from diffuserve.testing.parity import check_parity
+from diffuserve.testing.reference_model import load_reference
+from tests.conftest import tiny_checkpoint
 
+SATURATING_LOGIT_SCALE = 1000.0
+"""An LM head this peaky rounds most fp32 confidences to exactly 1.0, the one value a threshold can equal."""
 PROMPT_LENGTHS = [1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 23, 31, 32, 33, 40, 47, 63, 64, 65, 70]
 DECODER_PARAMS = {
     "threshold": SamplingParams(decoder="threshold", threshold=0.7),
@@ -17,50 +24,65 @@ DECODER_PARAMS = {
 }
 
 
-def _prompt(length: int, seed: int) -> list[int]:
+def prompt_of(length: int, seed: int) -> list[int]:
     return [(seed * 131 + i * 17) % 250 + 1 for i in range(length)]
 
 
-def _reference(llm: LLM, prompt: list[int], params: SamplingParams):
-    engine = llm.engine
-    resolved = engine.resolve_params(params, len(prompt))
-    return reference_generate(engine.runner.model, engine.args, prompt, resolved, resolved.max_tokens,
-                              resolved.stop_ids)
+def parity_cases(base: SamplingParams, lengths: list[int] = PROMPT_LENGTHS):
+    prompts = [prompt_of(n, seed=i) for i, n in enumerate(lengths)]
+    return prompts, [base.replace(max_tokens=5 + (i * 7) % 40, ignore_eos=True) for i in range(len(prompts))]
 
 
 @pytest.mark.parametrize("decoder", list(DECODER_PARAMS))
 @pytest.mark.parametrize("block", [4, 32])
 def test_engine_matches_recompute_reference(request, block, decoder):
     model_dir = request.getfixturevalue("tiny_model_dir" if block == 4 else "tiny_model_dir_b32")
-    llm = LLM(str(model_dir), num_pages=512, max_num_seqs=8)
-    base = DECODER_PARAMS[decoder]
-    prompts = [_prompt(n, seed=i) for i, n in enumerate(PROMPT_LENGTHS)]
-    params = [base.replace(max_tokens=5 + (i * 7) % 40, ignore_eos=True) for i in range(len(prompts))]
-    free_running = _check_against_reference(llm, prompts, params)
+    llm, reference = LLM(str(model_dir), num_pages=512, max_num_seqs=8), load_reference(model_dir)
+    prompts, params = parity_cases(DECODER_PARAMS[decoder])
+    free_running = check_parity(llm, reference, prompts, params)
+    assert not free_running.mismatches, "\n".join(free_running.mismatches)
     # Stop ids taken from the middle of each free-running answer, so that stops really happen.
-    stopping = [
-        p.replace(stop_token_ids=[out[len(out) // 2]], ignore_eos=False) for p, out in zip(params, free_running)
-    ]
-    stopped = _check_against_reference(llm, prompts, stopping)
-    assert sum(len(a) < len(b) for a, b in zip(stopped, free_running)) >= len(prompts) // 2
+    stopping = [p.replace(stop_token_ids=[out[len(out) // 2]], ignore_eos=False)
+                for p, out in zip(params, free_running.engine_tokens)]
+    stopped = check_parity(llm, reference, prompts, stopping)
+    assert not stopped.mismatches, "\n".join(stopped.mismatches)
+    assert sum(len(a) < len(b) for a, b in zip(stopped.engine_tokens, free_running.engine_tokens)) >= len(prompts) // 2
 
 
-def _check_against_reference(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    for prompt, p, out in zip(prompts, params, outputs):
-        expected = _reference(llm, prompt, p)
-        assert out.outputs[0].token_ids == expected.token_ids, f"prompt length {len(prompt)}"
-        assert out.num_forwards <= expected.num_forwards  # early exit may only save forwards
-    return [out.outputs[0].token_ids for out in outputs]
+@pytest.fixture(scope="module")
+def saturated_model_dirs(tmp_path_factory) -> dict[int, Path]:
+    root = tmp_path_factory.mktemp("saturated")
+    return {block: tiny_checkpoint(root, f"b{block}", block, logit_scale=SATURATING_LOGIT_SCALE) for block in (4, 32)}
+
+
+@pytest.mark.parametrize("block", [4, 32])
+def test_threshold_is_strict(saturated_model_dirs, block):
+    """threshold 1.0 on a head whose confidences are mostly exactly 1.0: strict > accepts none of them, so every
+    step falls back to the single most confident position (`>=` would accept them all at once)."""
+    model_dir = saturated_model_dirs[block]
+    llm, reference = LLM(str(model_dir), num_pages=512, max_num_seqs=8), load_reference(model_dir)
+    prompts, params = parity_cases(SamplingParams(decoder="threshold", threshold=1.0), PROMPT_LENGTHS[::3])
+    run = check_parity(llm, reference, prompts, params)
+    assert not run.mismatches, "\n".join(run.mismatches)
+    assert all(r.forwards_to_answer >= len(r.token_ids) for r in run.references)  # one token a step
 
 
 def test_min_tokens_suppresses_stops_like_the_reference(tiny_model_dir):
-    llm = LLM(str(tiny_model_dir), num_pages=256)
+    llm, reference = LLM(str(tiny_model_dir), num_pages=256), load_reference(tiny_model_dir)
     for n in (3, 6, 11):
-        prompt = _prompt(n, seed=n)
+        prompt = prompt_of(n, seed=n)
         free = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=30, ignore_eos=True))[0]
         stop_ids = sorted(set(free.outputs[0].token_ids[:4]))  # tokens the model wants to emit early
         params = SamplingParams(max_tokens=30, min_tokens=9, stop_token_ids=stop_ids, threshold=0.6)
-        out = llm.generate({"prompt_token_ids": prompt}, params)[0].outputs[0]
-        assert out.token_ids == _reference(llm, prompt, params).token_ids
-        assert not set(out.token_ids[:9]) & set(stop_ids)
+        run = check_parity(llm, reference, [prompt], [params])
+        assert not run.mismatches, run.mismatches
+        assert not set(run.engine_tokens[0][:9]) & set(stop_ids)
+
+
+def test_default_decoding_matches_the_reference_defaults(tiny_model_dir):
+    """No knob set: the engine's defaults (threshold 0.9, one token a step in the fallback) and EOS stops are the
+    documented ones the reference restates on its own."""
+    llm, reference = LLM(str(tiny_model_dir), num_pages=256), load_reference(tiny_model_dir)
+    prompts = [prompt_of(n, seed=n) for n in (2, 9, 30)]
+    run = check_parity(llm, reference, prompts, [SamplingParams(max_tokens=None)] * len(prompts))
+    assert not run.mismatches, run.mismatches

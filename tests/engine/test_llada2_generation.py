@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.bench.reference_decode import reference_generate
-from diffuserve.model.llada2_checkpoint import write_llada2_checkpoint
+from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
+from diffuserve.testing.reference_decode import reference_generate
 
 PROMPT_LENGTHS = [1, 5, 31, 32, 33, 40, 64, 70]
 

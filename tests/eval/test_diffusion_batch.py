@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from diffuserve.eval.diffusion_batch import MASK, build_batch, encode_example, encode_prompt
 from diffuserve.eval.tasks import Example, heldout_examples
-from diffuserve.eval.train import init_model, model_config
-from diffuserve.model.byte_tokenizer import write_byte_tokenizer
 from diffuserve.model.layers.attention_backend import DenseAttentionInputs, block_causal_mask
+from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
 from diffuserve.tokenizer import Tokenizer
+from scripts.training.diffusion_batch import MASK, build_batch, encode_example, encode_prompt
+from scripts.training.train import init_model, model_config
 
 TINY = dict(
     hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4,

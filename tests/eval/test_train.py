@@ -8,10 +8,10 @@ import itertools
 import torch
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.eval.diffusion_batch import build_batch, diffusion_loss, encode_example
 from diffuserve.eval.tasks import training_stream
-from diffuserve.eval.train import TrainConfig, init_model, model_config, train, write_checkpoint
 from diffuserve.model.loader import load_model
+from scripts.training.diffusion_batch import build_batch, diffusion_loss, encode_example
+from scripts.training.train import TrainConfig, init_model, model_config, train, write_checkpoint
 from tests.eval.test_diffusion_batch import TINY
 
 

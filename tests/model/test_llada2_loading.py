@@ -11,11 +11,11 @@ import torch
 
 from diffuserve.model.config import llada2_args_from_hf
 from diffuserve.model.llada2 import LLaDA2ForBlockDiffusion
-from diffuserve.model.llada2_checkpoint import TINY, write_llada2_checkpoint
 from diffuserve.model.loader import load_model
 from diffuserve.planner.model_presets import find_preset
 from diffuserve.planner.model_presets import load_model as load_preset
 from diffuserve.planner.params import count_parameters
+from diffuserve.testing.llada2_checkpoint import TINY, write_llada2_checkpoint
 from diffuserve.tokenizer import Tokenizer
 
 

@@ -19,8 +19,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from diffuserve.model.layers.attention_backend import DenseAttentionInputs, block_causal_mask
-from diffuserve.model.llada2_checkpoint import TINY, write_llada2_tokenizer
 from diffuserve.model.loader import load_model
+from diffuserve.testing.llada2_checkpoint import TINY, write_llada2_tokenizer
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf

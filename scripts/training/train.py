@@ -19,7 +19,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from diffuserve.eval.diffusion_batch import (
+from diffuserve.eval.tasks import heldout_examples, training_stream
+from diffuserve.model.clover import CloverForBlockDiffusion
+from diffuserve.model.config import ModelArgs
+from diffuserve.model.layers.moe import Router
+from diffuserve.model.registry import family_for
+from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
+from diffuserve.testing.random_checkpoint import save_weights
+
+from .diffusion_batch import (
     END_OF_TEXT,
     IM_END,
     MASK,
@@ -29,13 +37,6 @@ from diffuserve.eval.diffusion_batch import (
     encode_example,
     masked_token_accuracy,
 )
-from diffuserve.eval.tasks import heldout_examples, training_stream
-from diffuserve.model.byte_tokenizer import write_byte_tokenizer
-from diffuserve.model.clover import CloverForBlockDiffusion
-from diffuserve.model.config import ModelArgs
-from diffuserve.model.layers.moe import Router
-from diffuserve.model.random_checkpoint import save_weights
-from diffuserve.model.registry import family_for
 
 MODEL_SHAPE: dict[str, Any] = dict(
     hidden_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,

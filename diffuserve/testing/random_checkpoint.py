@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from diffuserve.model.byte_tokenizer import write_byte_tokenizer
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.registry import ModelFamily, family_for
+from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
 
 PRESETS: dict[str, dict[str, Any]] = {
     "clover-bench": dict(

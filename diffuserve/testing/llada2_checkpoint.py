@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from diffuserve.model.byte_tokenizer import write_byte_tokenizer
 from diffuserve.model.loader import DTYPES
-from diffuserve.model.random_checkpoint import write_random_weights
 from diffuserve.model.registry import LLADA2
+from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
+from diffuserve.testing.random_checkpoint import write_random_weights
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|startoftext|>", "<|mask|>", "<|role_end|>", "<role>", "</role>")
 CHAT_TEMPLATE = (

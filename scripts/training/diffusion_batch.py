@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from diffuserve.eval.tasks import Example
-from diffuserve.model.byte_tokenizer import special_token_ids
 from diffuserve.model.layers.attention_backend import DenseAttentionInputs
+from diffuserve.testing.byte_tokenizer import special_token_ids
 
 SPECIALS = special_token_ids()
 IM_START, IM_END = SPECIALS["<|im_start|>"], SPECIALS["<|im_end|>"]

@@ -1,0 +1,9 @@
+"""Test, benchmark and demo support, kept out of the serving path: the engine, the server and the CLI's serving
+commands never import this package (`diffuserve bench` does).
+
+    random_checkpoint, llada2_checkpoint, byte_tokenizer   seeded random-weight model directories (no downloads)
+    reference_model, reference_decoders, reference_decode  the naive recompute reference decode: an oracle that
+                                                           shares only the model's forward with the engine
+    parity                                                 the engine against that reference, token for token
+    cache_check                                            the engine's cached logits against a full recompute
+"""
