@@ -4,6 +4,8 @@ blocks really get edited, with the committed K/V checked against a single no-cac
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from diffuserve.engine.request import Request, RequestStatus
 from diffuserve.model.layers.attention_backend import PagedAttentionInputs, SequenceSlice, block_causal_mask
 from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
 from diffuserve.testing.reference_decode import reference_generate
+from diffuserve.testing.reference_model import ReferenceModel, load_reference
 
 MASK, NEG = 99, float("-inf")
 EDIT = SamplingParams(decoder="edit", threshold=0.7, edit_threshold=0.5, max_post_edit_steps=4)
@@ -67,35 +70,37 @@ def test_without_editing_a_block_is_final_when_its_masks_are_gone():
 
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory) -> LLM:
-    path = write_llada2_checkpoint(tmp_path_factory.mktemp("llada21") / "tiny", seed=2, logit_scale=40.0)
-    return LLM(str(path), num_pages=256, max_num_seqs=8, block_length=8)
+def llada21_dir(tmp_path_factory) -> Path:
+    return write_llada2_checkpoint(tmp_path_factory.mktemp("llada21") / "tiny", seed=2, logit_scale=40.0)
 
 
-def _reference(llm: LLM, prompt: list[int], params: SamplingParams):
-    engine = llm.engine
-    resolved = engine.resolve_params(params, len(prompt))
-    return reference_generate(engine.runner.model, engine.args, prompt, resolved, resolved.max_tokens,
-                              resolved.stop_ids)
+@pytest.fixture(scope="module")
+def llm(llada21_dir) -> LLM:
+    return LLM(str(llada21_dir), num_pages=256, max_num_seqs=8, block_length=8)
 
 
-def test_editing_engine_matches_the_recompute_reference(llm):
+@pytest.fixture(scope="module")
+def reference(llada21_dir) -> ReferenceModel:
+    return load_reference(llada21_dir, block_length=8)
+
+
+def test_editing_engine_matches_the_recompute_reference(llm, reference):
     prompts = [[(i * 37 + j * 11) % 250 + 1 for j in range(n)] for i, n in enumerate([1, 6, 8, 13, 21])]
     params = [EDIT.replace(max_tokens=10 + 3 * i, ignore_eos=True) for i in range(len(prompts))]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     edits = 0
     for prompt, p, out in zip(prompts, params, outputs):
-        expected = _reference(llm, prompt, p)
+        expected = reference_generate(reference, prompt, p)
         assert out.outputs[0].token_ids == expected.token_ids
-        assert out.num_forwards == expected.num_forwards  # post-edit steps included, commits fused
+        assert out.num_forwards == expected.num_forwards == expected.forwards_to_answer  # post-edit steps, fused
         edits += expected.num_edits
         stop = p.replace(stop_token_ids=[expected.token_ids[len(expected.token_ids) // 2]], ignore_eos=False)
-        assert llm.generate({"prompt_token_ids": prompt}, stop)[0].outputs[0].token_ids == _reference(
-            llm, prompt, stop).token_ids
+        assert llm.generate({"prompt_token_ids": prompt}, stop)[0].outputs[0].token_ids == reference_generate(
+            reference, prompt, stop).token_ids
     assert edits > 0
 
 
-def test_committed_kv_are_those_of_the_final_edited_tokens(llm):
+def test_committed_kv_are_those_of_the_final_edited_tokens(llm, reference):
     engine, block = llm.engine, llm.engine.args.block_length
     engine.add_request("kv", [5, 9, 14], EDIT.replace(max_tokens=40, ignore_eos=True))
     request = engine.scheduler.requests["kv"]
@@ -116,7 +121,7 @@ def test_committed_kv_are_those_of_the_final_edited_tokens(llm):
     while engine.has_unfinished_requests():
         engine.step()
     prompt, params = [5, 9, 14], EDIT.replace(max_tokens=40, ignore_eos=True)
-    assert request.output_token_ids == _reference(llm, prompt, params).token_ids
+    assert request.output_token_ids == reference_generate(reference, prompt, params).token_ids
 
 
 def _single_pass_kv(engine, tokens: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

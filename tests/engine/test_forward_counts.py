@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.testing.reference_decode import reference_generate
+from diffuserve.testing.reference_model import load_reference
 
 
 def test_fused_commit_adds_no_forward(tiny_model_dir):
@@ -15,8 +16,7 @@ def test_fused_commit_adds_no_forward(tiny_model_dir):
     a = fused.generate({"prompt_token_ids": prompt}, params)[0]
     b = separate.generate({"prompt_token_ids": prompt}, params)[0]
     engine = fused.engine
-    resolved = engine.resolve_params(params, len(prompt))
-    ref = reference_generate(engine.runner.model, engine.args, prompt, resolved, 26, resolved.stop_ids)
+    ref = reference_generate(load_reference(tiny_model_dir), prompt, params)
     assert a.outputs[0].token_ids == b.outputs[0].token_ids == ref.token_ids
     # every forward of the fused engine was a denoising step of the reference
     assert a.num_forwards == ref.num_forwards

@@ -4,17 +4,12 @@ and every decoder. The reference shares only the model's forward with the engine
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.testing.parity import check_parity
 from diffuserve.testing.reference_model import load_reference
-from tests.conftest import tiny_checkpoint
 
-SATURATING_LOGIT_SCALE = 1000.0
-"""An LM head this peaky rounds most fp32 confidences to exactly 1.0, the one value a threshold can equal."""
 PROMPT_LENGTHS = [1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 23, 31, 32, 33, 40, 47, 63, 64, 65, 70]
 DECODER_PARAMS = {
     "threshold": SamplingParams(decoder="threshold", threshold=0.7),
@@ -47,12 +42,6 @@ def test_engine_matches_recompute_reference(request, block, decoder):
     stopped = check_parity(llm, reference, prompts, stopping)
     assert not stopped.mismatches, "\n".join(stopped.mismatches)
     assert sum(len(a) < len(b) for a, b in zip(stopped.engine_tokens, free_running.engine_tokens)) >= len(prompts) // 2
-
-
-@pytest.fixture(scope="module")
-def saturated_model_dirs(tmp_path_factory) -> dict[int, Path]:
-    root = tmp_path_factory.mktemp("saturated")
-    return {block: tiny_checkpoint(root, f"b{block}", block, logit_scale=SATURATING_LOGIT_SCALE) for block in (4, 32)}
 
 
 @pytest.mark.parametrize("block", [4, 32])

@@ -1,55 +1,65 @@
 """A tiny LLaDA2 directory (Hub layout, sharded) through the normal engine, batched, against the naive recompute
 reference with LLaDA2's decoding semantics: block 32 (no block field in the config), threshold 0.95 with a
-top-1 fallback (the family's defaults), stop after the block holding a stop token, answer cut at the first."""
+top-1 fallback (the family's defaults, which the reference restates on its own), stop after the block holding a
+stop token, answer cut at the first."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
-from diffuserve.testing.reference_decode import reference_generate
+from diffuserve.testing.parity import check_parity
+from diffuserve.testing.reference_model import KNOBS, ReferenceModel, load_reference
 
 PROMPT_LENGTHS = [1, 5, 31, 32, 33, 40, 64, 70]
 
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory) -> LLM:
-    path = write_llada2_checkpoint(tmp_path_factory.mktemp("llada2") / "tiny", seed=1, logit_scale=40.0,
+def llada2_dir(tmp_path_factory) -> Path:
+    return write_llada2_checkpoint(tmp_path_factory.mktemp("llada2") / "tiny", seed=1, logit_scale=40.0,
                                    max_shard_bytes=100_000)
-    return LLM(str(path), num_pages=256, max_num_seqs=8)
+
+
+@pytest.fixture(scope="module")
+def llm(llada2_dir) -> LLM:
+    return LLM(str(llada2_dir), num_pages=256, max_num_seqs=8)
+
+
+@pytest.fixture(scope="module")
+def reference(llada2_dir) -> ReferenceModel:
+    return load_reference(llada2_dir)
 
 
 def _prompt(length: int, seed: int) -> list[int]:
     return [(seed * 131 + i * 17) % 250 + 1 for i in range(length)]
 
 
-def _check(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
-    engine = llm.engine
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    for prompt, p, out in zip(prompts, params, outputs):
-        resolved = engine.resolve_params(p, len(prompt))
-        expected = reference_generate(engine.runner.model, engine.args, prompt, resolved, resolved.max_tokens,
-                                      resolved.stop_ids)
-        assert out.outputs[0].token_ids == expected.token_ids, f"prompt length {len(prompt)}"
-        assert out.num_forwards <= expected.num_forwards
-    return [out.outputs[0].token_ids for out in outputs]
+def _check(llm: LLM, reference: ReferenceModel, prompts: list[list[int]],
+           params: list[SamplingParams]) -> list[list[int]]:
+    run = check_parity(llm, reference, prompts, params)
+    assert not run.mismatches, "\n".join(run.mismatches)
+    return run.engine_tokens
 
 
-def test_llada2_defaults_are_the_reference_decoding(llm):
+def test_llada2_defaults_are_the_reference_decoding(llm, reference):
     engine = llm.engine
     resolved = SamplingParams().with_defaults(engine.generation_defaults)
     assert (engine.args.block_length, resolved.decoder, resolved.threshold, resolved.temperature) == (
         32, "threshold", 0.95, 0.0)
     assert resolved.steps is None  # the fallback accepts block_length // block_length = 1 token per step
+    ours = reference.resolve(SamplingParams())
+    assert reference.block_length == 32 and all(getattr(ours, k) == getattr(resolved, k) for k in KNOBS)
 
 
-def test_engine_matches_the_llada2_reference(llm):
+def test_engine_matches_the_llada2_reference(llm, reference):
     prompts = [_prompt(n, seed=i) for i, n in enumerate(PROMPT_LENGTHS)]
     params = [SamplingParams(max_tokens=8 + (i * 11) % 36, ignore_eos=True) for i in range(len(prompts))]
-    free_running = _check(llm, prompts, params)
+    free_running = _check(llm, reference, prompts, params)
     # Stop tokens taken from the middle of each free-running answer: the stop path is the EOS path.
     stopping = [p.replace(stop_token_ids=[out[len(out) // 2]], ignore_eos=False)
                 for p, out in zip(params, free_running)]
-    stopped = _check(llm, prompts, stopping)
+    stopped = _check(llm, reference, prompts, stopping)
     assert sum(len(a) < len(b) for a, b in zip(stopped, free_running)) >= len(prompts) // 2
