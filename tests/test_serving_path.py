@@ -1,0 +1,34 @@
+"""Ship the engine, not the workshop: test oracles and random-checkpoint writers live in diffuserve/testing, the
+trainer in scripts/training, and nothing that serves (engine, model, server, CLI, eval) imports either. Only
+`diffuserve bench` may use diffuserve.testing (its compare reference and synthetic models)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAY_IMPORT_TESTING = ("bench", "testing")
+SERVING_MODULES = ("diffuserve", "diffuserve.cli", "diffuserve.engine.llm", "diffuserve.engine.llm_engine",
+                   "diffuserve.engine.model_runner", "diffuserve.model.loader", "diffuserve.server.app",
+                   "diffuserve.eval.cli", "diffuserve.eval.harness")
+
+
+def test_no_serving_source_names_the_workshop():
+    offenders = []
+    for path in sorted((ROOT / "diffuserve").rglob("*.py")):
+        if path.relative_to(ROOT / "diffuserve").parts[0] in MAY_IMPORT_TESTING:
+            continue
+        text = path.read_text()
+        if "diffuserve.testing" in text or "scripts.training" in text:
+            offenders.append(str(path.relative_to(ROOT)))
+    assert not offenders, f"serving code imports test or training code: {offenders}"
+
+
+def test_importing_the_serving_path_loads_no_workshop_module():
+    code = (f"import importlib, sys\nfor name in {SERVING_MODULES!r}: importlib.import_module(name)\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('diffuserve.testing', 'scripts'))))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout
