@@ -32,3 +32,12 @@ def test_importing_the_serving_path_loads_no_workshop_module():
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_the_reference_decode_never_imports_the_engine():
+    """The oracle shares only the model's forward with the engine (docs/testing.md)."""
+    code = ("import sys, diffuserve.testing.reference_decode\n"
+            "print(sorted(m for m in sys.modules if m.startswith('diffuserve.engine')))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout

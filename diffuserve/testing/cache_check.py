@@ -99,7 +99,8 @@ def check_cached_logits(llm: LLM, reference: ReferenceModel, prompts: list[list[
 def _max_logit_diff(reference: ReferenceModel, forward: RecordedForward) -> float:
     model, length, num_queries = reference.model, len(forward.context), len(forward.hidden)
     mask = block_causal_mask(-(-length // reference.block_length), reference.block_length)[:length, :length]
-    hidden = model(torch.tensor(forward.context)[None], torch.arange(length)[None], DenseAttentionInputs(mask[None, None]))
+    attention = DenseAttentionInputs(mask[None, None])
+    hidden = model(torch.tensor(forward.context)[None], torch.arange(length)[None], attention)  # [1, L, H]
     expected = model.compute_logits(hidden[0, length - num_queries :])
     got = model.compute_logits(forward.hidden.to(hidden.dtype))
     return float((got - expected).abs().max())

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from diffuserve import LLM
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.testing.reference_decode import ReferenceResult, reference_generate
@@ -24,11 +26,13 @@ class ParityRun:
 
 def check_parity(llm: LLM, reference: ReferenceModel, prompts: list[list[int]],
                  params: list[SamplingParams]) -> ParityRun:
-    """Generates every prompt in one batch on the engine and alone on the reference, greedy or seeded."""
+    """Generates every prompt in one batch on the engine and alone on the reference, greedy or seeded (n = 1: the
+    engine seeds a request's generator with its seed, and so does this for the reference's)."""
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     tokens, references, mismatches = [], [], []
     for prompt, p, out in zip(prompts, params, outputs):
-        expected = reference_generate(reference, prompt, p)
+        generator = None if p.seed is None else torch.Generator().manual_seed(p.seed)
+        expected = reference_generate(reference, prompt, p, generator)
         got = out.outputs[0].token_ids
         if got != expected.token_ids:
             mismatches.append(f"prompt length {len(prompt)}: tokens {got} != reference {expected.token_ids}")

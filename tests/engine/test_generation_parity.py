@@ -56,6 +56,25 @@ def test_threshold_is_strict(saturated_model_dirs, block):
     assert all(r.forwards_to_answer >= len(r.token_ids) for r in run.references)  # one token a step
 
 
+SAMPLED_PARAMS = {
+    "temperature": SamplingParams(temperature=0.8),
+    "top-k-top-p-entropy": SamplingParams(temperature=1.0, top_k=20, top_p=0.9, decoder="entropy"),
+    "top-p-threshold": SamplingParams(temperature=0.7, top_p=0.5, threshold=0.5),
+}
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLED_PARAMS))
+@pytest.mark.parametrize("block", [4, 32])
+def test_seeded_sampling_matches_the_reference(request, block, sampling):
+    """Seeded requests draw the same tokens as the reference's own sampler (temperature, top-k, top-p) fed by a
+    generator with the same seed: the engine batches them without changing any request's draws."""
+    model_dir = request.getfixturevalue("tiny_model_dir" if block == 4 else "tiny_model_dir_b32")
+    llm, reference = LLM(str(model_dir), num_pages=512, max_num_seqs=8), load_reference(model_dir)
+    prompts, params = parity_cases(SAMPLED_PARAMS[sampling])
+    run = check_parity(llm, reference, prompts, [p.replace(seed=100 + i) for i, p in enumerate(params)])
+    assert not run.mismatches, "\n".join(run.mismatches)
+
+
 def test_min_tokens_suppresses_stops_like_the_reference(tiny_model_dir):
     llm, reference = LLM(str(tiny_model_dir), num_pages=256), load_reference(tiny_model_dir)
     for n in (3, 6, 11):
@@ -69,9 +88,14 @@ def test_min_tokens_suppresses_stops_like_the_reference(tiny_model_dir):
 
 
 def test_default_decoding_matches_the_reference_defaults(tiny_model_dir):
-    """No knob set: the engine's defaults (threshold 0.9, one token a step in the fallback) and EOS stops are the
-    documented ones the reference restates on its own."""
-    llm, reference = LLM(str(tiny_model_dir), num_pages=256), load_reference(tiny_model_dir)
+    """No knob set: the engine's defaults (threshold 0.9, one token a step in the fallback, max_tokens 16) and EOS
+    stops are the documented ones the reference restates on its own; max_tokens=None fills max_model_len."""
     prompts = [prompt_of(n, seed=n) for n in (2, 9, 30)]
-    run = check_parity(llm, reference, prompts, [SamplingParams(max_tokens=None)] * len(prompts))
+    llm, reference = LLM(str(tiny_model_dir), num_pages=256), load_reference(tiny_model_dir)
+    run = check_parity(llm, reference, prompts, [SamplingParams()] * len(prompts))
     assert not run.mismatches, run.mismatches
+    capped = LLM(str(tiny_model_dir), num_pages=256, max_model_len=48)
+    run = check_parity(capped, load_reference(tiny_model_dir, max_model_len=48), prompts,
+                       [SamplingParams(max_tokens=None, ignore_eos=True)] * len(prompts))
+    assert not run.mismatches, run.mismatches
+    assert [len(t) for t in run.engine_tokens] == [48 - len(p) for p in prompts]
