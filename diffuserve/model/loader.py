@@ -54,7 +54,10 @@ def load_args(model_dir: str | Path) -> tuple[ModelFamily, ModelArgs]:
     config, generation = read_model_config(model_dir)
     family = family_for(config)
     config = fill_special_token_ids(config, generation, family.special_tokens, Path(model_dir))
-    return family, family.parse_args(config, generation)
+    args = family.parse_args(config, generation)
+    if family.checkpoint_args is not None:
+        args = family.checkpoint_args(args, Path(model_dir))
+    return family, args
 
 
 def resolve_dtype(dtype: str, args: ModelArgs) -> torch.dtype:

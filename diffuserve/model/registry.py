@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from diffuserve.model.clover import CloverForBlockDiffusion
+from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion
+from diffuserve.model.clover_moe_config import clover_moe_args_from_hf
+from diffuserve.model.clover_moe_weights import (
+    clover_moe_checkpoint_args,
+    clover_moe_checkpoint_tensors,
+    clover_moe_weight_target,
+)
 from diffuserve.model.config import ModelArgs, llada2_args_from_hf, qwen3_args_from_hf
 from diffuserve.model.llada2 import LLaDA2ForBlockDiffusion
 from diffuserve.model.llada2_weights import llada2_checkpoint_tensors, llada2_weight_target
@@ -30,6 +38,8 @@ class ModelFamily:
     """config field -> token text, for ids the family's Hub config.json leaves out (looked up in tokenizer.json)."""
     decoding_defaults: Mapping[str, Any] = field(default_factory=dict)
     """The family's reference decoding knobs (SamplingParams names); generation_config.json overrides them."""
+    checkpoint_args: Callable[[ModelArgs, Path], ModelArgs] | None = None
+    """(args, model directory) -> args refined by the checkpoint itself (e.g. which optional tensors it has)."""
 
 
 CLOVER = ModelFamily(
@@ -43,6 +53,12 @@ LLADA2 = ModelFamily(
     decoding_defaults={"decoder": "threshold", "threshold": 0.95, "temperature": 0.0},
 )
 
+# Clover-35B-A3B-Preview and its Qwen3.5/3.6-MoE base (hybrid GDN / gated attention); see clover_moe.py.
+CLOVER_MOE = ModelFamily(
+    "clover_moe", CloverMoeForBlockDiffusion, clover_moe_args_from_hf, clover_moe_weight_target,
+    clover_moe_checkpoint_tensors, checkpoint_args=clover_moe_checkpoint_args,
+)
+
 ARCHITECTURES: dict[str, ModelFamily] = {
     "CloverForBlockDiffusion": CLOVER,
     "SDARForCausalLM": CLOVER,
@@ -51,6 +67,10 @@ ARCHITECTURES: dict[str, ModelFamily] = {
     "Qwen3ForCausalLM": CLOVER,
     "Qwen3MoeForCausalLM": CLOVER,
     "LLaDA2MoeModelLM": LLADA2,
+    "CloverMoeModelLM": CLOVER_MOE,
+    # The base model's text trunk: runs autoregressively (no block-diffusion tensors).
+    "Qwen3_5MoeForCausalLM": CLOVER_MOE,
+    "Qwen3_5MoeForConditionalGeneration": CLOVER_MOE,
 }
 
 
@@ -58,6 +78,12 @@ def family_for(config: dict) -> ModelFamily:
     archs = config.get("architectures") or []
     if not archs:
         raise ValueError("config.json: missing `architectures`; expected one of " + ", ".join(ARCHITECTURES))
+    if archs[0] not in ARCHITECTURES and config.get("auto_map"):
+        remote = next(iter(config["auto_map"].values()))
+        raise ValueError(
+            f"config.json: architecture {archs[0]!r} is defined by remote code ({remote!r} via auto_map), which "
+            f"diffuserve does not run (no trust_remote_code); supported: {', '.join(ARCHITECTURES)}"
+        )
     if archs[0] not in ARCHITECTURES:
         raise ValueError(
             f"config.json: architecture {archs[0]!r} is not supported; supported: {', '.join(ARCHITECTURES)}"

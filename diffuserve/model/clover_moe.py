@@ -1,0 +1,117 @@
+"""The `clover_moe` family: Clover-35B-A3B-Preview, a Qwen3.5/3.6-MoE trunk (Gated DeltaNet and gated full
+attention layers, softmax top-k experts with a gated shared expert) trained further for block diffusion.
+
+Module tree (and so parameter names) as in the Hub checkpoints, without their `language_model` prefixes:
+`model.embed_tokens`, `model.layers.{i}.{input_layernorm, linear_attn | self_attn, post_attention_layernorm,
+mlp}`, `model.norm`, `lm_head`. Two entry points, both over a `HybridState` (every layer's state for B sequences
+of the same committed length):
+
+    forward_causal(ids, state)  -> hidden, state advanced by the tokens      (prefill, commit, autoregressive)
+    forward_preview(ids, state) -> hidden of a block, state unchanged         (block diffusion denoising step)
+
+Knows nothing of requests or of paged caches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from diffuserve.model.clover_moe_config import hybrid_args
+from diffuserve.model.config import ModelArgs
+from diffuserve.model.layers.gated_attention import GatedAttention, KVState
+from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnState
+from diffuserve.model.layers.gated_shared_moe import GatedSharedExpertMoe
+from diffuserve.model.layers.hybrid_norm import ZeroCenteredRMSNorm
+from diffuserve.model.layers.rotary import RotaryEmbedding
+
+LayerState = GdnState | KVState | None
+
+
+@dataclass(frozen=True)
+class HybridState:
+    """The committed prefix of B sequences: `length` positions and each layer's state after them."""
+
+    length: int
+    layers: tuple[LayerState, ...]
+
+
+class HybridDecoderLayer(nn.Module):
+    """h = x + mixer(norm(x)); out = h + mlp(norm(h)); the mixer is `linear_attn` (GDN) or `self_attn`."""
+
+    def __init__(self, args: ModelArgs, layer_id: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        hybrid = hybrid_args(args)
+        self.is_gdn = hybrid.is_gdn(layer_id)
+        self.input_layernorm = ZeroCenteredRMSNorm(args.hidden_size, args.rms_norm_eps)
+        if self.is_gdn:
+            self.linear_attn = GatedDeltaNet(args.hidden_size, hybrid.gdn, args.rms_norm_eps, hybrid.has_diffusion)
+        else:
+            self.self_attn = GatedAttention(args, rotary)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = GatedSharedExpertMoe(args.hidden_size, args.num_experts, args.num_experts_per_tok,
+                                        args.moe_intermediate_size, args.shared_expert_intermediate_size)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, state: LayerState, preview: bool
+                ) -> tuple[torch.Tensor, LayerState]:
+        """-> (output, the layer's state after x; the unchanged `state` when previewing)."""
+        normed = self.input_layernorm(x)
+        mixer = self.linear_attn if self.is_gdn else self.self_attn
+        args = (normed, state) if self.is_gdn else (normed, positions, state)
+        if preview:
+            mixed, new_state = mixer.preview(*args), state
+        else:
+            mixed, new_state = mixer(*args)
+        h = x + mixed
+        return h + self.mlp(self.post_attention_layernorm(h)), new_state
+
+
+class HybridModel(nn.Module):
+    def __init__(self, args: ModelArgs, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(HybridDecoderLayer(args, i, rotary) for i in range(args.num_layers))
+        self.norm = ZeroCenteredRMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+class CloverMoeForBlockDiffusion(nn.Module):
+    def __init__(self, args: ModelArgs, max_model_len: int) -> None:
+        super().__init__()
+        self.args = args
+        rotary = RotaryEmbedding(args.head_dim, args.rope, args.max_position_embeddings, max_model_len)
+        self.model = HybridModel(args, rotary)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def has_diffusion(self) -> bool:
+        return hybrid_args(self.args).has_diffusion
+
+    def empty_state(self) -> HybridState:
+        return HybridState(0, (None,) * len(self.model.layers))
+
+    def forward_causal(self, input_ids: torch.Tensor, state: HybridState | None = None
+                       ) -> tuple[torch.Tensor, HybridState]:
+        """input_ids [B, T] after `state` -> (hidden [B, T, H] before the final norm, state after the T tokens)."""
+        return self._run(input_ids, state or self.empty_state(), preview=False)
+
+    def forward_preview(self, input_ids: torch.Tensor, state: HybridState | None = None) -> torch.Tensor:
+        """A block input_ids [B, T] right after `state` -> hidden [B, T, H]; `state` is read, never written."""
+        return self._run(input_ids, state or self.empty_state(), preview=True)[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] -> logits [..., V] fp32 (the head runs in the model dtype)."""
+        return self.lm_head(self.model.norm(hidden)).float()
+
+    def _run(self, input_ids: torch.Tensor, state: HybridState, preview: bool) -> tuple[torch.Tensor, HybridState]:
+        positions = state.length + torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.model.embed_tokens(input_ids)
+        new_states = []
+        for layer, layer_state in zip(self.model.layers, state.layers):
+            x, layer_state = layer(x, positions, layer_state, preview)
+            new_states.append(layer_state)
+        length = state.length if preview else state.length + input_ids.shape[1]
+        return x, HybridState(length, tuple(new_states))

@@ -1,0 +1,73 @@
+"""The gated delta rule of Gated DeltaNet, in its two exact forms: recurrent (token by token) and chunked.
+
+Per value head, with an fp32 state S [Dk, Dv], a decay g_t <= 0 (log space), a write strength beta_t in (0, 1),
+an L2-normalised key k_t and a query q_t already scaled by Dk^-0.5:
+
+    S_t = exp(g_t) S_{t-1} + k_t u_t^T,   u_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t),   o_t = S_t^T q_t
+
+The chunked form solves a chunk of C tokens at once. With c_t the cumulative log-decay inside the chunk (so
+exp(c_t - c_s) is the decay from s to t) and S0 the state at the chunk's start, unrolling the recurrence gives
+
+    (I + A) U = beta*V - (beta*exp(c)*K) S0,    A[t, s] = beta_t exp(c_t - c_s) (k_t . k_s)  for s < t
+    O   = (exp(c)*Q) S0 + ((Q K^T) * exp(c_t - c_s), s <= t) U
+    S_C = exp(c_C) S0 + (K * exp(c_C - c))^T U
+
+so a chunk costs a few matmuls and one unit-triangular solve. Both forms take and return the state, so a
+sequence can be split anywhere. Shapes: B batch, T tokens, Hv value heads, Dk / Dv key / value head dims.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+CHUNK_SIZE = 64
+
+
+def recurrent_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k [B, Hv, T, Dk], v [B, Hv, T, Dv], g, beta [B, Hv, T], state [B, Hv, Dk, Dv] (all fp32)
+    -> (o [B, Hv, T, Dv], final state). The input state is not modified."""
+    out = torch.empty_like(v)
+    for t in range(q.shape[2]):
+        state = state * g[:, :, t, None, None].exp()
+        read = torch.einsum("bhkv,bhk->bhv", state, k[:, :, t])  # what S already stores under k_t
+        update = (v[:, :, t] - read) * beta[:, :, t, None]  # [B, Hv, Dv]
+        state = state + k[:, :, t, :, None] * update[:, :, None, :]
+        out[:, :, t] = torch.einsum("bhkv,bhk->bhv", state, q[:, :, t])
+    return out, state
+
+
+def chunked_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
+    chunk_size: int = CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as `recurrent_delta_rule`, C = chunk_size tokens at a time (see the module docstring)."""
+    length = q.shape[2]
+    pad = (-length) % chunk_size
+    # Padding tokens have g = 0, beta = 0, k = 0: they write nothing and do not decay the state.
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+    b, h, padded = k.shape[:3]
+    n, c = padded // chunk_size, chunk_size
+    q, k, v = (x.reshape(b, h, n, c, x.shape[-1]) for x in (q, k, v))
+    g, beta = g.reshape(b, h, n, c), beta.reshape(b, h, n, c)
+    cum = g.cumsum(-1)  # [B, Hv, N, C] log-decay from the chunk start
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()  # [.., C, C] t, s
+    kk = k @ k.transpose(-1, -2)  # [B, Hv, N, C, C]
+    system = torch.eye(c, device=q.device) + (kk * decay * beta[..., None]).tril(-1)
+    rhs_v = v * beta[..., None]
+    rhs_s = k * (beta * cum.exp())[..., None]  # multiplies S0 (per chunk, so solved for every chunk at once)
+    u_v = torch.linalg.solve_triangular(system, rhs_v, upper=False, unitriangular=True)
+    u_s = torch.linalg.solve_triangular(system, rhs_s, upper=False, unitriangular=True)
+    scores = (q @ k.transpose(-1, -2)) * decay  # [B, Hv, N, C, C]
+    q_decayed = q * cum.exp()[..., None]
+    k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]
+    out = torch.empty_like(v)
+    for i in range(n):
+        u = u_v[:, :, i] - u_s[:, :, i] @ state  # [B, Hv, C, Dv]
+        out[:, :, i] = q_decayed[:, :, i] @ state + scores[:, :, i] @ u
+        state = state * cum[:, :, i, -1, None, None].exp() + k_to_end[:, :, i].transpose(-1, -2) @ u
+    return out.reshape(b, h, padded, -1)[:, :, :length], state

@@ -1,0 +1,114 @@
+"""Gated DeltaNet (GDN) layer of the Qwen3.5 / Clover trunk: linear attention with a recurrent state.
+
+    x -> in_proj_qkv -> depthwise causal conv (k taps, over the conv ring | the new tokens) -> SiLU -> q | k | v
+    x -> in_proj_z (output gate), in_proj_b (beta = sigmoid(b)), in_proj_a (g = -exp(A_log) softplus(a + dt_bias))
+    q, k L2-normalised (q also * Dk^-0.5), each key head shared by Hv / Hk value heads
+    delta rule over an fp32 state S (see delta_rule) -> GatedRMSNorm(o, z) -> out_proj
+
+A sequence's whole GDN state is a `GdnState`: the conv ring (its last k - 1 conv inputs) and S. `forward` takes
+the state before the tokens and returns the state after them (state=None: an empty prefix), never modifying the
+tensors it was given; `preview` (block diffusion) reads the state and writes none. Which delta-rule form runs is a
+speed choice: the results agree (tested).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from diffuserve.model.clover_moe_config import GdnArgs
+from diffuserve.model.layers.delta_rule import chunked_delta_rule, recurrent_delta_rule
+from diffuserve.model.layers.gdn_preview import add_diffusion_parameters, block_conv, preview_mix
+from diffuserve.model.layers.hybrid_norm import GatedRMSNorm
+
+
+@dataclass(frozen=True)
+class GdnState:
+    """One layer's recurrent state for B sequences."""
+
+    conv: torch.Tensor
+    """[B, conv_dim, k - 1] in the model dtype: the last k - 1 inputs of the conv (zeros before the first token)."""
+    recurrent: torch.Tensor
+    """[B, Hv, Dk, Dv] fp32: S."""
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+class GatedDeltaNet(nn.Module):
+    """Parameter names are the checkpoint's (`linear_attn.*`). `diffusion` adds the block-diffusion tensors."""
+
+    def __init__(self, hidden_size: int, gdn: GdnArgs, eps: float, diffusion: bool = False) -> None:
+        super().__init__()
+        self.gdn = gdn
+        self.in_proj_qkv = nn.Linear(hidden_size, gdn.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(hidden_size, gdn.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(hidden_size, gdn.num_value_heads, bias=False)
+        self.in_proj_a = nn.Linear(hidden_size, gdn.num_value_heads, bias=False)
+        self.conv1d = nn.Conv1d(gdn.conv_dim, gdn.conv_dim, gdn.conv_kernel, groups=gdn.conv_dim, bias=False)
+        self.A_log = nn.Parameter(torch.empty(gdn.num_value_heads))
+        self.dt_bias = nn.Parameter(torch.empty(gdn.num_value_heads))
+        self.norm = GatedRMSNorm(gdn.value_head_dim, eps)
+        self.out_proj = nn.Linear(gdn.value_dim, hidden_size, bias=False)
+        self.has_diffusion = diffusion
+        if diffusion:
+            add_diffusion_parameters(self, gdn.conv_dim, gdn.conv_kernel, gdn.num_value_heads)
+
+    def empty_state(self, batch: int, dtype: torch.dtype, device: torch.device) -> GdnState:
+        gdn = self.gdn
+        conv = torch.zeros(batch, gdn.conv_dim, gdn.conv_kernel - 1, dtype=dtype, device=device)
+        recurrent = torch.zeros(batch, gdn.num_value_heads, gdn.key_head_dim, gdn.value_head_dim, device=device)
+        return GdnState(conv, recurrent)
+
+    def forward(self, x: torch.Tensor, state: GdnState | None = None) -> tuple[torch.Tensor, GdnState]:
+        """Causal: x [B, T, H] after `state` -> (out [B, T, H], the state after the T tokens)."""
+        state = state or self.empty_state(x.shape[0], x.dtype, x.device)
+        mixed = self.in_proj_qkv(x).transpose(1, 2)  # [B, conv_dim, T]
+        window = torch.cat([state.conv.to(mixed.dtype), mixed], dim=-1)  # [B, conv_dim, k - 1 + T]
+        conv = F.silu(F.conv1d(window, self.conv1d.weight, groups=self.gdn.conv_dim))  # [B, conv_dim, T]
+        q, k, v, g, beta = self._heads(x, conv.transpose(1, 2))
+        rule = recurrent_delta_rule if x.shape[1] == 1 else chunked_delta_rule
+        o, recurrent = rule(q, k, v, g, beta, state.recurrent)
+        ring = window[..., window.shape[-1] - (self.gdn.conv_kernel - 1):]
+        return self._output(x, o), GdnState(ring, recurrent)
+
+    def preview(self, x: torch.Tensor, state: GdnState | None = None) -> torch.Tensor:
+        """Block diffusion: x [B, T, H] is a whole block after `state`, which is read and not advanced; every
+        position may depend on every other position of the block (see gdn_preview)."""
+        if not self.has_diffusion:
+            raise ValueError("GatedDeltaNet.preview: this checkpoint has no block-diffusion tensors "
+                             "(conv_right_weight, bd_softmax_*); run it autoregressively")
+        state = state or self.empty_state(x.shape[0], x.dtype, x.device)
+        mixed = self.in_proj_qkv(x).transpose(1, 2)
+        conv = F.silu(block_conv(mixed, state.conv, self.conv1d.weight, self.conv_right_weight))
+        q, k, v, _, _ = self._heads(x, conv.transpose(1, 2))
+        o = preview_mix(q, k, v, state.recurrent, self.bd_softmax_logit_scale, self.bd_softmax_history_bias,
+                        self.bd_softmax_history_c)
+        return self._output(x, o)
+
+    def _heads(self, x: torch.Tensor, conv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """conv [B, T, conv_dim] -> q, k [B, Hv, T, Dk] (normalised, fp32), v [B, Hv, T, Dv], g, beta [B, Hv, T]."""
+        gdn = self.gdn
+        batch, length = x.shape[:2]
+        q, k, v = conv.split([gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
+        repeat = gdn.num_value_heads // gdn.num_key_heads  # value head j reads key head j // repeat
+        q, k = (t.reshape(batch, length, gdn.num_key_heads, gdn.key_head_dim).repeat_interleave(repeat, dim=2)
+                for t in (q, k))
+        v = v.reshape(batch, length, gdn.num_value_heads, gdn.value_head_dim)
+        q, k, v = (t.transpose(1, 2).float() for t in (q, k, v))
+        q = l2_normalize(q) * gdn.key_head_dim**-0.5
+        k = l2_normalize(k)
+        beta = self.in_proj_b(x).sigmoid().float().transpose(1, 2)  # [B, Hv, T]
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        return q, k, v, g.transpose(1, 2), beta
+
+    def _output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """o [B, Hv, T, Dv] fp32 -> out_proj(GatedRMSNorm(o, z)) [B, T, H]."""
+        batch, length = x.shape[:2]
+        z = self.in_proj_z(x).view(batch, length, self.gdn.num_value_heads, self.gdn.value_head_dim)
+        normed = self.norm(o.transpose(1, 2).to(x.dtype), z)
+        return self.out_proj(normed.reshape(batch, length, self.gdn.value_dim))

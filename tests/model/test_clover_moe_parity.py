@@ -1,0 +1,91 @@
+"""clover_moe causal logits == transformers' Qwen3_5MoeForCausalLM on the same random tiny weights (fp32).
+
+Our writer produces the checkpoint in each Hub layout; transformers reads it through its own conversion
+(prefix change, per-expert -> fused experts), so the name mapping is checked from both sides."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from diffuserve.model.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.model.loader import load_model
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.hf
+
+ATOL = 1e-4
+OURS_ONLY = ("architectures", "model_type", "torch_dtype", "block_length", "mask_token_id", "text_config")
+
+
+def _hf_model(model_dir, dtype=torch.float32):
+    config = json.loads((model_dir / "config.json").read_text())
+    fields = {**{k: v for k, v in config.items() if k not in OURS_ONLY}, **config.get("text_config", {})}
+    hf_config = transformers.Qwen3_5MoeTextConfig(**fields)
+    model, info = transformers.Qwen3_5MoeForCausalLM.from_pretrained(
+        model_dir, config=hf_config, dtype=dtype, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    return model.eval()
+
+
+def _max_diff(model_dir, length: int, batch: int = 2, dtype: str = "float32") -> float:
+    hf = _hf_model(model_dir, getattr(torch, dtype))
+    _, ours = load_model(model_dir, dtype=dtype)
+    ids = torch.randint(0, 300, (batch, length), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf(input_ids=ids).logits.float()
+        hidden, state = ours.forward_causal(ids)
+        got = ours.compute_logits(hidden)
+    assert state.length == length
+    return (got - expected).abs().max().item()
+
+
+CASES = {
+    "3:1 pattern, fused experts": (dict(num_hidden_layers=8), dict()),
+    "explicit layer_types, per-expert, multimodal prefix": (
+        dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention", "linear_attention",
+                                               "full_attention"]),
+        dict(per_expert=True, prefix="model.language_model."),
+    ),
+    "partial rotary 0.5, GQA 8:1": (
+        dict(num_attention_heads=8, num_key_value_heads=1, partial_rotary_factor=0.5, linear_num_key_heads=1), {}
+    ),
+    "sharded, per-expert": (dict(), dict(per_expert=True, max_shard_bytes=60_000)),
+    "attention bias, tied head": (dict(attention_bias=True, tie_word_embeddings=True), {}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_match_transformers(tmp_path, case):
+    config_overrides, layout = CASES[case]
+    config = make_clover_moe_config(**config_overrides)
+    model_dir = write_clover_moe_checkpoint(tmp_path / "m", config, seed=3, init_std=0.1, diffusion=False, **layout)
+    if layout.get("max_shard_bytes"):
+        assert len(list(model_dir.glob("*.safetensors"))) > 2
+    assert _max_diff(model_dir, length=70) < ATOL  # 70 tokens: two GDN chunks of 64
+
+
+def test_long_prompt_crosses_several_chunks(tmp_path):
+    model_dir = write_clover_moe_checkpoint(tmp_path / "m", make_clover_moe_config(), seed=4, init_std=0.1,
+                                            diffusion=False)
+    assert _max_diff(model_dir, length=200, batch=1) < ATOL
+
+
+def test_text_config_layout(tmp_path):
+    """The multimodal config.json keeps the text fields under `text_config`."""
+    flat = make_clover_moe_config()
+    nested = {k: flat[k] for k in ("architectures", "model_type", "torch_dtype", "block_length")}
+    nested["text_config"] = {k: v for k, v in flat.items() if k not in nested}
+    model_dir = write_clover_moe_checkpoint(tmp_path / "m", nested, seed=5, init_std=0.1, diffusion=False)
+    assert _max_diff(model_dir, length=20) < ATOL
+
+
+def test_bf16_checkpoint(tmp_path):
+    config = make_clover_moe_config(torch_dtype="bfloat16")
+    model_dir = write_clover_moe_checkpoint(tmp_path / "m", config, seed=6, init_std=0.1, diffusion=False)
+    _, model = load_model(model_dir)
+    assert model.lm_head.weight.dtype == torch.bfloat16
+    assert _max_diff(model_dir, length=20, dtype="bfloat16") < 0.1
