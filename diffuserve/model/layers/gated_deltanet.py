@@ -85,8 +85,8 @@ class GatedDeltaNet(nn.Module):
         state = state or self.empty_state(x.shape[0], x.dtype, x.device)
         mixed = self.in_proj_qkv(x).transpose(1, 2)
         conv = F.silu(block_conv(mixed, state.conv, self.conv1d.weight, self.conv_right_weight))
-        q, k, v, _, _ = self._heads(x, conv.transpose(1, 2))
-        o = preview_mix(q, k, v, state.recurrent, self.bd_softmax_logit_scale, self.bd_softmax_history_bias,
+        q, k, v, g, _ = self._heads(x, conv.transpose(1, 2))
+        o = preview_mix(q, k, v, g, state.recurrent, self.bd_softmax_logit_scale, self.bd_softmax_history_bias,
                         self.bd_softmax_history_c)
         return self._output(x, o)
 

@@ -11,15 +11,19 @@ drops them; see docs/models.md):
     `bd_softmax_logit_scale`, `bd_softmax_history_bias`, `bd_softmax_history_c`.
 What is reconstructed here (the exact formula and the shapes are not published; this is the one function to
 change when the official code is readable):
-  - each of the three `bd_softmax_*` tensors holds one value per value head [Hv];
-  - block logits  l[t, s] = logit_scale * (q_t . k_s)  over every position s of the block (q, k as the causal
-    path normalises them: L2, q * Dk^-0.5);
-  - the history slot's value is the clean state's read-out  h_t = S^T q_t, and its logit
-    l_hist[t] = history_bias + history_c * ||h_t||  (a stronger read-out claims more weight);
-  - o_t = sum_s softmax(l, l_hist)[s] v_s + softmax(l, l_hist)[hist] h_t;  beta and g are not used (a decay
-    has no direction inside a bidirectional block).
-Neutral values: with `conv_right_weight` = 0 and `history_bias` = -inf the operator is the causal conv followed
-by plain bidirectional softmax attention over the block with temperature `logit_scale` (tested).
+  - each of the three `bd_softmax_*` tensors holds one value per value head [Hv], used linearly;
+  - block logits  l[t, s] = logit_scale * (q_t . k_s)  over every position s of the block (q, k normalised as
+    the causal path does: L2, q * Dk^-0.5; value head h reads key head h // (Hv / Hk));
+  - the history slot's value is the clean state's read-out  h_t = S^T q_t  (what GDN outputs for a query
+    before writing anything), and its logit  l_hist[t] = history_bias + history_c * g_t,  with g_t <= 0 the
+    row's own log-decay: exp(l_hist) = exp(history_bias) * exp(g_t)^history_c, so a row whose gate forgets reads
+    less history, as the causal rule's decay would have it;
+  - o_t = sum_s p[t, s] v_s + p[t, hist] h_t  with p = softmax over (l[t, :], l_hist[t]); beta is not used
+    (nothing is written); z, the gated output norm and out_proj are the causal path's.
+Neutral values (tested): `conv_right_weight` = 0 gives the causal conv; `history_bias` = -inf gives plain
+bidirectional softmax attention over the block with temperature `logit_scale`; `history_bias` -> +inf gives the
+causal delta rule's read-out of the clean state with nothing written (beta = 0, g = 0); `history_c` = 0 makes
+the history logit a per-head constant.
 """
 
 from __future__ import annotations
@@ -54,13 +58,13 @@ def _per_head(t: torch.Tensor) -> torch.Tensor:
 
 
 def preview_mix(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor, logit_scale: torch.Tensor,
-    history_bias: torch.Tensor, history_c: torch.Tensor,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, state: torch.Tensor,
+    logit_scale: torch.Tensor, history_bias: torch.Tensor, history_c: torch.Tensor,
 ) -> torch.Tensor:
-    """q, k [B, Hv, T, Dk], v [B, Hv, T, Dv] (fp32, normalised as in the causal path), state S [B, Hv, Dk, Dv]
-    (read only), the three bd_softmax tensors [Hv] -> o [B, Hv, T, Dv] fp32 (formula: module docstring)."""
+    """q, k [B, Hv, T, Dk], v [B, Hv, T, Dv], g [B, Hv, T] (fp32, as the causal path computes them), state S
+    [B, Hv, Dk, Dv] (read only), the three bd_softmax tensors [Hv] -> o [B, Hv, T, Dv] fp32 (module docstring)."""
     history = torch.einsum("bhkv,bhtk->bhtv", state, q)  # h_t = S^T q_t
     logits = _per_head(logit_scale)[..., None] * (q @ k.transpose(-1, -2))  # [B, Hv, T, T]
-    history_logit = _per_head(history_bias) + _per_head(history_c) * history.norm(dim=-1)  # [B, Hv, T]
+    history_logit = _per_head(history_bias) + _per_head(history_c) * g  # [B, Hv, T]
     weights = torch.softmax(torch.cat([logits, history_logit[..., None]], dim=-1), dim=-1)
     return weights[..., :-1] @ v + weights[..., -1:] * history
