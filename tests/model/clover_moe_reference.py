@@ -1,0 +1,100 @@
+"""The naive reference decoder for `clover_moe` (a test oracle, deliberately slow and obviously correct).
+
+Block diffusion: blocks of `block_length` positions aligned to absolute position 0 (the prompt's last partial
+block is completed by the first generated tokens). For every denoising step the committed prefix (every whole
+block before the current one) is recomputed causally from nothing, then the current block is previewed; the
+masked positions whose greedy confidence beats `threshold` are accepted (at least the most confident one). A full
+block is committed simply by being part of the next step's recomputed prefix. With `prediction_shift` position p
+is read from the output row p - 1 (the previous block's last row for a block's first position), else from row p.
+
+Autoregressive: every token recomputes the whole sequence causally and takes the last row's prediction.
+
+Temperature 0 is argmax; above 0 tokens are sampled from softmax(logits / T) with the given generator, and the
+confidence is the sampled token's probability. Knows nothing of the engine (it must not import it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion
+from diffuserve.model.clover_moe_config import hybrid_args
+
+
+@dataclass(frozen=True)
+class ReferenceSettings:
+    max_new_tokens: int
+    threshold: float = 0.9
+    temperature: float = 0.0
+    eos_token_ids: tuple[int, ...] = ()
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [M, V] fp32 -> (tokens [M], confidences [M])."""
+    probs = torch.softmax(logits if temperature == 0 else logits / temperature, dim=-1)
+    if temperature == 0:
+        conf, tokens = probs.max(dim=-1)
+        return tokens, conf
+    tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return tokens, probs.gather(1, tokens[:, None])[:, 0]
+
+
+@torch.no_grad()
+def _block_logits(model: CloverMoeForBlockDiffusion, seq: list[int], start: int, block: list[int]) -> torch.Tensor:
+    """Logits [len(block), V] that predict each position of the block at this step."""
+    prefix = torch.tensor([seq[:start]], dtype=torch.long)
+    hidden, state = model.forward_causal(prefix) if start else (None, None)
+    preview = model.forward_preview(torch.tensor([block], dtype=torch.long), state)[0]  # [B, H]
+    if hybrid_args(model.args).prediction_shift:
+        # Row p - 1 predicts position p; the sequence's position 0 is never masked, so its own row fills in.
+        previous = hidden[0, -1:] if hidden is not None else preview[:1]
+        preview = torch.cat([previous, preview[:-1]])
+    return model.compute_logits(preview)
+
+
+def _truncate(generated: list[int], settings: ReferenceSettings) -> list[int]:
+    generated = generated[: settings.max_new_tokens]
+    for i, token in enumerate(generated):
+        if token in settings.eos_token_ids:
+            return generated[: i + 1]
+    return generated
+
+
+def reference_block_decode(model: CloverMoeForBlockDiffusion, prompt: list[int], settings: ReferenceSettings,
+                           generator: torch.Generator | None = None) -> list[int]:
+    """-> the generated token ids (prompt excluded), up to and including the first EOS."""
+    length, mask_id = model.args.block_length, model.args.mask_token_id
+    seq = list(prompt)
+    while len(seq) - len(prompt) < settings.max_new_tokens:
+        start = len(seq) // length * length
+        block = seq[start:] + [mask_id] * (start + length - len(seq))
+        while mask_id in block:
+            is_mask = torch.tensor([token == mask_id for token in block])
+            if is_mask[0] and start == 0:
+                raise ValueError("reference decode: the first position of the sequence cannot be masked")
+            tokens, conf = _pick(_block_logits(model, seq, start, block), settings.temperature, generator)
+            conf = conf.masked_fill(~is_mask, -1.0)
+            accept = is_mask & (conf > settings.threshold)
+            accept[conf.argmax()] = True  # top-1 fallback: every step accepts at least one position
+            block = [int(t) if a else b for t, a, b in zip(tokens, accept, block)]
+        seq = seq[:start] + block
+        if any(t in settings.eos_token_ids for t in seq[len(prompt):]):
+            break
+    return _truncate(seq[len(prompt):], settings)
+
+
+@torch.no_grad()
+def reference_ar_decode(model: CloverMoeForBlockDiffusion, prompt: list[int], settings: ReferenceSettings,
+                        generator: torch.Generator | None = None) -> list[int]:
+    """Next-token decoding through the causal trunk, recomputing the whole sequence for every token."""
+    seq = list(prompt)
+    while len(seq) - len(prompt) < settings.max_new_tokens:
+        hidden, _ = model.forward_causal(torch.tensor([seq], dtype=torch.long))
+        token, _ = _pick(model.compute_logits(hidden[0, -1:]), settings.temperature, generator)
+        seq.append(int(token))
+        if seq[-1] in settings.eos_token_ids:
+            break
+    return seq[len(prompt):]
