@@ -19,6 +19,7 @@ from diffuserve.engine.forward_step import ModelShard
 from diffuserve.engine.kv_cache import allocate_kv_cache, num_pages_for, resolve_page_size, spec_for
 from diffuserve.engine.kv_pages import PagePool
 from diffuserve.engine.model_runner import ModelRunner
+from diffuserve.engine.recompute_runner import RecomputeRunner
 from diffuserve.engine.scheduler import Scheduler
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.loader import load_args, load_model, read_model_config
@@ -113,7 +114,8 @@ def build_components(config: EngineConfig) -> EngineComponents:
         raise
     pool = PagePool(shard.num_pages, shard.page_size, config.cache.enable_prefix_caching)
     scheduler = Scheduler(pool, sched.max_num_seqs, sched.max_num_batched_tokens, args.block_length, sched.fused_commit)
-    runner = ModelRunner(shard, args.block_length, device, config.seed, runtime)
+    runner_cls = RecomputeRunner if family.has_recurrent_state else ModelRunner
+    runner = runner_cls(shard, args.block_length, device, config.seed, runtime)
     _, generation = read_model_config(config.model)
     from_file = {k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None}
     defaults = {**family.decoding_defaults, **from_file}

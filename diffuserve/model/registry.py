@@ -40,6 +40,9 @@ class ModelFamily:
     """The family's reference decoding knobs (SamplingParams names); generation_config.json overrides them."""
     checkpoint_args: Callable[[ModelArgs, Path], ModelArgs] | None = None
     """(args, model directory) -> args refined by the checkpoint itself (e.g. which optional tensors it has)."""
+    has_recurrent_state: bool = False
+    """Layers with per-sequence recurrent state, which the paged engine does not cache yet: the engine runs the
+    family through its recompute path (engine/recompute_runner)."""
 
 
 CLOVER = ModelFamily(
@@ -56,7 +59,7 @@ LLADA2 = ModelFamily(
 # Clover-35B-A3B-Preview and its Qwen3.5/3.6-MoE base (hybrid GDN / gated attention); see clover_moe.py.
 CLOVER_MOE = ModelFamily(
     "clover_moe", CloverMoeForBlockDiffusion, clover_moe_args_from_hf, clover_moe_weight_target,
-    clover_moe_checkpoint_tensors, checkpoint_args=clover_moe_checkpoint_args,
+    clover_moe_checkpoint_tensors, checkpoint_args=clover_moe_checkpoint_args, has_recurrent_state=True,
 )
 
 ARCHITECTURES: dict[str, ModelFamily] = {
