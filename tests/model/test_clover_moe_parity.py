@@ -92,3 +92,27 @@ def test_bf16_checkpoint(tmp_path):
     _, model = load_model(model_dir)
     assert model.lm_head.weight.dtype == torch.bfloat16
     assert _max_diff(model_dir, length=20, dtype="bfloat16") < 0.05
+
+
+def test_directory_written_by_transformers(tmp_path):
+    """A `Qwen3_5MoeForCausalLM.save_pretrained` directory (its config.json spelling: rope_parameters, layer_types,
+    dtype) loads as the autoregressive clover_moe model."""
+    config = transformers.Qwen3_5MoeTextConfig(
+        vocab_size=300, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, full_attention_interval=2,
+    )
+    torch.manual_seed(0)
+    hf = transformers.Qwen3_5MoeForCausalLM(config).eval()
+    with torch.no_grad():
+        for param in hf.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    hf.save_pretrained(tmp_path / "m")
+    args, ours = load_model(tmp_path / "m")
+    assert args.architecture == "Qwen3_5MoeForCausalLM" and args.rope.partial_rotary_factor == 0.25
+    assert not ours.has_diffusion
+    ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        diff = (ours.compute_logits(ours.forward_causal(ids)[0]) - hf(input_ids=ids).logits).abs().max().item()
+    assert diff < ATOL
