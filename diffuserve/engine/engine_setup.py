@@ -19,7 +19,7 @@ from diffuserve.engine.forward_step import ModelShard
 from diffuserve.engine.kv_cache import allocate_kv_cache, num_pages_for, resolve_page_size, spec_for
 from diffuserve.engine.kv_pages import PagePool
 from diffuserve.engine.model_runner import ModelRunner
-from diffuserve.engine.recompute_runner import RecomputeRunner
+from diffuserve.engine.recompute_runner import RecomputeRunner, check_recompute_config
 from diffuserve.engine.scheduler import Scheduler
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.loader import load_args, load_model, read_model_config
@@ -92,6 +92,8 @@ def build_shard(config: EngineConfig, args: ModelArgs, max_model_len: int, group
 
 def build_components(config: EngineConfig) -> EngineComponents:
     family, args, max_model_len = resolve_model(config)
+    if family.has_recurrent_state:
+        check_recompute_config(config)
     sched = config.scheduler
     if sched.max_num_batched_tokens < args.block_length:
         raise ValueError(

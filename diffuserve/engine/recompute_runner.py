@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from diffuserve.config import EngineConfig
 from diffuserve.engine.decoders import DECODERS
 from diffuserve.engine.model_runner import BlockRows, ModelRunner
 from diffuserve.engine.sampling import propose
@@ -22,13 +23,22 @@ from diffuserve.engine.scheduler import ScheduledRequest
 from diffuserve.model.clover_moe_config import hybrid_args
 
 
+def check_recompute_config(config: EngineConfig) -> None:
+    """The recompute path runs the whole model on one device: refuse what it cannot honour, before any rank or
+    weight is set up."""
+    if config.parallel.tensor_parallel_size > 1:
+        raise ValueError(f"tensor_parallel_size: {config.parallel.tensor_parallel_size} is not supported for models "
+                         "with recurrent layers (clover_moe) yet; use 1")
+    if config.cache.expert_offload:
+        raise ValueError("expert_offload: not supported for models with recurrent layers (clover_moe) yet; "
+                         "drop --expert-offload")
+
+
 class RecomputeRunner(ModelRunner):
     """A ModelRunner whose `execute` recomputes instead of reading the paged cache (see the module docstring)."""
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[tuple[int, int]]]:
-        if self.runtime.channel is not None:
-            raise ValueError("tensor_parallel_size: the recompute path of clover_moe runs on one device; use 1")
         return {work.request.request_id: self._step(work) for work in scheduled if work.has_block}
 
     def _step(self, work: ScheduledRequest) -> list[tuple[int, int]]:

@@ -59,3 +59,10 @@ def test_block_diffusion_matches_the_reference_decoder(tmp_path):
     expected = [reference_block_decode(model, p, ReferenceSettings(max_new_tokens=9, threshold=0.5))
                 for p in PROMPTS]
     assert got == expected
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(tensor_parallel_size=2), "tensor_parallel_size"),
+                                           (dict(expert_offload=True), "expert_offload")])
+def test_recompute_path_refuses_what_it_cannot_do(ar_dir, kwargs, field):
+    with pytest.raises(ValueError, match=f"^{field}: .*recurrent layers"):
+        LLM(str(ar_dir), device="cpu", max_model_len=256, **kwargs)
