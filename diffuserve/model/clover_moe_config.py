@@ -80,6 +80,17 @@ def text_fields(config: dict) -> dict:
     return {**TEXT_DEFAULTS, **{k: v for k, v in config.items() if k != "text_config"}, **text}
 
 
+def _text_rope(fields: dict) -> dict:
+    """mRoPE ("mrope", with `mrope_section`) gives text tokens the same position on all three axes, which is plain
+    1-D RoPE: read it as the default rope type."""
+    fields = dict(fields)
+    for key in ("rope_parameters", "rope_scaling"):
+        params = fields.get(key)
+        if params and "mrope" in (params.get("rope_type"), params.get("type")):
+            fields[key] = {k: v for k, v in params.items() if k not in ("rope_type", "type")}
+    return fields
+
+
 def _layer_types(fields: dict, num_layers: int) -> tuple[str, ...]:
     types = fields.get("layer_types")
     if types is None:
@@ -147,7 +158,7 @@ def clover_moe_args_from_hf(config: dict, generation_config: dict | None = None)
         norm_topk_prob=True,  # the Qwen3.5 router always renormalises its top-k
         shared_expert_intermediate_size=shared,
         rms_norm_eps=float(fields["rms_norm_eps"]),
-        rope=parse_rope(fields),
+        rope=parse_rope(_text_rope(fields)),
         max_position_embeddings=int(fields["max_position_embeddings"]),
         tie_word_embeddings=bool(fields["tie_word_embeddings"]),
         attention_bias=bool(fields["attention_bias"]),
@@ -164,3 +175,19 @@ def with_diffusion(args: ModelArgs, has_diffusion: bool) -> ModelArgs:
         raise ValueError("config.json: missing field `mask_token_id`, which a checkpoint with block-diffusion "
                          "tensors needs; add the mask token's id to config.json")
     return args.replace(extra={**args.extra, "hybrid": replace(hybrid_args(args), has_diffusion=has_diffusion)})
+
+
+def state_bytes_per_sequence(args: ModelArgs, dtype_bytes: int = 2) -> int:
+    """Bytes of GDN state one sequence holds, whatever its length: per GDN layer S [Hv, Dk, Dv] fp32 and the conv
+    ring [conv_dim, k - 1] in the model dtype (`dtype_bytes` per value)."""
+    hybrid = hybrid_args(args)
+    gdn = hybrid.gdn
+    per_layer = gdn.num_value_heads * gdn.key_head_dim * gdn.value_head_dim * 4
+    per_layer += gdn.conv_dim * (gdn.conv_kernel - 1) * dtype_bytes
+    return per_layer * sum(hybrid.is_gdn(i) for i in range(args.num_layers))
+
+
+def kv_bytes_per_token(args: ModelArgs, dtype_bytes: int = 2) -> int:
+    """Bytes of K and V one token adds: the attention layers only."""
+    num_attention = args.num_layers - sum(hybrid_args(args).is_gdn(i) for i in range(args.num_layers))
+    return 2 * args.num_kv_heads * args.head_dim * dtype_bytes * num_attention
