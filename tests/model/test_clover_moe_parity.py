@@ -91,7 +91,7 @@ def test_bf16_checkpoint(tmp_path):
     model_dir = write_clover_moe_checkpoint(tmp_path / "m", config, seed=6, init_std=0.1, diffusion=False)
     _, model = load_model(model_dir)
     assert model.lm_head.weight.dtype == torch.bfloat16
-    assert _max_diff(model_dir, length=20, dtype="bfloat16") < 0.05
+    assert _max_diff(model_dir, length=70, dtype="bfloat16") < 0.05  # 0.0 in our runs
 
 
 def test_directory_written_by_transformers(tmp_path):
