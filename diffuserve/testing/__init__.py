@@ -6,4 +6,6 @@ commands never import this package (`diffuserve bench` does).
                                                            shares only the model's forward with the engine
     parity                                                 the engine against that reference, token for token
     cache_check                                            the engine's cached logits against a full recompute
+    clover_moe_checkpoint, reference_clover_moe            the same for clover_moe (hybrid GDN / attention): random
+                                                           directories, and its naive block-diffusion / AR decode
 """

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.model.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
-from tests.model.clover_moe_reference import ReferenceSettings, reference_block_decode
+from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.testing.reference_clover_moe import ReferenceSettings, reference_block_decode
 
 PROMPTS = [[72, 101, 108, 108, 111, 44, 32], [87, 111, 114, 108, 100, 33, 10], [1, 2, 3]]
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffuserve.model.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.model.clover_moe_config import clover_moe_args_from_hf, hybrid_args
 from diffuserve.model.layers.delta_rule import chunked_delta_rule, recurrent_delta_rule
 from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnState
 from diffuserve.model.loader import load_model
+from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
 ATOL = 1e-5
 LAYER_ATOL = 1e-4  # a layer adds fp32 projections and norms around the rule

@@ -10,9 +10,9 @@ import json
 import pytest
 import torch
 
-from diffuserve.model.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.model.layers.gdn_preview import DIFFUSION_TENSORS
 from diffuserve.model.loader import load_model
+from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
