@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.model.layers.moe_dispatch import (
+from diffuserve.model.layers.moe.dispatch import (
     combine,
     group_by_expert,
     grouped_experts,

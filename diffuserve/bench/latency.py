@@ -17,7 +17,7 @@ from diffuserve.bench.probes import mean_rates
 from diffuserve.bench.report import Progress, distribution, finish, format_table
 from diffuserve.bench.run_metrics import run_summary
 from diffuserve.config import SchedulerConfig
-from diffuserve.engine.expert_stats import ExpertStatsSnapshot
+from diffuserve.engine.experts import ExpertStatsSnapshot
 from diffuserve.engine.llm_engine import LLMEngine
 
 

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from diffuserve.model.layers.attention_backend import DenseAttentionInputs, block_causal_mask
-from diffuserve.model.layers.moe import SparseMoeBlock
-from diffuserve.model.layers.moe_dispatch import grouped_experts, looped_experts
+from diffuserve.model.layers.moe.dispatch import grouped_experts, looped_experts
+from diffuserve.model.layers.moe.layer import SparseMoeBlock
 from diffuserve.model.loader import load_model
 from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
 

@@ -19,7 +19,7 @@ from diffuserve.bench.engine_run import RunRecord, StepRecord
 from diffuserve.bench.flops import ModelCost
 from diffuserve.bench.probes import MachineRates
 from diffuserve.bench.report import distribution
-from diffuserve.engine.expert_stats import ExpertStatsSnapshot
+from diffuserve.engine.experts import ExpertStatsSnapshot
 
 
 def latencies(record: RunRecord) -> dict[str, dict[str, float | None]]:

@@ -45,6 +45,16 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
 
 
+def torchrun_rank() -> tuple[int, int, int]:
+    """(rank, world size, local rank) as torchrun set them; only under `launched_by_torchrun()`."""
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def rank_device(device_type: str, local_rank: int) -> torch.device:
+    """A rank's device: cuda:local_rank on GPU machines (one GPU per rank), else the CPU."""
+    return torch.device(f"cuda:{local_rank}") if device_type == "cuda" else torch.device("cpu")
+
+
 def init_group(rank: int, size: int, expert_parallel: bool, device: torch.device,
                init_method: str = "env://") -> ParallelGroup:
     """Joins the process group (every rank calls this with the same size and init_method)."""

@@ -1,28 +1,31 @@
 """Builds an engine's parts from an EngineConfig: resolves the model-dependent settings (device, block length,
-max_model_len, page size, KV budget), starts the parallel ranks if any, loads this rank's part of the model and
-the tokenizer, sets up expert offload and allocates the KV cache. Worker ranks build their part with the same
-`build_shard`."""
+max_model_len), starts the parallel ranks if any, builds rank 0's executor (model part, KV cache, expert offload),
+the scheduler, the model runner and the tokenizer.
+
+Worker ranks run `serve_worker_rank`: the same executor, built the same way, serving rank 0's forwards. Rank 0
+hands it to the processes it spawns; under torchrun, ranks > 0 reach it through `run_if_torchrun_worker`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from diffuserve.config import EngineConfig
-from diffuserve.distributed.group import ParallelGroup, agree_min
-from diffuserve.distributed.launcher import start_parallel
-from diffuserve.distributed.worker import worker_device
-from diffuserve.engine.expert_offload import ExpertOffload
-from diffuserve.engine.forward_step import ModelShard
-from diffuserve.engine.kv_cache import allocate_kv_cache, num_pages_for, resolve_page_size, spec_for
+from diffuserve.distributed.group import ParallelGroup, launched_by_torchrun, rank_device, torchrun_rank
+from diffuserve.distributed.launcher import ParallelRuntime, start_parallel
+from diffuserve.distributed.step_channel import StepChannel
+from diffuserve.distributed.worker import run_torchrun_worker
+from diffuserve.engine.executor import ModelExecutor
 from diffuserve.engine.kv_pages import PagePool
 from diffuserve.engine.model_runner import ModelRunner
 from diffuserve.engine.recompute_runner import RecomputeRunner, check_recompute_config
 from diffuserve.engine.scheduler import Scheduler
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.loader import load_args, load_model, read_model_config
+from diffuserve.model.loader import load_args, read_model_config
 from diffuserve.model.registry import ModelFamily
 from diffuserve.model.tensor_parallel import check_parallel_sizes
 from diffuserve.tokenizer import Tokenizer
@@ -70,26 +73,6 @@ def resolve_model(config: EngineConfig) -> tuple[ModelFamily, ModelArgs, int]:
     return family, args, resolve_max_model_len(config.max_model_len, args)
 
 
-def build_shard(config: EngineConfig, args: ModelArgs, max_model_len: int, group: ParallelGroup,
-                device: torch.device) -> ModelShard:
-    """This rank's model part (experts in host memory under offload), expert cache and KV cache. Every rank calls
-    it; the ranks agree on the smallest page count, since rank 0 hands out pages for all of them."""
-    offload = config.cache.expert_offload
-    # The RoPE table covers the last block, which may reach past max_model_len.
-    args, model = load_model(config.model, config.dtype, str(device), max_model_len + args.block_length, args,
-                             group, torch.device("cpu") if offload else None, config.load_format, config.seed)
-    experts = ExpertOffload(model, device, config.cache.expert_cache_memory, config.cache.expert_residency) \
-        if offload else None
-    page_size = resolve_page_size(config.cache.page_size, args.block_length)
-    sched = config.scheduler
-    spec = spec_for(args, page_size, next(model.parameters()).dtype, group.size)
-    reserve = sched.max_num_batched_tokens * (args.hidden_size * 32 + args.vocab_size * 4)
-    num_pages = num_pages_for(config.cache, spec, device, sched.max_num_seqs, max_model_len, reserve)
-    num_pages = agree_min(group, num_pages)
-    k_caches, v_caches = allocate_kv_cache(spec, num_pages, device)
-    return ModelShard(model, k_caches, v_caches, experts, num_pages, page_size)
-
-
 def build_components(config: EngineConfig) -> EngineComponents:
     family, args, max_model_len = resolve_model(config)
     if family.has_recurrent_state:
@@ -100,32 +83,74 @@ def build_components(config: EngineConfig) -> EngineComponents:
             f"max_num_batched_tokens: {sched.max_num_batched_tokens} is below the block length {args.block_length}; "
             f"raise it to at least {2 * args.block_length}"
         )
-    parallel = config.parallel
-    device = resolve_device(config.device)
-    if parallel.tensor_parallel_size > 1:
-        check_parallel_sizes(args, parallel.tensor_parallel_size, parallel.enable_expert_parallel)
-        device = worker_device(config, 0)
-    runtime = start_parallel(config, device)
-    try:
-        shard = build_shard(config, args, max_model_len, runtime.group, device)
-    except BaseException as e:
-        error = runtime.worker_error()
-        runtime.close()
-        if error is not None:
-            raise RuntimeError(error) from e
-        raise
-    pool = PagePool(shard.num_pages, shard.page_size, config.cache.enable_prefix_caching)
+    executor = _build_executor(config, args, max_model_len)
+    pool = PagePool(executor.num_pages, executor.page_size, config.cache.enable_prefix_caching)
     scheduler = Scheduler(pool, sched.max_num_seqs, sched.max_num_batched_tokens, args.block_length, sched.fused_commit)
     runner_cls = RecomputeRunner if family.has_recurrent_state else ModelRunner
-    runner = runner_cls(shard, args.block_length, device, config.seed, runtime)
+    runner = runner_cls(executor, args.block_length, config.seed)
     _, generation = read_model_config(config.model)
     from_file = {k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None}
     defaults = {**family.decoding_defaults, **from_file}
     return EngineComponents(args, _tokenizer(config.model), runner, scheduler, pool, max_model_len, defaults)
 
 
-def _tokenizer(model_dir: str) -> Tokenizer | None:
-    from pathlib import Path
+def serve_worker_rank(config: EngineConfig, group: ParallelGroup, device: torch.device) -> None:
+    """A worker rank's whole run once it joined the group: builds its executor the way rank 0 builds its own,
+    then serves rank 0's forwards until told to stop."""
+    worker_executor(config, group, device).loop()
 
+
+def worker_executor(config: EngineConfig, group: ParallelGroup, device: torch.device) -> ModelExecutor:
+    _, args, max_model_len = resolve_model(config)
+    return ModelExecutor.build(config, args, max_model_len, ParallelRuntime(group, StepChannel(group)), device)
+
+
+def run_if_torchrun_worker(config: EngineConfig) -> bool:
+    """Under torchrun, a rank >= 1 serves rank 0's forwards until told to stop and returns True; rank 0 (and a
+    process torchrun did not start) returns False at once and goes on to build the engine."""
+    if not launched_by_torchrun() or torchrun_rank()[0] == 0:
+        return False
+    _check_torchrun_size(config.parallel.tensor_parallel_size)
+    run_torchrun_worker(partial(serve_worker_rank, config), config.parallel.enable_expert_parallel,
+                        resolve_device(config.device).type)
+    return True
+
+
+def _build_executor(config: EngineConfig, args: ModelArgs, max_model_len: int) -> ModelExecutor:
+    """Rank 0's executor, after starting (or joining) the other ranks, which build theirs alike."""
+    parallel = config.parallel
+    device = resolve_device(config.device)
+    if parallel.tensor_parallel_size > 1:
+        check_parallel_sizes(args, parallel.tensor_parallel_size, parallel.enable_expert_parallel)
+        if launched_by_torchrun():
+            _check_torchrun_rank_0(parallel.tensor_parallel_size)
+        device = rank_device(device.type, 0)
+    target = partial(serve_worker_rank, config)
+    runtime = start_parallel(parallel.tensor_parallel_size, parallel.enable_expert_parallel, device, target)
+    try:
+        return ModelExecutor.build(config, args, max_model_len, runtime, device)
+    except BaseException as e:
+        error = runtime.failure()
+        runtime.close()
+        if error is not None:
+            raise RuntimeError(error) from e
+        raise
+
+
+def _check_torchrun_rank_0(size: int) -> None:
+    if torchrun_rank()[0] != 0:
+        raise ValueError("torchrun rank > 0: call diffuserve.engine.engine_setup.run_if_torchrun_worker(config) "
+                         "before building an engine (`diffuserve serve` does)")
+    _check_torchrun_size(size)
+
+
+def _check_torchrun_size(size: int) -> None:
+    world = torchrun_rank()[1]
+    if world != size:
+        raise ValueError(f"tensor_parallel_size: {size} differs from torchrun's {world} processes; "
+                         f"pass --tensor-parallel-size {world}")
+
+
+def _tokenizer(model_dir: str) -> Tokenizer | None:
     files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
     return Tokenizer(model_dir) if any((Path(model_dir) / f).is_file() for f in files) else None

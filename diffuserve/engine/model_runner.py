@@ -1,9 +1,10 @@
-"""Runs one engine step on the model: builds the flattened batch, runs the forward, applies the decoders.
+"""Runs one engine step on the model (rank 0): builds the flattened batch, has the executor run the forward,
+applies the decoders.
 
-The only engine module that touches torch. Input: the scheduler's work list. Output: per request, the canvas
-positions accepted this step and their tokens. It reads requests but never changes them (the engine applies
-results), and it owns the per-request sampling generators. Under tensor / expert parallelism it broadcasts each
-step's forward inputs to the worker ranks first; they run the same forward on their parts of the model.
+Input: the scheduler's work list. Output: per request, the canvas positions accepted this step and their tokens.
+It reads requests but never changes them (the engine applies results), and it owns the per-request sampling
+generators and the expert statistics. The forward itself, and under tensor / expert parallelism sending it to the
+worker ranks, is the executor's (see executor); only rank 0 builds batches and reads logits.
 
 Batch layout for a step (N query tokens, requests one after another):
 
@@ -19,17 +20,16 @@ import random
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from diffuserve.distributed.launcher import ParallelRuntime
 from diffuserve.engine.decoders import DECODERS
-from diffuserve.engine.expert_offload import ExpertOffload
-from diffuserve.engine.expert_stats import ExpertTracker
-from diffuserve.engine.forward_step import ForwardInputs, ModelShard
+from diffuserve.engine.executor import ForwardInputs, ModelExecutor
+from diffuserve.engine.experts import ExpertOffload, ExpertTracker
 from diffuserve.engine.request import Request
 from diffuserve.engine.sampling import propose
 from diffuserve.engine.scheduler import ScheduledRequest
 from diffuserve.model.layers.attention_backend import SequenceSlice, block_causal_mask
-from diffuserve.model.layers.moe_offload import BlockRef
+from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext
 
 
 @dataclass(frozen=True)
@@ -52,27 +52,26 @@ class StepBatch:
 
 
 class ModelRunner:
-    def __init__(self, shard: ModelShard, block_length: int, device: torch.device, seed: int = 0,
-                 runtime: ParallelRuntime | None = None) -> None:
-        self.shard, self.model = shard, shard.model
-        self.k_caches, self.v_caches = shard.k_caches, shard.v_caches
-        self.page_size, self.block_length, self.device = shard.page_size, block_length, device
-        self.runtime = runtime or ParallelRuntime()
+    def __init__(self, executor: ModelExecutor, block_length: int, seed: int = 0) -> None:
+        self.executor = executor
+        self.page_size, self.block_length, self.device = executor.page_size, block_length, executor.device
         self._seed_source = random.Random(seed)
         self._generators: dict[str, torch.Generator] = {}
-        self.experts = ExpertTracker(shard.model)
+        self.experts = ExpertTracker(executor.model)
+
+    @property
+    def model(self) -> nn.Module:
+        return self.executor.model
 
     @property
     def offload(self) -> ExpertOffload | None:
-        return self.shard.offload
+        return self.executor.offload
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[tuple[int, int]]]:
         """Runs the step; returns {request_id: [(canvas index, token), ...]} for requests with a block."""
         batch = self.build_batch(scheduled)
-        if self.runtime.channel is not None:
-            self.runtime.channel.send(batch.forward.to("cpu"))
-        hidden = self.shard.forward(batch.forward)  # [N, H]
+        hidden = self.executor.execute(batch.forward)  # [N, H]
         if self.experts.enabled:
             rows = [(b.work.request.request_id, b.token_start, self.block_length) for b in batch.blocks]
             self.experts.record_step(rows)
@@ -86,7 +85,7 @@ class ModelRunner:
 
     def shutdown(self) -> None:
         """Stops the worker ranks, if any (idempotent)."""
-        self.runtime.close()
+        self.executor.close()
 
     # ---- batch building ------------------------------------------------------------------------------------
     def build_batch(self, scheduled: list[ScheduledRequest]) -> StepBatch:
@@ -95,7 +94,6 @@ class ModelRunner:
         slot_mapping: list[torch.Tensor] = []
         sequences: list[SequenceSlice] = []
         blocks: list[BlockRows] = []
-        block_refs: list[BlockRef] = []
         logit_rows: list[int] = []
         for work in scheduled:
             request = work.request
@@ -107,17 +105,24 @@ class ModelRunner:
                     request.masked_indices(), request.generation_start_in_block(), self.block_length
                 )
                 blocks.append(BlockRows(work, len(ids), len(logit_rows), read))
-                block_refs.append(BlockRef((request.request_id, request.block_start), len(ids), self.block_length,
-                                           request.step_in_block == 0))
                 logit_rows += [len(ids) + i for i in read]
                 ids += request.canvas
             positions += range(work.query_start, work.query_end)
             key_slots = self._key_slots(request.page_ids, work.query_end)
             slot_mapping.append(key_slots[work.query_start :])
             sequences.append(SequenceSlice(start, work.num_tokens, key_slots, self._mask(work)))
+        offload = self._offload_context(blocks) if self.executor.offload is not None else None
         forward = ForwardInputs(torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device),
-                                torch.cat(slot_mapping), tuple(sequences), tuple(block_refs))
+                                torch.cat(slot_mapping), tuple(sequences), offload)
         return StepBatch(forward, torch.tensor(logit_rows, dtype=torch.long, device=self.device), blocks)
+
+    def _offload_context(self, blocks: list[BlockRows]) -> OffloadContext:
+        """The step's blocks as expert offload sees them (built only when offload is on)."""
+        return OffloadContext(tuple(
+            BlockRef((b.work.request.request_id, b.work.request.block_start), b.token_start, self.block_length,
+                     b.work.request.step_in_block == 0)
+            for b in blocks
+        ))
 
     def _key_slots(self, page_ids: list[int], end: int) -> torch.Tensor:
         """[end] long: cache slot of positions 0..end-1 (page * page_size + offset)."""

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from diffuserve.engine.expert_offload import OffloadStatsSnapshot
-    from diffuserve.engine.expert_stats import ExpertStatsSnapshot
+    from diffuserve.engine.experts import ExpertStatsSnapshot, OffloadStatsSnapshot
     from diffuserve.engine.kv_pages import PagePool
     from diffuserve.engine.scheduler import Scheduler
     from diffuserve.engine.scheduler_output import StepUpdate

@@ -13,7 +13,7 @@ import logging
 import torch
 from torch import nn
 
-from diffuserve.model.layers.moe import FusedExperts
+from diffuserve.model.layers.moe.layer import FusedExperts
 from diffuserve.model.layers.rotary import RotaryEmbedding
 
 logger = logging.getLogger(__name__)

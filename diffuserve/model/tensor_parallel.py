@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.layers.moe import SparseMoeBlock
+from diffuserve.model.layers.moe.layer import SparseMoeBlock
 
 if TYPE_CHECKING:
     from diffuserve.distributed.group import ParallelGroup

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     config = server_config_from_args(args, args.model, model_dir)
     engine_config = engine_config_from_args(model_dir, args)
 
-    from diffuserve.distributed.worker import run_if_torchrun_worker
+    from diffuserve.engine.engine_setup import run_if_torchrun_worker
 
     if run_if_torchrun_worker(engine_config):
         return 0  # a torchrun rank > 0: it served rank 0's forwards until rank 0 stopped

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from diffuserve.eval.tasks import heldout_examples, training_stream
 from diffuserve.model.clover import CloverForBlockDiffusion
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.layers.moe import Router
+from diffuserve.model.layers.moe.router import Router
 from diffuserve.model.registry import family_for
 from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
 from diffuserve.testing.random_checkpoint import save_weights

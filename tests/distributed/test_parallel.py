@@ -29,7 +29,7 @@ def test_two_processes_give_the_same_tokens_as_one(request, family, expert_paral
         assert llm.engine.stats().experts.experts_touched_per_step > 0  # routing seen on rank 0
     finally:
         llm.engine.shutdown()
-    workers = llm.engine.runner.runtime.processes
+    workers = llm.engine.runner.executor.runtime.processes
     assert len(workers) == 1 and all(not p.is_alive() and p.exitcode == 0 for p in workers)
 
 

@@ -9,7 +9,7 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.config import EngineConfig
-from diffuserve.distributed.worker import run_if_torchrun_worker
+from diffuserve.engine.engine_setup import run_if_torchrun_worker
 
 
 def main(model_dir: str, expert_parallel: bool) -> None:

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.engine.expert_offload import num_cache_slots
-from diffuserve.model.layers.expert_cache import ExpertCache, OffloadCounters
-from diffuserve.model.layers.moe_dispatch import group_by_expert, grouped_experts
-from diffuserve.model.layers.moe_offload import BlockRef, OffloadCostModel, OffloadedExperts, StepPlan
+from diffuserve.engine.experts import num_cache_slots
+from diffuserve.model.layers.moe.dispatch import group_by_expert, grouped_experts
+from diffuserve.model.layers.moe.expert_cache import ExpertCache, OffloadCounters
+from diffuserve.model.layers.moe.offload import OffloadCostModel, OffloadedExperts
+from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext, offload_context
 
 ALWAYS_FETCH = OffloadCostModel(link_bytes_per_s=1e12, host_flops_per_s=1.0)
 ALWAYS_HOST = OffloadCostModel(link_bytes_per_s=1.0, host_flops_per_s=1e18)
@@ -43,18 +44,18 @@ def _layer(policy: str, cost: OffloadCostModel, num_slots: int = 2):
     gate_up, down = torch.randn(4, 2, 2, generator=g), torch.randn(4, 2, 1, generator=g)
     counters = OffloadCounters()
     cache = ExpertCache(gate_up, down, num_slots, torch.device("cpu"), counters)
-    plan = StepPlan()
-    return OffloadedExperts(cache, plan, cost, policy, 4), plan, counters, gate_up, down
+    return OffloadedExperts(cache, cost, policy, 4), counters, gate_up, down
 
 
-def _run(runner: OffloadedExperts, gate_up, down, ids: list[int]) -> None:
-    """Runs one step of top-1 routing `ids` and checks the rows against the plain grouped dispatch."""
+def _run(runner: OffloadedExperts, gate_up, down, blocks: tuple[BlockRef, ...], ids: list[int]) -> None:
+    """Runs one step of top-1 routing `ids` over `blocks` and checks the rows against the plain grouped dispatch."""
     ids_t = torch.tensor(ids)[:, None]
     x = torch.randn(len(ids), 2, generator=torch.Generator().manual_seed(len(ids)))
     groups = group_by_expert(ids_t, 4)
     sorted_x = x.index_select(0, groups.token_of)
     sorted_out = torch.zeros_like(sorted_x)
-    runner.run(sorted_x, groups, ids_t, sorted_out)
+    with offload_context(OffloadContext(blocks)):
+        runner.run(sorted_x, groups, ids_t, sorted_out)
     weights = torch.ones(len(ids), 1)
     out = torch.zeros_like(x).index_add_(0, groups.token_of, sorted_out)
     assert torch.equal(out, grouped_experts(x, weights, ids_t, gate_up, down))
@@ -69,10 +70,9 @@ STEPS = [  # (blocks, top-1 expert of each row); block A rows 0-3, block B rows 
 
 
 def test_block_residency_accounting_by_hand():
-    runner, plan, counters, gate_up, down = _layer("block", ALWAYS_FETCH)
+    runner, counters, gate_up, down = _layer("block", ALWAYS_FETCH)
     for blocks, ids in STEPS:
-        plan.blocks = blocks
-        _run(runner, gate_up, down, ids)
+        _run(runner, gate_up, down, blocks, ids)
     # step 1: A wants e0 x2, e1, e2 -> resident {0, 1} (2 loads); e2 misses 1 token, fetched.
     # step 2: residency kept; e0, e1 hit (2 tokens); e2 misses 2 tokens, fetched.
     # step 3: B starts; A's first step (e0 2, e1 1, e2 1) + B's (e2 1, e3 3) -> e3 3, e0 2, e2 2, e1 1
@@ -84,10 +84,9 @@ def test_block_residency_accounting_by_hand():
 
 
 def test_step_residency_accounting_by_hand():
-    runner, plan, counters, gate_up, down = _layer("step", ALWAYS_FETCH)
+    runner, counters, gate_up, down = _layer("step", ALWAYS_FETCH)
     for blocks, ids in STEPS:
-        plan.blocks = blocks
-        _run(runner, gate_up, down, ids)
+        _run(runner, gate_up, down, blocks, ids)
     # step 1: {0, 1} loaded, e2's token fetched; step 2 wants e2 x2, e0, e1 -> {2, 0} (e1 out, e2 in), e1's token
     # fetched; step 3 wants e2 x4, e3 x4 -> {2, 3} (e0 out, e3 in), all 8 hit. A load per step, for 2 steps.
     assert (counters.hits, counters.misses) == (3 + 3 + 8, 1 + 1)
@@ -96,9 +95,8 @@ def test_step_residency_accounting_by_hand():
 
 
 def test_misses_computed_on_the_host_move_activations_only():
-    runner, plan, counters, gate_up, down = _layer("block", ALWAYS_HOST, num_slots=1)
-    plan.blocks = STEPS[0][0]
-    _run(runner, gate_up, down, STEPS[0][1])
+    runner, counters, gate_up, down = _layer("block", ALWAYS_HOST, num_slots=1)
+    _run(runner, gate_up, down, *STEPS[0])
     # resident {0}; e1 (1 token) and e2 (1 token) on the host: 2 tokens x H 2 x 4 bytes, there and back.
     assert (counters.hits, counters.misses, counters.host_computes, counters.fetches) == (2, 2, 2, 0)
     assert counters.bytes_moved == 24 + 2 * (2 * 2 * 4)

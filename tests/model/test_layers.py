@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from diffuserve.model.config import RopeArgs
-from diffuserve.model.layers.moe import softmax_topk
-from diffuserve.model.layers.moe_dispatch import grouped_experts, reference_experts
+from diffuserve.model.layers.moe.dispatch import grouped_experts, reference_experts
+from diffuserve.model.layers.moe.router import softmax_topk
 from diffuserve.model.layers.rotary import RotaryEmbedding, compute_inv_freq
 
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffuserve.model.layers.moe import softmax_topk
-from diffuserve.model.layers.moe_dispatch import (
+from diffuserve.model.layers.moe.dispatch import (
     group_by_expert,
     grouped_experts,
     grouped_mm_supported,
     looped_experts,
     reference_experts,
 )
+from diffuserve.model.layers.moe.router import softmax_topk
 
 
 def _case(num_tokens: int, experts: int, top_k: int, dtype: torch.dtype, seed: int = 0):

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from diffuserve.model.layers.mlp import SwiGLU
-from diffuserve.model.layers.moe import SparseMoeBlock
+from diffuserve.model.layers.moe.layer import SparseMoeBlock
 
 
 class GatedSharedExpertMoe(SparseMoeBlock):

@@ -1,5 +1,5 @@
 """Expert offload for one MoE layer: which experts are resident in its device cache, and where each missed
-expert is computed. An `ExpertRunner` (see moe), so the MoE layer's dispatch is unchanged: every expert still
+expert is computed. An `ExpertRunner` (see layer), so the MoE layer's dispatch is unchanged: every expert still
 runs once over its sorted run of tokens with the same matmuls, only its weights come from a cache slot, a fetched
 copy or the host; on one device the rows are bit-identical to the plain dispatch.
 
@@ -10,7 +10,7 @@ Residency (`policy`):
     step   the resident set is re-chosen from every step's routing (what an autoregressive offloader does)
 A miss is fetched to the device for that layer-step or computed on the host, whichever `OffloadCostModel` says is
 cheaper; experts this layer fetched at the previous step are prefetched while the layer before it runs.
-Knows nothing of requests: the engine hands it the step's block rows (`StepPlan`).
+Knows nothing of requests: it reads the step's block rows from the current `offload_context`.
 """
 
 from __future__ import annotations
@@ -19,29 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.model.layers.expert_cache import ExpertCache
-from diffuserve.model.layers.moe_dispatch import ExpertGroups, run_expert
+from diffuserve.model.layers.moe.dispatch import ExpertGroups, run_expert
+from diffuserve.model.layers.moe.expert_cache import ExpertCache
+from diffuserve.model.layers.moe.offload_context import current_offload_context
 
 RESIDENCY_POLICIES = ("block", "step")
-
-
-@dataclass(frozen=True)
-class BlockRef:
-    """One request's diffusion block in the step batch."""
-
-    key: tuple[str, int]
-    """(request id, block start): the same across the block's steps."""
-    start: int
-    """Row of the block's first token in the step batch."""
-    length: int
-    is_first_step: bool
-
-
-@dataclass
-class StepPlan:
-    """The current step's blocks, set by the engine before each forward and read by every layer's runner."""
-
-    blocks: tuple[BlockRef, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,11 +59,10 @@ def most_wanted(counts: torch.Tensor, experts: range) -> list[int]:
 class OffloadedExperts:
     """The ExpertRunner of one offloaded MoE layer. `next_layer` (set by the owner) is prefetched into."""
 
-    def __init__(self, cache: ExpertCache, plan: StepPlan, cost: OffloadCostModel, policy: str,
-                 num_experts: int) -> None:
+    def __init__(self, cache: ExpertCache, cost: OffloadCostModel, policy: str, num_experts: int) -> None:
         if policy not in RESIDENCY_POLICIES:
             raise ValueError(f"expert_residency: {policy!r} is not one of {', '.join(RESIDENCY_POLICIES)}")
-        self.cache, self.plan, self.cost, self.policy = cache, plan, cost, policy
+        self.cache, self.cost, self.policy = cache, cost, policy
         self.num_experts = num_experts
         self.counters = cache.counters
         self.next_layer: OffloadedExperts | None = None
@@ -135,10 +116,11 @@ class OffloadedExperts:
         if self.policy == "step":
             self.cache.set_residents(most_wanted(torch.tensor(groups.counts), experts))
             return
-        new = [b for b in self.plan.blocks if b.is_first_step]
+        blocks = current_offload_context().blocks
+        new = [b for b in blocks if b.is_first_step]
         if not new:
             return  # per-block residency: nothing changes between block starts
-        live = {b.key for b in self.plan.blocks}
+        live = {b.key for b in blocks}
         self._block_demand = {k: v for k, v in self._block_demand.items() if k in live}
         for block in new:
             routed = ids[block.start : block.start + block.length].flatten()

@@ -1,7 +1,7 @@
 """One MoE layer's device-resident expert cache: a fixed number of slots in front of the host copy of all of the
 layer's experts, plus the byte and hit accounting every offload decision reports into.
 
-Owns the slots and which expert is in which; knows nothing of routing or blocks (`moe_offload` decides *which*
+Owns the slots and which expert is in which; knows nothing of routing or blocks (`offload` decides *which*
 experts should be resident and when). Copies into slots and fetches of missed experts are host -> device copies
 (non-blocking from pinned memory on a GPU); on a CPU-only machine both tiers are host memory and a copy is a
 memcpy, but the accounting is the same.

@@ -1,9 +1,9 @@
-"""Mixture-of-Experts layer: a softmax top-k router, the routed experts' weights, an optional shared expert.
+"""Mixture-of-Experts layer: a router (see router), the routed experts' weights, an optional shared expert.
 
-The layer holds weights; *how* tokens reach experts is a dispatch function (`moe_dispatch`), so the grouped
-path and the obviously-correct reference path compute from the same parameters. Where the experts' weights are
-read from is the `runner`'s business: by default this rank's `FusedExperts`; with expert offload, a device cache
-in front of host memory (see moe_offload). Either way each expert runs once over its tokens' sorted run.
+The layer holds weights; *how* tokens reach experts is a dispatch function (see dispatch), so the grouped path
+and the obviously-correct reference path compute from the same parameters. Where the experts' weights are read
+from is the `runner`'s business: by default this rank's `FusedExperts`; with expert offload, a device cache in
+front of host memory (see offload). Either way each expert runs once over its tokens' sorted run.
 
 Expert weights are stored fused, in transformers 5's layout (the loader maps per-expert checkpoint names in):
     experts.gate_up_proj [E, 2 * I, H]   rows [0, I) = gate_proj, [I, 2I) = up_proj
@@ -20,35 +20,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from diffuserve.model.layers.linear import ShardSpec, sharded_parameter
 from diffuserve.model.layers.mlp import SwiGLU
-from diffuserve.model.layers.moe_dispatch import (
-    ExpertGroups,
-    combine,
-    group_by_expert,
-    grouped_experts,
-    reference_experts,
-    run_expert,
-)
+from diffuserve.model.layers.moe.dispatch import ExpertGroups, combine, group_by_expert, grouped_experts, run_expert
+from diffuserve.model.layers.moe.router import Router
 
 if TYPE_CHECKING:
     from diffuserve.distributed.group import ParallelGroup
-
-
-def softmax_topk(logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen3-MoE / SDAR-MoE routing. logits [N, E] -> (weights [N, K] in the logits' dtype, expert ids [N, K]).
-
-    softmax in fp32 over all experts, keep the top-k, and renormalise them to sum 1 iff the HF config flag
-    `norm_topk_prob` is true (Qwen3-MoE, SDAR-MoE: true; OLMoE-style LLaDA-MoE: false).
-    """
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if norm_topk_prob:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(logits.dtype), ids
 
 
 class ExpertRunner(Protocol):
@@ -95,26 +75,12 @@ class FusedExperts(nn.Module):
         self.intermediate_size = local
 
 
-class Router(nn.Module):
-    """`gate.weight` [E, H]: the router logits are a plain linear map of the token's hidden state."""
-
-    def __init__(self, num_experts: int, hidden_size: int, top_k: int, norm_topk_prob: bool) -> None:
-        super().__init__()
-        self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
-        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return softmax_topk(F.linear(x, self.weight), self.top_k, self.norm_topk_prob)
-
-
 class SparseMoeBlock(nn.Module):
-    """Routed experts (+ shared expert). `use_reference` switches to the per-token reference dispatch.
-    `last_expert_ids` [N, K] keeps the latest routing for the engine's expert statistics.
+    """Routed experts (+ shared expert). `last_expert_ids` [N, K] keeps the latest routing for the engine's
+    expert statistics.
 
     `gate` replaces the softmax top-k router: any module mapping hidden states [N, H] to (weights [N, K],
     expert ids [N, K]), e.g. LLaDA2's group-limited sigmoid router (top_k and norm_topk_prob are then its own)."""
-
-    use_reference: bool = False
 
     def __init__(
         self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int,
@@ -154,8 +120,6 @@ class SparseMoeBlock(nn.Module):
 
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [N, H] -> the weighted sum of each token's K routed experts [N, H]."""
-        if self.use_reference:
-            return reference_experts(x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj)
         if self.runner is None and self.group is None:
             return grouped_experts(x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj)
         groups = group_by_expert(ids, self.num_experts)

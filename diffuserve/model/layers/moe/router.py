@@ -1,8 +1,10 @@
-"""Sigmoid, group-limited top-k routing (DeepSeek-V3 style), as LLaDA2.x / BailingMoeV2 route their experts.
+"""MoE routers: hidden states [N, H] -> (weights [N, K], expert ids [N, K]).
 
-Owns the routing rule and the router's weights (`gate.weight` [E, H], `gate.expert_bias` [E]); knows nothing
-of how tokens then reach experts (see moe_dispatch). Everything is computed in fp32 and the weights stay fp32,
-so a MoE block combines its experts in fp32 (the dispatch combines in the routing weights' dtype).
+Two rules, each one documented function plus the module that holds its weights: the softmax top-k of Qwen3-MoE /
+SDAR-MoE / clover (`softmax_topk`, `Router`) and the sigmoid, group-limited top-k of DeepSeek-V3 that LLaDA2.x /
+BailingMoeV2 use (`group_limited_topk`, `GroupLimitedRouter`: `gate.weight` [E, H], `gate.expert_bias` [E]).
+Knows nothing of how tokens then reach experts (see dispatch). The group-limited rule computes in fp32 and keeps
+its weights fp32, so a MoE layer combines its experts in fp32 (the dispatch combines in the routing weights' dtype).
 """
 
 from __future__ import annotations
@@ -13,6 +15,31 @@ from torch import nn
 
 RENORM_EPS = 1e-20
 """Added to the sum of the selected scores before renormalising (the reference's guard against 0 / 0)."""
+
+
+def softmax_topk(logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3-MoE / SDAR-MoE routing. logits [N, E] -> (weights [N, K] in the logits' dtype, expert ids [N, K]).
+
+    softmax in fp32 over all experts, keep the top-k, and renormalise them to sum 1 iff the HF config flag
+    `norm_topk_prob` is true (Qwen3-MoE, SDAR-MoE: true; OLMoE-style LLaDA-MoE: false).
+    """
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(logits.dtype), ids
+
+
+class Router(nn.Module):
+    """`gate.weight` [E, H]: the router logits are a plain linear map of the token's hidden state."""
+
+    def __init__(self, num_experts: int, hidden_size: int, top_k: int, norm_topk_prob: bool) -> None:
+        super().__init__()
+        self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return softmax_topk(F.linear(x, self.weight), self.top_k, self.norm_topk_prob)
 
 
 def _top_indices(values: torch.Tensor, k: int) -> torch.Tensor:

@@ -1,0 +1,116 @@
+"""ModelExecutor: one rank's part of the model and everything its forward needs (the model shard, the KV cache of
+its KV heads, expert offload), and the forward itself. Every rank runs this same class: rank 0's executor is
+called by the model runner and first sends the step's inputs to the other ranks; a worker rank's executor sits in
+`loop()`, running each forward rank 0 sends until told to stop. Knows nothing of requests, decoders or
+scheduling; the inputs are plain picklable tensors built by the model runner on rank 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from diffuserve.config import EngineConfig
+from diffuserve.distributed.group import agree_min
+from diffuserve.distributed.launcher import ParallelRuntime
+from diffuserve.engine.experts import ExpertOffload
+from diffuserve.engine.kv_cache import allocate_kv_cache, num_pages_for, resolve_page_size, spec_for
+from diffuserve.model.config import ModelArgs
+from diffuserve.model.layers.attention_backend import PagedAttentionInputs, SequenceSlice
+from diffuserve.model.layers.moe.offload_context import OffloadContext, offload_context
+from diffuserve.model.loader import load_model
+
+
+@dataclass(frozen=True)
+class ForwardInputs:
+    input_ids: torch.Tensor
+    """[N] the step's query tokens, requests one after another (see model_runner)."""
+    positions: torch.Tensor
+    """[N] their absolute positions."""
+    slot_mapping: torch.Tensor
+    """[N] the KV-cache slot each token's K/V is written to."""
+    sequences: tuple[SequenceSlice, ...]
+    offload: OffloadContext | None = None
+    """The step's diffusion blocks for expert offload (which decides residency at a block's first step); built
+    only when offload is on."""
+
+    def to(self, device: torch.device | str) -> ForwardInputs:
+        sequences = tuple(
+            dataclasses.replace(s, key_slots=s.key_slots.to(device), mask=None if s.mask is None else s.mask.to(device))
+            for s in self.sequences
+        )
+        return ForwardInputs(self.input_ids.to(device), self.positions.to(device), self.slot_mapping.to(device),
+                             sequences, self.offload)
+
+
+class ModelExecutor:
+    """One rank's model part and the state a forward needs. `k_caches` / `v_caches`: per layer
+    [num_pages * page_size, Hkv / tensor_parallel_size, D]. `runtime` is this rank's view of the parallel run (its
+    group and the step channel; on rank 0 also the worker processes)."""
+
+    def __init__(self, model: nn.Module, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+                 offload: ExpertOffload | None, page_size: int, device: torch.device,
+                 runtime: ParallelRuntime | None = None) -> None:
+        self.model, self.offload = model, offload
+        self.k_caches, self.v_caches = k_caches, v_caches
+        self.num_pages, self.page_size = k_caches[0].shape[0] // page_size, page_size
+        self.device = device
+        self.runtime = runtime or ParallelRuntime()
+        self._failure: str | None = None
+
+    @classmethod
+    def build(cls, config: EngineConfig, args: ModelArgs, max_model_len: int, runtime: ParallelRuntime,
+              device: torch.device) -> ModelExecutor:
+        """This rank's model part (experts in host memory under offload), expert cache and KV cache. Every rank calls
+        it; the ranks agree on the smallest page count, since rank 0 hands out pages for all of them."""
+        group, offload = runtime.group, config.cache.expert_offload
+        # The RoPE table covers the last block, which may reach past max_model_len.
+        args, model = load_model(config.model, config.dtype, str(device), max_model_len + args.block_length, args,
+                                 group, torch.device("cpu") if offload else None, config.load_format, config.seed)
+        experts = ExpertOffload(model, device, config.cache.expert_cache_memory, config.cache.expert_residency) \
+            if offload else None
+        page_size = resolve_page_size(config.cache.page_size, args.block_length)
+        sched = config.scheduler
+        spec = spec_for(args, page_size, next(model.parameters()).dtype, group.size)
+        reserve = sched.max_num_batched_tokens * (args.hidden_size * 32 + args.vocab_size * 4)
+        num_pages = num_pages_for(config.cache, spec, device, sched.max_num_seqs, max_model_len, reserve)
+        k_caches, v_caches = allocate_kv_cache(spec, agree_min(group, num_pages), device)
+        return cls(model, k_caches, v_caches, experts, page_size, device, runtime)
+
+    def execute(self, inputs: ForwardInputs) -> torch.Tensor:
+        """Rank 0: sends the step to the other ranks, then runs its own forward -> hidden states [N, H].
+
+        Under several processes a failed step ends the engine (the ranks' collectives no longer line up): this
+        call and every later one raise the first failure, a worker's own error when it reported one."""
+        if self.runtime.channel is None:
+            return self.forward(inputs)
+        if self._failure is not None:
+            raise RuntimeError(f"the engine's ranks stopped after a failed step: {self._failure}")
+        try:
+            self.runtime.channel.send(inputs.to("cpu"))
+            return self.forward(inputs)
+        except Exception as e:
+            self._failure = self.runtime.failure() or f"{type(e).__name__}: {e}"
+            raise RuntimeError(self._failure) from e
+
+    def forward(self, inputs: ForwardInputs) -> torch.Tensor:
+        """This rank's forward -> hidden states [N, H] (the same on every rank after the last all-reduce)."""
+        attention = PagedAttentionInputs(inputs.slot_mapping, inputs.sequences, self.k_caches, self.v_caches)
+        if inputs.offload is None:
+            return self.model(inputs.input_ids, inputs.positions, attention)
+        with offload_context(inputs.offload):
+            return self.model(inputs.input_ids, inputs.positions, attention)
+
+    def loop(self) -> None:
+        """Worker ranks: runs every forward rank 0 sends until it sends None (stop)."""
+        assert self.runtime.channel is not None and self.runtime.group.rank > 0, "loop() is for worker ranks"
+        with torch.inference_mode():
+            while (inputs := self.runtime.channel.receive()) is not None:
+                self.forward(inputs.to(self.device))
+
+    def close(self) -> None:
+        """Rank 0: stops the worker ranks, if any (idempotent)."""
+        self.runtime.close()
