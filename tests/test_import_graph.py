@@ -1,11 +1,13 @@
 """The package's import graph, read from the source with `ast` (every import counts, lazy and TYPE_CHECKING ones
-included): no import cycle runs through modules of different packages, and `diffuserve.distributed` knows process
-groups and channels only (never the engine or the model)."""
+included): no import cycle runs through modules of different packages, and the packages keep their boundaries
+(`diffuserve.distributed` knows process groups and channels only, never the engine or the model)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 import diffuserve
 
@@ -107,10 +109,18 @@ def test_no_import_cycle_crosses_packages():
     assert crossing == [], f"import cycles through several packages: {crossing}"
 
 
-def test_distributed_never_imports_the_engine_or_the_model():
-    graph = import_graph()
+BOUNDARIES = [  # (package, packages it must never import), from docs/architecture.md
+    ("diffuserve.distributed", ("diffuserve.engine", "diffuserve.model")),
+    ("diffuserve.model", ("diffuserve.engine", "diffuserve.server")),
+    ("diffuserve.server", ("diffuserve.model",)),
+    ("diffuserve.planner", ("diffuserve.engine", "diffuserve.model", "diffuserve.server")),
+]
+
+
+@pytest.mark.parametrize(("package", "forbidden"), BOUNDARIES)
+def test_package_boundaries(package, forbidden):
     leaks = {
-        module: sorted(t for t in targets if t.startswith(("diffuserve.engine", "diffuserve.model")))
-        for module, targets in graph.items() if module.startswith("diffuserve.distributed")
+        module: sorted(t for t in targets if t.startswith(forbidden))
+        for module, targets in import_graph().items() if module.startswith(package)
     }
     assert {m: t for m, t in leaks.items() if t} == {}
