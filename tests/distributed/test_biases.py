@@ -14,8 +14,7 @@ from safetensors.torch import load_file, save_file
 from diffuserve import LLM, SamplingParams
 from diffuserve.engine.executor import ForwardInputs
 from diffuserve.model.layers.attention_backend import SequenceSlice, block_causal_mask
-from diffuserve.model.llada2_checkpoint import write_llada2_checkpoint
-from tests.conftest import tiny_checkpoint
+from tests.conftest import tiny_checkpoint, write_llada2_checkpoint
 
 BIAS_SCALE = 25.0
 """The writer's biases are normal(0, 0.02); times 25 they shift q, k, v and the attention output visibly."""
