@@ -123,6 +123,7 @@ class ExpertTracker:
         """After a forward. `block_rows`: (request id, first row, row count) of each request's block."""
         for layer_index, layer in enumerate(self.layers):
             ids = layer.last_expert_ids  # [N, K]
+            assert ids is not None, "record_step() runs after a forward"
             counts = torch.bincount(ids.flatten(), minlength=self.num_experts).double()
             touched = counts[counts > 0]
             self._step_sums += torch.stack(

@@ -75,7 +75,9 @@ class ModelRunner:
         if self.experts.enabled:
             rows = [(b.work.request.request_id, b.token_start, self.block_length) for b in batch.blocks]
             self.experts.record_step(rows)
-        logits = self.model.compute_logits(hidden.index_select(0, batch.logit_rows)) if batch.blocks else None
+        if not batch.blocks:
+            return {}
+        logits = self.model.compute_logits(hidden.index_select(0, batch.logit_rows))  # [M, V]
         return {b.work.request.request_id: self._decode(b, logits) for b in batch.blocks}
 
     def release(self, request_id: str) -> None:

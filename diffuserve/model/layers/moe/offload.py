@@ -125,4 +125,4 @@ class OffloadedExperts:
         for block in new:
             routed = ids[block.start : block.start + block.length].flatten()
             self._block_demand[block.key] = torch.bincount(routed, minlength=self.num_experts).cpu()
-        self.cache.set_residents(most_wanted(sum(self._block_demand.values()), experts))
+        self.cache.set_residents(most_wanted(torch.stack(list(self._block_demand.values())).sum(dim=0), experts))
