@@ -1,7 +1,7 @@
 """Mixture-of-Experts layer: a router (see router), the routed experts' weights, an optional shared expert.
 
 The layer holds weights; *how* tokens reach experts is a dispatch function (see dispatch), so the grouped path
-and the obviously-correct reference path compute from the same parameters. Where the experts' weights are read
+and the obviously-correct reference path (the tests' oracle) compute from the same parameters. Where the experts' weights are read
 from is the `runner`'s business: by default this rank's `FusedExperts`; with expert offload, a device cache in
 front of host memory (see offload). Either way each expert runs once over its tokens' sorted run.
 
