@@ -1,9 +1,10 @@
 """Mixture-of-Experts layer: a router (see router), the routed experts' weights, an optional shared expert.
 
 The layer holds weights; *how* tokens reach experts is a dispatch function (see dispatch), so the grouped path
-and the obviously-correct reference path (the tests' oracle) compute from the same parameters. Where the experts' weights are read
-from is the `runner`'s business: by default this rank's `FusedExperts`; with expert offload, a device cache in
-front of host memory (see offload). Either way each expert runs once over its tokens' sorted run.
+and the obviously-correct reference path (the tests' oracle) compute from the same parameters. Where the
+experts' weights are read from is the `runner`'s business: by default this rank's `FusedExperts`; with expert
+offload, a device cache in front of host memory (see offload). Either way each expert runs once over its tokens'
+sorted run.
 
 Expert weights are stored fused, in transformers 5's layout (the loader maps per-expert checkpoint names in):
     experts.gate_up_proj [E, 2 * I, H]   rows [0, I) = gate_proj, [I, 2I) = up_proj
