@@ -169,6 +169,13 @@ def check_fits_model(spec: ModelSpec, deployment: Deployment, workload: Workload
                 f"tensor_parallel_size: {tp} neither divides nor is a multiple of the {group.num_kv_heads} KV "
                 f"heads of {spec.name}; use one of {_divisors(group.num_kv_heads)} or a multiple of it"
             )
+    gdn = spec.linear_attention
+    if gdn is not None and gdn.num_key_heads % tp:
+        # TP splits a GDN layer by key head, each with its Hv / Hk value heads and their state.
+        raise ValueError(
+            f"tensor_parallel_size: {tp} does not divide the {gdn.num_key_heads} linear-attention key heads of "
+            f"{spec.name}; use one of {_divisors(gdn.num_key_heads)}"
+        )
     if ep > 1 and (not spec.is_moe or spec.num_experts % ep):
         raise ValueError(
             f"expert_parallel_size: {ep} does not divide the {spec.num_experts} experts of {spec.name}; "

@@ -1,5 +1,6 @@
-"""Bytes per device: weights (dense vs. routed experts), KV cache per token and per sequence, the activation
-and logits workspace, runtime overhead, and what is left for the KV pool.
+"""Bytes per device: weights (dense vs. routed experts), KV cache per token and per sequence, the recurrent
+state per sequence of hybrid models (planner/recurrent_state.py), the activation and logits workspace, runtime
+overhead, and what is left for the KV pool.
 
 Owns the memory formulas; every result carries the formulas with its numbers (`formulas`). Knows nothing of
 time or money. Shape letters: L layers, Hkv KV heads, D head dim, S block length, V vocabulary, h hidden.
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from diffuserve.planner.inputs import KV_BYTES, WEIGHT_BYTES, Deployment
 from diffuserve.planner.model_spec import AttentionGroup, ModelSpec
 from diffuserve.planner.params import ParamCounts
+from diffuserve.planner.recurrent_state import state_bytes_per_sequence, state_formula
 from diffuserve.planner.units import GiB, ceil_div, fmt_bytes, fmt_count, round_up
 
 NCCL_OVERHEAD_BYTES = 2 * GiB
@@ -33,6 +35,8 @@ class MemoryBreakdown:
     overhead_bytes: float
     kv_bytes_per_token: float
     """Full-attention layers only; sliding-window layers are capped per sequence (see `kv_bytes_per_sequence`)."""
+    state_bytes_per_sequence: float
+    """Constant recurrent state of the linear-attention layers per sequence (0 without such layers)."""
     formulas: tuple[str, ...]
 
     @property
@@ -104,12 +108,13 @@ def memory_breakdown(spec: ModelSpec, params: ParamCounts, deployment: Deploymen
         f"runtime overhead = {fmt_bytes(overhead)}"
         + (" (incl. 2 GiB NCCL buffers)" if _is_parallel(deployment) else ""),
         *_kv_formulas(spec, deployment),
+        *([state_formula(spec, deployment)] if spec.is_hybrid else []),
     )
     return MemoryBreakdown(
         device_bytes=device_bytes, usable_bytes=usable, dense_weight_bytes=dense * b_w / tp,
         embedding_bytes=params.embeddings * b_emb / tp, expert_weight_bytes=params.routed_experts * b_w / shards,
         activation_bytes=activation, overhead_bytes=overhead, kv_bytes_per_token=full_per_token,
-        formulas=formulas,
+        state_bytes_per_sequence=state_bytes_per_sequence(spec, deployment), formulas=formulas,
     )
 
 
@@ -127,14 +132,18 @@ def _workspace(spec: ModelSpec, deployment: Deployment, block_length: int) -> tu
     """Peak activations of a full step plus the logits of every denoised position.
 
     Live tensors per token at the MLP peak (bf16, fp32 for fp32 models): residual, norm output, attention
-    output and scratch (4h), Q/K/V, and the gate/up outputs of the widest MLP (k experts + shared, or dense).
+    output and scratch (4h), the widest mixer projection (Q (+ gate) / K / V, or a GDN layer's q | k | v, z, b,
+    a), and the gate/up outputs of the widest MLP (k experts + shared, or dense).
     """
     if deployment.activation_bytes is not None:
         return deployment.activation_bytes, f"activations = {fmt_bytes(deployment.activation_bytes)} (given)"
     tp = deployment.tensor_parallel_size
     b_act = 4 if deployment.weight_dtype == "fp32" else 2
     group = spec.attention[-1]
-    qkv = (group.num_heads + 2 * group.num_kv_heads) * group.head_dim
+    qkv = (group.num_heads * (2 if group.output_gate else 1) + 2 * group.num_kv_heads) * group.head_dim
+    if spec.linear_attention is not None:
+        gdn = spec.linear_attention
+        qkv = max(qkv, gdn.conv_dim + gdn.value_dim + 2 * gdn.num_value_heads)
     mlp = max(spec.intermediate_size if spec.num_dense_mlp_layers else 0,
               spec.num_experts_per_tok * spec.moe_intermediate_size + spec.shared_expert_intermediate_size)
     per_token = b_act * (4 * spec.hidden_size + (qkv + 2 * mlp) / tp)
@@ -158,5 +167,7 @@ def _kv_formulas(spec: ModelSpec, deployment: Deployment) -> list[str]:
             f"KV/token ({kind}) = 2 x L {group.num_layers} x Hkv {heads}/device x D {group.head_dim} x "
             f"{KV_BYTES[deployment.kv_dtype]} B ({deployment.kv_dtype}) = "
             f"{fmt_bytes(kv_bytes_per_token(deployment, group))}"
+            + (f" ({spec.linear_attention.num_layers} linear-attention layers keep no K/V)"
+               if spec.linear_attention is not None and group.window is None else "")
         )
     return lines

@@ -26,15 +26,25 @@ class ModelPreset:
     """Tokens per forward to assume when none is given or calibrated (None: the planner's generic default)."""
 
 
-# Clover-35B-A3B is our own model; only "35B total, ~3B active, 128K context, block 32" is published. The shape
-# below is ASSUMED: Qwen3-MoE (GQA 32/4 x 128, Qwen3 vocabulary) scaled to 40 layers with 192 experts (top-8,
-# width 704) and a 1024-wide shared expert -> 34.86B total, 3.03B active (embeddings in), 80 KiB KV per token.
+# Clover-35B-A3B(-Preview), DiffuSpace (Hugging Face Diffuspace/Clover-35B-A3B-Preview): the published hybrid
+# architecture, gathered in ../shared/notes/clover.md. [V] = stated by a source about Clover, [B] = its base
+# trunk as transformers 5.x implements it (`Qwen3_5MoeTextConfig()` defaults are exactly this 35B-A3B shape).
+# The model's own config.json could not be read: a real one overrides every value (`diffuserve plan DIR`).
+#   identity: model_type clover_moe [V: HF tags], architecture CloverMoeModelLM [V: llama.cpp converter];
+#   40 layers = 30 Gated DeltaNet + 10 gated full attention [V: CMF card], 3 GDN then 1 attention
+#   (full_attention_interval 4) [B]; 128K context: 131,072 tokens [V: wiki]; 32-token blocks [V: CMF card];
+#   256 routed experts top-8 + one shared expert [V: CMF card], expert and shared widths 512, sigmoid-gated
+#   shared expert [B]; hidden 2048, vocab 248,320 untied [B]; attention 16 query / 2 KV heads of dim 256,
+#   sigmoid output gate, partial rotary 0.25 [B]; GDN 16 key heads x 128, 32 value heads x 128, conv kernel 4 [B].
+# -> 34.66B total as transformers counts it, 3.45B active (2.44B without embeddings),
+#    20 KiB of K/V per token, 61.4 MiB of GDN state per sequence (bf16).
 _CLOVER = dict(
-    architectures=["CloverForBlockDiffusion"], model_type="clover", hidden_size=2048, num_hidden_layers=40,
-    num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144, num_experts=192,
-    num_experts_per_tok=8, moe_intermediate_size=704, shared_expert_intermediate_size=1024,
-    decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936, tie_word_embeddings=False,
-    max_position_embeddings=131072, block_length=32,
+    architectures=["CloverMoeModelLM"], model_type="clover_moe", hidden_size=2048, num_hidden_layers=40,
+    full_attention_interval=4, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+    attn_output_gate=True, partial_rotary_factor=0.25, linear_num_key_heads=16, linear_key_head_dim=128,
+    linear_num_value_heads=32, linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=256,
+    num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512, vocab_size=248320,
+    tie_word_embeddings=False, max_position_embeddings=131072, block_length=32,
 )
 
 # SDAR-30B-A3B(-Chat/-Sci): no SDAR-MoE config.json was readable; lmdeploy, SGLang and JetEngine all implement
@@ -87,7 +97,9 @@ _DIFFUSION_GEMMA = dict(
 MODEL_PRESETS: dict[str, ModelPreset] = {
     preset.name: preset for preset in (
         ModelPreset("Clover-35B-A3B", _CLOVER, 35e9, 3e9,
-                    "diffuserve's own model: published 35B / ~3B active / 128K / block 32; layer shape assumed"),
+                    "DiffuSpace Clover-35B-A3B-Preview (wiki, CMF card, llama.cpp converter): 35B total, ~3B "
+                    "active, 40 layers 30 GDN + 10 attention, 256 experts top-8 + shared, block 32, 131,072 "
+                    "context; trunk dims from transformers' Qwen3_5MoeTextConfig (its base)"),
         ModelPreset("SDAR-30B-A3B", _SDAR_30B, 30.5e9, 3.3e9,
                     "Qwen3-30B-A3B config.json dims (SDAR-MoE = Qwen3-MoE); totals from the Qwen3-30B-A3B card"),
         ModelPreset("LLaDA2.0-mini", _LLADA2_MINI, 16e9, 1.4e9,

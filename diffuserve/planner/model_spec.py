@@ -1,7 +1,8 @@
 """ModelSpec: the shape facts the planner needs, read from a Hugging Face style `config.json` dict.
 
 Owns the translation of the config spellings of our model families (Qwen3-MoE / SDAR-MoE / clover, LLaDA2 =
-BailingMoeV2, Gemma-4 / DiffusionGemma with `text_config`, sliding-window `layer_types`) into layer groups.
+BailingMoeV2, Gemma-4 / DiffusionGemma with `text_config`, sliding-window `layer_types`, and the hybrid
+Gated DeltaNet families through planner/hybrid_config.py) into layer groups.
 The spellings the engine also reads (block length, which layers are dense) go through the model's own parser,
 diffuserve/model/config.py (standard library only), so the two cannot disagree. Knows nothing of dtypes,
 hardware or workloads; raises ValueError naming the config field and the fix.
@@ -14,6 +15,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from diffuserve.model.config import DEFAULT_BLOCK_LENGTH, dense_layer_ids, parse_block_length
+from diffuserve.planner.hybrid_config import (
+    FULL,
+    LINEAR,
+    SLIDING,
+    LinearAttentionGroup,
+    has_output_gate,
+    has_shared_expert_gate,
+    layer_types,
+    linear_attention_group,
+    with_family_defaults,
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,8 @@ class AttentionGroup:
     """Sliding-window length in tokens; None = full attention (KV grows with the context)."""
     has_v_proj: bool = True
     """False when V is derived from the K projection (Gemma-4 `attention_k_eq_v`); V is still cached."""
+    output_gate: bool = False
+    """Gated attention (Qwen3.5 / Clover): `q_proj` also emits a sigmoid gate per query head dim (2 x Hq x D)."""
 
 
 @dataclass(frozen=True)
@@ -50,10 +64,23 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 32768
     block_length: int = DEFAULT_BLOCK_LENGTH
+    linear_attention: LinearAttentionGroup | None = None
+    """Gated DeltaNet layers (hybrid models): no KV cache, a constant state per sequence."""
+    shared_expert_gate: bool = False
+    """The shared expert's output is scaled by sigmoid of a [1, h] projection (Qwen2-MoE / Qwen3.5 / Clover)."""
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0 and self.num_moe_layers > 0
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.linear_attention is not None
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers that keep K/V (full or sliding-window attention)."""
+        return sum(group.num_layers for group in self.attention)
 
     @property
     def num_heads(self) -> int:
@@ -62,19 +89,20 @@ class ModelSpec:
 
 def spec_from_config(config: dict[str, Any], name: str | None = None) -> ModelSpec:
     """Parses a config.json dict (top level, or the `text_config` of multimodal / DiffusionGemma configs)."""
-    text = {**config, **(config.get("text_config") or {})}
+    text = with_family_defaults(config, {**config, **(config.get("text_config") or {})})
     hidden = int(_require(text, "hidden_size"))
     layers = int(_require(text, "num_hidden_layers"))
     experts = int(_first(text, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0)
     parallel_moe = _has_parallel_dense_mlp(text)
     moe_layers = _moe_layers(text, layers, experts)
+    kinds = Counter(layer_types(text, layers))
     return ModelSpec(
         name=name or _model_name(config),
         architecture=(config.get("architectures") or text.get("architectures") or ["?"])[0],
         vocab_size=int(_require(text, "vocab_size")),
         hidden_size=hidden,
         num_layers=layers,
-        attention=_attention_groups(text, layers, hidden),
+        attention=_attention_groups(config, text, kinds, hidden),
         intermediate_size=int(_first(text, "intermediate_size", default=0) or 0),
         num_dense_mlp_layers=layers if parallel_moe else layers - moe_layers,
         num_moe_layers=moe_layers,
@@ -85,6 +113,8 @@ def spec_from_config(config: dict[str, Any], name: str | None = None) -> ModelSp
         tie_word_embeddings=bool(_first(text, "tie_word_embeddings", default=False)),
         max_position_embeddings=int(_first(text, "max_position_embeddings", default=32768)),
         block_length=parse_block_length(config),
+        linear_attention=linear_attention_group(text, kinds[LINEAR]) if kinds[LINEAR] else None,
+        shared_expert_gate=has_shared_expert_gate(config) and _shared_width(text) > 0,
     )
 
 
@@ -125,43 +155,26 @@ def _shared_width(text: dict) -> int:
     return width
 
 
-def _layer_types(text: dict, layers: int) -> list[str]:
-    types = text.get("layer_types")
-    if types is not None:
-        if len(types) != layers:
-            raise ValueError(
-                f"config.json: `layer_types` lists {len(types)} layers but num_hidden_layers is {layers}; "
-                "make them agree"
-            )
-        return list(types)
-    if text.get("use_sliding_window") and text.get("sliding_window"):
-        # Qwen2/Qwen3 semantics: layers from `max_window_layers` on use the sliding window.
-        first_swa = int(text.get("max_window_layers") or 0)
-        return ["full_attention" if i < first_swa else "sliding_attention" for i in range(layers)]
-    return ["full_attention"] * layers
-
-
-def _attention_groups(text: dict, layers: int, hidden: int) -> tuple[AttentionGroup, ...]:
+def _attention_groups(config: dict, text: dict, kinds: Counter[str], hidden: int) -> tuple[AttentionGroup, ...]:
+    if not kinds[FULL] + kinds[SLIDING]:
+        raise ValueError(
+            "config.json: no layer is full or sliding-window attention (`layer_types` / `full_attention_interval`)"
+            "; the planner models hybrids with at least one attention layer"
+        )
     heads = int(_require(text, "num_attention_heads"))
     kv_heads = int(_first(text, "num_key_value_heads", default=heads))
     head_dim = int(_first(text, "head_dim", default=hidden // heads))
-    counts = Counter(_layer_types(text, layers))
-    unknown = set(counts) - {"full_attention", "sliding_attention"}
-    if unknown:
-        raise ValueError(
-            f"config.json: layer type(s) {sorted(unknown)} are not modelled by the planner; "
-            "supported: full_attention, sliding_attention"
-        )
     groups = []
-    if counts["sliding_attention"]:
+    if kinds[SLIDING]:
         window = int(_require(text, "sliding_window"))
-        groups.append(AttentionGroup(counts["sliding_attention"], heads, kv_heads, head_dim, window=window))
-    if counts["full_attention"]:
+        groups.append(AttentionGroup(kinds[SLIDING], heads, kv_heads, head_dim, window=window))
+    if kinds[FULL]:
         # Gemma-4 full-attention layers have their own KV heads / head dim and may reuse K as V.
         groups.append(AttentionGroup(
-            counts["full_attention"], heads,
+            kinds[FULL], heads,
             int(_first(text, "num_global_key_value_heads", default=kv_heads)),
             int(_first(text, "global_head_dim", default=head_dim)),
             has_v_proj=not text.get("attention_k_eq_v", False),
+            output_gate=has_output_gate(config, text),
         ))
     return tuple(groups)

@@ -1,6 +1,7 @@
 """Parameter counts of a ModelSpec, split the way memory and bandwidth need them.
 
-Owns the counting rules (attention, dense MLP, shared expert, router, routed experts, embeddings, norms) and the
+Owns the counting rules (attention, Gated DeltaNet, dense MLP, shared expert and its gate, router, routed experts,
+embeddings, norms) and the
 definition of "active": every parameter a token's forward uses, **embeddings included** (input embedding and
 LM head), routed experts counted `k/E`. This is the convention of the published totals we compare against
 (Ling 2.0 / LLaDA2: "6.1B activated (4.8B non-embedding)"; Qwen3-30B-A3B: "3.3B activated").
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from diffuserve.planner.hybrid_config import LinearAttentionGroup
 from diffuserve.planner.model_spec import AttentionGroup, ModelSpec
 
 GATED_MLP_MATRICES = 3
@@ -20,9 +22,12 @@ GATED_MLP_MATRICES = 3
 @dataclass(frozen=True)
 class ParamCounts:
     attention: int
-    """Q, K, V, O projections of every layer (plus the per-head q/k norms)."""
+    """Q (and its output gate), K, V, O projections of the attention layers (plus the per-head q/k norms)."""
+    linear_attention: int
+    """Gated DeltaNet layers: projections, conv, decay and gate vectors, output norm (and preview tensors)."""
     dense_mlp: int
     shared_experts: int
+    """Shared experts and, where the family has one, their sigmoid gate [1, h]."""
     router: int
     routed_experts: int
     input_embedding: int
@@ -41,8 +46,8 @@ class ParamCounts:
     @property
     def non_expert(self) -> int:
         """Everything but the routed experts: what every token uses."""
-        return (self.attention + self.dense_mlp + self.shared_experts + self.router + self.embeddings
-                + self.norms)
+        return (self.attention + self.linear_attention + self.dense_mlp + self.shared_experts + self.router
+                + self.embeddings + self.norms)
 
     def active(self, spec: ModelSpec) -> float:
         """Parameters one token uses, embeddings included: non-expert + routed * k / E."""
@@ -60,10 +65,12 @@ def count_parameters(spec: ModelSpec) -> ParamCounts:
     """Counts every weight matrix of the config; norms approximately (2 vectors of `hidden` per layer + final)."""
     h = spec.hidden_size
     expert_mlp = GATED_MLP_MATRICES * h * spec.moe_intermediate_size
+    shared = GATED_MLP_MATRICES * h * spec.shared_expert_intermediate_size + (h if spec.shared_expert_gate else 0)
     return ParamCounts(
         attention=sum(_attention_params(group, h) for group in spec.attention),
+        linear_attention=_linear_attention_params(spec.linear_attention, h) if spec.linear_attention else 0,
         dense_mlp=spec.num_dense_mlp_layers * GATED_MLP_MATRICES * h * spec.intermediate_size,
-        shared_experts=spec.num_moe_layers * GATED_MLP_MATRICES * h * spec.shared_expert_intermediate_size,
+        shared_experts=spec.num_moe_layers * shared,
         router=spec.num_moe_layers * spec.num_experts * h,
         routed_experts=spec.num_moe_layers * spec.num_experts * expert_mlp,
         input_embedding=0 if spec.tie_word_embeddings else spec.vocab_size * h,
@@ -74,9 +81,23 @@ def count_parameters(spec: ModelSpec) -> ParamCounts:
 
 def _attention_params(group: AttentionGroup, hidden: int) -> int:
     q_size = group.num_heads * group.head_dim
+    q_out = 2 * q_size if group.output_gate else q_size
     kv_size = group.num_kv_heads * group.head_dim
     v_size = kv_size if group.has_v_proj else 0
-    per_layer = hidden * (q_size + kv_size + v_size) + q_size * hidden + 2 * group.head_dim
+    per_layer = hidden * (q_out + kv_size + v_size) + q_size * hidden + 2 * group.head_dim
+    return group.num_layers * per_layer
+
+
+def _linear_attention_params(group: LinearAttentionGroup, hidden: int) -> int:
+    """Per GDN layer: in_proj_qkv h x conv_dim, in_proj_z h x Hv*Dv, in_proj_b and in_proj_a h x Hv each,
+    out_proj Hv*Dv x h, depthwise conv conv_dim x k, A_log and dt_bias Hv each, gated RMSNorm Dv.
+
+    Clover's block-diffusion tensors (`conv_right_weight` [conv_dim, k - 1] and three `bd_softmax_*` per GDN
+    layer, about 0.74M in all: 0.002%) are not counted: config.json does not say whether a checkpoint has them.
+    """
+    hv, conv_dim = group.num_value_heads, group.conv_dim
+    per_layer = (hidden * (conv_dim + group.value_dim + 2 * hv) + group.value_dim * hidden
+                 + conv_dim * group.conv_kernel + 2 * hv + group.value_head_dim)
     return group.num_layers * per_layer
 
 

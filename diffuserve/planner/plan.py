@@ -68,7 +68,9 @@ class Plan:
     def _parameter_formulas(self) -> tuple[str, ...]:
         p, spec = self.params, self.spec
         return (
-            f"total = attention {fmt_count(p.attention)} + dense MLP {fmt_count(p.dense_mlp)} + shared experts "
+            f"total = attention {fmt_count(p.attention)} + "
+            + (f"linear attention (GDN) {fmt_count(p.linear_attention)} + " if spec.is_hybrid else "")
+            + f"dense MLP {fmt_count(p.dense_mlp)} + shared experts "
             f"{fmt_count(p.shared_experts)} + router {fmt_count(p.router)} + routed experts "
             f"{fmt_count(p.routed_experts)} + embeddings {fmt_count(p.embeddings)} + norms {fmt_count(p.norms)} "
             f"= {fmt_count(p.total)}",

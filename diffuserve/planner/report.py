@@ -22,6 +22,7 @@ def render_text(plan: Plan) -> list[str]:
         _parameter_line(plan),
         *_memory_lines(plan),
         *_capacity_lines(plan),
+        *_hybrid_lines(plan),
         *_decode_lines(plan),
         f"Prefill     {load.prompt_tokens:,} prompt tokens in {fmt_time(plan.prefill.t_prefill)}; "
         f"TTFT {fmt_time(plan.prefill.ttft)} (first block after {plan.prefill.first_block_forwards} forwards)",
@@ -39,7 +40,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     p, spec = plan.params, plan.spec
     return {
         "model": {
-            "name": spec.name, "architecture": spec.architecture, "total_params": p.total,
+            "name": spec.name, "architecture": spec.architecture, "num_layers": spec.num_layers,
+            "attention_layers": spec.num_attention_layers,
+            "linear_attention_layers": spec.linear_attention.num_layers if spec.linear_attention else 0,
+            "total_params": p.total,
             "active_params": p.active(spec), "active_params_non_embedding": p.active_non_embedding(spec),
             "active_definition": ACTIVE_DEFINITION, "routed_expert_params": p.routed_experts,
             "published_total_params": plan.preset.published_total if plan.preset else None,
@@ -51,8 +55,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "efficiency": asdict(plan.efficiency),
         "memory_per_device": {**_numbers(plan.memory), "weight_bytes": plan.memory.weight_bytes,
                               "kv_pool_bytes": plan.memory.kv_pool_bytes},
-        "capacity": {**_numbers(plan.capacity), "max_concurrency": plan.capacity.max_concurrency},
+        "capacity": {**_numbers(plan.capacity), "bytes_per_sequence": plan.capacity.bytes_per_sequence,
+                     "max_concurrency": plan.capacity.max_concurrency},
         "decode": {**_numbers(plan.decode), "forward": {**asdict(plan.decode.forward),
+                                                        "bytes": plan.decode.forward.bytes,
                                                         "t_forward": plan.decode.forward.t_forward,
                                                         "bound": plan.decode.forward.bound}},
         "prefill": _numbers(plan.prefill),
@@ -85,7 +91,9 @@ def _memory_lines(plan: Plan) -> list[str]:
         f"{fmt_bytes(m.usable_bytes)}",
         *(f"  {name:<26}{fmt_bytes(value):>12}" for name, value in rows),
         f"  KV per token {fmt_bytes(m.kv_bytes_per_token)} (full-attention layers); per "
-        f"{plan.capacity.context_length:,}-token sequence {fmt_bytes(plan.capacity.kv_bytes_per_sequence)}",
+        f"{plan.capacity.context_length:,}-token sequence {fmt_bytes(plan.capacity.kv_bytes_per_sequence)}"
+        + (f" + recurrent state {fmt_bytes(m.state_bytes_per_sequence)} (constant) = "
+           f"{fmt_bytes(plan.capacity.bytes_per_sequence)}" if plan.spec.is_hybrid else ""),
     ]
 
 
@@ -99,11 +107,28 @@ def _capacity_lines(plan: Plan) -> list[str]:
     ]
 
 
+def _hybrid_lines(plan: Plan) -> list[str]:
+    """Why a hybrid matters at long context: the same pool with every layer full attention."""
+    spec, c = plan.spec, plan.capacity
+    if spec.linear_attention is None or c.full_attention_kv_bytes_per_sequence is None:
+        return []
+    fewer = (f"{c.max_seqs_by_kv / c.full_attention_max_seqs:.1f}x fewer" if c.full_attention_max_seqs
+             else "none fit")
+    return [
+        f"Hybrid      {spec.num_attention_layers} of {spec.num_layers} layers keep K/V ("
+        f"{spec.linear_attention.num_layers} linear-attention layers: a constant state), so "
+        f"{c.max_seqs_by_kv * c.num_replicas} sequences fit; with full attention in all {spec.num_layers} layers "
+        f"(same heads) a {c.context_length:,}-token sequence would need "
+        f"{fmt_bytes(c.full_attention_kv_bytes_per_sequence)} and {(c.full_attention_max_seqs or 0) * c.num_replicas}"
+        f" would fit ({fewer})",
+    ]
+
+
 def _decode_lines(plan: Plan) -> list[str]:
     d, f = plan.decode, plan.decode.forward
     return [
         f"Decode      {d.concurrency} seqs/replica, {d.seqs_per_forward} per forward: T={f.tokens} tokens, experts "
-        f"touched {f.experts_touched:.1%}, {fmt_bytes(f.weight_bytes + f.kv_bytes)} + {fmt_flops(f.flops)} per "
+        f"touched {f.experts_touched:.1%}, {fmt_bytes(f.bytes)} + {fmt_flops(f.flops)} per "
         f"forward -> {fmt_time(f.t_forward)} ({f.bound})",
         f"            {d.tokens_per_s_per_seq:,.1f} tokens/s per sequence (TPOT {fmt_time(1 / d.tokens_per_s_per_seq)})"
         f", {d.tokens_per_s_total:,.1f} tokens/s total",

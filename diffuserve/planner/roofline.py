@@ -1,8 +1,9 @@
 """Per-forward roofline of block-diffusion decoding and of prefill: bytes and FLOPs -> time -> tokens/s.
 
 Owns the expert-touch model (the union of experts a whole forward's tokens route to), the per-device bytes
-and FLOPs of one forward, and the decode / prefill estimates built on it. Knows nothing of memory capacity
-or money. Per forward: t = max(bytes / (BW x MBU), FLOPs / (F x MFU)) + communication + step overhead.
+and FLOPs of one forward (weights, KV read, and for hybrid models the recurrent state read and written and the
+delta-rule FLOPs), and the decode / prefill estimates built on it. Knows nothing of memory capacity or money.
+Per forward: t = max(bytes / (BW x MBU), FLOPs / (F x MFU)) + communication + step overhead.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from diffuserve.planner.inputs import WEIGHT_BYTES, Deployment, Efficiency, Work
 from diffuserve.planner.memory import MemoryBreakdown, embedding_dtype, kv_bytes_per_sequence
 from diffuserve.planner.model_spec import ModelSpec
 from diffuserve.planner.params import ParamCounts
+from diffuserve.planner.recurrent_state import recurrent_flops, state_bytes_per_sequence
 from diffuserve.planner.units import ceil_div, fmt_bytes, fmt_flops, fmt_time
 
 
@@ -40,8 +42,12 @@ class ForwardCost:
     experts_touched: float
     weight_bytes: float
     kv_bytes: float
+    state_bytes: float
+    """Recurrent state read and written back: 2 x state per sequence (hybrid models; 0 otherwise)."""
     matmul_flops: float
     attention_flops: float
+    recurrent_flops: float
+    """Delta-rule recurrence of the linear-attention layers (their projections are in `matmul_flops`)."""
     t_memory: float
     t_compute: float
     t_comm: float
@@ -49,7 +55,11 @@ class ForwardCost:
 
     @property
     def flops(self) -> float:
-        return self.matmul_flops + self.attention_flops
+        return self.matmul_flops + self.attention_flops + self.recurrent_flops
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.kv_bytes + self.state_bytes
 
     @property
     def t_forward(self) -> float:
@@ -101,17 +111,22 @@ class Roofline:
         lm_head = self.params.lm_head * WEIGHT_BYTES[embedding_dtype(dep.weight_dtype)] / tp
         weights = self.memory.dense_weight_bytes + lm_head + self.memory.expert_weight_bytes * touched
         kv = num_seqs * kv_bytes_per_sequence(self.spec, dep, math.ceil(visible_context), 1)
+        # Every sequence of the forward reads its GDN state and writes it back (an upper bound for a preview
+        # forward, which reads the committed state and leaves it unchanged until the block commits).
+        state = num_seqs * 2 * state_bytes_per_sequence(self.spec, dep)
         body = self.params.matmul_active(self.spec) - self.params.lm_head
         matmul = (2 * body * tokens + 2 * self.params.lm_head * logits_tokens) / tp
         attention = self._attention_flops(tokens, visible_context) / tp
-        # Weight GEMMs run at the weights' rate (FP8 on FP8 hardware); attention runs in the activation dtype.
+        recurrent = recurrent_flops(self.spec, tokens) / tp
+        # Weight GEMMs run at the weights' rate (FP8 on FP8 hardware); attention and the recurrence run in the
+        # activation dtype.
         activation_dtype = "fp32" if dep.weight_dtype == "fp32" else "bf16"
         t_compute = (matmul / self.hardware.flops_for(dep.weight_dtype)
-                     + attention / self.hardware.flops_for(activation_dtype)) / eff.flops_fraction
+                     + (attention + recurrent) / self.hardware.flops_for(activation_dtype)) / eff.flops_fraction
         return ForwardCost(
-            tokens=tokens, experts_touched=touched, weight_bytes=weights, kv_bytes=kv, matmul_flops=matmul,
-            attention_flops=attention,
-            t_memory=(weights + kv) / (self.hardware.bandwidth_bytes_per_s * eff.bandwidth_fraction),
+            tokens=tokens, experts_touched=touched, weight_bytes=weights, kv_bytes=kv, state_bytes=state,
+            matmul_flops=matmul, attention_flops=attention, recurrent_flops=recurrent,
+            t_memory=(weights + kv + state) / (self.hardware.bandwidth_bytes_per_s * eff.bandwidth_fraction),
             t_compute=t_compute, t_comm=self._comm_time(tokens), t_overhead=eff.step_overhead_s,
         )
 
@@ -194,17 +209,24 @@ class Roofline:
                  + (" (from measured experts per block)" if workload.experts_touched_per_block else ""))
         weights_dtype = self.deployment.weight_dtype
         act_dtype = "fp32" if weights_dtype == "fp32" else "bf16"
+        gdn = spec.linear_attention
+        state = "" if gdn is None else (
+            f" + state (read + write) 2 x {seqs} x {fmt_bytes(cost.state_bytes / max(2 * seqs, 1))} "
+            f"= {fmt_bytes(cost.state_bytes)}")
+        recurrence = "" if gdn is None else (
+            f" + recurrence 7 x L {gdn.num_layers} x Hv {gdn.num_value_heads} x Dk {gdn.key_head_dim} x Dv "
+            f"{gdn.value_head_dim} x T / tp {fmt_flops(cost.recurrent_flops)}")
         return (
             f"T = {seqs} seqs x S {workload.block_length} = {cost.tokens} tokens per forward; {touch}",
             f"bytes = dense+LM head + experts x touched = {fmt_bytes(cost.weight_bytes)} "
-            f"+ KV {seqs} x KV/seq(mean context {workload.mean_context:,.0f}) = {fmt_bytes(cost.kv_bytes)}",
+            f"+ KV {seqs} x KV/seq(mean context {workload.mean_context:,.0f}) = {fmt_bytes(cost.kv_bytes)}{state}",
             f"FLOPs = matmul 2 x active params (no input embedding) x T / tp {fmt_flops(cost.matmul_flops)} + "
-            f"attention 4 x L x Hq x D x T x context / tp {fmt_flops(cost.attention_flops)}",
-            f"t_mem = {fmt_bytes(cost.weight_bytes + cost.kv_bytes)} / ({hw.bandwidth_bytes_per_s / 1e12:.3g} TB/s"
+            f"attention 4 x L x Hq x D x T x context / tp {fmt_flops(cost.attention_flops)}{recurrence}",
+            f"t_mem = {fmt_bytes(cost.bytes)} / ({hw.bandwidth_bytes_per_s / 1e12:.3g} TB/s"
             f" x MBU {eff.bandwidth_fraction}) = {fmt_time(cost.t_memory)}; t_cmp = "
             f"({fmt_flops(cost.matmul_flops)} / {fmt_flops(hw.flops_for(weights_dtype), True)} + "
-            f"{fmt_flops(cost.attention_flops)} / {fmt_flops(hw.flops_for(act_dtype), True)}) / MFU "
-            f"{eff.flops_fraction} = {fmt_time(cost.t_compute)}",
+            f"{fmt_flops(cost.attention_flops + cost.recurrent_flops)} / {fmt_flops(hw.flops_for(act_dtype), True)})"
+            f" / MFU {eff.flops_fraction} = {fmt_time(cost.t_compute)}",
             f"t_forward = max(t_mem, t_cmp) + comm {fmt_time(cost.t_comm)} + overhead "
             f"{fmt_time(cost.t_overhead)} = {fmt_time(cost.t_forward)} ({cost.bound})",
         )

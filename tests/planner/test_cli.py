@@ -23,14 +23,15 @@ def _run(capsys, *argv: str) -> str:
 
 
 def test_worked_example_clover_on_one_h200_at_128k(capsys):
-    """The docs' worked example: 65 GiB of BF16 weights leave a 57.4 GiB pool -> five 10 GiB sequences."""
+    """The docs' worked example: 64.6 GiB of BF16 weights leave a 56.3 GiB pool -> 21 sequences of 2.56 GiB
+    (2.5 GiB of K/V in the 10 attention layers + 61.4 MiB of GDN state)."""
     out = _run(capsys, "Clover-35B-A3B", "--hardware", "H200", "--context-length", "131072")
-    assert "34.86B total, 3.03B active (published 35.00B / 3.00B)" in out
+    assert "34.66B total, 3.45B active (published 35.00B / 3.00B)" in out
     assert "active includes embeddings + LM head" in out
-    assert "KV cache pool                57.40 GiB" in out
-    assert "per 131,072-token sequence 10.00 GiB" in out
-    assert "5 sequences fit at 131,072 tokens" in out
-    assert "memory-bound" in out and "tokens/s total" in out and "TTFT" in out
+    assert "KV cache pool                56.28 GiB" in out
+    assert "per 131,072-token sequence 2.50 GiB + recurrent state 61.41 MiB" in out
+    assert "21 sequences fit at 131,072 tokens" in out
+    assert "compute-bound" in out and "tokens/s total" in out and "TTFT" in out
     assert "cloud $" in out and "on-prem $" in out and "breaks even" in out
 
 

@@ -53,10 +53,10 @@ def test_gqa_kv_bytes_per_token_and_replication_beyond_kv_heads():
 
 
 def test_clover_kv_per_token_and_per_128k_sequence():
-    """2 x 40 layers x 4 KV heads x 128 x 2 B = 81,920 B = 80 KiB; x 131,072 tokens = 10 GiB."""
+    """Attention layers only: 2 x 10 layers x 2 KV heads x 256 x 2 B = 20,480 B = 20 KiB; x 131,072 = 2.5 GiB."""
     spec, _ = load_model("Clover-35B-A3B")
-    assert kv_bytes_per_token(Deployment(), spec.attention[0]) == 80 * KiB
-    assert kv_bytes_per_sequence(spec, Deployment(), 131_072, 32) == 10 * GiB
+    assert kv_bytes_per_token(Deployment(), spec.attention[0]) == 20 * KiB
+    assert kv_bytes_per_sequence(spec, Deployment(), 131_072, 32) == 2.5 * GiB
 
 
 def test_kv_sequence_rounds_up_to_pages():

@@ -58,10 +58,11 @@ def test_gemma_style_k_eq_v_full_layers_have_no_v_projection():
     assert [g.window for g in spec.attention] == [64, None]
 
 
-@pytest.mark.parametrize("name", ["SDAR-30B-A3B", "LLaDA2.0-mini", "DiffusionGemma-26B-A4B", "Clover-35B-A3B"])
+@pytest.mark.parametrize("name", ["SDAR-30B-A3B", "LLaDA2.0-mini", "DiffusionGemma-26B-A4B"])
 def test_preset_totals_match_published(name):
     """Computed from the config: SDAR 30.53B / 3.35B, LLaDA2.0-mini 16.26B / 1.43B (789.1M without
-    embeddings; the card says 789M), DiffusionGemma 25.23B / 3.82B, Clover 34.86B / 3.03B."""
+    embeddings; the card says 789M), DiffusionGemma 25.23B / 3.82B. Clover (34.66B / 3.45B against a rounded
+    "35B, ~3B active") is held to transformers' count in test_clover.py."""
     spec, preset = load_model(name)
     counts = count_parameters(spec)
     assert counts.total == pytest.approx(preset.published_total, rel=0.02)
