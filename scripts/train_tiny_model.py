@@ -1,4 +1,4 @@
-"""Trains the bundled default model (a tiny clover MoE) on the synthetic tasks, on CPU, from scratch.
+"""Trains the bundled default model (a tiny SDAR-MoE-shaped model) on the synthetic tasks, on CPU, from scratch.
 
     python scripts/train_tiny_model.py                       # writes diffuserve/assets/default-model
     python scripts/train_tiny_model.py --out /tmp/model      # anywhere else

@@ -38,7 +38,7 @@ def test_missing_config(tmp_path):
 
 def test_unsupported_architecture(tiny_model_dir, tmp_path):
     path = _edit_config(tiny_model_dir, tmp_path / "m", architectures=["LlamaForCausalLM"])
-    with pytest.raises(ValueError, match=r"'LlamaForCausalLM' is not supported; supported: CloverForBlockDiffusion"):
+    with pytest.raises(ValueError, match=r"'LlamaForCausalLM' is not supported; supported: SDARForCausalLM"):
         LLM(str(path))
 
 

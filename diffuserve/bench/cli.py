@@ -35,12 +35,12 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
 def _add_model(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model and machine")
     model.add_argument("--model", default=None,
-                       help="model directory (default: the random clover-bench model, written on first use)")
+                       help="model directory (default: the random sdar-moe-bench model, written on first use)")
     model.add_argument("--model-cache-dir", default=None, metavar="DIR",
-                       help="where clover-bench is written (default: ~/.cache/diffuserve)")
-    model.add_argument("--model-seed", type=int, default=0, help="weight seed of clover-bench (default: 0)")
+                       help="where sdar-moe-bench is written (default: ~/.cache/diffuserve)")
+    model.add_argument("--model-seed", type=int, default=0, help="weight seed of sdar-moe-bench (default: 0)")
     model.add_argument("--logit-scale", type=float, default=3.5,
-                       help="LM-head scale of clover-bench: sets its TPF (default 3.5: about 2.8 at block 32)")
+                       help="LM-head scale of sdar-moe-bench: sets its TPF (default 3.5: about 2.8 at block 32)")
     model.add_argument("--dtype", default="auto", help="auto (the checkpoint's), float32, bfloat16, float16")
     model.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     model.add_argument("--threads", type=positive_int, default=None,
@@ -118,7 +118,8 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_moe(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="clover-bench", help="random-weight model shape (default: clover-bench)")
+    parser.add_argument("--preset", default="sdar-moe-bench",
+                        help="random-weight model shape (default: sdar-moe-bench; clover-bench is its old name)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     parser.add_argument("--num-requests", type=int, default=16, help="requests in the step (default: 16)")
     parser.add_argument("--block-length", type=int, default=32, help="diffusion block length (default: 32)")

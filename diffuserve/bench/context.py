@@ -79,7 +79,7 @@ def make_context(ns: argparse.Namespace) -> BenchContext:
     dtype = resolve_dtype(ns.dtype, args)
     device = resolve_device(ns.device)
     itemsize = torch.finfo(dtype).bits // 8
-    info = {"path": str(model_dir), "name": "clover-bench (random weights)" if ns.model is None else model_dir.name,
+    info = {"path": str(model_dir), "name": "sdar-moe-bench (random weights)" if ns.model is None else model_dir.name,
             "random_weights": None if ns.model else {"seed": spec.seed, "init_std": spec.init_std,
                                                        "logit_scale": spec.logit_scale}}
     return BenchContext(

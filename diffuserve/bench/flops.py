@@ -1,4 +1,4 @@
-"""FLOPs and bytes of one engine step of a clover-family model, computed from its shape (ModelArgs).
+"""FLOPs and bytes of one engine step of an sdar-family model, computed from its shape (ModelArgs).
 
 Owns the arithmetic only: how many FLOPs a query token, a logit row and an attention (query, key) pair cost,
 and how many bytes of weights and K/V a step reads. The counts of tokens, rows and pairs come from the

@@ -1,4 +1,4 @@
-"""`diffuserve bench moe`: the MoE layers of the clover-bench model on this machine.
+"""`diffuserve bench moe`: the MoE layers of the sdar-moe-bench model on this machine.
 
 1. Dispatch: the 8 MoE layers' real inputs of one step of 16 requests x a 32-token block (captured from a forward
    of the random-weight model), run through the grouped dispatch, the usual per-expert loop over one-hot-gathered
@@ -30,7 +30,7 @@ from diffuserve.model.layers.attention_backend import DenseAttentionInputs, bloc
 from diffuserve.model.layers.moe.dispatch import grouped_experts, looped_experts
 from diffuserve.model.layers.moe.layer import SparseMoeBlock
 from diffuserve.model.loader import load_model
-from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
+from diffuserve.testing.random_checkpoint import make_config, resolve_preset, write_random_checkpoint
 
 CACHE_FRACTIONS = (0.25, 0.5)
 
@@ -38,13 +38,14 @@ CACHE_FRACTIONS = (0.25, 0.5)
 def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
+    preset = resolve_preset(args.preset)
     with tempfile.TemporaryDirectory(prefix="diffuserve-bench-moe-") as tmp:
-        model_dir = write_random_checkpoint(Path(tmp) / args.preset,
-                                            make_config(args.preset, block_length=args.block_length),
+        model_dir = write_random_checkpoint(Path(tmp) / preset,
+                                            make_config(preset, block_length=args.block_length),
                                             seed=0, logit_scale=40.0)
         dispatch = bench_dispatch(model_dir, args)
         offload = [] if args.skip_offload else bench_offload(model_dir, args)
-    result = {"bench": "moe", "model": args.preset, "threads": args.threads, "load_average": list(os.getloadavg()),
+    result = {"bench": "moe", "model": preset, "threads": args.threads, "load_average": list(os.getloadavg()),
               "git_sha": _git_sha(), "dispatch": dispatch, "offload": offload}
     print_tables(result)
     print(json.dumps(result))

@@ -1,6 +1,6 @@
 """What every offline benchmark runs: the model directory and the prompts.
 
-Owns the benchmark model (`clover-bench`, the random-weight shape every benchmark uses, written once into a
+Owns the benchmark model (`sdar-moe-bench`, the random-weight shape every benchmark uses, written once into a
 cache directory with fixed seeds) and the seeded random prompts. Knows nothing of timing or the engine.
 
 The random model's LM head is scaled so that confidence-threshold decoding behaves like a trained model's:
@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-BENCH_PRESET = "clover-bench"
+BENCH_PRESET = "sdar-moe-bench"
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def default_cache_dir() -> Path:
 
 
 def prepare_model(model: str | None, cache_dir: str | Path | None = None, spec: BenchModel | None = None) -> Path:
-    """`model` if given (a model directory), else the clover-bench checkpoint, written on first use."""
+    """`model` if given (a model directory), else the sdar-moe-bench checkpoint, written on first use."""
     if model:
         path = Path(model)
         if not (path / "config.json").is_file():

@@ -1,7 +1,7 @@
 """ModelArgs: one normalised view of a Hugging Face style `config.json`.
 
-Owns the translation of the many spellings found in real configs (transformers 4.x and 5.x, SDAR, SDAR-MoE,
-our native "clover", LLaDA2's BailingMoeV2 keys) into one frozen dataclass, so layers never call
+Owns the translation of the many spellings found in real configs (transformers 4.x and 5.x, SDAR, SDAR-MoE and
+our own small models, LLaDA2's BailingMoeV2 keys) into one frozen dataclass, so layers never call
 `getattr(config, ...)`. Knows nothing of weights or requests. Standard library only, never torch: the planner
 (diffuserve/planner/model_spec.py) reads config.json through the same key spellings (`parse_block_length`,
 `dense_layer_ids`), so what it sizes is what the engine loads. Every user-facing problem raises `ValueError`
@@ -172,7 +172,7 @@ def dense_layer_ids(config: dict, num_layers: int, num_experts: int) -> frozense
 
 
 def qwen3_args_from_hf(config: dict, generation_config: dict | None = None) -> ModelArgs:
-    """Builds ModelArgs for the Qwen3 / Qwen3-MoE shaped families (clover, SDAR, SDAR-MoE)."""
+    """Builds ModelArgs for the Qwen3 / Qwen3-MoE shaped sdar family (SDAR, SDAR-MoE, Qwen3)."""
     generation_config = generation_config or {}
     hidden = int(_require(config, "hidden_size"))
     heads = int(_require(config, "num_attention_heads"))

@@ -10,6 +10,7 @@ parameter tagged with a `ShardSpec` (layers/linear) takes the pieces of each ten
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +21,7 @@ from torch import nn
 
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.materialize import init_dummy_weights, materialize
-from diffuserve.model.registry import ModelFamily, family_for
+from diffuserve.model.registry import ModelFamily, deprecation_notice, family_for
 from diffuserve.model.special_tokens import fill_special_token_ids
 from diffuserve.model.tensor_parallel import apply_tp
 from diffuserve.model.weight_names import WeightTarget
@@ -30,6 +31,11 @@ if TYPE_CHECKING:
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LOAD_FORMATS = ("auto", "dummy")
+
+logger = logging.getLogger(__name__)
+# Directories whose deprecation notice was logged: one model load reads its config more than once (the engine
+# resolves the args, then each executor loads the weights), and the notice should show once, not per read.
+_NOTIFIED: set[Path] = set()
 
 
 def read_json(path: Path) -> dict:
@@ -53,11 +59,19 @@ def read_model_config(model_dir: str | Path) -> tuple[dict, dict]:
 def load_args(model_dir: str | Path) -> tuple[ModelFamily, ModelArgs]:
     config, generation = read_model_config(model_dir)
     family = family_for(config)
+    _notify_deprecated(config, Path(model_dir))
     config = fill_special_token_ids(config, generation, family.special_tokens, Path(model_dir))
     args = family.parse_args(config, generation)
     if family.checkpoint_args is not None:
         args = family.checkpoint_args(args, Path(model_dir))
     return family, args
+
+
+def _notify_deprecated(config: dict, model_dir: Path) -> None:
+    notice = deprecation_notice(config)
+    if notice is not None and model_dir.resolve() not in _NOTIFIED:
+        _NOTIFIED.add(model_dir.resolve())
+        logger.warning("%s (%s)", notice, model_dir / "config.json")
 
 
 def resolve_dtype(dtype: str, args: ModelArgs) -> torch.dtype:

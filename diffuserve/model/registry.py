@@ -10,7 +10,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from diffuserve.model.clover import CloverForBlockDiffusion
 from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion
 from diffuserve.model.clover_moe_config import clover_moe_args_from_hf
 from diffuserve.model.clover_moe_weights import (
@@ -21,6 +20,7 @@ from diffuserve.model.clover_moe_weights import (
 from diffuserve.model.config import ModelArgs, llada2_args_from_hf, qwen3_args_from_hf
 from diffuserve.model.llada2 import LLaDA2ForBlockDiffusion
 from diffuserve.model.llada2_weights import llada2_checkpoint_tensors, llada2_weight_target
+from diffuserve.model.sdar import SDARForBlockDiffusion
 from diffuserve.model.weight_names import WeightTarget, qwen3_checkpoint_tensors, qwen3_weight_target
 
 
@@ -45,8 +45,8 @@ class ModelFamily:
     family through its recompute path (engine/recompute_runner)."""
 
 
-CLOVER = ModelFamily(
-    "clover", CloverForBlockDiffusion, qwen3_args_from_hf, qwen3_weight_target, qwen3_checkpoint_tensors
+SDAR = ModelFamily(
+    "sdar", SDARForBlockDiffusion, qwen3_args_from_hf, qwen3_weight_target, qwen3_checkpoint_tensors
 )
 
 # LLaDA2.0 and LLaDA2.1 share architecture name and config; 2.1 differs only in decoding (decoder="edit").
@@ -63,32 +63,53 @@ CLOVER_MOE = ModelFamily(
 )
 
 ARCHITECTURES: dict[str, ModelFamily] = {
-    "CloverForBlockDiffusion": CLOVER,
-    "SDARForCausalLM": CLOVER,
-    "SDARMoeForCausalLM": CLOVER,
+    "SDARForCausalLM": SDAR,
+    "SDARMoeForCausalLM": SDAR,
     # Plain Qwen3 checkpoints load too once their config names the diffusion fields (mask_token_id, block_length).
-    "Qwen3ForCausalLM": CLOVER,
-    "Qwen3MoeForCausalLM": CLOVER,
+    "Qwen3ForCausalLM": SDAR,
+    "Qwen3MoeForCausalLM": SDAR,
     "LLaDA2MoeModelLM": LLADA2,
     "CloverMoeModelLM": CLOVER_MOE,
     # The base model's text trunk: runs autoregressively (no block-diffusion tensors).
     "Qwen3_5MoeForCausalLM": CLOVER_MOE,
     "Qwen3_5MoeForConditionalGeneration": CLOVER_MOE,
+    # The sdar family's old name, from before Clover was published (see deprecation_notice).
+    "CloverForBlockDiffusion": SDAR,
 }
+DEPRECATED_ARCHITECTURES = frozenset({"CloverForBlockDiffusion"})
+SUPPORTED = ", ".join(name for name in ARCHITECTURES if name not in DEPRECATED_ARCHITECTURES)
+
+
+def sdar_names(config: dict) -> tuple[str, str]:
+    """(architecture, model_type) that an sdar-family config.json names: MoE when it has experts, else dense."""
+    if int(config.get("num_experts") or config.get("num_local_experts") or 0) > 0:
+        return "SDARMoeForCausalLM", "sdar_moe"
+    return "SDARForCausalLM", "sdar"
+
+
+def deprecation_notice(config: dict) -> str | None:
+    """One line telling what to put in config.json instead of a deprecated architecture name; None if current."""
+    archs = config.get("architectures") or []
+    if not archs or archs[0] not in DEPRECATED_ARCHITECTURES:
+        return None
+    arch, model_type = sdar_names(config)
+    return (f"config.json: architecture {archs[0]!r} is deprecated (it is the SDAR-shaped family, not Clover, which "
+            f"is 'CloverMoeModelLM'); it loads as before, but set \"architectures\": [\"{arch}\"] and "
+            f"\"model_type\": \"{model_type}\"")
 
 
 def family_for(config: dict) -> ModelFamily:
     archs = config.get("architectures") or []
     if not archs:
-        raise ValueError("config.json: missing `architectures`; expected one of " + ", ".join(ARCHITECTURES))
+        raise ValueError("config.json: missing `architectures`; expected one of " + SUPPORTED)
     if archs[0] not in ARCHITECTURES and config.get("auto_map"):
         remote = next(iter(config["auto_map"].values()))
         raise ValueError(
             f"config.json: architecture {archs[0]!r} is defined by remote code ({remote!r} via auto_map), which "
-            f"diffuserve does not run (no trust_remote_code); supported: {', '.join(ARCHITECTURES)}"
+            f"diffuserve does not run (no trust_remote_code); supported: {SUPPORTED}"
         )
     if archs[0] not in ARCHITECTURES:
         raise ValueError(
-            f"config.json: architecture {archs[0]!r} is not supported; supported: {', '.join(ARCHITECTURES)}"
+            f"config.json: architecture {archs[0]!r} is not supported; supported: {SUPPORTED}"
         )
     return ARCHITECTURES[archs[0]]

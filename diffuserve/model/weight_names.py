@@ -1,4 +1,4 @@
-"""Checkpoint names <-> our parameter names for Qwen3-style checkpoints (clover, SDAR, SDAR-MoE).
+"""Checkpoint names <-> our parameter names for Qwen3-style checkpoints (the sdar family: SDAR, SDAR-MoE).
 
 Our modules keep the checkpoint's names except for three packings, declared here once:
 

@@ -1,6 +1,6 @@
 """ModelSpec: the shape facts the planner needs, read from a Hugging Face style `config.json` dict.
 
-Owns the translation of the config spellings of our model families (Qwen3-MoE / SDAR-MoE / clover, LLaDA2 =
+Owns the translation of the config spellings of our model families (Qwen3-MoE / SDAR-MoE, LLaDA2 =
 BailingMoeV2, Gemma-4 / DiffusionGemma with `text_config`, sliding-window `layer_types`, and the hybrid
 Gated DeltaNet families through planner/hybrid_config.py) into layer groups.
 The spellings the engine also reads (block length, which layers are dense) go through the model's own parser,

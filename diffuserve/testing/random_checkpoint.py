@@ -1,13 +1,16 @@
-"""Writes random-weight checkpoint directories (clover, SDAR, SDAR-MoE) with a byte-level tokenizer, and the
+"""Writes random-weight checkpoint directories (the sdar family: SDAR, SDAR-MoE) with a byte-level tokenizer, and the
 safetensors of any model state under its family's Hub names (`save_weights`, also used by the trainer).
 
 Used by tests, benchmarks and demos; weights cannot be downloaded on the machines this project is built on.
-`clover-bench` is the shape every benchmark uses (about 60M parameters).
+`sdar-moe-bench` is the shape every benchmark uses (about 60M parameters). The old preset names `clover-bench` and
+`clover-tiny` (from before Clover meant the published model, see clover_moe_checkpoint.py) still work, with a
+deprecation notice.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +18,18 @@ import torch
 from safetensors.torch import save_file
 
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.registry import ModelFamily, family_for
+from diffuserve.model.registry import ModelFamily, family_for, sdar_names
 from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
 
+logger = logging.getLogger(__name__)
+
 PRESETS: dict[str, dict[str, Any]] = {
-    "clover-bench": dict(
+    "sdar-moe-bench": dict(
         hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
         num_experts=16, num_experts_per_tok=2, moe_intermediate_size=256, intermediate_size=1024,
         vocab_size=8192, block_length=32, max_position_embeddings=4096,
     ),
-    "clover-tiny": dict(
+    "sdar-moe-tiny": dict(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=128,
         vocab_size=320, block_length=4, max_position_embeddings=1024,
@@ -32,18 +37,34 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def make_config(preset: str = "clover-tiny", architecture: str = "CloverForBlockDiffusion", **overrides: Any) -> dict:
-    """A complete config.json dict for a preset; `overrides` replace or add fields."""
+DEPRECATED_PRESETS = {"clover-bench": "sdar-moe-bench", "clover-tiny": "sdar-moe-tiny"}
+"""Old name -> current name of the shapes that were called `clover-*` before Clover meant the published model."""
+
+
+def resolve_preset(preset: str) -> str:
+    """The current name of a preset (an old name logs a one-line deprecation notice); unknown names are an error."""
+    if preset in DEPRECATED_PRESETS:
+        logger.warning("preset: %r is deprecated (it is SDAR-MoE shaped, not Clover); use %r", preset,
+                       DEPRECATED_PRESETS[preset])
+        return DEPRECATED_PRESETS[preset]
     if preset not in PRESETS:
         raise ValueError(f"preset: {preset!r} is unknown; available: {', '.join(PRESETS)}")
+    return preset
+
+
+def make_config(preset: str = "sdar-moe-tiny", architecture: str | None = None, **overrides: Any) -> dict:
+    """A complete config.json dict for a preset; `overrides` replace or add fields. The architecture defaults to
+    `SDARMoeForCausalLM` (model_type `sdar_moe`), or `SDARForCausalLM` (`sdar`) when the overrides leave no experts."""
+    preset = resolve_preset(preset)
     config: dict[str, Any] = dict(
-        architectures=[architecture], model_type="clover", rms_norm_eps=1e-6, rope_theta=10000.0,
+        rms_norm_eps=1e-6, rope_theta=10000.0,
         norm_topk_prob=True, tie_word_embeddings=False, attention_bias=False, torch_dtype="float32",
         decoder_sparse_step=1, mlp_only_layers=[],
     )
     config.update(PRESETS[preset])
     config.update(overrides)
-    return config
+    default_arch, model_type = sdar_names(config)
+    return {"architectures": [architecture or default_arch], "model_type": model_type, **config}
 
 
 def write_random_checkpoint(

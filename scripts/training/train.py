@@ -1,4 +1,4 @@
-"""Trains a tiny clover model on the synthetic tasks and writes it as a checkpoint directory the engine loads.
+"""Trains a tiny SDAR-MoE-shaped model on the synthetic tasks and writes it as a checkpoint directory the engine loads.
 
 Owns the model shape of the bundled default model, the seeded initialisation, the optimisation loop (AdamW,
 warmup then cosine decay, a Switch-style load-balancing loss for the routers) and checkpoint writing. The
@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from diffuserve.eval.tasks import heldout_examples, training_stream
-from diffuserve.model.clover import CloverForBlockDiffusion
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.layers.moe.router import Router
 from diffuserve.model.registry import family_for
+from diffuserve.model.sdar import SDARForBlockDiffusion
 from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
 from diffuserve.testing.random_checkpoint import save_weights
 
@@ -67,9 +67,9 @@ class TrainConfig:
 
 
 def model_config(shape: dict[str, Any]) -> dict[str, Any]:
-    """The config.json of a clover model with this shape and the byte tokenizer's special ids."""
+    """The config.json of an sdar-family MoE model with this shape and the byte tokenizer's special ids."""
     return dict(
-        architectures=["CloverForBlockDiffusion"], model_type="clover", rms_norm_eps=1e-6, rope_theta=10000.0,
+        architectures=["SDARMoeForCausalLM"], model_type="sdar_moe", rms_norm_eps=1e-6, rope_theta=10000.0,
         norm_topk_prob=True, tie_word_embeddings=False, attention_bias=False, torch_dtype="float32",
         decoder_sparse_step=1, mlp_only_layers=[], mask_token_id=MASK, eos_token_id=END_OF_TEXT, **shape,
     )
@@ -81,11 +81,11 @@ with unit gains and head_dim 32, too flat to single out one key among dozens; ga
 head_dim-128 model (11.3), as in the large models this one stands in for."""
 
 
-def init_model(config: dict[str, Any], seed: int) -> tuple[ModelArgs, CloverForBlockDiffusion]:
+def init_model(config: dict[str, Any], seed: int) -> tuple[ModelArgs, SDARForBlockDiffusion]:
     """GPT-2 style init: normal(0, 0.02) weights, output projections scaled down by depth, unit norms except
     the q/k norms (QK_NORM_GAIN)."""
     args = family_for(config).parse_args(config, {})
-    model = CloverForBlockDiffusion(args, args.max_position_embeddings)
+    model = SDARForBlockDiffusion(args, args.max_position_embeddings)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -97,7 +97,7 @@ def init_model(config: dict[str, Any], seed: int) -> tuple[ModelArgs, CloverForB
     return args, model
 
 
-def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[ModelArgs, CloverForBlockDiffusion]:
+def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[ModelArgs, SDARForBlockDiffusion]:
     """Runs `cfg.steps` optimiser steps from scratch; logs the running loss every `cfg.log_every` steps."""
     torch.manual_seed(cfg.seed)
     args, model = init_model(model_config(cfg.shape), cfg.seed)
@@ -175,7 +175,7 @@ def _balance_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return num_experts * (share * torch.softmax(logits, dim=-1).mean(0)).sum()
 
 
-def write_checkpoint(model: CloverForBlockDiffusion, args: ModelArgs, cfg: TrainConfig, out_dir: str | Path) -> Path:
+def write_checkpoint(model: SDARForBlockDiffusion, args: ModelArgs, cfg: TrainConfig, out_dir: str | Path) -> Path:
     """Writes config.json, model.safetensors, the byte tokenizer with its chat template, generation_config.json
     (the default decoding; <|im_end|> and <|endoftext|> stop) and the training config that produced it."""
     out = Path(out_dir)

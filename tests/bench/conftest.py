@@ -19,9 +19,9 @@ FAST = ["--probe-seconds", "0.02", "--threads", "1"]
 
 @pytest.fixture(scope="session")
 def bench_model_dir(tmp_path_factory) -> Path:
-    """clover-tiny (4 experts top-2, block 4) with a peaky LM head, so threshold decoding accepts several
+    """sdar-moe-tiny (4 experts top-2, block 4) with a peaky LM head, so threshold decoding accepts several
     tokens at some steps."""
-    config = make_config("clover-tiny", block_length=4)
+    config = make_config("sdar-moe-tiny", block_length=4)
     return write_random_checkpoint(tmp_path_factory.mktemp("bench-model") / "tiny", config, seed=3, logit_scale=40)
 
 

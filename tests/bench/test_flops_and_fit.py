@@ -1,6 +1,6 @@
-"""FLOPs / bytes of the clover-bench shape worked by hand, and the calibration fit on synthetic steps.
+"""FLOPs / bytes of the sdar-moe-bench shape worked by hand, and the calibration fit on synthetic steps.
 
-clover-bench: H 512, 8 layers, 8 query / 2 KV heads of D 64, 16 experts top-2 of width 256, vocab 8192, fp32.
+sdar-moe-bench: H 512, 8 layers, 8 query / 2 KV heads of D 64, 16 experts top-2 of width 256, vocab 8192, fp32.
 Per layer, multiply-adds per token: QKV 512 x (8 + 2 x 2) x 64 = 393,216 and O 512 x 512 = 262,144
 (attention 655,360), router 512 x 16 = 8,192, two experts 2 x 3 x 512 x 256 = 786,432: 1,449,984.
 x 8 layers x 2 = 23,199,744 FLOPs per token. LM head: 2 x 512 x 8192 = 8,388,608 per logit row. Attention:
@@ -21,8 +21,8 @@ from diffuserve.model.config import qwen3_args_from_hf
 from diffuserve.testing.random_checkpoint import make_config
 
 
-def test_clover_bench_cost():
-    config = make_config("clover-bench", mask_token_id=259)
+def test_sdar_moe_bench_cost():
+    config = make_config("sdar-moe-bench", mask_token_id=259)
     cost = model_cost(qwen3_args_from_hf(config, {}), weight_itemsize=4, kv_itemsize=4)
     assert cost.flops_per_token == 23_199_744
     assert cost.flops_per_logit_row == 8_388_608

@@ -1,5 +1,5 @@
 """Tensor parallelism with attention biases: the q | k | v bias is split per segment with its heads (column
-parallel) and the o_proj bias is added once, after the all-reduce (row parallel). Tiny clover (`attention_bias`)
+parallel) and the o_proj bias is added once, after the all-reduce (row parallel). Tiny SDAR-MoE (`attention_bias`)
 and LLaDA2 (`use_qkv_bias`, `use_bias`) checkpoints whose biases are scaled up until they move the logits: two
 processes give the logits of one, and the same tokens."""
 
@@ -37,10 +37,10 @@ def _scale_biases(model_dir: Path) -> Path:
 @pytest.fixture(scope="module")
 def biased_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("biased")
-    clover = tiny_checkpoint(root, "clover-bias", attention_bias=True)
+    sdar = tiny_checkpoint(root, "sdar-bias", attention_bias=True)
     llada2 = write_llada2_checkpoint(root / "llada2-bias", {"use_qkv_bias": True, "use_bias": True}, seed=2,
                                      logit_scale=40.0)
-    return {"clover": _scale_biases(clover), "llada2": _scale_biases(llada2)}
+    return {"sdar": _scale_biases(sdar), "llada2": _scale_biases(llada2)}
 
 
 def _prefill(block_length: int, num_tokens: int) -> ForwardInputs:
@@ -61,7 +61,7 @@ def _tokens(llm: LLM) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)]
 
 
-@pytest.mark.parametrize("family", ["clover", "llada2"])
+@pytest.mark.parametrize("family", ["sdar", "llada2"])
 def test_tensor_parallel_with_biases_gives_the_logits_of_one_process(biased_dirs, family):
     model_dir = str(biased_dirs[family])
     single = LLM(model_dir, num_pages=64)

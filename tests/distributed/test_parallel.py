@@ -19,9 +19,9 @@ def _tokens(llm: LLM) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(_prompts(), PARAMS)]
 
 
-@pytest.mark.parametrize(("family", "expert_parallel"), [("clover", False), ("clover", True), ("llada2", True)])
+@pytest.mark.parametrize(("family", "expert_parallel"), [("sdar", False), ("sdar", True), ("llada2", True)])
 def test_two_processes_give_the_same_tokens_as_one(request, family, expert_parallel):
-    model_dir = str(request.getfixturevalue("tiny_model_dir" if family == "clover" else "tiny_llada2_dir"))
+    model_dir = str(request.getfixturevalue("tiny_model_dir" if family == "sdar" else "tiny_llada2_dir"))
     expected = _tokens(LLM(model_dir, num_pages=128))
     llm = LLM(model_dir, num_pages=128, tensor_parallel_size=2, enable_expert_parallel=expert_parallel)
     try:

@@ -17,7 +17,7 @@ LOGIT_TOLERANCE = 1e-5
 the logits by ~2e-4 (tests/engine/test_oracle_mutations.py)."""
 PROMPT_LENGTHS = [1, 5, 8, 13, 22]
 CASES = {
-    "clover-b4": ("clover", 4, SamplingParams()),
+    "sdar-b4": ("sdar", 4, SamplingParams()),
     "llada2-b8": ("llada2", 8, SamplingParams()),
     "llada2-b8-edit": ("llada2", 8, SamplingParams(decoder="edit", max_post_edit_steps=2)),
 }

@@ -1,4 +1,4 @@
-"""Expert offload: the same tokens with and without it (clover and LLaDA2 families, both residency policies), the
+"""Expert offload: the same tokens with and without it (sdar and LLaDA2 families, both residency policies), the
 cache accounting on a hand-checked case, and the cost model's choice between fetching and host compute."""
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ def _tokens(llm: LLM) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(_prompts(), PARAMS)]
 
 
-@pytest.mark.parametrize("family", ["clover", "llada2"])
+@pytest.mark.parametrize("family", ["sdar", "llada2"])
 def test_offload_gives_the_same_tokens(request, family):
-    model_dir = request.getfixturevalue("tiny_model_dir" if family == "clover" else "tiny_llada2_dir")
+    model_dir = request.getfixturevalue("tiny_model_dir" if family == "sdar" else "tiny_llada2_dir")
     expected = _tokens(LLM(str(model_dir), num_pages=256))
     for residency in ("block", "step"):
         llm = LLM(str(model_dir), num_pages=256, expert_offload=True, expert_residency=residency)
@@ -104,7 +104,7 @@ def test_misses_computed_on_the_host_move_activations_only():
 
 def test_cost_model_fetches_for_many_tokens_and_computes_few_on_the_host():
     cost = OffloadCostModel(link_bytes_per_s=1e10, host_flops_per_s=5e10)
-    expert_bytes, flops, activation = 1_572_864, 786_432, 2048  # clover-bench: H 512, I 256, fp32
+    expert_bytes, flops, activation = 1_572_864, 786_432, 2048  # sdar-moe-bench: H 512, I 256, fp32
     assert not cost.prefers_fetch(expert_bytes, 4, flops, activation)
     assert cost.prefers_fetch(expert_bytes, 64, flops, activation)
 

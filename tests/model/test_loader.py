@@ -19,7 +19,7 @@ def _params(model) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def config():
-    return make_config("clover-tiny", shared_expert_intermediate_size=24, mlp_only_layers=[1])
+    return make_config("sdar-moe-tiny", shared_expert_intermediate_size=24, mlp_only_layers=[1])
 
 
 def test_sharded_fused_and_per_expert_layouts_load_identically(tmp_path, config):

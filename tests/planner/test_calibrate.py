@@ -1,6 +1,6 @@
 """The bench -> planner calibration contract: parsing, validation messages, and predicted vs measured.
 
-The fixture is a hand-written `diffuserve bench` output for the random clover-bench model on this project's
+The fixture is a hand-written `diffuserve bench` output for the random sdar-moe-bench model on this project's
 2-core CPU: human lines, then the JSON line. Its numbers are those of a scratch run of the engine (8 sequences,
 64 + 128 tokens, block 32): 6.27 decode tokens/s, 1.70 s per forward, TPF 1.33; memory 5.55 GB/s and
 25.6 GFLOP/s from microbenchmarks; step overhead 1.27 s fitted on a separate 1-sequence run.
@@ -22,7 +22,7 @@ from diffuserve.planner.calibrate import (
     parse_calibration,
 )
 
-FIXTURE = Path(__file__).parent / "data" / "bench_clover_cpu.txt"
+FIXTURE = Path(__file__).parent / "data" / "bench_sdar_moe_cpu.txt"
 
 
 def _calibration_object() -> dict:

@@ -12,7 +12,7 @@ import pytest
 from diffuserve.cli import main
 from diffuserve.planner import cli
 
-FIXTURE = Path(__file__).parent / "data" / "bench_clover_cpu.txt"
+FIXTURE = Path(__file__).parent / "data" / "bench_sdar_moe_cpu.txt"
 
 
 def _run(capsys, *argv: str) -> str:

@@ -1,8 +1,9 @@
-"""The "clover" family: a Qwen3 / Qwen3-MoE shaped block-diffusion transformer.
+"""The "sdar" family: a Qwen3 / Qwen3-MoE shaped block-diffusion transformer.
 
-Serves `CloverForBlockDiffusion` (native), `SDARForCausalLM` (Qwen3 weights) and `SDARMoeForCausalLM`
-(Qwen3-MoE weights): GQA attention with q/k-norm and RoPE, softmax top-k routed experts with an optional shared
-expert, optional dense layers, tied or untied LM head. The stack itself is `transformer.BlockDiffusionLM`.
+Serves `SDARForCausalLM` (Qwen3 weights), `SDARMoeForCausalLM` (Qwen3-MoE weights; our own small models too) and
+the deprecated `CloverForBlockDiffusion` name of the same layout (not Clover: that is clover_moe.py): GQA
+attention with q/k-norm and RoPE, softmax top-k routed experts with an optional shared expert, optional dense
+layers, tied or untied LM head. The stack itself is `transformer.BlockDiffusionLM`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from diffuserve.model.layers.rotary import RotaryEmbedding
 from diffuserve.model.transformer import BlockDiffusionLM
 
 
-class CloverForBlockDiffusion(BlockDiffusionLM):
+class SDARForBlockDiffusion(BlockDiffusionLM):
     def make_attention(self, args: ModelArgs, layer_id: int, rotary: RotaryEmbedding) -> nn.Module:
         return Attention(args, layer_id, rotary)
 
