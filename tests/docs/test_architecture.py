@@ -1,0 +1,142 @@
+"""docs/architecture.md against the code it describes, so the map cannot go stale:
+
+- every path in the package map exists, and a package whose modules the map lists has all of them listed;
+- the torch-free list ("`engine/` (except ...) and `planner/` import without torch") is what importing each
+  module with torch blocked measures;
+- the life of one offline request, hop by hop, names exactly the files a traced `LLM.generate` call runs code in,
+  and the count the doc states is that number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import diffuserve
+
+PACKAGE = Path(diffuserve.__file__).parent
+REPO = PACKAGE.parent
+DOC = REPO / "docs" / "architecture.md"
+ENTRY = re.compile(r"^(?P<indent> *)(?P<name>[\w.-]+(?:/[\w.-]+)*(?:\.py|/))(?:\s{2,}|$)")
+
+
+def _section(title: str) -> str:
+    text = DOC.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def _package_map() -> tuple[list[str], str]:
+    """(paths the map lists, relative to the repository root; the map's whole text)."""
+    block = _section("Packages").split("```")[1]
+    stack: list[tuple[int, str]] = []
+    paths = []
+    for line in block.splitlines():
+        match = ENTRY.match(line)
+        if match is None or len(match["indent"]) > 8:
+            continue  # a description's continuation line
+        indent = len(match["indent"])
+        stack = [(i, p) for i, p in stack if i < indent]
+        path = (stack[-1][1] if stack else "") + match["name"]
+        paths.append(path)
+        if path.endswith("/"):
+            stack.append((indent, path))
+    return paths, block
+
+
+def test_every_mapped_path_exists():
+    paths, _ = _package_map()
+    assert paths, "docs/architecture.md: no package map found under '## Packages'"
+    missing = [p for p in paths if not (REPO / p).exists()]
+    assert not missing, f"docs/architecture.md lists paths that do not exist: {missing}"
+
+
+def test_a_package_with_listed_modules_lists_them_all():
+    paths, block = _package_map()
+    listed_dirs = {str(Path(p).parent) for p in paths if p.endswith(".py")}
+    unlisted = []
+    for directory in sorted(listed_dirs):
+        for module in sorted((REPO / directory).glob("*.py")):
+            if module.name != "__init__.py" and module.name not in block:
+                unlisted.append(f"{directory}/{module.name}")
+    assert not unlisted, f"docs/architecture.md's package map does not mention: {unlisted}"
+
+
+TORCH_PROBE = """
+import importlib, json, pkgutil, sys
+sys.modules["torch"] = None  # any `import torch` now raises ImportError
+needs = []
+for package in ("diffuserve.engine", "diffuserve.planner"):
+    for info in pkgutil.iter_modules(importlib.import_module(package).__path__, package + "."):
+        try:
+            importlib.import_module(info.name)
+        except ImportError as e:
+            if "torch" not in str(e):
+                raise
+            needs.append(info.name)
+print(json.dumps(needs))
+"""
+
+
+def test_torch_free_list_is_measured():
+    boundaries = _section("Packages").split("Boundaries:", 1)[1]
+    exceptions = re.search(r"`engine/` \(except ([^)]*)\)", boundaries)
+    assert exceptions, "docs/architecture.md: the Boundaries paragraph must say `engine/` (except ...)"
+    documented = {f"diffuserve.engine.{name}" for name in re.findall(r"`(\w+)`", exceptions[1])}
+    result = subprocess.run([sys.executable, "-c", TORCH_PROBE], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    measured = set(json.loads(result.stdout))
+    planner = {m for m in measured if m.startswith("diffuserve.planner")}
+    assert not planner, f"planner modules that need torch: {sorted(planner)}"
+    assert measured == documented, (
+        f"engine modules that need torch: measured {sorted(measured)}, documented {sorted(documented)}"
+    )
+
+
+def _documented_hops() -> tuple[set[str], int]:
+    section = _section("The life of a request")
+    hops = section.split("### One offline request, hop by hop", 1)
+    assert len(hops) == 2, "docs/architecture.md: missing '### One offline request, hop by hop'"
+    text = hops[1].split("\n### ", 1)[0]
+    files = set(re.findall(r"`([\w/]+\.py):[\w.]+`", text))
+    count = re.search(r"touches \*\*(\d+) files\*\*", text)
+    assert count, "docs/architecture.md: the hop list must state 'touches **N files**'"
+    return files, int(count[1])
+
+
+@pytest.fixture(scope="module")
+def traced_files() -> set[str]:
+    """The package files whose code runs while `LLM.generate` serves one prompt of the bundled model."""
+    from diffuserve import LLM, SamplingParams
+    from diffuserve.default_model import DEFAULT_MODEL_DIR
+
+    llm = LLM(str(DEFAULT_MODEL_DIR))
+    files: set[str] = set()
+    root = str(PACKAGE) + os.sep
+
+    def profile(frame, event, _arg):
+        if event == "call" and frame.f_code.co_filename.startswith(root):
+            files.add(os.path.relpath(frame.f_code.co_filename, PACKAGE))
+
+    sys.setprofile(profile)
+    try:
+        llm.generate(["What is 27+15?"], SamplingParams(max_tokens=8))
+    finally:
+        sys.setprofile(None)
+    return files
+
+
+def test_the_hop_list_names_the_files_a_request_runs_in(traced_files):
+    documented, count = _documented_hops()
+    assert documented == traced_files, (
+        f"hop list vs trace: only documented {sorted(documented - traced_files)}, "
+        f"only traced {sorted(traced_files - documented)}"
+    )
+    assert count == len(traced_files), f"the doc says {count} files; the request touches {len(traced_files)}"
