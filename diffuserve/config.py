@@ -103,6 +103,12 @@ class EngineConfig:
     load_format: str = "auto"
     """auto: the checkpoint's safetensors; dummy: seeded random weights made on the device, no weight files
     needed (benchmarks of shapes without a checkpoint)."""
+    moe_backend: str = "auto"
+    """How MoE layers compute their experts: auto (picked per call by measurement, see docs/moe.md), loop (one
+    matmul pair per touched expert: the reference), bmm (padded batched GEMM over all experts) or grouped_mm."""
+    enforce_eager: bool | None = None
+    """Run the model forward eagerly instead of through torch.compile (vLLM's flag). Default: compiled on CUDA
+    (CUDA graphs), eager on CPU, where compiling measured no gain (docs/benchmarks.md); false compiles on CPU too."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -112,6 +118,8 @@ class EngineConfig:
         _positive("block_length", self.block_length)
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format: must be auto or dummy, got {self.load_format!r}")
+        if self.moe_backend not in ("auto", "loop", "bmm", "grouped_mm"):
+            raise ValueError(f"moe_backend: must be auto, loop, bmm or grouped_mm, got {self.moe_backend!r}")
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:
@@ -190,9 +198,11 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple
         if is_list:
             type_name = type_name[len("list[") :]
         kind = {"bool": _parse_bool, "int": int, "float": float}.get(type_name.split(" ")[0].rstrip("]"), str)
+        # A bare boolean flag means true (`--enforce-eager`, as vLLM spells it); `--flag false` still works.
+        shape: dict[str, Any] = {"nargs": "?", "const": True} if kind is _parse_bool else \
+            {"nargs": "+" if is_list else None}
         parser.add_argument(
-            "--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=argparse.SUPPRESS,
-            nargs="+" if is_list else None,
+            "--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=argparse.SUPPRESS, **shape,
             metavar=f.name.upper() if kind is not _parse_bool else "{true,false}",
             help=docs.get(f.name, "") + ("" if default is None else f" (default: {default})"),
         )

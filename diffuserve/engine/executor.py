@@ -16,10 +16,12 @@ from torch import nn
 from diffuserve.config import EngineConfig
 from diffuserve.distributed.group import agree_min
 from diffuserve.distributed.launcher import ParallelRuntime
+from diffuserve.engine.compiled_forward import CompiledForward, should_compile
 from diffuserve.engine.experts import ExpertOffload
 from diffuserve.engine.kv_cache import allocate_kv_cache, num_pages_for, resolve_page_size, spec_for
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.layers.attention_backend import PagedAttentionInputs, SequenceSlice
+from diffuserve.model.layers.moe.layer import set_moe_backend
 from diffuserve.model.layers.moe.offload_context import OffloadContext, offload_context
 from diffuserve.model.loader import load_model
 
@@ -60,6 +62,8 @@ class ModelExecutor:
         self.device = device
         self.runtime = runtime or ParallelRuntime()
         self._failure: str | None = None
+        self.run_model = CompiledForward(model, False, device)
+        """The forward a step calls: `model`, or its compiled form (see `build`)."""
 
     @classmethod
     def build(cls, config: EngineConfig, args: ModelArgs, max_model_len: int, runtime: ParallelRuntime,
@@ -78,7 +82,11 @@ class ModelExecutor:
         reserve = sched.max_num_batched_tokens * (args.hidden_size * 32 + args.vocab_size * 4)
         num_pages = num_pages_for(config.cache, spec, device, sched.max_num_seqs, max_model_len, reserve)
         k_caches, v_caches = allocate_kv_cache(spec, agree_min(group, num_pages), device)
-        return cls(model, k_caches, v_caches, experts, page_size, device, runtime)
+        set_moe_backend(model, config.moe_backend)
+        executor = cls(model, k_caches, v_caches, experts, page_size, device, runtime)
+        compiled = should_compile(config.enforce_eager, device) and not offload  # offload's hooks stay eager
+        executor.run_model = CompiledForward(model, compiled, device)
+        return executor
 
     def execute(self, inputs: ForwardInputs) -> torch.Tensor:
         """Rank 0: sends the step to the other ranks, then runs its own forward -> hidden states [N, H].
@@ -100,7 +108,7 @@ class ModelExecutor:
         """This rank's forward -> hidden states [N, H] (the same on every rank after the last all-reduce)."""
         attention = PagedAttentionInputs(inputs.slot_mapping, inputs.sequences, self.k_caches, self.v_caches)
         if inputs.offload is None:
-            return self.model(inputs.input_ids, inputs.positions, attention)
+            return self.run_model(inputs.input_ids, inputs.positions, attention)
         with offload_context(inputs.offload):
             return self.model(inputs.input_ids, inputs.positions, attention)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import nn
 
+from diffuserve.model.layers.moe.layer import set_moe_backend
 from diffuserve.model.loader import load_args, load_model, read_model_config
 from diffuserve.sampling_params import SamplingParams
 
@@ -84,6 +85,7 @@ def load_reference(
     config, generation = read_model_config(model_dir)
     if model is None:
         args, model = load_model(model_dir, dtype=dtype)
+        set_moe_backend(model, "loop")  # the oracle computes experts one by one; the engine's fast paths may not
     else:
         args = load_args(model_dir)[1]
     architecture = (config.get("architectures") or [""])[0]

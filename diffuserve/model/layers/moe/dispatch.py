@@ -87,10 +87,12 @@ def grouped_mm_supported(x: torch.Tensor, gate_up: torch.Tensor) -> bool:
 
 
 def grouped_experts(
-    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+    allow_grouped_mm: bool = True,
 ) -> torch.Tensor:
-    """x [N, H], weights/ids [N, K], gate_up [E, 2I, H], down [E, H, I] -> [N, H]."""
-    if grouped_mm_supported(x, gate_up):
+    """x [N, H], weights/ids [N, K], gate_up [E, 2I, H], down [E, H, I] -> [N, H]. `allow_grouped_mm=False`:
+    always the sorted-run loop (the reference backend, see backends)."""
+    if allow_grouped_mm and grouped_mm_supported(x, gate_up):
         try:
             return _grouped_mm_experts(x, weights, ids, gate_up, down)
         except RuntimeError as e:

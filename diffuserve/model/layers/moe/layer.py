@@ -25,7 +25,8 @@ from torch import nn
 
 from diffuserve.model.layers.linear import ShardSpec, sharded_parameter
 from diffuserve.model.layers.mlp import SwiGLU
-from diffuserve.model.layers.moe.dispatch import ExpertGroups, combine, group_by_expert, grouped_experts, run_expert
+from diffuserve.model.layers.moe.backends import check_backend, run_experts
+from diffuserve.model.layers.moe.dispatch import ExpertGroups, combine, group_by_expert, run_expert
 from diffuserve.model.layers.moe.router import Router
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ class SparseMoeBlock(nn.Module):
         self.group: ParallelGroup | None = None
         self.runner: ExpertRunner | None = None
         """Replaces `experts` as the source of expert weights (expert offload installs one)."""
+        self.backend = "auto"
+        """How this rank's own experts compute (see backends); offload and expert parallel keep the loop."""
 
     def shard_(self, group: ParallelGroup) -> None:
         """Splits the experts across the group (whole experts when expert parallel, else their width)."""
@@ -122,7 +125,7 @@ class SparseMoeBlock(nn.Module):
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [N, H] -> the weighted sum of each token's K routed experts [N, H]."""
         if self.runner is None and self.group is None:
-            return grouped_experts(x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj)
+            return run_experts(self.backend, x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj)
         groups = group_by_expert(ids, self.num_experts)
         sorted_x = x.index_select(0, groups.token_of)  # [A, H]
         sorted_out = torch.zeros_like(sorted_x)  # expert parallel: other ranks' rows stay 0 here
@@ -130,3 +133,11 @@ class SparseMoeBlock(nn.Module):
         if self.group is not None and self.group.expert_parallel:
             self.group.all_reduce(sorted_out)
         return combine(sorted_out, weights, groups, x.dtype, x.shape[0])
+
+
+def set_moe_backend(model: nn.Module, backend: str) -> None:
+    """Every MoE layer of `model` computes its experts with `backend` (one of backends.BACKENDS)."""
+    check_backend(backend)
+    for module in model.modules():
+        if isinstance(module, SparseMoeBlock):
+            module.backend = backend
