@@ -175,7 +175,7 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _parse_bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
     if text.lower() in ("1", "true", "yes", "on"):
         return True
     if text.lower() in ("0", "false", "no", "off"):
@@ -197,13 +197,13 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple
         is_list = type_name.startswith("list[")
         if is_list:
             type_name = type_name[len("list[") :]
-        kind = {"bool": _parse_bool, "int": int, "float": float}.get(type_name.split(" ")[0].rstrip("]"), str)
+        kind = {"bool": parse_bool, "int": int, "float": float}.get(type_name.split(" ")[0].rstrip("]"), str)
         # A bare boolean flag means true (`--enforce-eager`, as vLLM spells it); `--flag false` still works.
-        shape: dict[str, Any] = {"nargs": "?", "const": True} if kind is _parse_bool else \
+        shape: dict[str, Any] = {"nargs": "?", "const": True} if kind is parse_bool else \
             {"nargs": "+" if is_list else None}
         parser.add_argument(
             "--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=argparse.SUPPRESS, **shape,
-            metavar=f.name.upper() if kind is not _parse_bool else "{true,false}",
+            metavar=f.name.upper() if kind is not parse_bool else "{true,false}",
             help=docs.get(f.name, "") + ("" if default is None else f" (default: {default})"),
         )
 

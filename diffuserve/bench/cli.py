@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from diffuserve.config import parse_bool
+
 MODULES = {
     "latency": "diffuserve.bench.latency",
     "throughput": "diffuserve.bench.throughput",
@@ -47,6 +49,12 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
                        help="torch CPU threads (default: torch's choice); recorded in the JSON")
     model.add_argument("--probe-seconds", type=float, default=1.0,
                        help="time for each of the matmul-rate and bandwidth probes (default: 1.0)")
+    model.add_argument("--moe-backend", default="auto", choices=("auto", "loop", "bmm", "grouped_mm"),
+                       help="how MoE layers compute their experts (default: auto; loop = the reference path)")
+    model.add_argument("--enforce-eager", default=None, nargs="?", const=True, type=parse_bool,
+                       metavar="{true,false}",
+                       help="run the forward eagerly (default: compiled on CUDA, eager on CPU; false compiles on "
+                            "CPU too, and the compile time is then part of the warm-up, not of the timed runs)")
 
 
 def _add_decoding(parser: argparse.ArgumentParser) -> None:
@@ -88,10 +96,14 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=positive_int, default=1, help="prompts, each decoded alone (default: 1)")
     parser.add_argument("--repeats", type=positive_int, default=3,
                         help="interleaved rounds of the engine variants; tokens/s from the median (default: 3)")
-    parser.add_argument("--variants", nargs="+", default=["engine", "reference", "separate-commit", "ar"],
-                        choices=("engine", "reference", "separate-commit", "ar"),
-                        help="(a) engine, (b) transformers recompute reference, (c) separate commit forward, "
-                             "(d) autoregressive baseline (block length 1); default: all")
+    parser.add_argument("--variants", nargs="+",
+                        default=["engine", "baseline", "reference", "transformers-kv", "separate-commit", "ar"],
+                        choices=("engine", "baseline", "reference", "transformers-kv", "separate-commit", "ar",
+                                 "engine-batched"),
+                        help="(a) engine, (a0) baseline: the engine eager with the per-expert loop, (b) transformers "
+                             "recompute reference, (b2) transformers-kv: transformers with a KV cache and the SDAR "
+                             "scheme, (c) separate commit forward, (d) autoregressive baseline (block length 1), "
+                             "(e) engine-batched: the engine given all --num-prompts at once; default: all but (e)")
 
 
 def _add_serve(parser: argparse.ArgumentParser) -> None:

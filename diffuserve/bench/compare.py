@@ -1,14 +1,18 @@
 """`diffuserve bench compare`: the same model, prompts and decoding, side by side in one run:
 
-  (a) engine           diffuserve: KV cache, fused commit
-  (b) reference        transformers' model recomputing the whole sequence every step (LLaDA2 reference generate)
-  (c) separate-commit  diffuserve with a separate commit forward per block (SGLang, dInfer, the SDAR reference)
-  (d) ar               the same model decoded autoregressively (block length 1): the AR baseline
+  (a)  engine           diffuserve: KV cache, fused commit (--moe-backend, --enforce-eager as given)
+  (a0) baseline         the same engine eager, with the per-expert loop: the engine path before issue 18
+  (b)  reference        transformers' model recomputing the whole sequence every step (LLaDA2 reference generate)
+  (b2) transformers-kv  transformers' model with its KV cache, decoded by the SDAR scheme (separate commit
+                        forward): what a user runs without an engine
+  (c)  separate-commit  diffuserve with a separate commit forward per block (SGLang, dInfer, the SDAR reference)
+  (d)  ar               the same model decoded autoregressively (block length 1): the AR baseline
+  (e)  engine-batched   (only when asked) the engine given all --num-prompts prompts at once
 
-Every prompt is decoded alone (batch 1), so the ratios isolate the decoding method, not batching (that is
-`bench throughput`). tokens/s = generated tokens / wall time, prefill included (for the engine variants the
-median of interleaved rounds). At temperature 0, (a), (b) and (c) must give identical tokens: the run checks
-it and exits 1 if not. Knows nothing of CLI parsing.
+Every other variant decodes each prompt alone (batch 1), so the ratios isolate the decoding method; (e) shows
+what batching adds over the one-at-a-time peers. tokens/s = generated tokens / wall time, prefill included (for
+the engine variants the median of interleaved rounds). At temperature 0, (a), (a0), (b), (b2), (c) and (e) must
+give identical tokens: the run checks it and exits 1 if not. Knows nothing of CLI parsing.
 """
 
 from __future__ import annotations
@@ -33,9 +37,13 @@ from diffuserve.sampling_params import SamplingParams
 from diffuserve.testing.reference_decode import reference_generate
 from diffuserve.testing.reference_model import load_reference
 
-VARIANT_ORDER = ("engine", "reference", "separate-commit", "ar")
-TARGETS = ((32, "reference", 5.0), (4, "separate-commit", 1.15))
-"""(block length, variant, minimum engine speed-up over it): the targets of issues 2 and 7."""
+VARIANT_ORDER = ("engine", "engine-batched", "baseline", "reference", "transformers-kv", "separate-commit", "ar")
+ENGINE_VARIANTS = ("engine", "engine-batched", "baseline", "separate-commit")
+SAME_TOKENS = ("engine", "engine-batched", "baseline", "reference", "transformers-kv", "separate-commit")
+TARGETS = ((32, "engine", "reference", 5.0), (4, "engine", "separate-commit", 1.15), (32, "engine", "baseline", 3.0),
+           (32, "engine", "transformers-kv", 4.0), (32, "engine-batched", "transformers-kv", 10.0))
+"""(block length, variant, slower variant, minimum speed-up over it): the targets of issues 2, 7 and 18
+(engine-batched: with --num-prompts 16, the 16-concurrent target)."""
 
 
 def _variant(tokens: list[list[int]], nfe: int, walls: list[float]) -> dict[str, Any]:
@@ -54,9 +62,10 @@ class EngineVariant:
     walls: list[float] = field(default_factory=list)
     tokens: list[list[int]] | None = None
     nfe: int = 0
+    sequential: bool = True
 
     def measure(self, prompts: list[list[int]], params: SamplingParams) -> None:
-        record = run_requests(self.engine, prompts, params, sequential=True)
+        record = run_requests(self.engine, prompts, params, sequential=self.sequential)
         tokens = [o.outputs[0].token_ids for o in record.outputs]
         if self.tokens is not None and tokens != self.tokens:
             raise RuntimeError("compare: an engine variant gave different tokens on a repetition")
@@ -69,20 +78,29 @@ class EngineVariant:
 
 
 def engine_variant(ctx: BenchContext, ns: argparse.Namespace, block: int, params: SamplingParams,
-                   fused_commit: bool) -> EngineVariant:
-    """A fresh engine (one sequence, no prefix cache: repetitions must recompute the prompt as the reference
-    does), warmed up by one request of two blocks on a prompt that is not measured."""
-    engine = ctx.engine(block, 1, max_model_len(ns.prompt_tokens, ns.output_tokens, block),
-                        fused_commit=fused_commit, enable_prefix_caching=False)
+                   name: str = "engine") -> EngineVariant:
+    """A fresh engine (no prefix cache: repetitions must recompute the prompt as the reference does; one
+    sequence, except engine-batched), warmed up by one request of two blocks on a prompt that is not measured
+    (and, for a compiled forward, by every step shape the measured runs will see: the warm-up's compile is
+    reported, never timed)."""
+    batched = name == "engine-batched"
+    options: dict[str, Any] = {"moe_backend": "loop", "enforce_eager": True} if name == "baseline" else {}
+    engine = ctx.engine(block, ns.num_prompts if batched else 1,
+                        max_model_len(ns.prompt_tokens, ns.output_tokens, block),
+                        fused_commit=name != "separate-commit", enable_prefix_caching=False, **options)
     warm = ctx.prompts(ns.num_prompts + 1, ns.prompt_tokens)[-1]
     run_requests(engine, [warm], params.replace(max_tokens=min(params.max_tokens or 1, 2 * block)))
-    return EngineVariant(engine)
+    compile_s = engine.runner.executor.run_model.compile_s
+    if compile_s:
+        print(f"compare: {name} compiled its forward in {compile_s:.1f} s (warm-up, not timed)", file=sys.stderr)
+    return EngineVariant(engine, sequential=not batched)
 
 
 def reference_variant(ctx: BenchContext, block: int, prompts: list[list[int]],
-                      params: SamplingParams) -> dict[str, Any]:
-    """transformers' model under the block-causal mask, whole sequence recomputed every step."""
-    model = load_transformers_model(ctx.model_dir, ctx.dtype)
+                      params: SamplingParams, cached: bool = False) -> dict[str, Any]:
+    """transformers' model under the block-causal mask: the whole sequence recomputed every step, or (cached)
+    the SDAR scheme over its KV cache."""
+    model = load_transformers_model(ctx.model_dir, ctx.dtype, sdar_cache_block=block if cached else None)
     reference = load_reference(ctx.model_dir, model=model, block_length=block)
     resolved = params.with_defaults(ctx.generation_defaults)
     with torch.inference_mode():  # warm-up: one full forward of a prompt
@@ -107,8 +125,7 @@ def compare_block(ctx: BenchContext, ns: argparse.Namespace, block: int, prompts
     """All variants at one block length. The engine variants run --repeats rounds, interleaved (a, c, d, a,
     c, d, ...) so that a change in machine load hits them alike; the slow reference runs once, after the
     first round."""
-    engines = {name: engine_variant(ctx, ns, block, params, fused_commit=name == "engine")
-               for name in ns.variants if name in ("engine", "separate-commit")}
+    engines = {name: engine_variant(ctx, ns, block, params, name) for name in ns.variants if name in ENGINE_VARIANTS}
     if ar is not None:
         ar.walls = []  # AR is measured again in every block's rounds, beside that block's variants
         engines["ar"] = ar
@@ -117,28 +134,30 @@ def compare_block(ctx: BenchContext, ns: argparse.Namespace, block: int, prompts
         for name, variant in engines.items():
             print(f"compare: block {block}, {name}, round {round_index + 1}", file=sys.stderr, flush=True)
             variant.measure(prompts, params)
-        if round_index == 0 and "reference" in ns.variants:
-            print(f"compare: block {block}, reference", file=sys.stderr, flush=True)
-            variants["reference"] = reference_variant(ctx, block, prompts, params)
+        for name in ("reference", "transformers-kv"):
+            if round_index == 0 and name in ns.variants:
+                print(f"compare: block {block}, {name}", file=sys.stderr, flush=True)
+                variants[name] = reference_variant(ctx, block, prompts, params, cached=name == "transformers-kv")
     variants |= {name: variant.result() for name, variant in engines.items()}
     variants = {name: variants[name] for name in VARIANT_ORDER if name in variants}
-    exact = [variants[n]["token_ids"] for n in ("engine", "reference", "separate-commit") if n in variants]
+    exact = [variants[n]["token_ids"] for n in SAME_TOKENS if n in variants]
     for v in variants.values():
         del v["token_ids"]  # checked here; the JSON keeps the verdict, not 3 x prompts x tokens ids
-    ratios = {f"engine_vs_{n}": variants["engine"]["tokens_per_s"] / v["tokens_per_s"]
-              for n, v in variants.items() if n != "engine" and "engine" in variants}
+    ratios = {f"{fast}_vs_{n}": variants[fast]["tokens_per_s"] / v["tokens_per_s"]
+              for fast in ("engine", "engine-batched") if fast in variants
+              for n, v in variants.items() if n not in ("engine", "engine-batched")}
     return {"block_length": block, "variants": variants, "ratios": ratios,
             "identical_tokens": all(t == exact[0] for t in exact) if len(exact) > 1 else None}
 
 
 def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     met = []
-    for block, variant, minimum in TARGETS:
+    for block, fast, variant, minimum in TARGETS:
         row = next((r for r in results if r["block_length"] == block), None)
-        ratio = row["ratios"].get(f"engine_vs_{variant}") if row else None
+        ratio = row["ratios"].get(f"{fast}_vs_{variant}") if row else None
         if ratio is not None:
-            met.append({"block_length": block, "versus": variant, "ratio": ratio, "minimum": minimum,
-                        "met": ratio >= minimum and bool(row["identical_tokens"])})
+            met.append({"block_length": block, "variant": fast, "versus": variant, "ratio": ratio,
+                        "minimum": minimum, "met": ratio >= minimum and bool(row["identical_tokens"])})
     return met
 
 
@@ -146,7 +165,7 @@ def table(results: list[dict[str, Any]]) -> str:
     rows = []
     for r in results:
         for name, v in r["variants"].items():
-            ratio = 1.0 if name == "engine" else r["ratios"].get(f"engine_vs_{name}")
+            ratio = r["ratios"].get(f"engine_vs_{name}", 1.0 if name == "engine" else None)
             rows.append([r["block_length"], name, v["tokens_per_s"], v["nfe"], v["tpf"], v["forwards_per_s"],
                          v["wall_s"], ratio, {True: "yes", False: "NO", None: "-"}[r["identical_tokens"]]])
     return format_table(["block", "variant", "tok/s", "NFE", "TPF", "fwd/s", "wall s", "engine x", "same tokens"],
@@ -157,11 +176,11 @@ def run(ns: argparse.Namespace) -> int:
     ctx = make_context(ns)
     prompts = ctx.prompts(ns.num_prompts, ns.prompt_tokens)
     params = sampling_params(ns, ns.output_tokens)
-    ar = engine_variant(ctx, ns, 1, params, fused_commit=True) if "ar" in ns.variants else None
+    ar = engine_variant(ctx, ns, 1, params) if "ar" in ns.variants else None
     results = [compare_block(ctx, ns, block, prompts, params, ar) for block in ns.block_lengths]
     print(table(results))
     for t in targets(results):
-        print(f"block {t['block_length']}: engine {t['ratio']:.2f}x {t['versus']} (target >= {t['minimum']}x): "
+        print(f"block {t['block_length']}: {t['variant']} {t['ratio']:.2f}x {t['versus']} (target >= {t['minimum']}x): "
               f"{'met' if t['met'] else 'NOT met'}")
     finish({
         "bench": "compare", "environment": {**ctx.environment, "load_average_end": load_average()},
@@ -173,6 +192,7 @@ def run(ns: argparse.Namespace) -> int:
         "results": results, "targets": targets(results), "peak_memory_bytes": peak_memory_bytes(ctx.device),
     }, ns.json_out, ns.plot)
     if any(r["identical_tokens"] is False for r in results):
-        print("compare: (a) engine, (b) reference and (c) separate-commit gave different tokens", flush=True)
+        print(f"compare: the variants {', '.join(n for n in SAME_TOKENS if n in ns.variants)} gave different tokens",
+              flush=True)
         return 1
     return 0

@@ -43,6 +43,8 @@ class BenchContext:
     generation_defaults: dict[str, Any]
     """The model's generation_config.json decoding knobs (what a request that sets none gets)."""
     probe_seconds: float
+    engine_options: dict[str, Any]
+    """--moe-backend and --enforce-eager, given to every engine unless a variant overrides them."""
 
     def engine(self, block_length: int, max_num_seqs: int, max_model_len: int, **options: Any) -> LLMEngine:
         """A fresh engine on the benchmark model, its KV cache holding max_num_seqs whole sequences of
@@ -52,7 +54,7 @@ class BenchContext:
         config = EngineConfig.from_kwargs(
             str(self.model_dir), dtype=self.dtype, device=str(self.device), block_length=block_length,
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, seed=self.seed, num_pages=num_pages,
-            **options,
+            **(self.engine_options | options),
         )
         return LLMEngine(config)
 
@@ -88,6 +90,8 @@ def make_context(ns: argparse.Namespace) -> BenchContext:
         rates=measure_machine(device, dtype, seconds=ns.probe_seconds), environment=environment(device), seed=ns.seed,
         generation_defaults={k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None},
         probe_seconds=ns.probe_seconds,
+        engine_options={"moe_backend": getattr(ns, "moe_backend", "auto"),
+                        "enforce_eager": getattr(ns, "enforce_eager", None)},
     )
 
 

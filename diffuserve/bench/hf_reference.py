@@ -1,15 +1,20 @@
-"""Variant (b) of `bench compare`: the `transformers` model a user would otherwise run, decoded the way the
-LLaDA2 reference `generate` decodes: no cache, the whole sequence recomputed at every step under the
-block-causal mask.
+"""The `transformers` model a user would otherwise run, in two `bench compare` variants:
 
-Owns the adapter that gives transformers' Qwen3 / Qwen3-MoE model our model's call signature (dense attention
-inputs only), so `testing.reference_decode.reference_generate` drives it unchanged; the weights are the benchmark
-model's own, copied under transformers' names. Knows nothing of timing.
+  reference       decoded the way the LLaDA2 reference `generate` decodes: no cache, the whole sequence
+                  recomputed at every step under the block-causal mask (`TransformersBlockDiffusion`)
+  transformers-kv the SDAR reference scheme: the committed blocks' K/V in transformers' cache, each denoising step
+                  a forward of the current block only, and a separate commit forward that appends a finished block
+                  before the next one starts (`SdarCachedTransformers`)
+
+Both give transformers' Qwen3 / Qwen3-MoE model our model's call signature (dense attention inputs only), so
+`testing.reference_decode.reference_generate` drives them unchanged; the weights are the benchmark model's own,
+copied under transformers' names. Knows nothing of timing.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -39,9 +44,53 @@ class TransformersBlockDiffusion(nn.Module):
         return self.hf.lm_head(hidden).float()
 
 
-def load_transformers_model(model_dir: str | Path, dtype: str) -> TransformersBlockDiffusion:
+class SdarCachedTransformers(TransformersBlockDiffusion):
+    """The SDAR scheme behind the same call: given the sequence up to the end of the current block, it commits
+    (one forward, K/V kept) the whole blocks before that block which the cache lacks, then runs the current block
+    against the cache and drops the block's K/V again. A call whose committed prefix differs from the cache's
+    (a new request) starts a fresh cache. Returns hidden states only for the current block's rows; the earlier
+    rows are NaN, so a caller that read them would fail the benchmark's token check instead of passing silently."""
+
+    def __init__(self, hf_model: nn.Module, block_length: int) -> None:
+        super().__init__(hf_model)
+        self.block_length = block_length
+        self.cache: Any = None
+        self.cached_ids = torch.empty(0, dtype=torch.long)
+        self.commit_forwards = 0
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: DenseAttentionInputs) -> torch.Tensor:
+        """input_ids/positions [1, T] (T = the end of the current block), attn.mask [1, 1, T, T] block-causal."""
+        import transformers
+
+        length = input_ids.shape[1]
+        start = (length - 1) // self.block_length * self.block_length  # the current block's first position
+        cached = self.cached_ids.numel()
+        if self.cache is None or cached > start or not torch.equal(self.cached_ids, input_ids[0, :cached]):
+            self.cache, self.cached_ids, cached = transformers.DynamicCache(config=self.hf.config), input_ids[0, :0], 0
+        if cached < start:  # the commit forward: finished blocks (or the prompt) into the cache
+            self._run(input_ids, positions, attn, cached, start)
+            self.cached_ids, self.commit_forwards = input_ids[0, :start].clone(), self.commit_forwards + 1
+        block = self._run(input_ids, positions, attn, start, length)
+        self.cache.crop(start - self.cache.get_seq_length())  # denoising steps never keep their K/V
+        hidden = block.new_full((1, length, block.shape[-1]), float("nan"))
+        hidden[:, start:] = block
+        return hidden
+
+    def _run(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: DenseAttentionInputs, begin: int,
+             end: int) -> torch.Tensor:
+        """Rows [begin, end) over the cached keys [0, begin) and themselves -> hidden [1, end - begin, H]."""
+        mask = attn.mask[..., begin:end, :end]
+        additive = torch.zeros(mask.shape, dtype=self.hf.dtype).masked_fill(~mask, float("-inf"))
+        out = self.hf.model(input_ids=input_ids[:, begin:end], attention_mask=additive,
+                            position_ids=positions[:, begin:end], cache=self.cache, use_cache=True)
+        return out.last_hidden_state
+
+
+def load_transformers_model(model_dir: str | Path, dtype: str, sdar_cache_block: int | None = None
+                            ) -> TransformersBlockDiffusion:
     """Builds transformers' Qwen3MoeForCausalLM (Qwen3ForCausalLM for a dense model) from the model's
-    config.json and loads the model's weights into it (strictly: a missing or extra tensor is an error)."""
+    config.json and loads the model's weights into it (strictly: a missing or extra tensor is an error).
+    `sdar_cache_block`: wrap it for the SDAR scheme with that block length instead of full recompute."""
     import transformers
 
     from diffuserve.model.registry import family_for
@@ -62,4 +111,6 @@ def load_transformers_model(model_dir: str | Path, dtype: str) -> TransformersBl
     hf_model.load_state_dict(state, strict=not args.tie_word_embeddings)
     if args.tie_word_embeddings:
         hf_model.tie_weights()
+    if sdar_cache_block is not None:
+        return SdarCachedTransformers(hf_model.eval(), sdar_cache_block)
     return TransformersBlockDiffusion(hf_model.eval())

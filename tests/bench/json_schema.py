@@ -74,7 +74,8 @@ COMPARE = {
         "results": {"type": "array", "items": {
             "type": "object", "required": ["block_length", "variants", "ratios", "identical_tokens"],
             "properties": {"variants": {"type": "object", "properties": {
-                k: VARIANT for k in ("engine", "reference", "separate-commit", "ar")}},
+                k: VARIANT for k in ("engine", "engine-batched", "baseline", "reference", "transformers-kv",
+                                     "separate-commit", "ar")}},
                 "identical_tokens": {"type": ["boolean", "null"]}}}},
     },
 }

@@ -1,6 +1,7 @@
-"""A tiny `bench compare` run: the JSON validates; the engine, the transformers recompute reference and the
-separate-commit variant give identical tokens at temperature 0; the NFE of each variant is what its method
-implies (separate commit adds forwards; AR is one forward per token)."""
+"""A tiny `bench compare` run: the JSON validates; the engine, its eager per-expert-loop baseline, the
+transformers recompute reference, transformers with a KV cache under the SDAR scheme and the separate-commit
+variant give identical tokens at temperature 0; the NFE of each variant is what its method implies (separate
+commit adds forwards; AR is one forward per token)."""
 
 from __future__ import annotations
 
@@ -23,15 +24,16 @@ def test_compare_variants_agree(bench_model_dir, run_bench, tmp_path):
     for row in result["results"]:
         assert row["identical_tokens"] is True
         v = row["variants"]
-        assert list(v) == ["engine", "reference", "separate-commit", "ar"]
+        assert list(v) == ["engine", "baseline", "reference", "transformers-kv", "separate-commit", "ar"]
         assert len(v["engine"]["wall_s_repeats"]) == 2 and len(v["reference"]["wall_s_repeats"]) == 1
         assert {x["generated_tokens"] for x in v.values()} == {24}
         # Same denoising steps and no extra commit forward; the reference also denoises the last block's
         # positions past max_tokens, which the engine stops before.
-        assert v["engine"]["nfe"] <= v["reference"]["nfe"]
+        assert v["engine"]["nfe"] <= v["reference"]["nfe"] == v["transformers-kv"]["nfe"]
+        assert v["baseline"]["nfe"] == v["engine"]["nfe"]
         assert v["separate-commit"]["nfe"] > v["engine"]["nfe"]
         assert v["ar"]["nfe"] == 24 and v["ar"]["tpf"] == 1.0
-        assert set(row["ratios"]) == {"engine_vs_reference", "engine_vs_separate-commit", "engine_vs_ar"}
+        assert set(row["ratios"]) == {f"engine_vs_{n}" for n in list(v)[1:]}
     assert "same tokens" in text
     if plot_args(tmp_path):
         assert pngs(tmp_path) == {"compare_tokens_per_s.png"}
