@@ -42,13 +42,13 @@ def test_bmm_matches_the_loop_in_bf16_with_fp32_routing_weights():
     assert torch.allclose(fast.float(), loop.float(), atol=2e-2)
 
 
-def test_auto_uses_bmm_only_when_most_experts_are_touched(monkeypatch):
+def test_auto_keeps_the_loop_on_cpu_and_bmm_is_used_when_asked(monkeypatch):
     calls = []
     original = backends.padded_bmm_experts
     monkeypatch.setattr(backends, "padded_bmm_experts", lambda *a: calls.append(1) or original(*a))
-    run_experts("auto", *_case(64, 8, 2, torch.float32))  # every expert touched
-    assert calls == [1]
-    run_experts("auto", *_case(1, 16, 2, torch.float32))  # 2 of 16 touched: the loop reads less
+    run_experts("auto", *_case(64, 8, 2, torch.float32))  # CPU: bmm measured no faster (docs/moe.md)
+    assert calls == []
+    run_experts("bmm", *_case(64, 8, 2, torch.float32))
     assert calls == [1]
 
 
@@ -65,8 +65,8 @@ def test_set_moe_backend_reaches_every_moe_layer():
     assert [m.backend for m in model] == ["bmm", "bmm"]
 
 
-@pytest.mark.parametrize("backend", ["bmm", "auto"])
-def test_engine_tokens_match_the_loop_backend(tiny_model_dir_b32, backend):
+def test_engine_tokens_match_the_loop_backend(tiny_model_dir_b32):
+    backend = "bmm"
     prompts = [[(7 * i + j) % 250 + 1 for j in range(5 + 9 * i)] for i in range(4)]
     params = SamplingParams(max_tokens=40, ignore_eos=True, temperature=0.0)
     outs = {}

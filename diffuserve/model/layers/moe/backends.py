@@ -9,8 +9,10 @@
                 see docs/moe.md for the measured pre-transposed copy)
     grouped_mm  `torch._grouped_mm` (dispatch.grouped_experts' CUDA path): no padding, one kernel per projection
 
-`auto` picks by the measurements in docs/moe.md ("Expert backends"): on CUDA bf16 sm90+ grouped_mm; elsewhere
-bmm when at least half of the experts are touched (it then reads little it does not need), else the loop.
+`auto` picks by the measurements in docs/moe.md ("Expert backends"): on CPU the loop (bmm measured no faster at
+any run length: the GEMMs are bound by memory bandwidth, and the loop reads only the touched experts, unpadded);
+on CUDA grouped_mm where PyTorch has its kernel (bf16, sm90+), else bmm when at least half of the experts are
+touched (2 launches instead of 2 per expert; not yet measured on a GPU, see docs/moe.md), else the loop.
 Knows nothing of routing or of where weights live (offload and expert parallel keep the sorted-run loop).
 """
 
@@ -23,7 +25,8 @@ from diffuserve.model.layers.moe.dispatch import ExpertGroups, combine, grouped_
 
 BACKENDS = ("auto", "loop", "bmm", "grouped_mm")
 BMM_MIN_TOUCHED_FRACTION = 0.5
-"""auto: bmm when at least this fraction of the experts has tokens (measured crossover, docs/moe.md)."""
+"""auto on CUDA: bmm when at least this fraction of the experts has tokens (below it, bmm would read mostly
+weights no token needs)."""
 
 
 def check_backend(backend: str) -> str:
@@ -35,18 +38,15 @@ def check_backend(backend: str) -> str:
 def run_experts(backend: str, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                 down: torch.Tensor) -> torch.Tensor:
     """x [N, H], weights/ids [N, K], gate_up [E, 2I, H], down [E, H, I] -> [N, H] with the chosen backend."""
-    if backend == "loop":
+    if backend == "loop" or (backend == "auto" and not x.is_cuda):
         return grouped_experts(x, weights, ids, gate_up, down, allow_grouped_mm=False)
     if backend == "grouped_mm" or (backend == "auto" and grouped_mm_supported(x, gate_up)):
         return grouped_experts(x, weights, ids, gate_up, down)  # the loop where PyTorch has no fast kernel
     counts = torch.bincount(ids.reshape(-1), minlength=gate_up.shape[0])  # [E]
-    if backend == "auto":
-        # One host sync for both numbers: the touched experts and the longest run.
-        touched, longest = torch.stack([(counts > 0).sum(), counts.max()]).tolist()
-        if touched < BMM_MIN_TOUCHED_FRACTION * gate_up.shape[0]:
-            return grouped_experts(x, weights, ids, gate_up, down)
-    else:
-        longest = int(counts.max())
+    # One host sync for both numbers: the touched experts and the longest run.
+    touched, longest = torch.stack([(counts > 0).sum(), counts.max()]).tolist()
+    if backend == "auto" and touched < BMM_MIN_TOUCHED_FRACTION * gate_up.shape[0]:
+        return grouped_experts(x, weights, ids, gate_up, down)
     return padded_bmm_experts(x, weights, ids, gate_up, down, counts, longest)
 
 
