@@ -56,7 +56,10 @@ def ms(seconds: float, digits: int = 1) -> str:
 # --- docs/benchmarks.md ---------------------------------------------------------------------------------------
 
 VARIANTS = {"engine": "(a) engine: KV cache, fused commit",
+            "engine-batched": "(e) engine, all prompts at once",
+            "baseline": "(a0) engine eager, per-expert loop",
             "reference": "(b) transformers Qwen3-MoE, recompute every step",
+            "transformers-kv": "(b2) transformers Qwen3-MoE + KV cache, SDAR scheme",
             "separate-commit": "(c) cached, separate commit forward", "ar": "(d) AR (block length 1)"}
 TARGETS = {32: "reference", 4: "separate-commit"}
 """The variant each block length's speed-up target is against (bench/compare.py TARGETS), printed bold."""
@@ -89,6 +92,42 @@ def compare_quiet(load: Load) -> str:
         rows.append([r["block_length"], f"`{load(name)['command']}`", engine, cells["separate-commit"],
                      cells["reference"], f"**{r['ratios'][f'engine_vs_{target}']:.3g}x** vs {versus}"])
     return table(["block", "command", "engine", "separate commit", "reference", "engine speed-up"], rows)
+
+
+BATCH1_RUNS = ("compare-batch1-float32", "compare-batch1-bfloat16", "compare-batch16-float32")
+"""Issue 18's side-by-side runs (docs/benchmarks.md, "Batch-1 speed")."""
+
+
+def compare_batch1(load: Load) -> str:
+    rows = []
+    for name in BATCH1_RUNS:
+        run = load(name)["result"]
+        r = run["results"][0]
+        fast = "engine-batched" if "engine-batched" in r["variants"] else "engine"
+        for variant, v in r["variants"].items():
+            ratio = "1" if variant == fast else (f"{r['ratios'][f'{fast}_vs_{variant}']:.3g}x"
+                                                 if f"{fast}_vs_{variant}" in r["ratios"] else "")
+            rows.append([f"`{name}.json`", run["dtype"], run["workload"]["num_prompts"], VARIANTS[variant],
+                         sig3(v["tokens_per_s"]), v["nfe"], sig3(v["forwards_per_s"]), ratio,
+                         {True: "yes", False: "NO", None: "-"}[r["identical_tokens"]]])
+    return table(["run", "dtype", "prompts", "variant", "tokens/s", "NFE", "forwards/s", "speed-up of (a) / (e)",
+                  "same tokens"], rows)
+
+
+PROFILE_RUNS = ("profile-float32-loop", "profile-bfloat16-loop")
+
+
+def profiles(load: Load) -> str:
+    rows = []
+    for name in PROFILE_RUNS:
+        run = load(name)["result"]
+        head = f"`{name}.json`: {run['dtype']}, {run['wall_ms_per_forward']:.1f} ms/forward, " \
+               f"{run['ops_per_forward']:.0f} ops/forward"
+        for op in run["top_ops"][:8]:
+            rows.append([head, f"`{op['op']}`", pct(op["self_share"]), f"{op['calls_per_forward']:.1f}",
+                         f"{op['self_ms_per_forward']:.2f}"])
+            head = ""
+    return table(["profile", "op", "self time", "calls / forward", "ms / forward"], rows)
 
 
 def throughput(load: Load) -> str:
@@ -211,6 +250,7 @@ def accuracy_vs_tpf(load: Load) -> str:
 
 TABLES: dict[str, Callable[[Load], str]] = {
     "compare": compare, "compare-quiet": compare_quiet, "throughput": throughput, "calibration": calibration,
+    "compare-batch1": compare_batch1, "profiles": profiles,
     "latency": latency, "serve": serve, "moe-dispatch": moe_dispatch, "moe-offload": moe_offload,
     "training": training, "accuracy-vs-tpf": accuracy_vs_tpf,
 }

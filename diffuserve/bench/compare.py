@@ -63,6 +63,8 @@ class EngineVariant:
     tokens: list[list[int]] | None = None
     nfe: int = 0
     sequential: bool = True
+    compile_s: float = 0.0
+    """Seconds the warm-up spent compiling the forward (0 when eager); never part of the timed rounds."""
 
     def measure(self, prompts: list[list[int]], params: SamplingParams) -> None:
         record = run_requests(self.engine, prompts, params, sequential=self.sequential)
@@ -74,7 +76,7 @@ class EngineVariant:
 
     def result(self) -> dict[str, Any]:
         assert self.tokens is not None, "measure() first"
-        return _variant(self.tokens, self.nfe, self.walls)
+        return _variant(self.tokens, self.nfe, self.walls) | {"compile_s": self.compile_s}
 
 
 def engine_variant(ctx: BenchContext, ns: argparse.Namespace, block: int, params: SamplingParams,
@@ -93,7 +95,7 @@ def engine_variant(ctx: BenchContext, ns: argparse.Namespace, block: int, params
     compile_s = engine.runner.executor.run_model.compile_s
     if compile_s:
         print(f"compare: {name} compiled its forward in {compile_s:.1f} s (warm-up, not timed)", file=sys.stderr)
-    return EngineVariant(engine, sequential=not batched)
+    return EngineVariant(engine, sequential=not batched, compile_s=compile_s)
 
 
 def reference_variant(ctx: BenchContext, block: int, prompts: list[list[int]],
