@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from diffuserve.model.layers.attention_backend import DenseAttentionInputs, block_causal_mask
+from diffuserve.model.layers.moe.backends import run_experts
 from diffuserve.model.layers.moe.dispatch import grouped_experts, looped_experts
 from diffuserve.model.layers.moe.layer import SparseMoeBlock
 from diffuserve.model.loader import load_model
@@ -90,6 +91,9 @@ def bench_dispatch(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
                             for m, (x, w, i) in layers],
         "per_expert_loop": lambda: [looped_experts(x, w, i, m.experts.gate_up_proj, m.experts.down_proj)
                                     for m, (x, w, i) in layers],
+        # The bmm expert backend (moe/backends.py): all experts' runs padded to the longest, two batched GEMMs.
+        "padded_bmm": lambda: [run_experts("bmm", x, w, i, m.experts.gate_up_proj, m.experts.down_proj)
+                               for m, (x, w, i) in layers],
         "dense_matmul": lambda: [_dense_matmuls(*dense) for _ in layers],
         # Not the baseline: the same loop run per request's block, as engines without step-level batching do.
         "loop_per_request": lambda: [looped_experts(x[r], w[r], i[r], m.experts.gate_up_proj, m.experts.down_proj)
@@ -109,6 +113,7 @@ def bench_dispatch(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         "matmul_gflops": flops / matmul / 1e9, "grouped_gflops": flops / grouped / 1e9,
         "loop_gflops": flops / looped / 1e9, "grouped_speedup_vs_loop": looped / grouped,
         "grouped_vs_matmul_time": grouped / matmul, "max_abs_diff_grouped_vs_loop": diff,
+        "padded_bmm_speedup_vs_grouped": grouped / seconds["padded_bmm"],
     }
 
 
@@ -198,7 +203,7 @@ def print_tables(result: dict[str, Any]) -> None:
     print(f"diffuserve bench moe: {result['model']}, {d['num_moe_layers']} MoE layers, {d['tokens']} tokens per step, "
           f"threads {result['threads']}, load average {load}")
     print(f"{'path':<18}{'ms/step':>10}{'GFLOP/s':>10}")
-    for name in ("grouped", "per_expert_loop", "dense_matmul", "loop_per_request"):
+    for name in ("grouped", "per_expert_loop", "padded_bmm", "dense_matmul", "loop_per_request"):
         seconds = d["seconds"][name]
         print(f"{name:<18}{1e3 * seconds:>10.1f}{d['expert_gflop'] / seconds:>10.1f}")
     print(f"grouped vs loop: {d['grouped_speedup_vs_loop']:.2f}x faster; grouped time / matmul time for the same "
