@@ -114,6 +114,19 @@ def compare_batch1(load: Load) -> str:
                   "same tokens"], rows)
 
 
+def roofline(load: Load) -> str:
+    rows = []
+    for name in ("latency-b1-float32", "latency-b1-bfloat16"):
+        run = load(name)["result"]
+        r, eff = run["result"], run["result"]["efficiency"]
+        rows.append([f"`{name}.json`", run["dtype"], f"{r['decode_tokens_per_s']:.1f}", ms(r["mean_decode_step_s"]),
+                     f"{eff['bytes_per_s'] / 1e9:.2f}", f"{run['machine']['bandwidth_bytes_per_s'] / 1e9:.2f}",
+                     f"**{pct(eff['bandwidth_fraction'])}**", pct(eff["matmul_fraction"]),
+                     pct(eff["overhead_fraction"])])
+    return table(["run", "dtype", "decode tokens/s", "decode step ms", "step GB/s (weights + K/V read)",
+                  "probe GB/s (same run)", "bytes/s vs probe", "FLOP/s vs matmul probe", "engine overhead"], rows)
+
+
 PROFILE_RUNS = ("profile-float32-loop", "profile-bfloat16-loop")
 
 
@@ -213,6 +226,18 @@ def moe_dispatch(load: Load) -> str:
     return table([head, "ms / step", "GFLOP/s"], rows)
 
 
+def moe_backends(load: Load) -> str:
+    rows = []
+    for name in ("moe-backends-batch1", "moe-backends-batch16"):
+        d = load(name)["result"]["dispatch"]
+        loop = d["seconds"]["grouped"]
+        cells = [f"{ms(d['seconds'][k], 2)} ({loop / d['seconds'][k]:.2f}x)" for k in ("grouped", "padded_bmm")]
+        rows.append([f"`{name}.json`", d["tokens"], f"{d['experts_touched_per_layer']:.1f}", *cells,
+                     ms(d["seconds"]["dense_matmul"], 2)])
+    return table(["run", "tokens / step", "experts touched / layer", "loop ms (x loop)", "bmm ms (x loop)",
+                  "dense matmul ms (same FLOPs)"], rows)
+
+
 def moe_offload(load: Load) -> str:
     rows = [[f"{r['cache_fraction']:.0%} ({r['slots_per_layer']} slots per layer)", r["residency"],
              f"{r['hit_rate']:.3f}", f"{r['bytes_per_generated_token'] / 1e6:.3f}", r["residency_loads"], r["fetches"],
@@ -250,7 +275,8 @@ def accuracy_vs_tpf(load: Load) -> str:
 
 TABLES: dict[str, Callable[[Load], str]] = {
     "compare": compare, "compare-quiet": compare_quiet, "throughput": throughput, "calibration": calibration,
-    "compare-batch1": compare_batch1, "profiles": profiles,
+    "compare-batch1": compare_batch1, "profiles": profiles, "moe-backends": moe_backends,
+    "roofline": roofline,
     "latency": latency, "serve": serve, "moe-dispatch": moe_dispatch, "moe-offload": moe_offload,
     "training": training, "accuracy-vs-tpf": accuracy_vs_tpf,
 }
