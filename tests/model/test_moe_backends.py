@@ -9,7 +9,7 @@ import torch
 from diffuserve import LLM, SamplingParams
 from diffuserve.config import EngineConfig
 from diffuserve.model.layers.moe import backends
-from diffuserve.model.layers.moe.backends import check_backend, run_experts
+from diffuserve.model.layers.moe.backends import check_backend, prefers_bmm, run_experts
 from diffuserve.model.layers.moe.layer import SparseMoeBlock, set_moe_backend
 from diffuserve.model.layers.moe.router import softmax_topk
 
@@ -50,6 +50,12 @@ def test_auto_keeps_the_loop_on_cpu_and_bmm_is_used_when_asked(monkeypatch):
     assert calls == []
     run_experts("bmm", *_case(64, 8, 2, torch.float32))
     assert calls == [1]
+
+
+def test_cuda_auto_rule_wants_most_experts_touched_and_little_padding():
+    assert prefers_bmm(16, touched=16, longest=8, assignments=64)  # 128 padded rows for 64: 2x
+    assert not prefers_bmm(16, touched=16, longest=9, assignments=64)  # 144 rows: over 2x
+    assert not prefers_bmm(16, touched=7, longest=2, assignments=14)  # under half of the experts touched
 
 
 def test_unknown_backend_is_rejected_with_the_choices():

@@ -12,7 +12,10 @@
 `auto` picks by the measurements in docs/moe.md ("Expert backends"): on CPU the loop (bmm measured no faster at
 any run length: the GEMMs are bound by memory bandwidth, and the loop reads only the touched experts, unpadded);
 on CUDA grouped_mm where PyTorch has its kernel (bf16, sm90+), else bmm when at least half of the experts are
-touched (2 launches instead of 2 per expert; not yet measured on a GPU, see docs/moe.md), else the loop.
+touched and padding at most doubles the rows (2 launches instead of 2 per expert; not yet measured on a GPU, see
+docs/moe.md), else the loop. The padding guard matters for diffusion: a block's mask tokens have near-identical
+hidden states and crowd onto the same experts, so the longest run can be many times the mean (`bench moe` at one
+request: 2.6 of 16 experts touched, bmm 5.5x slower than the loop).
 Knows nothing of routing or of where weights live (offload and expert parallel keep the sorted-run loop).
 """
 
@@ -26,7 +29,15 @@ from diffuserve.model.layers.moe.dispatch import ExpertGroups, combine, grouped_
 BACKENDS = ("auto", "loop", "bmm", "grouped_mm")
 BMM_MIN_TOUCHED_FRACTION = 0.5
 """auto on CUDA: bmm when at least this fraction of the experts has tokens (below it, bmm would read mostly
-weights no token needs)."""
+weights no token needs)..."""
+BMM_MAX_PADDING = 2.0
+"""... and the padded rows E * R are at most this many times the assignments A (skewed routing pads far more)."""
+
+
+def prefers_bmm(num_experts: int, touched: int, longest: int, assignments: int) -> bool:
+    """auto's rule on CUDA without grouped_mm (see the module docstring)."""
+    return (touched >= BMM_MIN_TOUCHED_FRACTION * num_experts
+            and num_experts * longest <= BMM_MAX_PADDING * assignments)
 
 
 def check_backend(backend: str) -> str:
@@ -45,7 +56,7 @@ def run_experts(backend: str, x: torch.Tensor, weights: torch.Tensor, ids: torch
     counts = torch.bincount(ids.reshape(-1), minlength=gate_up.shape[0])  # [E]
     # One host sync for both numbers: the touched experts and the longest run.
     touched, longest = torch.stack([(counts > 0).sum(), counts.max()]).tolist()
-    if backend == "auto" and touched < BMM_MIN_TOUCHED_FRACTION * gate_up.shape[0]:
+    if backend == "auto" and not prefers_bmm(gate_up.shape[0], touched, longest, ids.numel()):
         return grouped_experts(x, weights, ids, gate_up, down)
     return padded_bmm_experts(x, weights, ids, gate_up, down, counts, longest)
 
