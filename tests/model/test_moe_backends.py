@@ -42,14 +42,21 @@ def test_bmm_matches_the_loop_in_bf16_with_fp32_routing_weights():
     assert torch.allclose(fast.float(), loop.float(), atol=2e-2)
 
 
-def test_auto_keeps_the_loop_on_cpu_and_bmm_is_used_when_asked(monkeypatch):
+def test_auto_on_cpu_uses_bmm_for_spread_bf16_routing_only(monkeypatch):
     calls = []
     original = backends.padded_bmm_experts
     monkeypatch.setattr(backends, "padded_bmm_experts", lambda *a: calls.append(1) or original(*a))
-    run_experts("auto", *_case(64, 8, 2, torch.float32))  # CPU: bmm measured no faster (docs/moe.md)
+    run_experts("auto", *_case(64, 8, 2, torch.float32))  # fp32 on CPU: the loop (docs/moe.md)
     assert calls == []
     run_experts("bmm", *_case(64, 8, 2, torch.float32))
     assert calls == [1]
+    x, weights, ids, gate_up, down = _case(64, 8, 2, torch.bfloat16)
+    run_experts("auto", x, weights, ids, gate_up, down)  # bf16, every expert touched, runs of similar length
+    assert calls == [1, 1]
+    skewed = ids.clone()
+    skewed[:48, 0] = 0  # 48 of 128 assignments on expert 0: 8 x 48 padded rows > 2 x 128
+    run_experts("auto", x, weights, skewed, gate_up, down)
+    assert calls == [1, 1]
 
 
 def test_cuda_auto_rule_wants_most_experts_touched_and_little_padding():

@@ -9,13 +9,14 @@
                 see docs/moe.md for the measured pre-transposed copy)
     grouped_mm  `torch._grouped_mm` (dispatch.grouped_experts' CUDA path): no padding, one kernel per projection
 
-`auto` picks by the measurements in docs/moe.md ("Expert backends"): on CPU the loop (bmm measured no faster at
-any run length: the GEMMs are bound by memory bandwidth, and the loop reads only the touched experts, unpadded);
-on CUDA grouped_mm where PyTorch has its kernel (bf16, sm90+), else bmm when at least half of the experts are
-touched and padding at most doubles the rows (2 launches instead of 2 per expert; not yet measured on a GPU, see
-docs/moe.md), else the loop. The padding guard matters for diffusion: a block's mask tokens have near-identical
-hidden states and crowd onto the same experts, so the longest run can be many times the mean (`bench moe` at one
-request: 2.6 of 16 experts touched, bmm 5.5x slower than the loop).
+`auto` picks by the measurements in docs/moe.md ("Expert backends"), per device and dtype: bmm when at least
+half of the experts are touched and padding at most doubles the rows (`prefers_bmm`), except for fp32 on CPU;
+else the loop; on CUDA grouped_mm first where PyTorch has its kernel (bf16, sm90+). On this project's CPU (AMX):
+bf16 bmm ran 1.10-1.35x the bf16 loop end to end, fp32 bmm 0.66-0.75x the fp32 loop in 2 of 3 runs (fp32 GEMMs
+of a few rows stream weights as fast one expert at a time, and bmm computes the padding). On CUDA bmm's 2
+launches replace ~5 per expert; not yet measured on a GPU. The padding guard matters for diffusion: a block's
+mask tokens have near-identical hidden states and crowd onto the same experts, so the longest run can be many
+times the mean (`bench moe` at one request: 2.6 of 16 experts touched, bmm 6.8x slower than the loop).
 Knows nothing of routing or of where weights live (offload and expert parallel keep the sorted-run loop).
 """
 
@@ -28,14 +29,14 @@ from diffuserve.model.layers.moe.dispatch import ExpertGroups, combine, grouped_
 
 BACKENDS = ("auto", "loop", "bmm", "grouped_mm")
 BMM_MIN_TOUCHED_FRACTION = 0.5
-"""auto on CUDA: bmm when at least this fraction of the experts has tokens (below it, bmm would read mostly
+"""auto: bmm when at least this fraction of the experts has tokens (below it, bmm would read mostly
 weights no token needs)..."""
 BMM_MAX_PADDING = 2.0
 """... and the padded rows E * R are at most this many times the assignments A (skewed routing pads far more)."""
 
 
 def prefers_bmm(num_experts: int, touched: int, longest: int, assignments: int) -> bool:
-    """auto's rule on CUDA without grouped_mm (see the module docstring)."""
+    """auto's rule where bmm can pay (see the module docstring)."""
     return (touched >= BMM_MIN_TOUCHED_FRACTION * num_experts
             and num_experts * longest <= BMM_MAX_PADDING * assignments)
 
@@ -49,7 +50,7 @@ def check_backend(backend: str) -> str:
 def run_experts(backend: str, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                 down: torch.Tensor) -> torch.Tensor:
     """x [N, H], weights/ids [N, K], gate_up [E, 2I, H], down [E, H, I] -> [N, H] with the chosen backend."""
-    if backend == "loop" or (backend == "auto" and not x.is_cuda):
+    if backend == "loop" or (backend == "auto" and not x.is_cuda and x.dtype == torch.float32):
         return grouped_experts(x, weights, ids, gate_up, down, allow_grouped_mm=False)
     if backend == "grouped_mm" or (backend == "auto" and grouped_mm_supported(x, gate_up)):
         return grouped_experts(x, weights, ids, gate_up, down)  # the loop where PyTorch has no fast kernel
