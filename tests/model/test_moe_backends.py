@@ -53,16 +53,18 @@ def test_auto_on_cpu_uses_bmm_for_spread_bf16_routing_only(monkeypatch):
     x, weights, ids, gate_up, down = _case(64, 8, 2, torch.bfloat16)
     run_experts("auto", x, weights, ids, gate_up, down)  # bf16, every expert touched, runs of similar length
     assert calls == [1, 1]
-    skewed = ids.clone()
-    skewed[:48, 0] = 0  # 48 of 128 assignments on expert 0: 8 x 48 padded rows > 2 x 128
-    run_experts("auto", x, weights, skewed, gate_up, down)
-    assert calls == [1, 1]
+    few = torch.stack([ids[:, 0] % 3, ids[:, 0] % 3 + 3], dim=1)  # 6 of 8 experts touched, uneven runs: bmm
+    run_experts("auto", x, weights, few, gate_up, down)
+    assert calls == [1, 1, 1]
+    run_experts("auto", x, weights, ids % 3, gate_up, down)  # 3 of 8 touched: the loop
+    assert calls == [1, 1, 1]
 
 
-def test_cuda_auto_rule_wants_most_experts_touched_and_little_padding():
-    assert prefers_bmm(16, touched=16, longest=8, assignments=64)  # 128 padded rows for 64: 2x
-    assert not prefers_bmm(16, touched=16, longest=9, assignments=64)  # 144 rows: over 2x
-    assert not prefers_bmm(16, touched=7, longest=2, assignments=14)  # under half of the experts touched
+def test_auto_rule_wants_most_experts_touched_and_on_cuda_little_padding():
+    assert prefers_bmm(16, touched=16, longest=8, assignments=64, on_cuda=True)  # 128 padded rows for 64: 2x
+    assert not prefers_bmm(16, touched=16, longest=9, assignments=64, on_cuda=True)  # 144 rows: over 2x
+    assert prefers_bmm(16, touched=16, longest=9, assignments=64, on_cuda=False)  # bf16 on CPU: padding is cheap
+    assert not prefers_bmm(16, touched=7, longest=2, assignments=14, on_cuda=False)  # under half touched
 
 
 def test_unknown_backend_is_rejected_with_the_choices():

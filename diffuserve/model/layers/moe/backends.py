@@ -9,14 +9,17 @@
                 see docs/moe.md for the measured pre-transposed copy)
     grouped_mm  `torch._grouped_mm` (dispatch.grouped_experts' CUDA path): no padding, one kernel per projection
 
-`auto` picks by the measurements in docs/moe.md ("Expert backends"), per device and dtype: bmm when at least
-half of the experts are touched and padding at most doubles the rows (`prefers_bmm`), except for fp32 on CPU;
-else the loop; on CUDA grouped_mm first where PyTorch has its kernel (bf16, sm90+). On this project's CPU (AMX):
-bf16 bmm ran 1.10-1.35x the bf16 loop end to end, fp32 bmm 0.66-0.75x the fp32 loop in 2 of 3 runs (fp32 GEMMs
-of a few rows stream weights as fast one expert at a time, and bmm computes the padding). On CUDA bmm's 2
-launches replace ~5 per expert; not yet measured on a GPU. The padding guard matters for diffusion: a block's
-mask tokens have near-identical hidden states and crowd onto the same experts, so the longest run can be many
-times the mean (`bench moe` at one request: 2.6 of 16 experts touched, bmm 6.8x slower than the loop).
+`auto` picks by the measurements in docs/moe.md ("Expert backends"), per device and dtype (`prefers_bmm`):
+  CPU, fp32       the loop: fp32 bmm ran 0.66-0.75x the loop end to end in 2 of 3 runs (GEMMs of a few rows stream
+                  weights as fast one expert at a time, and bmm computes the padding in slow fp32 FMAs)
+  CPU, bf16/fp16  bmm when at least half of the experts are touched: 1.10-1.35x the bf16 loop end to end (AMX makes
+                  the padding cheap; oneDNN repacks weights once per layer instead of once per expert)
+  CUDA            grouped_mm where PyTorch has its kernel (bf16, sm90+); else bmm when at least half of the experts
+                  are touched and padding at most doubles the rows (not yet measured on a GPU: conservative)
+  otherwise       the loop
+The padding guard matters for diffusion: a block's mask tokens have near-identical hidden states and crowd onto
+the same experts, so the longest run can be many times the mean (`bench moe`, fp32, one request: 2.6 of 16
+experts touched, bmm 6.8x slower than the loop).
 Knows nothing of routing or of where weights live (offload and expert parallel keep the sorted-run loop).
 """
 
@@ -32,13 +35,13 @@ BMM_MIN_TOUCHED_FRACTION = 0.5
 """auto: bmm when at least this fraction of the experts has tokens (below it, bmm would read mostly
 weights no token needs)..."""
 BMM_MAX_PADDING = 2.0
-"""... and the padded rows E * R are at most this many times the assignments A (skewed routing pads far more)."""
+"""... and (CUDA) the padded rows E * R are at most this many times the assignments A."""
 
 
-def prefers_bmm(num_experts: int, touched: int, longest: int, assignments: int) -> bool:
-    """auto's rule where bmm can pay (see the module docstring)."""
+def prefers_bmm(num_experts: int, touched: int, longest: int, assignments: int, on_cuda: bool) -> bool:
+    """auto's rule where bmm can pay (see the module docstring); the padding guard applies on CUDA only."""
     return (touched >= BMM_MIN_TOUCHED_FRACTION * num_experts
-            and num_experts * longest <= BMM_MAX_PADDING * assignments)
+            and (not on_cuda or num_experts * longest <= BMM_MAX_PADDING * assignments))
 
 
 def check_backend(backend: str) -> str:
@@ -57,7 +60,7 @@ def run_experts(backend: str, x: torch.Tensor, weights: torch.Tensor, ids: torch
     counts = torch.bincount(ids.reshape(-1), minlength=gate_up.shape[0])  # [E]
     # One host sync for both numbers: the touched experts and the longest run.
     touched, longest = torch.stack([(counts > 0).sum(), counts.max()]).tolist()
-    if backend == "auto" and not prefers_bmm(gate_up.shape[0], touched, longest, ids.numel()):
+    if backend == "auto" and not prefers_bmm(gate_up.shape[0], touched, longest, ids.numel(), x.is_cuda):
         return grouped_experts(x, weights, ids, gate_up, down)
     return padded_bmm_experts(x, weights, ids, gate_up, down, counts, longest)
 
