@@ -127,6 +127,26 @@ def roofline(load: Load) -> str:
                   "probe GB/s (same run)", "bytes/s vs probe", "FLOP/s vs matmul probe", "engine overhead"], rows)
 
 
+AB_RUNS = ("ab-engines-1", "ab-engines-2", "ab-engines-3")
+"""scripts/ab_engines.py runs: engine configurations interleaved in one process."""
+
+
+def ab_engines(load: Load) -> str:
+    rows = []
+    for name in AB_RUNS:
+        run = load(name)["result"]
+        first = run["results"][0]
+        label = f"`{name}.json` (load {run['load_average'][0]:.1f})"
+        for r in run["results"]:
+            rows.append([label, f"`{r['config']}`", f"{r['tokens_per_s']:.1f}", f"{r['forwards_per_s']:.2f}", r["nfe"],
+                         f"{r['tokens_per_s'] / first['tokens_per_s']:.2f}x",
+                         f"{r['forwards_per_s'] / first['forwards_per_s']:.2f}x",
+                         "yes" if r["same_tokens_as_first"] else "no"])
+            label = ""
+    return table(["run", "dtype:backend:mode", "tokens/s", "forwards/s", "NFE", "tokens/s vs first",
+                  "forwards/s vs first", "same tokens as first"], rows)
+
+
 PROFILE_RUNS = ("profile-float32-loop", "profile-bfloat16-loop")
 
 
@@ -276,7 +296,7 @@ def accuracy_vs_tpf(load: Load) -> str:
 TABLES: dict[str, Callable[[Load], str]] = {
     "compare": compare, "compare-quiet": compare_quiet, "throughput": throughput, "calibration": calibration,
     "compare-batch1": compare_batch1, "profiles": profiles, "moe-backends": moe_backends,
-    "roofline": roofline,
+    "roofline": roofline, "ab-engines": ab_engines,
     "latency": latency, "serve": serve, "moe-dispatch": moe_dispatch, "moe-offload": moe_offload,
     "training": training, "accuracy-vs-tpf": accuracy_vs_tpf,
 }

@@ -12,8 +12,8 @@
 `auto` picks by the measurements in docs/moe.md ("Expert backends"), per device and dtype (`prefers_bmm`):
   CPU, fp32       the loop: fp32 bmm ran 0.66-0.75x the loop end to end in 2 of 3 runs (GEMMs of a few rows stream
                   weights as fast one expert at a time, and bmm computes the padding in slow fp32 FMAs)
-  CPU, bf16/fp16  bmm when at least half of the experts are touched: 1.10-1.35x the bf16 loop end to end (AMX makes
-                  the padding cheap; oneDNN repacks weights once per layer instead of once per expert)
+  CPU, bf16/fp16  bmm when at least half of the experts are touched: 0.98-1.33x the bf16 loop's forwards/s end to
+                  end in 3 runs (AMX makes the padding cheap; oneDNN repacks weights once per layer, not per expert)
   CUDA            grouped_mm where PyTorch has its kernel (bf16, sm90+); else bmm when at least half of the experts
                   are touched and padding at most doubles the rows (not yet measured on a GPU: conservative)
   otherwise       the loop
