@@ -108,7 +108,8 @@ class EngineConfig:
     matmul pair per touched expert: the reference), bmm (padded batched GEMM over all experts) or grouped_mm."""
     enforce_eager: bool | None = None
     """Run the model forward eagerly instead of through torch.compile (vLLM's flag). Default: compiled on CUDA
-    (CUDA graphs), eager on CPU, where compiling measured no gain (docs/benchmarks.md); false compiles on CPU too."""
+    (CUDA graphs), eager on CPU, where compiling took about 2 minutes and ran fp32 slower (docs/benchmarks.md);
+    false compiles on CPU too."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)

@@ -1,10 +1,11 @@
 """Whether and how the model forward is compiled (`EngineConfig.enforce_eager`), and what compiling cost.
 
 Default (`enforce_eager=None`): compiled on CUDA with `mode="reduce-overhead"` (CUDA graphs: the step's hundreds
-of small kernels replayed as one launch), eager on CPU, where inductor measured no gain on the benchmark model and
-compiled for minutes on a 2-core machine (docs/benchmarks.md, "Compiled forward"). `enforce_eager=False` compiles
-on CPU too. Shapes are marked dynamic, so the steps' varying token counts reuse one graph instead of recompiling
-per count. The first call of each new graph pays the compile; its time is logged and kept in `compile_s`.
+of small kernels replayed as one launch), eager on CPU, where inductor compiled the benchmark model for 105-144 s
+on a shared 2-core machine and ran fp32 at 0.63-0.69x eager (bf16 1.73x, but with tokens that differ from eager;
+docs/benchmarks.md, "Batch-1 speed"). `enforce_eager=False` compiles on CPU too. Shapes are marked dynamic, so
+the steps' varying token counts reuse one graph instead of recompiling per count. The first call of each new
+graph pays the compile; its time is logged and kept in `compile_s`.
 Knows nothing of the model's structure.
 """
 
