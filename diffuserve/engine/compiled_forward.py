@@ -4,8 +4,9 @@ Default (`enforce_eager=None`): compiled on CUDA with `mode="reduce-overhead"` (
 of small kernels replayed as one launch), eager on CPU, where inductor compiled the benchmark model for 105-144 s
 on a shared 2-core machine and ran fp32 at 0.63-0.69x eager (bf16 1.73x, but with tokens that differ from eager;
 docs/benchmarks.md, "Batch-1 speed"). `enforce_eager=False` compiles on CPU too. Shapes are marked dynamic, so
-the steps' varying token counts reuse one graph instead of recompiling per count. The first call of each new
-graph pays the compile; its time is logged and kept in `compile_s`.
+the steps' varying token counts reuse one graph instead of recompiling per count. The first call pays the
+compile; its time is logged and kept in `compile_s` (a later recompile, for a shape the dynamic marking does not
+cover, is not counted; padded shape buckets that would rule those out are not built yet).
 Knows nothing of the model's structure.
 """
 
@@ -27,7 +28,7 @@ def should_compile(enforce_eager: bool | None, device: torch.device) -> bool:
 
 
 class CompiledForward:
-    """`model`'s forward, compiled or not; call it as the model. `compile_s`: seconds spent in first calls."""
+    """`model`'s forward, compiled or not; call it as the model. `compile_s`: seconds spent in the first call."""
 
     def __init__(self, model: nn.Module, compiled: bool, device: torch.device) -> None:
         self.compiled = compiled
