@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from diffuserve.engine.outputs import CompletionOutput, RequestOutput
 from diffuserve.server.bridge import EngineDeadError, OutputStream
 from diffuserve.server.errors import APIError, engine_failed, engine_unavailable
-from diffuserve.server.parsing import Prompt
+from diffuserve.server.prompts import Prompt
 from diffuserve.server.protocol import (
     AssistantMessage,
     ChatChoice,
