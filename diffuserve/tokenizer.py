@@ -151,11 +151,11 @@ class Tokenizer:
         if len(rendered) != len(reference):
             raise ValueError("messages: a message spells a special token and this model's chat template changes "
                              "message text, so it cannot be encoded as plain text; remove the special token")
-        encoding = self.hf.backend_tokenizer.encode(rendered, add_special_tokens=False)
+        encoding = self.hf(rendered, add_special_tokens=False, return_offsets_mapping=True)
         ids: list[int] = []
         piece: list[int] = []
         piece_start, spelled = 0, False
-        for token, (start, end) in zip(encoding.ids, encoding.offsets):
+        for token, (start, end) in zip(encoding["input_ids"], encoding["offset_mapping"]):
             if token in self.special_ids and rendered[start:end] == reference[start:end]:
                 ids += self.encode_plain(rendered[piece_start:start]) if spelled else piece
                 ids.append(token)

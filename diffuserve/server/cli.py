@@ -13,6 +13,7 @@ Ctrl-C stops accepting connections and lets open requests finish for at most --s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -128,10 +129,9 @@ def _serve(args: argparse.Namespace, config: ServerConfig, sock: socket.socket |
     server = _server_class()(uvicorn.Config(
         build_app(engine, config), host=config.host, port=port, log_level=config.uvicorn_log_level,
         timeout_graceful_shutdown=config.shutdown_timeout))  # type: ignore[arg-type]
-    try:
+    # uvicorn re-raises the Ctrl-C it handled once it has shut down; uvicorn.run swallows it too.
+    with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled once it has shut down (as uvicorn.run)
-        pass
     return 0
 
 
