@@ -24,12 +24,24 @@ STREAM = {"model": MODEL_NAME, "prompt": "Once upon 4", "ignore_eos": True, "dec
 TEN_MB = 10_000_000
 
 
+STEP_PAUSE_S = 0.01
+"""Each engine step of the watched server is made this much slower, so that the stream (one token per step)
+lasts seconds whatever the machine's speed: long enough to span the request under test."""
+
+
 class FrameGaps:
     """Streams a long completion on a thread and records the largest gap between its frames."""
 
-    def __init__(self, server: LiveServer) -> None:
+    def __init__(self, server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
         self.server, self.times, self.started = server, [], threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        step = server.engine.step
+
+        def paced_step():
+            time.sleep(STEP_PAUSE_S)  # sleeping releases the GIL: it slows the engine, not the event loop
+            return step()
+
+        monkeypatch.setattr(server.engine, "step", paced_step)
 
     def _run(self) -> None:
         body = {**STREAM, "max_tokens": self.server.serving.max_model_len - 16}
@@ -58,10 +70,10 @@ class FrameGaps:
 
 @pytest.fixture()
 def big_body_server(tiny_model_dir: Path, single_threaded_torch: None) -> Iterator[LiveServer]:
-    """Accepts bodies up to 64 MB, so that a 10 MB prompt reaches the prompt checks; a 1024-token context, so
+    """Accepts bodies up to 64 MB, so that a 10 MB prompt reaches the prompt checks; a 512-token context, so
     that a stream lasts long enough to watch."""
     config = ServerConfig(api_key=API_KEY, served_model_name=MODEL_NAME, max_request_bytes=64_000_000)
-    server = LiveServer(tiny_model_dir, config, num_pages=256, max_model_len=1024).start()
+    server = LiveServer(tiny_model_dir, config, num_pages=128, max_model_len=512).start()
     yield server
     server.stop()
 
@@ -72,9 +84,9 @@ def _timed_post(server: LiveServer, body: dict, **kwargs) -> tuple[httpx.Respons
     return response, start, time.monotonic()
 
 
-def test_10mb_body_is_a_413_before_it_is_read_and_streams_keep_flowing(live_server: LiveServer):
+def test_10mb_body_is_a_413_before_it_is_read_and_streams_keep_flowing(live_server: LiveServer, monkeypatch):
     assert default_max_request_bytes(192) < TEN_MB
-    with FrameGaps(live_server) as stream:
+    with FrameGaps(live_server, monkeypatch) as stream:
         response, start, end = _timed_post(live_server, {"model": MODEL_NAME, "prompt": "x" * TEN_MB})
     gap = stream.largest_gap_during(start, end)
     assert response.status_code == 413, response.text
@@ -83,27 +95,27 @@ def test_10mb_body_is_a_413_before_it_is_read_and_streams_keep_flowing(live_serv
     assert end - start < 1.0 and gap < 2.0, (end - start, gap)
 
 
-def test_10mb_prompt_is_refused_from_its_length_and_streams_keep_flowing(big_body_server: LiveServer):
+def test_10mb_prompt_is_refused_from_its_length_and_streams_keep_flowing(big_body_server: LiveServer, monkeypatch):
     server = big_body_server
-    with FrameGaps(server) as stream:
+    with FrameGaps(server, monkeypatch) as stream:
         response, start, end = _timed_post(server, {"model": MODEL_NAME, "prompt": "x" * TEN_MB})
     gap = stream.largest_gap_during(start, end)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert (error["param"], error["code"]) == ("prompt", "context_length_exceeded")
-    assert f"{TEN_MB} characters" in error["message"] and "1024 tokens" in error["message"]
+    assert f"{TEN_MB} characters" in error["message"] and "512 tokens" in error["message"]
     assert end - start < 1.0 and gap < 2.0, (end - start, gap)
 
 
 def test_large_prompts_are_tokenized_off_the_event_loop(big_body_server: LiveServer, monkeypatch):
-    """Without a length bound (a tokenizer that may merge text), a 1 MB prompt is tokenized: on the worker
+    """Without a length bound (a tokenizer that may merge text), a 600 kB prompt is tokenized: on the worker
     thread, while the stream keeps going."""
     server = big_body_server
     monkeypatch.setattr(server.serving.tokenizer, "min_num_tokens", lambda num_chars: 0)
-    with FrameGaps(server) as stream:
-        response, start, end = _timed_post(server, {"model": MODEL_NAME, "prompt": "ab" * 500_000})
+    with FrameGaps(server, monkeypatch) as stream:
+        response, start, end = _timed_post(server, {"model": MODEL_NAME, "prompt": "ab" * 300_000})
     gap = stream.largest_gap_during(start, end)
-    assert response.status_code == 400 and "1000000 tokens" in response.json()["error"]["message"]
+    assert response.status_code == 400 and "600000 tokens" in response.json()["error"]["message"]
     assert gap < 2.0, gap
 
 
