@@ -32,7 +32,8 @@ class CacheConfig:
     num_pages: int | None = None
     """Number of KV-cache pages; overrides --kv-cache-memory when set."""
     kv_cache_memory: int | None = None
-    """KV-cache budget in bytes (default on CPU: what max_num_seqs sequences of max_model_len need, at most 4 GiB)."""
+    """KV-cache budget in bytes, K/V pages only (default on CPU: what max_num_seqs sequences of max_model_len need,
+    at most 4 GiB). Hybrid models' recurrent state has its own --state-cache-memory."""
     state_cache_memory: int | None = None
     """Hybrid models (Gated DeltaNet layers) only: bytes of the recurrent-state pool, separate from (and allocated
     before) --kv-cache-memory, which covers K/V pages only. One slot holds a sequence's whole GDN state whatever
