@@ -61,6 +61,14 @@ def test_every_decoder_equals_the_recompute_engine(model_dirs, decoder):
     assert kept == _generate(_llm(model_dirs[4], recurrent_state="recompute"), prompts, params)
 
 
+def test_separate_commit_forwards_equal_the_fused_commit(model_dirs):
+    prompts = _prompts([3, 16, 21], seed=7)
+    params = _params(13)
+    separate = _llm(model_dirs[4], fused_commit=False)
+    assert _generate(separate, prompts, params) == _generate(_llm(model_dirs[4]), prompts, params)
+    assert separate.engine.stats().num_steps > 0
+
+
 def test_batched_equals_one_at_a_time(model_dirs):
     prompts = _prompts([1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 20, 24, 31, 33, 40, 6], seed=2)
     params = _params(11)
