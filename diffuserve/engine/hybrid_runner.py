@@ -19,22 +19,24 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from typing import cast
 
 import torch
 
-from diffuserve.engine.executor import StatePlan
+from diffuserve.engine.executor import ModelExecutor, StatePlan
 from diffuserve.engine.model_runner import BlockRows, ModelRunner, StepBatch
 from diffuserve.engine.request import Request
 from diffuserve.engine.sampling import propose
 from diffuserve.engine.scheduler_output import ScheduledRequest
 from diffuserve.model.clover_moe_config import hybrid_args
+from diffuserve.model.config import ModelArgs
 from diffuserve.model.layers.gdn_step import RowGroup
 
 
 class HybridRunner(ModelRunner):
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        hybrid = hybrid_args(self.model.args)
+    def __init__(self, executor: ModelExecutor, block_length: int, seed: int = 0) -> None:
+        super().__init__(executor, block_length, seed)
+        hybrid = hybrid_args(cast(ModelArgs, self.model.args))
         self.preview = hybrid.has_diffusion
         self.shift = hybrid.prediction_shift or not self.preview  # next-token decoding reads the previous row
 

@@ -27,14 +27,15 @@ class StateSlots:
     def __init__(self, pool: StatePool, page_size: int, interval_pages: int) -> None:
         self.pool, self.page_size, self.interval_pages = pool, page_size, interval_pages
         self._pending: list[StateSnapshot] = []  # reserved this step, registered when the step is applied
-        self._pinned: set[int] = set()  # snapshots a request of this step restores: not evicted before the copy
+        self._pinned: set[int | None] = set()  # snapshots a request of this step restores: not evicted before the copy
         self.num_state_hit_tokens = 0
 
     def start_step(self) -> None:
         """Snapshots reserved by a step that failed (never applied) go back to the free list."""
         for snapshot in self._pending:
             self.pool.free(snapshot.slot)
-        self._pending, self._pinned = [], set()
+        self._pending = []
+        self._pinned = set()
 
     # ---- admission -----------------------------------------------------------------------------------------
     def usable_prefix(self, page_hashes: list[int]) -> tuple[int, int | None]:
@@ -97,7 +98,7 @@ class StateSlots:
         candidates = [work.commit_end // interval * interval]
         if work.commit_start < prompt_end <= work.commit_end:
             candidates.append(prompt_end)
-        best = max(p for p in candidates)
+        best = max(candidates)
         return best if work.commit_start < best <= work.commit_end and best > 0 else None
 
     def _prefix_hash(self, request: Request, num_pages: int) -> int:

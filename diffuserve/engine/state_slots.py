@@ -15,6 +15,7 @@ snapshot slots are registered under one hash, and the hash index maps only to sn
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Set
 
 
 class OutOfStateSlots(RuntimeError):
@@ -47,7 +48,7 @@ class StatePool:
     def num_snapshots(self) -> int:
         return len(self._snapshots)
 
-    def can_allocate(self, keep: set[int | None] = frozenset()) -> bool:
+    def can_allocate(self, keep: Set[int | None] = frozenset()) -> bool:
         """Whether `allocate(keep)` would find a slot."""
         return bool(self._free) or any(s not in keep for s in self._snapshots)
 
@@ -59,7 +60,7 @@ class StatePool:
         return slot
 
     # ---- mutations -----------------------------------------------------------------------------------------
-    def allocate(self, keep: set[int | None] = frozenset()) -> int:
+    def allocate(self, keep: Set[int | None] = frozenset()) -> int:
         """A slot for a sequence, evicting the least recently used snapshot if none is free (never one in
         `keep`: snapshots about to be restored this step)."""
         if self._free:
