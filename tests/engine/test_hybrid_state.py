@@ -86,18 +86,35 @@ def test_chunked_prefill_equals_unchunked(model_dirs):
     assert chunked.engine.stats().num_steps > whole.engine.stats().num_steps
 
 
-def test_prefix_cache_hit_equals_miss(model_dirs):
+@pytest.mark.parametrize("budget", [4096, 8])
+def test_prefix_cache_hit_equals_miss(model_dirs, budget):
     shared = _prompts([40], seed=4)[0]
     tails = _prompts([3, 9, 17, 1], seed=5)
     prompts = [shared + t for t in tails]
     params = _params(9)
     miss = _generate(_llm(model_dirs[4], enable_prefix_caching=False), prompts, params)
-    cached = _llm(model_dirs[4], state_snapshot_interval=1)
+    cached = _llm(model_dirs[4], state_snapshot_interval=1, max_num_batched_tokens=budget)
     hits = [_generate(cached, [p], params)[0] for p in prompts]  # one at a time: each later one can hit
     assert hits == miss
     stats = cached.engine.stats()
     assert stats.state is not None and stats.state.hit_rate > 0 and stats.num_prefix_hit_tokens >= 3 * 32
     assert stats.page_hit_rate >= stats.state.hit_rate
+
+
+def test_snapshots_evicted_under_slot_pressure_never_change_a_token(model_dirs):
+    shared = _prompts([48], seed=8)
+    prompts = [shared[0][: 16 * (1 + i % 3)] + t for i, t in enumerate(_prompts([2, 5, 7, 11, 3, 9, 14, 6], 9))]
+    params = _params(10)
+    miss = _generate(_llm(model_dirs[4], enable_prefix_caching=False), prompts, params)
+    slot = _llm(model_dirs[4]).engine.state_pool.slot_bytes
+    # 4 slots for up to 3 running requests: snapshots come and go (LRU), hits restore what is left.
+    tight = _llm(model_dirs[4], max_num_seqs=3, state_cache_memory=4 * slot, state_snapshot_interval=1)
+    got = [_generate(tight, prompts[i : i + 3], params) for i in range(0, len(prompts), 3)]
+    assert [t for batch in got for t in batch] == miss
+    pool = tight.engine.state_pool
+    assert pool.num_snapshots_taken > pool.num_slots and pool.num_snapshots_evicted > 0
+    assert tight.engine.stats().state.hit_rate > 0
+    pool.check_invariants()
 
 
 def test_preemption_under_a_kv_and_state_budget_equals_an_unconstrained_run(model_dirs):
