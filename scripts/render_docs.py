@@ -74,6 +74,24 @@ def compare(load: Load) -> str:
     return table(["block", "variant", "tokens/s", "NFE", "TPF", "forwards/s", "engine speed-up"], rows)
 
 
+HYBRID_VARIANTS = {"engine": "(a) engine: state pool + paged K/V, fused commit",
+                   "reference": "(b) naive clover_moe decode: prefix recomputed every step",
+                   "recompute-state": "(e) engine recomputing the prefix every step (no state kept)"}
+
+
+def compare_hybrid(load: Load) -> str:
+    """docs/results/compare-clover-moe.json: a hybrid model's engine against both recomputing baselines."""
+    rows = []
+    for r in load("compare-clover-moe")["result"]["results"]:
+        for name, v in r["variants"].items():
+            ratio = "1" if name == "engine" else f"**{r['ratios'][f'engine_vs_{name}']:.3g}x**"
+            rows.append([r["block_length"], HYBRID_VARIANTS[name], sig3(v["tokens_per_s"]), v["nfe"],
+                         f"{v['tpf']:.2f}", sig3(v["forwards_per_s"]), ratio,
+                         "yes" if r["identical_tokens"] else "NO"])
+    return table(["block", "variant", "tokens/s", "NFE", "TPF", "forwards/s", "engine speed-up", "same tokens"],
+                 rows)
+
+
 def compare_quiet(load: Load) -> str:
     rows = []
     for name in ("compare-quiet-block32", "compare-quiet-block4"):
@@ -210,7 +228,8 @@ def accuracy_vs_tpf(load: Load) -> str:
 
 
 TABLES: dict[str, Callable[[Load], str]] = {
-    "compare": compare, "compare-quiet": compare_quiet, "throughput": throughput, "calibration": calibration,
+    "compare": compare, "compare-quiet": compare_quiet, "compare-hybrid": compare_hybrid, "throughput": throughput,
+    "calibration": calibration,
     "latency": latency, "serve": serve, "moe-dispatch": moe_dispatch, "moe-offload": moe_offload,
     "training": training, "accuracy-vs-tpf": accuracy_vs_tpf,
 }

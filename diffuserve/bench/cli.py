@@ -35,7 +35,8 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
 def _add_model(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model and machine")
     model.add_argument("--model", default=None,
-                       help="model directory (default: the random sdar-moe-bench model, written on first use)")
+                       help="model directory, or clover-moe-bench (a random clover_moe shape, written on first "
+                            "use); default: the random sdar-moe-bench model, written on first use")
     model.add_argument("--model-cache-dir", default=None, metavar="DIR",
                        help="where sdar-moe-bench is written (default: ~/.cache/diffuserve)")
     model.add_argument("--model-seed", type=int, default=0, help="weight seed of sdar-moe-bench (default: 0)")
@@ -89,9 +90,11 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=positive_int, default=3,
                         help="interleaved rounds of the engine variants; tokens/s from the median (default: 3)")
     parser.add_argument("--variants", nargs="+", default=["engine", "reference", "separate-commit", "ar"],
-                        choices=("engine", "reference", "separate-commit", "ar"),
-                        help="(a) engine, (b) transformers recompute reference, (c) separate commit forward, "
-                             "(d) autoregressive baseline (block length 1); default: all")
+                        choices=("engine", "reference", "separate-commit", "ar", "recompute-state"),
+                        help="(a) engine, (b) transformers recompute reference (clover_moe: the naive decode), "
+                             "(c) separate commit forward, (d) autoregressive baseline (block length 1), "
+                             "(e) recompute-state: hybrid models recomputing the prefix every step instead of "
+                             "keeping the recurrent state; default: a-d")
 
 
 def _add_serve(parser: argparse.ArgumentParser) -> None:

@@ -4,6 +4,11 @@
   (b) reference        transformers' model recomputing the whole sequence every step (LLaDA2 reference generate)
   (c) separate-commit  diffuserve with a separate commit forward per block (SGLang, dInfer, the SDAR reference)
   (d) ar               the same model decoded autoregressively (block length 1): the AR baseline
+  (e) recompute-state  hybrid models (GDN layers): diffuserve recomputing every request's committed prefix each
+                       step instead of keeping its recurrent state (--recurrent-state recompute)
+
+For a hybrid model (clover_moe) the reference (b) is the naive clover_moe decode of diffuserve/testing (prefix
+recomputed causally every step, then the block previewed), since transformers has no block-diffusion GDN.
 
 Every prompt is decoded alone (batch 1), so the ratios isolate the decoding method, not batching (that is
 `bench throughput`). tokens/s = generated tokens / wall time, prefill included (for the engine variants the
@@ -33,9 +38,10 @@ from diffuserve.sampling_params import SamplingParams
 from diffuserve.testing.reference_decode import reference_generate
 from diffuserve.testing.reference_model import load_reference
 
-VARIANT_ORDER = ("engine", "reference", "separate-commit", "ar")
-TARGETS = ((32, "reference", 5.0), (4, "separate-commit", 1.15))
-"""(block length, variant, minimum engine speed-up over it): the targets of issues 2 and 7."""
+VARIANT_ORDER = ("engine", "reference", "separate-commit", "ar", "recompute-state")
+TARGETS = ((32, "reference", 5.0), (4, "separate-commit", 1.15), (32, "recompute-state", 2.0))
+"""(block length, variant, minimum engine speed-up over it): the targets of issues 2, 7 and 14."""
+EXACT_VARIANTS = ("engine", "reference", "separate-commit", "recompute-state")
 
 
 def _variant(tokens: list[list[int]], nfe: int, walls: list[float]) -> dict[str, Any]:
@@ -69,11 +75,11 @@ class EngineVariant:
 
 
 def engine_variant(ctx: BenchContext, ns: argparse.Namespace, block: int, params: SamplingParams,
-                   fused_commit: bool) -> EngineVariant:
+                   fused_commit: bool, recurrent_state: str = "keep") -> EngineVariant:
     """A fresh engine (one sequence, no prefix cache: repetitions must recompute the prompt as the reference
     does), warmed up by one request of two blocks on a prompt that is not measured."""
     engine = ctx.engine(block, 1, max_model_len(ns.prompt_tokens, ns.output_tokens, block),
-                        fused_commit=fused_commit, enable_prefix_caching=False)
+                        fused_commit=fused_commit, enable_prefix_caching=False, recurrent_state=recurrent_state)
     warm = ctx.prompts(ns.num_prompts + 1, ns.prompt_tokens)[-1]
     run_requests(engine, [warm], params.replace(max_tokens=min(params.max_tokens or 1, 2 * block)))
     return EngineVariant(engine)
@@ -98,6 +104,41 @@ def reference_variant(ctx: BenchContext, block: int, prompts: list[list[int]],
     return _variant(tokens, nfe, [time.perf_counter() - started])
 
 
+def hybrid_reference_variant(ctx: BenchContext, block: int, prompts: list[list[int]],
+                             params: SamplingParams) -> dict[str, Any]:
+    """The naive clover_moe decode (testing/reference_clover_moe): prefix recomputed every step; temperature 0."""
+    from diffuserve.model.loader import load_model
+    from diffuserve.testing.reference_clover_moe import ReferenceSettings, reference_block_decode
+
+    resolved = params.with_defaults(ctx.generation_defaults)
+    if not resolved.is_greedy or resolved.decoder != "threshold":
+        raise ValueError("compare: the clover_moe reference decodes at temperature 0 with the threshold decoder; "
+                         "drop --temperature / --decoder")
+    args = ctx.args.replace(block_length=block)
+    _, model = load_model(ctx.model_dir, ctx.dtype, str(ctx.device), args=args)
+    counted = _CountingModel(model)
+    settings = ReferenceSettings(max_new_tokens=resolved.max_tokens or 1, threshold=resolved.threshold)
+    tokens = []
+    started = time.perf_counter()
+    for prompt in prompts:
+        tokens.append(reference_block_decode(counted, prompt, settings))
+    return _variant(tokens, counted.num_forwards, [time.perf_counter() - started])
+
+
+class _CountingModel:
+    """The reference's model, counting its denoising forwards (one preview per step)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.num_forwards = model, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def forward_preview(self, *args: Any) -> Any:
+        self.num_forwards += 1
+        return self.model.forward_preview(*args)
+
+
 def _dense_mask(length: int, block: int) -> DenseAttentionInputs:
     return DenseAttentionInputs(block_causal_mask(torch.arange(length), length, block)[None, None])
 
@@ -107,8 +148,9 @@ def compare_block(ctx: BenchContext, ns: argparse.Namespace, block: int, prompts
     """All variants at one block length. The engine variants run --repeats rounds, interleaved (a, c, d, a,
     c, d, ...) so that a change in machine load hits them alike; the slow reference runs once, after the
     first round."""
-    engines = {name: engine_variant(ctx, ns, block, params, fused_commit=name == "engine")
-               for name in ns.variants if name in ("engine", "separate-commit")}
+    engines = {name: engine_variant(ctx, ns, block, params, fused_commit=name != "separate-commit",
+                                    recurrent_state="recompute" if name == "recompute-state" else "keep")
+               for name in ns.variants if name in ("engine", "separate-commit", "recompute-state")}
     if ar is not None:
         ar.walls = []  # AR is measured again in every block's rounds, beside that block's variants
         engines["ar"] = ar
@@ -119,10 +161,12 @@ def compare_block(ctx: BenchContext, ns: argparse.Namespace, block: int, prompts
             variant.measure(prompts, params)
         if round_index == 0 and "reference" in ns.variants:
             print(f"compare: block {block}, reference", file=sys.stderr, flush=True)
-            variants["reference"] = reference_variant(ctx, block, prompts, params)
+            hybrid = "hybrid" in ctx.args.extra
+            variants["reference"] = (hybrid_reference_variant if hybrid else reference_variant)(ctx, block, prompts,
+                                                                                               params)
     variants |= {name: variant.result() for name, variant in engines.items()}
     variants = {name: variants[name] for name in VARIANT_ORDER if name in variants}
-    exact = [variants[n]["token_ids"] for n in ("engine", "reference", "separate-commit") if n in variants]
+    exact = [variants[n]["token_ids"] for n in EXACT_VARIANTS if n in variants]
     for v in variants.values():
         del v["token_ids"]  # checked here; the JSON keeps the verdict, not 3 x prompts x tokens ids
     ratios = {f"engine_vs_{n}": variants["engine"]["tokens_per_s"] / v["tokens_per_s"]
@@ -173,6 +217,7 @@ def run(ns: argparse.Namespace) -> int:
         "results": results, "targets": targets(results), "peak_memory_bytes": peak_memory_bytes(ctx.device),
     }, ns.json_out, ns.plot)
     if any(r["identical_tokens"] is False for r in results):
-        print("compare: (a) engine, (b) reference and (c) separate-commit gave different tokens", flush=True)
+        print("compare: (a) engine, (b) reference, (c) separate-commit and (e) recompute-state gave different tokens",
+              flush=True)
         return 1
     return 0

@@ -40,7 +40,7 @@ class LLMEngine:
         self.config = config
         parts = build_components(config)
         self.args, self.tokenizer, self.runner = parts.args, parts.tokenizer, parts.runner
-        self.scheduler, self.pool = parts.scheduler, parts.pool
+        self.scheduler, self.pool, self.state_pool = parts.scheduler, parts.pool, parts.state_pool
         self.max_model_len, self.generation_defaults = parts.max_model_len, parts.generation_defaults
         self.counters = EngineCounters()
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -117,7 +117,7 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         experts = self.runner.experts.snapshot() if self.runner.experts.enabled else None
         offload = self.runner.offload.snapshot() if self.runner.offload is not None else None
-        return self.counters.snapshot(self.scheduler, self.pool, experts, offload)
+        return self.counters.snapshot(self.scheduler, self.pool, experts, offload, self.state_pool)
 
     def shutdown(self) -> None:
         """Stops the worker processes of a multi-process engine (also done at interpreter exit)."""

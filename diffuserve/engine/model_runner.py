@@ -102,10 +102,7 @@ class ModelRunner:
             start = len(ids)
             ids += request.known_tokens(work.commit_start, work.commit_end)
             if work.has_block:
-                decoder = DECODERS[request.params.decoder]
-                read = decoder.logit_positions(
-                    request.masked_indices(), request.generation_start_in_block(), self.block_length
-                )
+                read = self._read_positions(request)
                 blocks.append(BlockRows(work, len(ids), len(logit_rows), read))
                 logit_rows += [len(ids) + i for i in read]
                 ids += request.canvas
@@ -117,6 +114,12 @@ class ModelRunner:
         forward = ForwardInputs(torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device),
                                 torch.cat(slot_mapping), tuple(sequences), offload)
         return StepBatch(forward, torch.tensor(logit_rows, dtype=torch.long, device=self.device), blocks)
+
+    def _read_positions(self, request: Request) -> list[int]:
+        """Canvas indices of the request's block whose logits its decoder reads."""
+        return DECODERS[request.params.decoder].logit_positions(
+            request.masked_indices(), request.generation_start_in_block(), self.block_length
+        )
 
     def _offload_context(self, blocks: list[BlockRows]) -> OffloadContext:
         """The step's blocks as expert offload sees them (built only when offload is on)."""

@@ -93,6 +93,8 @@ class ServerMetrics:
                                     "/ prompt tokens looked up, since start.")
         self.prefix_queries = make(Counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = make(Counter, "prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.page_hit_rate = make(Gauge, "prefix_cache_page_hit_rate", "Prompt tokens whose KV pages the prefix "
+                                  "cache held / prompt tokens looked up, since start.")
         self.preemptions = make(Counter, "num_preemptions", "Requests preempted (pages freed, recomputed later).")
         self.prompt_tokens = make(Counter, "prompt_tokens", "Prompt tokens of accepted requests.")
         self.generation_tokens = make(Counter, "generation_tokens", "Generated tokens made final.")
@@ -119,6 +121,15 @@ class ServerMetrics:
         self.tpf = make(Histogram, "tokens_per_forward", "TPF: generated tokens / NFE, per completion.",
                         buckets=TPF_BUCKETS)
         self._add_expert_metrics(make)
+        self._add_state_metrics(make)
+
+    def _add_state_metrics(self, make: Any) -> None:
+        """Hybrid models' recurrent-state pool (set only for models with GDN layers)."""
+        self.state_slots_used = make(Gauge, "state_slots_used", "Recurrent-state slots held by running requests.")
+        self.state_slots_total = make(Gauge, "state_slots_total", "Recurrent-state slots in the pool.")
+        self.state_snapshots = make(Gauge, "state_prefix_snapshots", "Slots holding a prefix-cache state snapshot.")
+        self.state_hit_rate = make(Gauge, "prefix_cache_state_hit_rate", "Prompt tokens restored from a state "
+                                   "snapshot (with their pages) / prompt tokens looked up, since start.")
 
     def _add_phase_metrics(self, make: Any) -> None:
         """Per-request phases and parameters, and tokens per engine step (vLLM's series)."""
@@ -215,6 +226,12 @@ class ServerMetrics:
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_usage)
         self.prefix_hit_rate.set(stats.prefix_hit_rate)
+        self.page_hit_rate.set(stats.page_hit_rate)
+        if stats.state is not None:
+            self.state_slots_used.set(stats.state.slots_used)
+            self.state_slots_total.set(stats.state.slots_total)
+            self.state_snapshots.set(stats.state.num_snapshots)
+            self.state_hit_rate.set(stats.state.hit_rate)
         last = self._last
         self._last = stats
         if last is None:
