@@ -1,0 +1,78 @@
+"""Compiles `StructuredOutputsParams` into llguidance grammars for one tokenizer, and makes matchers of them.
+
+Why llguidance: it compiles lazily (an Earley parser over a derivative-based lexer, no per-grammar token-mask
+precomputation), so a new schema per request costs about a millisecond; it has no dependencies beyond its wheel
+(no torch, no CUDA build); and its matcher offers exactly what block decoding needs: `consume_tokens`,
+`rollback`, `validate_tokens` and a bitmask of the next allowed tokens.
+
+Compilation is cached per grammar (`cache_key`); a grammar that does not compile raises a `RequestError` naming
+the field and llguidance's message. Knows nothing of blocks or steps (see grammar_decoding).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any
+
+import llguidance
+import llguidance.hf
+
+from diffuserve.engine.errors import RequestError
+from diffuserve.structured_outputs import StructuredOutputsParams
+
+CACHE_SIZE = 256
+"""Compiled grammars kept (least recently used dropped first)."""
+
+
+class GrammarCompiler:
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        """`hf_tokenizer`: a transformers fast tokenizer; `vocab_size`: the model's (padded) vocabulary, so that
+        masks have one bit per logit; `eos_token_ids`: the ids that end a request, allowed once the grammar is
+        complete."""
+        self.vocab_size = vocab_size
+        self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size,
+                                                      eos_token=list(eos_token_ids) or None)
+        self._cache: OrderedDict[str, str] = OrderedDict()
+
+    def compile(self, spec: StructuredOutputsParams) -> str:
+        """The llguidance grammar of `spec` (cached); RequestError if it does not compile."""
+        key = spec.cache_key()
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        grammar = _grammar_text(spec)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
+        if is_error:
+            first_line = messages[0].strip().splitlines()[0] if messages else "invalid grammar"
+            raise RequestError(f"structured_outputs.{spec.kind}", f"does not compile: {first_line}; fix it")
+        self._cache[key] = grammar
+        if len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return grammar
+
+    def matcher(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
+        """A fresh matcher at the grammar's start."""
+        return llguidance.LLMatcher(self.tokenizer, self.compile(spec), log_level=0)
+
+
+def _grammar_text(spec: StructuredOutputsParams) -> str:
+    options = {"whitespace_flexible": spec.whitespace_flexible}
+    if spec.json is not None:
+        return _from_json_schema(spec.json, options)
+    if spec.json_object:
+        return _from_json_schema({"type": "object"}, options)
+    if spec.regex is not None:
+        return llguidance.LLMatcher.grammar_from_regex(spec.regex)
+    if spec.choice is not None:
+        # Lark string literals use JSON's escaping.
+        return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec.choice))
+    assert spec.grammar is not None
+    return llguidance.LLMatcher.grammar_from_lark(spec.grammar)
+
+
+def _from_json_schema(schema: dict[str, Any], options: dict[str, Any]) -> str:
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise RequestError("structured_outputs.json", f"not a JSON schema ({e}); fix it") from e

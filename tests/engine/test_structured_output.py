@@ -1,0 +1,109 @@
+"""Grammar-constrained block decoding on tiny random checkpoints (whose free output is garbage): every output
+matches its JSON schema, regex or choice list, at block lengths 4 and 32, batched in the same steps with
+unconstrained requests whose tokens stay exactly what they are without the constrained neighbours."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema_rs
+import pytest
+
+from diffuserve import LLM, SamplingParams
+from diffuserve.engine.errors import RequestError
+from diffuserve.structured_outputs import StructuredOutputsParams
+
+SCHEMAS = [
+    {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False},
+    {"type": "object", "additionalProperties": False, "required": ["name", "size", "inner"], "properties": {
+        "name": {"type": "string", "maxLength": 3},
+        "size": {"type": "integer", "minimum": 2, "maximum": 7},
+        "inner": {"type": "object", "properties": {"kind": {"enum": ["a", "bc", 3]}}, "required": ["kind"],
+                  "additionalProperties": False}}},
+    {"type": "array", "items": {"type": "integer", "minimum": -3, "maximum": 3}, "minItems": 1, "maxItems": 3},
+    {"type": "object", "additionalProperties": False, "required": ["v"],
+     "properties": {"v": {"type": "array", "maxItems": 2, "items": {"enum": ["x", "y"]}}}},
+]
+REGEXES = [r"[a-c]{2,4}", r"(yes|no)-\d"]
+CHOICES = [["red", "green", "blue"], ["A", "B"]]
+MAX_TOKENS = 64
+
+
+def _specs() -> list[StructuredOutputsParams]:
+    return ([StructuredOutputsParams(json=s) for s in SCHEMAS] + [StructuredOutputsParams(regex=r) for r in REGEXES]
+            + [StructuredOutputsParams(choice=c) for c in CHOICES])
+
+
+def _matches(spec: StructuredOutputsParams, text: str) -> bool:
+    if spec.json is not None:
+        return jsonschema_rs.validator_for(spec.json).is_valid(json.loads(text))
+    if spec.json_object:
+        return isinstance(json.loads(text), dict)
+    if spec.regex is not None:
+        return re.fullmatch(spec.regex, text) is not None
+    assert spec.choice is not None
+    return text in spec.choice
+
+
+def _prompts(n: int) -> list[list[int]]:
+    return [[(i * 37 + j * 11) % 250 + 1 for j in range(3 + (i * 13) % 9)] for i in range(n)]
+
+
+@pytest.mark.parametrize("block", [4, 32])
+def test_constrained_outputs_match_and_leave_neighbours_unchanged(tiny_model_dir, tiny_model_dir_b32, block):
+    llm = LLM(str(tiny_model_dir if block == 4 else tiny_model_dir_b32), num_pages=512, max_num_seqs=64)
+    specs = _specs()
+    prompts = _prompts(2 * len(specs))
+    free = [SamplingParams(max_tokens=12, threshold=0.5, temperature=0.8 * (i % 2), seed=i)
+            for i in range(len(specs))]
+    constrained = [SamplingParams(max_tokens=MAX_TOKENS, threshold=0.5, temperature=0.8 * (i % 2), seed=i,
+                                  decoder=("threshold", "fixed", "entropy")[i % 3], steps=2, structured_outputs=s)
+                   for i, s in enumerate(specs)]
+    # constrained and free requests interleaved, so every step batches both
+    mixed = [p for pair in zip(constrained, free) for p in pair]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], mixed)
+    alone = llm.generate([{"prompt_token_ids": p} for p in prompts[1::2]], free)
+    for spec, out in zip(specs, outs[::2]):
+        completion = out.outputs[0]
+        assert completion.finish_reason == "stop", (spec, completion.text)
+        assert _matches(spec, completion.text), (spec, completion.text)
+    assert [o.outputs[0].token_ids for o in outs[1::2]] == [o.outputs[0].token_ids for o in alone]
+
+
+def test_length_inside_the_grammar_is_reported_as_length(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), num_pages=256)
+    spec = StructuredOutputsParams(regex=r"a{10}")
+    out = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=5, structured_outputs=spec))[0]
+    assert out.outputs[0].finish_reason == "length"
+    assert out.outputs[0].text == "aaaaa"
+
+
+def test_several_tokens_per_forward_under_a_forced_grammar(tiny_model_dir_b32):
+    """A grammar that leaves one choice per position is committed many tokens a forward (the mask makes each
+    position certain), not one: the walk accepts the selected run left to right."""
+    llm = LLM(str(tiny_model_dir_b32), num_pages=256)
+    spec = StructuredOutputsParams(choice=["abcdefghijklmnopqrst"])
+    out = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=40, structured_outputs=spec))[0]
+    completion = out.outputs[0]
+    assert completion.text == "abcdefghijklmnopqrst"
+    assert completion.num_forwards <= 3
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    (dict(json={"type": "frobnicate"}), "structured_outputs.json"),
+    (dict(regex="[a-"), "structured_outputs.regex"),
+    (dict(grammar="start: undefined_rule"), "structured_outputs.grammar"),
+])
+def test_a_grammar_that_does_not_compile_is_a_request_error_naming_it(tiny_model_dir, spec, field):
+    llm = LLM(str(tiny_model_dir), num_pages=64)
+    with pytest.raises(RequestError, match=re.escape(field)):
+        llm.generate({"prompt_token_ids": [5, 6]}, SamplingParams(structured_outputs=StructuredOutputsParams(**spec)))
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_params_shape_is_checked():
+    with pytest.raises(RequestError, match="exactly one"):
+        StructuredOutputsParams(regex="a", choice=["a"])
+    with pytest.raises(RequestError, match="decoder"):
+        SamplingParams(decoder="edit", structured_outputs=StructuredOutputsParams(regex="a"))
