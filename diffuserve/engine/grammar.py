@@ -44,8 +44,8 @@ class GrammarCompiler:
         grammar = _grammar_text(spec)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
         if is_error:
-            first_line = messages[0].strip().splitlines()[0] if messages else "invalid grammar"
-            raise RequestError(f"structured_outputs.{spec.kind}", f"does not compile: {first_line}; fix it")
+            raise RequestError(f"structured_outputs.{spec.kind}",
+                               f"does not compile: {_one_line(messages[0] if messages else '')}; fix it")
         self._cache[key] = grammar
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
@@ -54,6 +54,13 @@ class GrammarCompiler:
     def matcher(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
         """A fresh matcher at the grammar's start."""
         return llguidance.LLMatcher(self.tokenizer, self.compile(spec), log_level=0)
+
+
+def _one_line(message: str) -> str:
+    """llguidance's multi-line message (with the source and a caret under the error) as one line."""
+    lines = [line.strip() for line in message.splitlines()]
+    kept = [line for line in lines if line and not set(line) <= {"^", " "} and "|" not in line[:8]]
+    return " ".join(kept)[:400] or "invalid grammar"
 
 
 def _grammar_text(spec: StructuredOutputsParams) -> str:

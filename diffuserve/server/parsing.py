@@ -1,8 +1,9 @@
 """From an OpenAI request to what the engine takes: `SamplingParams`, and prompts as token ids.
 
 Sampling params, and the policy for fields diffuserve lacks:
-- Fields OpenAI or vLLM define but diffuserve does not implement (logprobs, tools, penalties, structured output,
-  ...) are rejected with a 400 naming the field unless they carry their neutral value: never silently ignored.
+- Fields OpenAI or vLLM define but diffuserve does not implement (logprobs, penalties, ...) are rejected with
+  a 400 naming the field unless they carry their neutral value: never silently ignored.
+- Structured output and tool choice become the request's grammar (server/structured.py, server/tool_calls.py).
 - Unknown fields are ignored with a logged warning, as vLLM does: clients and harnesses send vendor extras, and
   failing on them would break them for no benefit.
 - Temperatures so small that the tempered logits would overflow are raised to 0.01, as vLLM does.
@@ -27,7 +28,11 @@ import jinja2
 
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.server.errors import APIError, bad_request, from_value_error
-from diffuserve.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from diffuserve.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields, Tool
+from diffuserve.server.reasoning import template_thinks
+from diffuserve.server.structured import structured_outputs
+from diffuserve.server.tool_calls import check_messages, template_messages, template_renders_tools, tool_call_grammar
+from diffuserve.structured_outputs import StructuredOutputsParams
 from diffuserve.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -43,11 +48,8 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "min_p": (0, 0.0),
     "use_beam_search": (False,),
     "bad_words": ([],),
-    "response_format": ({"type": "text"},),
     "logprobs": (False,),
     "top_logprobs": (0,),
-    "tools": ([],),
-    "tool_choice": ("none",),
     "functions": ([],),
     "modalities": (["text"],),
     "echo": (False,),
@@ -57,12 +59,11 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 
 UNSUPPORTED_COMMON = (
     "logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "use_beam_search",
-    "allowed_token_ids", "bad_words", "prompt_logprobs", "truncate_prompt_tokens", "response_format",
-    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "allowed_token_ids", "bad_words", "prompt_logprobs", "truncate_prompt_tokens",
 )
 UNSUPPORTED_COMPLETION = ("logprobs", "suffix")
 UNSUPPORTED_CHAT = (
-    "logprobs", "top_logprobs", "tools", "tool_choice", "functions", "function_call", "audio", "modalities",
+    "logprobs", "top_logprobs", "functions", "function_call", "audio", "modalities",
     "prediction", "reasoning_effort", "web_search_options", "chat_template", "documents", "echo",
 )
 
@@ -72,12 +73,15 @@ def completion_params(request: CompletionRequest, max_n: int) -> SamplingParams:
     if request.best_of is not None and request.best_of != request.n:
         raise APIError(400, f"best_of: only best_of == n is supported (got best_of={request.best_of!r}, "
                        f"n={request.n})", param="best_of", code="unsupported_parameter")
-    return _sampling_params(request, request.max_tokens, max_n)
+    return _sampling_params(request, request.max_tokens, max_n, structured_outputs(request))
 
 
-def chat_params(request: ChatCompletionRequest, max_n: int) -> SamplingParams:
+def chat_params(request: ChatCompletionRequest, max_n: int, chat_template: Any = None) -> SamplingParams:
+    """`chat_template`: the model's, to tell whether it thinks (the grammar then starts after `</think>`)."""
     _reject_unsupported(request, UNSUPPORTED_COMMON + UNSUPPORTED_CHAT)
-    return _sampling_params(request, chat_max_tokens(request), max_n)
+    tool_grammar = tool_call_grammar(request.tools, request.tool_choice, request.parallel_tool_calls)
+    structured = structured_outputs(request, tool_grammar, template_thinks(chat_template, request.chat_template_kwargs))
+    return _sampling_params(request, chat_max_tokens(request), max_n, structured)
 
 
 def chat_max_tokens(request: ChatCompletionRequest) -> int | None:
@@ -85,7 +89,8 @@ def chat_max_tokens(request: ChatCompletionRequest) -> int | None:
     return request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
 
 
-def _sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int) -> SamplingParams:
+def _sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int,
+                     structured: StructuredOutputsParams | None = None) -> SamplingParams:
     _warn_unknown(request)
     if request.stream_options is not None and not request.stream:
         raise bad_request("stream_options: only allowed when stream is true", "stream_options")
@@ -103,6 +108,7 @@ def _sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int
             include_stop_str_in_output=request.include_stop_str_in_output, decoder=request.decoder,
             threshold=request.threshold, steps=request.steps, entropy_bound=request.entropy_bound,
             edit_threshold=request.edit_threshold, max_post_edit_steps=request.max_post_edit_steps,
+            structured_outputs=structured,
         )
     except ValueError as e:
         raise from_value_error(e) from e
@@ -171,11 +177,12 @@ def _one_prompt(tokenizer: Tokenizer | None, item: str | list[int], vocab_size: 
 
 def chat_prompt(tokenizer: Tokenizer | None, request: ChatCompletionRequest) -> Prompt:
     return render_chat(tokenizer, request.messages, request.add_generation_prompt, request.continue_final_message,
-                       request.chat_template_kwargs or {})
+                       request.chat_template_kwargs or {}, request.tools)
 
 
 def render_chat(tokenizer: Tokenizer | None, messages: list[ChatMessage], add_generation_prompt: bool = True,
-                continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None) -> Prompt:
+                continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
+                tools: list[Tool] | None = None) -> Prompt:
     if tokenizer is None:
         raise bad_request("messages: this model directory has no tokenizer (nor chat template)", "messages")
     reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(template_kwargs or {}))
@@ -184,7 +191,11 @@ def render_chat(tokenizer: Tokenizer | None, messages: list[ChatMessage], add_ge
     if add_generation_prompt and continue_final_message:
         raise bad_request("continue_final_message: cannot be combined with add_generation_prompt=true",
                           "continue_final_message")
-    conversation = [_message(i, m) for i, m in enumerate(messages)]
+    check_messages(messages)
+    renders_tools = template_renders_tools(tokenizer.hf.chat_template)
+    conversation = template_messages([_message(m) for m in messages], tools, renders_tools)
+    if tools and renders_tools:
+        template_kwargs = {**(template_kwargs or {}), "tools": [t.model_dump(exclude_none=True) for t in tools]}
     try:
         text = tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
                                              continue_final_message=continue_final_message, **(template_kwargs or {}))
@@ -203,15 +214,16 @@ def encode(tokenizer: Tokenizer, text: str, param: str, add_special_tokens: bool
     return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
-def _message(index: int, message: ChatMessage) -> dict[str, str]:
-    param = f"messages[{index}]"
-    if message.tool_calls is not None or message.tool_call_id is not None:
-        raise APIError(400, f"{param}: tool calls are not supported", param=f"{param}.tool_calls",
-                       code="unsupported_parameter")
+def _message(message: ChatMessage) -> dict[str, Any]:
     content = message.content
     if isinstance(content, list):
         content = "\n".join(part.text for part in content)
-    return {"role": TEMPLATE_ROLES.get(message.role, message.role), "content": content}
+    out: dict[str, Any] = {"role": TEMPLATE_ROLES.get(message.role, message.role), "content": content}
+    if message.tool_calls:
+        out["tool_calls"] = [c.model_dump() for c in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
 
 
 def check_context(prompt: Prompt, max_tokens: int | None, is_explicit: bool, max_model_len: int,
