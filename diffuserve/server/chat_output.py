@@ -19,7 +19,8 @@ from diffuserve.server.protocol import (
     ToolCallOut,
 )
 from diffuserve.server.reasoning import split_reasoning
-from diffuserve.server.tool_calls import ParsedCall, call_id, parse_calls
+from diffuserve.server.tool_calls import call_id
+from diffuserve.tool_format import ParsedCall, parse_calls
 
 
 @dataclass(frozen=True)

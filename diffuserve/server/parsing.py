@@ -31,9 +31,10 @@ from diffuserve.server.errors import APIError, bad_request, from_value_error
 from diffuserve.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields, Tool
 from diffuserve.server.reasoning import template_thinks
 from diffuserve.server.structured import structured_outputs
-from diffuserve.server.tool_calls import check_messages, template_messages, template_renders_tools, tool_call_grammar
+from diffuserve.server.tool_calls import check_messages, tool_call_grammar
 from diffuserve.structured_outputs import StructuredOutputsParams
 from diffuserve.tokenizer import Tokenizer
+from diffuserve.tool_format import template_messages, template_renders_tools
 
 logger = logging.getLogger(__name__)
 
@@ -193,9 +194,10 @@ def render_chat(tokenizer: Tokenizer | None, messages: list[ChatMessage], add_ge
                           "continue_final_message")
     check_messages(messages)
     renders_tools = template_renders_tools(tokenizer.hf.chat_template)
-    conversation = template_messages([_message(m) for m in messages], tools, renders_tools)
-    if tools and renders_tools:
-        template_kwargs = {**(template_kwargs or {}), "tools": [t.model_dump(exclude_none=True) for t in tools]}
+    tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+    conversation = template_messages([_message(m) for m in messages], tool_dicts, renders_tools)
+    if tool_dicts and renders_tools:
+        template_kwargs = {**(template_kwargs or {}), "tools": tool_dicts}
     try:
         text = tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
                                              continue_final_message=continue_final_message, **(template_kwargs or {}))

@@ -13,6 +13,7 @@ import pytest
 from diffuserve import LLM, SamplingParams
 from diffuserve.engine.errors import RequestError
 from diffuserve.structured_outputs import StructuredOutputsParams
+from diffuserve.tool_format import call_grammar, parse_calls
 
 SCHEMAS = [
     {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False},
@@ -107,3 +108,17 @@ def test_params_shape_is_checked():
         StructuredOutputsParams(regex="a", choice=["a"])
     with pytest.raises(RequestError, match="decoder"):
         SamplingParams(decoder="edit", structured_outputs=StructuredOutputsParams(regex="a"))
+
+
+def test_offline_chat_with_tools_and_a_forced_call(tiny_model_dir):
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["a"],
+        "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}}}}}]
+    llm = LLM(str(tiny_model_dir), num_pages=256)
+    spec = StructuredOutputsParams(grammar=call_grammar(tools, parallel=False))
+    out = llm.chat([{"role": "user", "content": "add"}], SamplingParams(max_tokens=64, structured_outputs=spec),
+                   tools=tools)
+    content, calls = parse_calls(out.outputs[0].text)
+    assert content == "" and [c.name for c in calls] == ["add"]
+    assert 0 <= json.loads(calls[0].arguments)["a"] <= 99
+    assert len(out.prompt_token_ids) > len(json.dumps(tools))  # the tools were rendered (system-prompt fallback)
