@@ -31,7 +31,7 @@ class StructuredOutputsParams:
     start_after: str | None = None
     """The grammar starts after the first occurrence of this text in the output (None: at the output's start)."""
     whitespace_flexible: bool = field(default=False, compare=False)
-    """JSON: allow any whitespace between tokens (default: the compact form `{"a": 1, "b": 2}` only)."""
+    """JSON: allow any whitespace between tokens (default: only `{"a": 1, "b": [2, 3]}`'s single spaces)."""
 
     def __post_init__(self) -> None:
         given = [kind for kind in KINDS if getattr(self, kind) not in (None, False)]

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+JSON_FORMAT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""Calls are written as `{"name": "f", "arguments": {"x": 1}}`: no other whitespace, so none can run on."""
 CALL_START, CALL_END = "<tool_call>", "</tool_call>"
 CALL_PATTERN = re.compile(re.escape(CALL_START) + r"\s*(.*?)\s*" + re.escape(CALL_END), re.DOTALL)
 TOOLS_PROMPT = (
@@ -88,7 +90,7 @@ def call_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
         "type": "object", "additionalProperties": False, "required": ["name", "arguments"],
         "properties": {"name": {"const": t["function"]["name"]},
                        "arguments": t["function"].get("parameters") or {"type": "object", "properties": {}}},
-    } for t in tools], "x-guidance": {"whitespace_flexible": False}}  # compact JSON: no unbounded whitespace
+    } for t in tools], "x-guidance": JSON_FORMAT}
     call = f'"{CALL_START}\\n" %json {json.dumps(schema)} "\\n{CALL_END}"'
     more = ' ("\\n" call)*' if parallel else ""
     return f"start: call{more}\ncall: {call}\n"

@@ -23,6 +23,8 @@ from diffuserve.structured_outputs import StructuredOutputsParams
 
 CACHE_SIZE = 256
 """Compiled grammars kept (least recently used dropped first)."""
+JSON_SEPARATORS = {"item_separator": ", ", "key_separator": ": "}
+"""JSON is written as Python's json.dumps and the Qwen3 tool-call format write it: `{"a": 1, "b": [2, 3]}`."""
 
 
 class GrammarCompiler:
@@ -64,7 +66,7 @@ def _one_line(message: str) -> str:
 
 
 def _grammar_text(spec: StructuredOutputsParams) -> str:
-    options = {"whitespace_flexible": spec.whitespace_flexible}
+    options = {"whitespace_flexible": spec.whitespace_flexible, **JSON_SEPARATORS}
     if spec.json is not None:
         return _from_json_schema(spec.json, options)
     if spec.json_object:

@@ -54,12 +54,12 @@ def test_sync_rolls_back_and_forward(tokenizer, compiler):
     spec = StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "integer"}},
                                          "additionalProperties": False})
     state = GrammarState(compiler.matcher(spec), VOCAB, None, frozenset({EOS}))
-    first = tokenizer.encode('{"a":12}', add_special_tokens=False)
+    first = tokenizer.encode('{"a": 12}', add_special_tokens=False)
     state.sync([*first, EOS])
     assert state.ended and state.allowed() is None
     state.sync(first[:2])
     assert not state.ended and _allowed_text(state) == set(tokenizer.encode("a", add_special_tokens=False))
-    other = tokenizer.encode('{"a":7', add_special_tokens=False)
+    other = tokenizer.encode('{"a": 7', add_special_tokens=False)
     state.sync(other)
     assert _allowed_text(state) >= set(tokenizer.encode("0}", add_special_tokens=False))
     with pytest.raises(RuntimeError, match="refused"):
