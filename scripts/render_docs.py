@@ -212,7 +212,8 @@ def accuracy_vs_tpf(load: Load) -> str:
 
 def structured_tpf(load: Load) -> str:
     run = load("structured-tpf")["result"]
-    rows = [[name, f"{r['correct']} / {r['prompts']}", r["tokens"], r["forwards"], f"{r['tpf']:.2f}"]
+    rows = [[name, "-" if r["correct"] is None else f"{r['correct']} / {r['prompts']}", r["tokens"], r["forwards"],
+             f"{r['tpf']:.2f}"]
             for name, r in run.items()]
     return table(["prompts, output constraint", "correct", "tokens", "forwards", "TPF"], rows)
 

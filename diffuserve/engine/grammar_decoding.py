@@ -98,6 +98,7 @@ class StructuredDecoding:
             spec = request.params.structured_outputs
             assert spec is not None
             trigger = self._tokenizer.encode(spec.start_after, add_special_tokens=False) if spec.start_after else None
-            state = GrammarState(self.compiler.matcher(spec), self._vocab_size, trigger, request.params.stop_ids)
+            state = GrammarState(self.compiler.matcher(spec), self._vocab_size, trigger, request.params.stop_ids,
+                                 self.compiler.tokenizer.eos_tokens)
             self._states[request.request_id] = state
         return state

@@ -2,9 +2,9 @@
 
 The state has been fed a sequence of generated tokens (`fed`); `sync` rolls it back to the longest common
 prefix with the request's decided tokens and feeds the rest, so it follows commits, preemption and
-speculative walks alike. Tokens before the `start_after` marker (reasoning) are fed but not matched: the grammar
-starts after the marker's last token. Once a stop id is matched the grammar is over and later tokens are not
-matched (the request ends there). Knows nothing of tensors or blocks.
+speculative walks alike. Tokens before the `start_after` marker (reasoning) are fed but not matched: the
+grammar starts after the marker's last token. Once a complete grammar is followed by a stop id (or, with
+ignore_eos, by the model's EOS) it is over, and later tokens are not matched. Knows nothing of tensors or blocks.
 """
 
 from __future__ import annotations
@@ -15,11 +15,17 @@ import numpy as np
 
 class GrammarState:
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, trigger: list[int] | None,
-                 stop_ids: frozenset[int]) -> None:
+                 stop_ids: frozenset[int], grammar_end_ids: list[int] = ()) -> None:
+        """`stop_ids`: the request's (they end a complete grammar); `grammar_end_ids`: the ids the compiled
+        grammar itself allows at its end (the model's EOS), allowed only when they are stop ids too (not with
+        ignore_eos)."""
         self.matcher = matcher
         self.vocab_size = vocab_size
         self.trigger = trigger
         self.stop_ids = stop_ids
+        self._end_ids = sorted(set(grammar_end_ids))
+        self._ends = stop_ids | set(grammar_end_ids)
+        self._stop_list = sorted(stop_ids)
         self.fed: list[int] = []
         self._matched: list[bool] = []
         """Per fed token: whether the matcher consumed it (rollback counts those only)."""
@@ -50,7 +56,7 @@ class GrammarState:
             return
         # A stop id ends a complete grammar: it is never given to the matcher (a stopped matcher does not keep
         # it in its history, so rolling it back would fail).
-        if self.ended or (token in self.stop_ids and self.matcher.is_accepting()):
+        if self.ended or (token in self._ends and self.matcher.is_accepting()):
             self._matched.append(False)
             self.ended = True
             return
@@ -69,7 +75,7 @@ class GrammarState:
         if self.start is not None and self.start > length:
             self.start = None
         self.ended = self.start is not None and any(
-            token in self.stop_ids and not matched for token, matched in zip(self.fed[self.start:],
+            token in self._ends and not matched for token, matched in zip(self.fed[self.start:],
                                                                            self._matched[self.start:]))
 
     def allowed(self) -> np.ndarray | None:
@@ -78,4 +84,10 @@ class GrammarState:
         if self.start is None or self.ended:
             return None
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
-        return np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool)
+        allowed = np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool)
+        allowed[self._end_ids] = False
+        if self.matcher.is_accepting():
+            allowed[[i for i in self._stop_list if i < self.vocab_size]] = True
+        if not allowed.any():  # complete, but EOS is not a stop id (ignore_eos): only EOS can follow
+            allowed[self._end_ids] = True
+        return allowed

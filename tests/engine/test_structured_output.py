@@ -122,3 +122,14 @@ def test_offline_chat_with_tools_and_a_forced_call(tiny_model_dir):
     assert content == "" and [c.name for c in calls] == ["add"]
     assert 0 <= json.loads(calls[0].arguments)["a"] <= 99
     assert len(out.prompt_token_ids) > len(json.dumps(tools))  # the tools were rendered (system-prompt fallback)
+
+
+def test_ignore_eos_never_feeds_eos_to_the_grammar_as_text(tiny_model_dir):
+    """With ignore_eos the model's EOS is no stop id: the grammar forbids it until it is complete, then the
+    request runs on (unconstrained) to max_tokens."""
+    llm = LLM(str(tiny_model_dir), num_pages=256)
+    spec = StructuredOutputsParams(choice=["ab", "cd"])
+    out = llm.generate({"prompt_token_ids": [5, 6, 7]},
+                       SamplingParams(max_tokens=12, ignore_eos=True, structured_outputs=spec))[0].outputs[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 12
+    assert out.text[:2] in ("ab", "cd")
