@@ -38,6 +38,8 @@ class StructuredDecoding:
         self._tokenizer, self._vocab_size, self._eos = tokenizer, vocab_size, list(eos_token_ids)
         self._compiler: GrammarCompiler | None = None
         self._states: dict[str, GrammarState] = {}
+        self._failures: dict[str, str] = {}
+        """Requests whose matcher failed this step (e.g. a grammar too complex to parse): id -> message."""
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -52,10 +54,24 @@ class StructuredDecoding:
     def release(self, request_id: str) -> None:
         self._states.pop(request_id, None)
 
+    def take_failures(self) -> dict[str, str]:
+        """The requests whose grammar failed since the last call (the engine fails them alone, not the step)."""
+        failures, self._failures = self._failures, {}
+        return failures
+
     def decode(self, request: Request, rows: torch.Tensor, positions: list[int],
                generator: torch.Generator | None, block_length: int) -> list[tuple[int, int]]:
         """The block's (canvas index, token) pairs to write this step. rows [M, V]: logits at the masked canvas
-        indices `positions` (ascending)."""
+        indices `positions` (ascending). A matcher failure writes nothing and is reported by `take_failures`."""
+        try:
+            return self._decode(request, rows, positions, generator, block_length)
+        except RuntimeError as e:
+            self._failures[request.request_id] = f"structured output: {e}".splitlines()[0]
+            self.release(request.request_id)
+            return []
+
+    def _decode(self, request: Request, rows: torch.Tensor, positions: list[int],
+                generator: torch.Generator | None, block_length: int) -> list[tuple[int, int]]:
         params = request.params
         state = self._state(request)
         first = request.generation_start_in_block()
@@ -84,7 +100,11 @@ class StructuredDecoding:
             row = rows[k : k + 1]  # [1, V]
             allowed = state.allowed()
             if allowed is not None:
-                row = row.masked_fill(~torch.from_numpy(allowed).to(device)[None, :], float("-inf"))
+                forbidden = ~torch.from_numpy(allowed).to(device)[None, :]
+                masked = row.masked_fill(forbidden, float("-inf"))
+                # min_tokens may have removed the only tokens the grammar allows (its end): the grammar wins.
+                row = masked if bool(torch.isfinite(masked).any()) else torch.zeros_like(row).masked_fill(
+                    forbidden, float("-inf"))
             one = propose(row, torch.tensor([index], device=device), block_length, params, generator, need_entropy)
             tokens[index], confidence[index] = one.tokens[index], one.confidence[index]
             if entropy is not None and one.entropy is not None:

@@ -12,6 +12,7 @@ import pytest
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.engine.errors import RequestError
+from diffuserve.engine.grammar_state import GrammarState
 from diffuserve.structured_outputs import StructuredOutputsParams
 from diffuserve.tool_format import call_grammar, parse_calls
 
@@ -133,3 +134,27 @@ def test_ignore_eos_never_feeds_eos_to_the_grammar_as_text(tiny_model_dir):
                        SamplingParams(max_tokens=12, ignore_eos=True, structured_outputs=spec))[0].outputs[0]
     assert out.finish_reason == "length" and len(out.token_ids) == 12
     assert out.text[:2] in ("ab", "cd")
+
+
+def test_min_tokens_past_the_grammar_end_yields_to_the_grammar(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), num_pages=256)
+    spec = StructuredOutputsParams(choice=["ab"])
+    out = llm.generate({"prompt_token_ids": [5, 6, 7]},
+                       SamplingParams(max_tokens=8, min_tokens=4, structured_outputs=spec))[0].outputs[0]
+    assert out.text.startswith("ab") and len(out.token_ids) >= 4
+
+
+def test_a_failing_grammar_fails_its_request_only(tiny_model_dir, monkeypatch):
+    llm = LLM(str(tiny_model_dir), num_pages=256)
+    free = SamplingParams(max_tokens=8, ignore_eos=True)
+    expected = llm.generate({"prompt_token_ids": [9, 8, 7]}, free)[0].outputs[0].token_ids
+
+    def fail(self):
+        raise RuntimeError("parser too complex")
+
+    monkeypatch.setattr(GrammarState, "allowed", fail)
+    spec = StructuredOutputsParams(regex="[a-z]+")
+    outs = llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9, 8, 7]}],
+                        [SamplingParams(max_tokens=8, structured_outputs=spec), free])
+    assert outs[0].outputs[0].finish_reason == "error" and "parser too complex" in outs[0].outputs[0].error
+    assert outs[1].outputs[0].token_ids == expected
