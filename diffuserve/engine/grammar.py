@@ -67,7 +67,7 @@ def _one_line(message: str) -> str:
 
 def _grammar_text(spec: StructuredOutputsParams) -> str:
     options = {"whitespace_flexible": spec.whitespace_flexible, **JSON_SEPARATORS}
-    if spec.json is not None:
+    if isinstance(spec.json, dict):  # StructuredOutputsParams parsed JSON text into a dict
         return _from_json_schema(spec.json, options)
     if spec.json_object:
         return _from_json_schema({"type": "object"}, options)

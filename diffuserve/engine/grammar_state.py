@@ -9,13 +9,15 @@ ignore_eos, by the model's EOS) it is over, and later tokens are not matched. Kn
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import llguidance
 import numpy as np
 
 
 class GrammarState:
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, trigger: list[int] | None,
-                 stop_ids: frozenset[int], grammar_end_ids: list[int] = ()) -> None:
+                 stop_ids: frozenset[int], grammar_end_ids: Sequence[int] = ()) -> None:
         """`stop_ids`: the request's (they end a complete grammar); `grammar_end_ids`: the ids the compiled
         grammar itself allows at its end (the model's EOS), allowed only when they are stop ids too (not with
         ignore_eos)."""

@@ -158,3 +158,22 @@ def test_a_failing_grammar_fails_its_request_only(tiny_model_dir, monkeypatch):
                         [SamplingParams(max_tokens=8, structured_outputs=spec), free])
     assert outs[0].outputs[0].finish_reason == "error" and "parser too complex" in outs[0].outputs[0].error
     assert outs[1].outputs[0].token_ids == expected
+
+
+def test_preemption_keeps_the_grammar_in_step(tiny_model_dir):
+    """A page budget that holds three requests at once: the others are preempted and recomputed, and their
+    matchers follow the decided tokens back and forth; every output still matches, and equals a roomy run's."""
+    long_array = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 12,
+                  "maxItems": 12}
+    specs = [StructuredOutputsParams(regex=r"[a-c]{40}"), StructuredOutputsParams(regex=r"(ab|cd){20}"),
+             StructuredOutputsParams(json=long_array)] * 3
+    prompts = [[(i * 7 + j) % 250 + 1 for j in range(30 + i % 7)] for i in range(len(specs))]
+    params = [SamplingParams(max_tokens=MAX_TOKENS, threshold=0.7, structured_outputs=s) for s in specs]
+    roomy = LLM(str(tiny_model_dir), num_pages=1024, max_num_seqs=32)
+    expected = [o.outputs[0].text for o in roomy.generate([{"prompt_token_ids": p} for p in prompts], params)]
+    # pages of 16 tokens: a request needs at most ceil((36 + 64) / 16) = 7 pages; 14 pages hold two at once
+    tight = LLM(str(tiny_model_dir), num_pages=14, max_num_seqs=32, enable_prefix_caching=False)
+    outs = tight.generate([{"prompt_token_ids": p} for p in prompts], params)
+    assert tight.engine.stats().num_preemptions > 0
+    assert [o.outputs[0].text for o in outs] == expected
+    assert all(_matches(s, t) for s, t in zip(specs, expected))

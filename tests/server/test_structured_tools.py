@@ -157,3 +157,13 @@ def test_thinking_template_gives_reasoning_content(tools_server: LiveServer):
     off = client.chat.completions.create(**{**body, "extra_body": {**NO_THINKING, "guided_choice": ["yes", "no"]}})
     assert off.choices[0].message.content in ("yes", "no")
     assert off.choices[0].message.model_extra.get("reasoning_content") is None
+
+
+def test_a_template_that_renders_tools_gets_them(tools_server: LiveServer):
+    client = tools_server.client()
+    body = dict(model="tiny", messages=[{"role": "user", "content": "q"}], max_completion_tokens=1,
+                extra_body=NO_THINKING)
+    bare = client.chat.completions.create(**body).usage.prompt_tokens
+    offered = client.chat.completions.create(tools=[WEATHER], **body).usage.prompt_tokens
+    # byte tokenizer: one token per byte of "Tools:\n<the tool as JSON>\n" inside a system turn
+    assert offered - bare >= len(json.dumps(WEATHER))
