@@ -45,7 +45,7 @@ def run(llm: LLM, examples: list[Example], specs: list[StructuredOutputsParams |
 
 def rule_cost(root: Path, block: int) -> dict:
     """TPF free and under a grammar that allows any text, on a tiny random checkpoint."""
-    config = make_config("clover-tiny", block_length=block, first_k_dense_replace=1,
+    config = make_config("sdar-moe-tiny", block_length=block, first_k_dense_replace=1,
                          shared_expert_intermediate_size=48)
     llm = LLM(str(write_random_checkpoint(root / f"b{block}", config, seed=0, logit_scale=40.0)), num_pages=1024)
     prompts = [{"prompt_token_ids": [(i * 37 + j * 11) % 250 + 1 for j in range(3 + (i * 13) % 9)]}

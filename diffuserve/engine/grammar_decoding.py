@@ -37,9 +37,11 @@ class StructuredDecoding:
         """`tokenizer`: diffuserve's Tokenizer (its transformers tokenizer is wrapped on first use)."""
         self._tokenizer, self._vocab_size, self._eos = tokenizer, vocab_size, list(eos_token_ids)
         self._compiler: GrammarCompiler | None = None
-        self._states: dict[str, GrammarState] = {}
-        self._failures: dict[str, str] = {}
-        """Requests whose matcher failed this step (e.g. a grammar too complex to parse): id -> message."""
+        self.states: dict[str, GrammarState] = {}
+        """Each constrained request's matcher state, by request id."""
+        self.failures: dict[str, str] = {}
+        """Requests whose matcher failed since the engine last looked (e.g. a grammar too complex to parse):
+        id -> message. The engine fails them alone (take_failures), not the step."""
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -52,11 +54,11 @@ class StructuredDecoding:
         self.compiler.compile(spec)
 
     def release(self, request_id: str) -> None:
-        self._states.pop(request_id, None)
+        self.states.pop(request_id, None)
 
     def take_failures(self) -> dict[str, str]:
-        """The requests whose grammar failed since the last call (the engine fails them alone, not the step)."""
-        failures, self._failures = self._failures, {}
+        """`failures`, emptied."""
+        failures, self.failures = self.failures, {}
         return failures
 
     def decode(self, request: Request, rows: torch.Tensor, positions: list[int],
@@ -66,7 +68,7 @@ class StructuredDecoding:
         try:
             return self._decode(request, rows, positions, generator, block_length)
         except RuntimeError as e:
-            self._failures[request.request_id] = f"structured output: {e}".splitlines()[0]
+            self.failures[request.request_id] = f"structured output: {e}".splitlines()[0]
             self.release(request.request_id)
             return []
 
@@ -113,12 +115,12 @@ class StructuredDecoding:
         return Proposal(tokens, confidence, entropy)
 
     def _state(self, request: Request) -> GrammarState:
-        state = self._states.get(request.request_id)
+        state = self.states.get(request.request_id)
         if state is None:
             spec = request.params.structured_outputs
             assert spec is not None
             trigger = self._tokenizer.encode(spec.start_after, add_special_tokens=False) if spec.start_after else None
             state = GrammarState(self.compiler.matcher(spec), self._vocab_size, trigger, request.params.stop_ids,
                                  self.compiler.tokenizer.eos_tokens)
-            self._states[request.request_id] = state
+            self.states[request.request_id] = state
         return state

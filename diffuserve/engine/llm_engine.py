@@ -114,7 +114,7 @@ class LLMEngine:
         update = self.scheduler.update_from_output(output, results)
         self.counters.record_step(output.num_batched_tokens, seconds, update)
         self._release(update)
-        if self.runner.structured is not None:  # a failed grammar fails its request only
+        if self.runner.structured is not None and self.runner.structured.failures:  # fails its request only
             for request_id, error in self.runner.structured.take_failures().items():
                 self._finish_requests([request_id], RequestStatus.FINISHED_ERROR, error)
         processed = self.output_processor.process_outputs(update.requests, update.new_token_counts)

@@ -88,7 +88,7 @@ class ModelRunner:
         """Forgets a finished request's generator; its last block's experts still count in the statistics."""
         self._generators.pop(request_id, None)
         self.experts.finish_block(request_id)
-        if self.structured is not None:
+        if self.structured is not None and request_id in self.structured.states:
             self.structured.release(request_id)
 
     def shutdown(self) -> None:
