@@ -7,9 +7,10 @@ for a request with `structured_outputs` (its decided generated tokens always for
    matcher's state after the tokens before it (the decided ones, then the walk's own proposals), propose a
    token from the masked logits, and feed it to the matcher speculatively;
 2. let the request's decoder select positions from that proposal as it always does (threshold, fixed, entropy);
-3. accept the longest run of selected positions from the first undecided one, at least that one position, so
-   each step commits >= 1 token; roll the matcher back to the decided tokens (the next step feeds what was
-   accepted).
+3. accept the longest run of selected positions from the first undecided one, and at least the decoder's
+   per-step count (threshold and fixed: the schedule's `block_length // steps`; entropy: 1) taken from the
+   left, so each step commits >= 1 token; roll the matcher back to the decided tokens (the next step feeds what
+   was accepted).
 
 Positions after an unselected one are proposed (their confidences feed the decoder's rule) but never accepted
 before everything left of them is decided, so every committed sequence is a valid grammar prefix, and a block
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-from diffuserve.engine.decoders import DECODERS, Proposal
+from diffuserve.engine.decoders import DECODERS, EntropyBoundDecoder, Proposal
 from diffuserve.engine.grammar import GrammarCompiler
 from diffuserve.engine.grammar_state import GrammarState
 from diffuserve.engine.request import Request
@@ -85,9 +86,13 @@ class StructuredDecoding:
         canvas = torch.tensor(request.canvas, device=rows.device)  # [B]
         selected = decoder.decide(proposal, canvas, canvas == request.mask_token_id, request.step_in_block,
                                   params, block_length).tolist()
-        count = 1
-        while count < len(positions) and positions[count] == undecided + count and selected[positions[count]]:
-            count += 1
+        run = 0
+        while run < len(positions) and positions[run] == undecided + run and selected[positions[run]]:
+            run += 1
+        floor = 1 if isinstance(decoder, EntropyBoundDecoder) else decoder.min_count(request.step_in_block, params,
+                                                                                     block_length)
+        contiguous = next((k for k in range(len(positions)) if positions[k] != undecided + k), len(positions))
+        count = min(max(run, floor, 1), contiguous)
         tokens = proposal.tokens.tolist()
         return [(index, tokens[index]) for index in positions[:count]]
 

@@ -177,3 +177,14 @@ def test_preemption_keeps_the_grammar_in_step(tiny_model_dir):
     assert tight.engine.stats().num_preemptions > 0
     assert [o.outputs[0].text for o in outs] == expected
     assert all(_matches(s, t) for s, t in zip(specs, expected))
+
+
+def test_the_schedule_count_is_kept_under_a_grammar(tiny_model_dir_b32):
+    """decoder=fixed with steps=4 at block 32 commits exactly 8 tokens a step, taken from the left, even where the
+    model is unconfident: 12 letters and EOS in the first block take 2 forwards, the rest of the block none."""
+    llm = LLM(str(tiny_model_dir_b32), num_pages=256)
+    spec = StructuredOutputsParams(regex=r"[a-z]{12}")
+    params = SamplingParams(max_tokens=40, decoder="fixed", steps=4, structured_outputs=spec)
+    out = llm.generate({"prompt_token_ids": [5, 6, 7]}, params)[0].outputs[0]
+    assert re.fullmatch(r"[a-z]{12}", out.text) and out.finish_reason == "stop"
+    assert out.num_forwards == 2
