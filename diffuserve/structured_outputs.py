@@ -29,7 +29,8 @@ class StructuredOutputsParams:
     grammar: str | None = None
     """A Lark grammar (llguidance's dialect: `start: ...`, `%json{...}` allowed)."""
     start_after: str | None = None
-    """The grammar starts after the first occurrence of this text in the output (None: at the output's start)."""
+    """The grammar starts after the first occurrence of this text in the output (None: at the output's start);
+    whitespace may then precede it (models write newlines after `</think>`)."""
     whitespace_flexible: bool = field(default=False, compare=False)
     """JSON: allow any whitespace between tokens (default: only `{"a": 1, "b": [2, 3]}`'s single spaces)."""
 
@@ -53,4 +54,5 @@ class StructuredOutputsParams:
 
     def cache_key(self) -> str:
         """Equal for requests that compile to the same grammar."""
-        return json.dumps([self.kind, getattr(self, self.kind), self.whitespace_flexible], sort_keys=True)
+        return json.dumps([self.kind, getattr(self, self.kind), self.whitespace_flexible, self.start_after is not None],
+                          sort_keys=True)

@@ -12,6 +12,7 @@ the field and llguidance's message. Knows nothing of blocks or steps (see gramma
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from typing import Any
 
@@ -67,6 +68,10 @@ def _one_line(message: str) -> str:
 
 def _grammar_text(spec: StructuredOutputsParams) -> str:
     options = {"whitespace_flexible": spec.whitespace_flexible, **JSON_SEPARATORS}
+    if spec.start_after is not None and spec.grammar is None:
+        # After `</think>` models write a newline or two before the answer: allow leading whitespace there.
+        return llguidance.LLMatcher.grammar_from_lark(f"start: LEAD? {_lark_body(spec, options)}\n"
+                                                      "LEAD: /[ \\t\\r\\n]+/")
     if isinstance(spec.json, dict):  # StructuredOutputsParams parsed JSON text into a dict
         return _from_json_schema(spec.json, options)
     if spec.json_object:
@@ -78,6 +83,16 @@ def _grammar_text(spec: StructuredOutputsParams) -> str:
         return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec.choice))
     assert spec.grammar is not None
     return llguidance.LLMatcher.grammar_from_lark(spec.grammar)
+
+
+def _lark_body(spec: StructuredOutputsParams, options: dict[str, Any]) -> str:
+    """`spec` (not a Lark grammar) as one Lark expression."""
+    if spec.regex is not None:
+        return "/(?:" + re.sub(r"(?<!\\)/", r"\\/", spec.regex) + ")/"
+    if spec.choice is not None:
+        return "(" + " | ".join(json.dumps(c) for c in spec.choice) + ")"
+    schema = spec.json if isinstance(spec.json, dict) else {"type": "object"}
+    return "%json " + json.dumps({**schema, "x-guidance": {**schema.get("x-guidance", {}), **options}})
 
 
 def _from_json_schema(schema: dict[str, Any], options: dict[str, Any]) -> str:

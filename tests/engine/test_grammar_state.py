@@ -42,7 +42,10 @@ def test_grammar_starts_after_the_marker(tokenizer, compiler):
     for token in tokenizer.encode("k>", add_special_tokens=False):
         state.push(token)
     digits = set(tokenizer.encode("0123456789", add_special_tokens=False))
-    assert _allowed_text(state) == digits
+    space = set(tokenizer.encode(" \t\r\n", add_special_tokens=False))
+    assert _allowed_text(state) == digits | space  # newlines may follow `</think>` before the answer
+    state.push(tokenizer.encode("\n", add_special_tokens=False)[0])
+    assert _allowed_text(state) == digits | space
     state.push(tokenizer.encode("4", add_special_tokens=False)[0])
     state.push(tokenizer.encode("2", add_special_tokens=False)[0])
     assert _allowed_text(state) == {EOS}
@@ -71,3 +74,15 @@ def test_compilation_is_cached_and_errors_name_the_field(compiler):
     assert compiler.compile(spec) is compiler.compile(StructuredOutputsParams(choice=["a", "b"]))
     with pytest.raises(RequestError, match=r"structured_outputs\.grammar: does not compile"):
         compiler.compile(StructuredOutputsParams(grammar="start: nope"))
+
+
+@pytest.mark.parametrize(("spec", "text"), [
+    (dict(regex="a/b"), "\n\na/b"), (dict(choice=['say "hi"', "no"]), ' say "hi"'),
+    (dict(json={"type": "array", "maxItems": 1}), "\n[]"), (dict(json_object=True), '{"k": 1}'),
+])
+def test_after_a_marker_the_answer_may_start_with_whitespace(tokenizer, compiler, spec, text):
+    with_marker = StructuredOutputsParams(**spec, start_after="</think>")
+    assert compiler.compile(with_marker) != compiler.compile(StructuredOutputsParams(**spec))
+    state = GrammarState(compiler.matcher(with_marker), VOCAB, None, frozenset({EOS}))
+    state.sync(tokenizer.encode(text, add_special_tokens=False))
+    assert _allowed_text(state) == {EOS}
