@@ -167,3 +167,20 @@ def test_a_template_that_renders_tools_gets_them(tools_server: LiveServer):
     offered = client.chat.completions.create(tools=[WEATHER], **body).usage.prompt_tokens
     # byte tokenizer: one token per byte of "Tools:\n<the tool as JSON>\n" inside a system turn
     assert offered - bare >= len(json.dumps(WEATHER))
+
+
+def test_the_openai_stream_helper_assembles_calls_and_parsed_objects(tools_server: LiveServer):
+    client = tools_server.client()
+    named = {"type": "function", "function": {"name": "get_time"}}
+    with client.chat.completions.stream(model="tiny", messages=[{"role": "user", "content": "time?"}],
+                                        tools=[WEATHER, TIME], tool_choice=named, max_completion_tokens=96,
+                                        extra_body=NO_THINKING) as stream:
+        final = stream.get_final_completion()
+    choice = final.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    _check_calls(choice.message.tool_calls, {"get_time"})
+    with client.chat.completions.stream(model="tiny", messages=[{"role": "user", "content": "verdict"}],
+                                        response_format=Verdict, max_completion_tokens=48,
+                                        extra_body=NO_THINKING) as stream:
+        parsed = stream.get_final_completion().choices[0].message.parsed
+    assert isinstance(parsed, Verdict)
