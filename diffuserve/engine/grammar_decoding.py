@@ -21,11 +21,19 @@ Owns the grammar compiler (built on first use) and each request's `GrammarState`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from diffuserve.engine.decoders import DECODERS, EntropyBoundDecoder, Proposal
+from diffuserve.engine.decoders import (
+    DECODERS,
+    Decoder,
+    EntropyBoundDecoder,
+    FixedStepsDecoder,
+    Proposal,
+    ThresholdDecoder,
+)
 from diffuserve.engine.grammar import GrammarCompiler
 from diffuserve.engine.grammar_state import GrammarState
 from diffuserve.engine.request import Request
@@ -79,26 +87,36 @@ class StructuredDecoding:
         state = self._state(request)
         first = request.generation_start_in_block()
         undecided = positions[0]
+        # Only the run of masks from the first undecided position can be accepted (a decided token after a gap
+        # was never fed to the walk's matcher).
+        positions = positions[: next((k for k, i in enumerate(positions) if i != undecided + k), len(positions))]
         state.sync(request.output_token_ids + request.canvas[first:undecided])
         decoder = DECODERS[params.decoder]
-        proposal = self._walk(state, rows, positions, params, generator, block_length, decoder.needs_entropy)
+        floor = 1 if type(decoder) is EntropyBoundDecoder else decoder.min_count(request.step_in_block, params,
+                                                                                 block_length)
+        stop = _early_stop(decoder, floor, params.threshold)
+        proposal, confidences = self._walk(state, rows, positions, params, generator, block_length,
+                                           decoder.needs_entropy, stop)
         state.truncate(len(request.output_token_ids) + undecided - first)
-        canvas = torch.tensor(request.canvas, device=rows.device)  # [B]
-        selected = decoder.decide(proposal, canvas, canvas == request.mask_token_id, request.step_in_block,
-                                  params, block_length).tolist()
-        run = 0
-        while run < len(positions) and positions[run] == undecided + run and selected[positions[run]]:
-            run += 1
-        floor = 1 if isinstance(decoder, EntropyBoundDecoder) else decoder.min_count(request.step_in_block, params,
-                                                                                     block_length)
-        contiguous = next((k for k in range(len(positions)) if positions[k] != undecided + k), len(positions))
-        count = min(max(run, floor, 1), contiguous)
+        if stop is not None:
+            run = 0 if type(decoder) is FixedStepsDecoder else next(
+                (k for k, c in enumerate(confidences) if c <= params.threshold), len(confidences))
+        else:
+            canvas = torch.tensor(request.canvas, device=rows.device)  # [B]
+            selected = decoder.decide(proposal, canvas, canvas == request.mask_token_id, request.step_in_block,
+                                      params, block_length).tolist()
+            run = next((k for k, index in enumerate(positions) if not selected[index]), len(positions))
+        count = min(max(run, floor, 1), len(confidences))
         tokens = proposal.tokens.tolist()
         return [(index, tokens[index]) for index in positions[:count]]
 
     def _walk(self, state: GrammarState, rows: torch.Tensor, positions: list[int], params: Any,
-              generator: torch.Generator | None, block_length: int, need_entropy: bool) -> Proposal:
-        """Proposes each position from its grammar-masked logits, feeding each proposal to `state`."""
+              generator: torch.Generator | None, block_length: int, need_entropy: bool,
+              stop: Callable[[int, float], bool] | None) -> tuple[Proposal, list[float]]:
+        """Proposes each position from its grammar-masked logits, feeding each proposal to `state`, until
+        `stop(k, confidence)` says position k ends what can be accepted. Returns the proposal and the walked
+        positions' confidences."""
+        walked: list[float] = []
         device = rows.device
         tokens = torch.zeros(block_length, dtype=torch.long, device=device)
         confidence = torch.full((block_length,), float("-inf"), device=device)
@@ -117,7 +135,10 @@ class StructuredDecoding:
             if entropy is not None and one.entropy is not None:
                 entropy[index] = one.entropy[index]
             state.push(int(one.tokens[index]))
-        return Proposal(tokens, confidence, entropy)
+            walked.append(float(one.confidence[index]))
+            if stop is not None and stop(k, walked[-1]):
+                break
+        return Proposal(tokens, confidence, entropy), walked
 
     def _state(self, request: Request) -> GrammarState:
         state = self.states.get(request.request_id)
@@ -129,3 +150,16 @@ class StructuredDecoding:
                                  self.compiler.tokenizer.eos_tokens)
             self.states[request.request_id] = state
         return state
+
+
+def _early_stop(decoder: Decoder, floor: int, threshold: float) -> Callable[[int, float], bool] | None:
+    """When the walk may stop, for decoders whose accepted run depends on the positions before it only:
+
+    fixed accepts exactly `floor` positions; threshold accepts max(the run of confidences > threshold, floor)
+    (when fewer than `floor` positions pass the threshold its top-k fallback picks `floor`, and the run from the
+    left is then shorter than `floor`). Entropy weighs every masked position: None, the whole run is walked."""
+    if type(decoder) is FixedStepsDecoder:
+        return lambda k, confidence: k + 1 >= floor
+    if type(decoder) is ThresholdDecoder:
+        return lambda k, confidence: k + 1 >= floor and confidence <= threshold
+    return None

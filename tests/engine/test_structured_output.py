@@ -11,6 +11,7 @@ import jsonschema_rs
 import pytest
 
 from diffuserve import LLM, SamplingParams
+from diffuserve.engine import grammar_decoding
 from diffuserve.engine.errors import RequestError
 from diffuserve.engine.grammar_state import GrammarState
 from diffuserve.structured_outputs import StructuredOutputsParams
@@ -188,3 +189,23 @@ def test_the_schedule_count_is_kept_under_a_grammar(tiny_model_dir_b32):
     out = llm.generate({"prompt_token_ids": [5, 6, 7]}, params)[0].outputs[0]
     assert re.fullmatch(r"[a-z]{12}", out.text) and out.finish_reason == "stop"
     assert out.num_forwards == 2
+
+
+@pytest.mark.parametrize(("decoder", "steps", "threshold"), [("threshold", None, 0.5), ("threshold", 2, 0.99),
+                                                              ("fixed", 4, 0.9)])
+def test_the_early_stopped_walk_accepts_what_the_decoders_rule_accepts(tiny_model_dir_b32, monkeypatch, decoder,
+                                                                        steps, threshold):
+    """Threshold and fixed stop walking once no later position can be accepted; walking every position and
+    asking the decoder (the general path) gives the same tokens and forwards at temperature 0."""
+    llm = LLM(str(tiny_model_dir_b32), num_pages=512, max_num_seqs=64)
+    specs = _specs()
+    prompts = [{"prompt_token_ids": p} for p in _prompts(len(specs))]
+    params = [SamplingParams(max_tokens=MAX_TOKENS, decoder=decoder, steps=steps, threshold=threshold,
+                             structured_outputs=s) for s in specs]
+
+    def run() -> list:
+        return [(o.outputs[0].token_ids, o.outputs[0].num_forwards) for o in llm.generate(prompts, params)]
+
+    early = run()
+    monkeypatch.setattr(grammar_decoding, "_early_stop", lambda *args: None)
+    assert run() == early
