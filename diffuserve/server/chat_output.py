@@ -38,6 +38,9 @@ class ChatOutputFormat:
         calls: list[ParsedCall] = []
         if self.tools:
             content, calls = parse_calls(content, final)
+            # Whitespace around calls is not content; stripping a growing text only ever holds back its trailing
+            # whitespace, so streamed deltas still add up to the whole.
+            content = content.strip()
             if not self.parallel_tool_calls:
                 calls = calls[:1]
         return reasoning, content, calls
@@ -46,8 +49,6 @@ class ChatOutputFormat:
         reasoning, content, calls = self.parse(text)
         tool_calls = [ToolCallOut(id=call_id(), function=FunctionCallOut(name=c.name, arguments=c.arguments))
                       for c in calls]
-        if calls:
-            content = content.strip()
         return AssistantMessage(content=content or (None if calls else ""), reasoning_content=reasoning,
                                 tool_calls=tool_calls)
 

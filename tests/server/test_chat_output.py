@@ -21,6 +21,7 @@ REPLIES = [
     "<think>never closed",
     "<tool_call>\nnot json\n</tool_call> tail",
     "a <tool_ca",
+    f"\n\n  spaced  \n{CALL}\n\n",
 ]
 
 
