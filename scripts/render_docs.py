@@ -1,4 +1,5 @@
-"""Writes the result tables of docs/benchmarks.md, docs/moe.md and docs/default-model.md from docs/results/.
+"""Writes the result tables of docs/benchmarks.md, docs/moe.md, docs/default-model.md and docs/server.md from
+docs/results/.
 
 Each file in docs/results/ is one run: {"command": the command line, "result": the final JSON line it printed,
 "provenance": only where the line was not kept and was transcribed from older docs}. A doc marks each generated
@@ -24,7 +25,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-DOCS = ("benchmarks.md", "moe.md", "default-model.md")
+DOCS = ("benchmarks.md", "moe.md", "default-model.md", "server.md")
 REGION = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
 
 Load = Callable[[str], dict[str, Any]]
@@ -227,11 +228,19 @@ def accuracy_vs_tpf(load: Load) -> str:
     return table(["decoding", "accuracy", *TASKS, "TPF", "NFE / example"], rows)
 
 
+def structured_tpf(load: Load) -> str:
+    run = load("structured-tpf")["result"]
+    rows = [[name, "-" if r["correct"] is None else f"{r['correct']} / {r['prompts']}", r["tokens"], r["forwards"],
+             f"{r['tpf']:.2f}"]
+            for name, r in run.items()]
+    return table(["prompts, output constraint", "correct", "tokens", "forwards", "TPF"], rows)
+
+
 TABLES: dict[str, Callable[[Load], str]] = {
     "compare": compare, "compare-quiet": compare_quiet, "compare-hybrid": compare_hybrid, "throughput": throughput,
     "calibration": calibration,
     "latency": latency, "serve": serve, "moe-dispatch": moe_dispatch, "moe-offload": moe_offload,
-    "training": training, "accuracy-vs-tpf": accuracy_vs_tpf,
+    "training": training, "accuracy-vs-tpf": accuracy_vs_tpf, "structured-tpf": structured_tpf,
 }
 
 

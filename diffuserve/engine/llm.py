@@ -14,6 +14,7 @@ from diffuserve.engine.outputs import RequestOutput
 from diffuserve.hub import resolve_model
 from diffuserve.progress import progress_bar
 from diffuserve.sampling_params import SamplingParams
+from diffuserve.tool_format import template_messages, template_renders_tools
 
 PromptType = str | list[int] | dict[str, Any]
 
@@ -59,12 +60,21 @@ class LLM:
         return [finished[i] for i in ids]
 
     def chat(self, messages: list[dict[str, Any]], sampling_params: SamplingParams | None = None,
-             use_tqdm: bool | None = None) -> RequestOutput:
-        """One conversation through the model's chat template."""
+             tools: list[dict[str, Any]] | None = None, use_tqdm: bool | None = None,
+             **template_kwargs: Any) -> RequestOutput:
+        """One conversation (OpenAI-shaped messages, `tool` results and assistant `tool_calls` included) through
+        the model's chat template, offering `tools` (OpenAI's function dicts; templates that do not render tools
+        get them in a system prompt, see tool_format). `template_kwargs` go to the template (e.g.
+        enable_thinking=False). Parse calls out of the reply with `diffuserve.tool_format.parse_calls`; force one
+        with `structured_outputs=StructuredOutputsParams(grammar=tool_format.call_grammar(tools, False))`."""
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
             raise ValueError("messages: this model directory has no tokenizer")
-        return self.generate({"prompt_token_ids": tokenizer.encode_chat(messages)}, sampling_params, use_tqdm)[0]
+        renders_tools = template_renders_tools(tokenizer.hf.chat_template)
+        if tools and renders_tools:
+            template_kwargs["tools"] = tools
+        prompt = tokenizer.encode_chat(template_messages(messages, tools, renders_tools), **template_kwargs)
+        return self.generate({"prompt_token_ids": prompt}, sampling_params, use_tqdm)[0]
 
 
 def _unwrap(prompt: PromptType) -> str | list[int]:

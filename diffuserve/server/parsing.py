@@ -1,8 +1,9 @@
 """From an OpenAI request to what the engine takes: `SamplingParams` (prompts are `prompts`' business).
 
 Sampling params, and the policy for fields diffuserve lacks:
-- Fields OpenAI or vLLM define but diffuserve does not implement (logprobs, tools, penalties, structured output,
-  ...) are rejected with a 400 naming the field unless they carry their neutral value: never silently ignored.
+- Fields OpenAI or vLLM define but diffuserve does not implement (logprobs, penalties, ...) are rejected with
+  a 400 naming the field unless they carry their neutral value: never silently ignored.
+- Structured output and tool choice become the request's grammar (server/structured.py, server/tool_calls.py).
 - Unknown fields are ignored with a logged warning, as vLLM does: clients and harnesses send vendor extras, and
   failing on them would break them for no benefit.
 - Temperatures so small that the tempered logits would overflow are raised to 0.01, as vLLM does.
@@ -17,7 +18,13 @@ from typing import Any
 
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.server.errors import APIError, bad_request, from_value_error
-from diffuserve.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from diffuserve.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields, Tool
+from diffuserve.server.reasoning import template_thinks
+from diffuserve.server.structured import structured_outputs
+from diffuserve.server.tool_calls import check_messages, tool_call_grammar
+from diffuserve.structured_outputs import StructuredOutputsParams
+from diffuserve.tokenizer import Tokenizer
+from diffuserve.tool_format import template_messages, template_renders_tools
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +39,8 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "min_p": (0, 0.0),
     "use_beam_search": (False,),
     "bad_words": ([],),
-    "response_format": ({"type": "text"},),
     "logprobs": (False,),
     "top_logprobs": (0,),
-    "tools": ([],),
-    "tool_choice": ("none",),
     "functions": ([],),
     "modalities": (["text"],),
     "echo": (False,),
@@ -46,12 +50,11 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 
 UNSUPPORTED_COMMON = (
     "logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "use_beam_search",
-    "allowed_token_ids", "bad_words", "prompt_logprobs", "truncate_prompt_tokens", "response_format",
-    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "allowed_token_ids", "bad_words", "prompt_logprobs", "truncate_prompt_tokens",
 )
 UNSUPPORTED_COMPLETION = ("logprobs", "suffix")
 UNSUPPORTED_CHAT = (
-    "logprobs", "top_logprobs", "tools", "tool_choice", "functions", "function_call", "audio", "modalities",
+    "logprobs", "top_logprobs", "functions", "function_call", "audio", "modalities",
     "prediction", "reasoning_effort", "web_search_options", "chat_template", "documents", "echo",
 )
 
@@ -61,12 +64,15 @@ def completion_params(request: CompletionRequest, max_n: int) -> SamplingParams:
     if request.best_of is not None and request.best_of != request.n:
         raise APIError(400, f"best_of: only best_of == n is supported (got best_of={request.best_of!r}, "
                        f"n={request.n})", param="best_of", code="unsupported_parameter")
-    return _sampling_params(request, request.max_tokens, max_n)
+    return _sampling_params(request, request.max_tokens, max_n, structured_outputs(request))
 
 
-def chat_params(request: ChatCompletionRequest, max_n: int) -> SamplingParams:
+def chat_params(request: ChatCompletionRequest, max_n: int, chat_template: Any = None) -> SamplingParams:
+    """`chat_template`: the model's, to tell whether it thinks (the grammar then starts after `</think>`)."""
     _reject_unsupported(request, UNSUPPORTED_COMMON + UNSUPPORTED_CHAT)
-    return _sampling_params(request, chat_max_tokens(request), max_n)
+    tool_grammar = tool_call_grammar(request.tools, request.tool_choice, request.parallel_tool_calls)
+    structured = structured_outputs(request, tool_grammar, template_thinks(chat_template, request.chat_template_kwargs))
+    return _sampling_params(request, chat_max_tokens(request), max_n, structured)
 
 
 def chat_max_tokens(request: ChatCompletionRequest) -> int | None:
@@ -74,7 +80,8 @@ def chat_max_tokens(request: ChatCompletionRequest) -> int | None:
     return request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
 
 
-def _sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int) -> SamplingParams:
+def _sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int,
+                     structured: StructuredOutputsParams | None = None) -> SamplingParams:
     _warn_unknown(request)
     if request.stream_options is not None and not request.stream:
         raise bad_request("stream_options: only allowed when stream is true", "stream_options")
@@ -92,6 +99,7 @@ def _sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int
             include_stop_str_in_output=request.include_stop_str_in_output, decoder=request.decoder,
             threshold=request.threshold, steps=request.steps, entropy_bound=request.entropy_bound,
             edit_threshold=request.edit_threshold, max_post_edit_steps=request.max_post_edit_steps,
+            structured_outputs=structured,
         )
     except ValueError as e:
         raise from_value_error(e) from e

@@ -26,8 +26,10 @@ from typing import Any
 import jinja2
 
 from diffuserve.server.errors import APIError, bad_request
-from diffuserve.server.protocol import ChatCompletionRequest, ChatMessage
+from diffuserve.server.protocol import ChatCompletionRequest, ChatMessage, Tool
+from diffuserve.server.tool_calls import check_messages
 from diffuserve.tokenizer import Tokenizer
+from diffuserve.tool_format import template_messages, template_renders_tools
 
 TEMPLATE_ROLES = {"developer": "system"}
 """Roles the chat template sees under another name (OpenAI's `developer` is its newer name for `system`)."""
@@ -140,12 +142,12 @@ def check_length(tokenizer: Tokenizer, text: str, max_model_len: int, param: str
 
 def chat_prompt(tokenizer: Tokenizer | None, request: ChatCompletionRequest, rules: PromptRules) -> Prompt:
     return render_chat(tokenizer, request.messages, rules, request.add_generation_prompt,
-                       request.continue_final_message, request.chat_template_kwargs or {})
+                       request.continue_final_message, request.chat_template_kwargs or {}, request.tools)
 
 
 def render_chat(tokenizer: Tokenizer | None, messages: list[ChatMessage], rules: PromptRules,
                 add_generation_prompt: bool = True, continue_final_message: bool = False,
-                template_kwargs: dict[str, Any] | None = None) -> Prompt:
+                template_kwargs: dict[str, Any] | None = None, tools: list[Tool] | None = None) -> Prompt:
     if tokenizer is None:
         raise bad_request("messages: this model directory has no tokenizer (nor chat template)", "messages")
     reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(template_kwargs or {}))
@@ -154,16 +156,21 @@ def render_chat(tokenizer: Tokenizer | None, messages: list[ChatMessage], rules:
     if add_generation_prompt and continue_final_message:
         raise bad_request("continue_final_message: cannot be combined with add_generation_prompt=true",
                           "continue_final_message")
-    conversation = [_message(i, m) for i, m in enumerate(messages)]
+    check_messages(messages)
+    renders_tools = template_renders_tools(tokenizer.hf.chat_template)
+    tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+    conversation = template_messages([_message(m) for m in messages], tool_dicts, renders_tools)
     options = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message,
                **(template_kwargs or {})}
+    if tool_dicts and renders_tools:
+        options["tools"] = tool_dicts
     text = _render(tokenizer, conversation, options)
     check_length(tokenizer, text, rules.max_model_len, "messages")
-    if not any(tokenizer.spells_special(m["content"]) for m in conversation):
+    if not any(tokenizer.spells_special(m["content"] or "") for m in conversation):
         token_ids = encode(tokenizer, text, "messages", add_special_tokens=False)
     else:
         _check_unicode(text, "messages")
-        reference = _render(tokenizer, [{**m, "content": tokenizer.defuse(m["content"])} for m in conversation],
+        reference = _render(tokenizer, [{**m, "content": tokenizer.defuse(m["content"] or "")} for m in conversation],
                             options)
         try:
             token_ids = tokenizer.encode_rendered(text, reference)
@@ -194,15 +201,16 @@ def _check_unicode(text: str, param: str) -> None:
         raise bad_request(f"{param}: not valid Unicode ({e.reason} at character {e.start})", param) from e
 
 
-def _message(index: int, message: ChatMessage) -> dict[str, str]:
-    param = f"messages[{index}]"
-    if message.tool_calls is not None or message.tool_call_id is not None:
-        raise APIError(400, f"{param}: tool calls are not supported", param=f"{param}.tool_calls",
-                       code="unsupported_parameter")
+def _message(message: ChatMessage) -> dict[str, Any]:
     content = message.content
     if isinstance(content, list):
         content = "\n".join(part.text for part in content)
-    return {"role": TEMPLATE_ROLES.get(message.role, message.role), "content": content}
+    out: dict[str, Any] = {"role": TEMPLATE_ROLES.get(message.role, message.role), "content": content}
+    if message.tool_calls:
+        out["tool_calls"] = [c.model_dump() for c in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
 
 
 def check_context(prompt: Prompt, max_tokens: int | None, is_explicit: bool, max_model_len: int,

@@ -29,6 +29,7 @@ from fastapi.responses import StreamingResponse
 from diffuserve.engine.outputs import RequestOutput
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.server.bridge import AsyncEngine, EngineDeadError, EngineRequest, OutputStream, QueueFullError
+from diffuserve.server.chat_output import ChatOutputFormat
 from diffuserve.server.cli import ServerConfig
 from diffuserve.server.errors import APIError, bad_request, engine_unavailable, from_value_error, queue_full
 from diffuserve.server.metrics import ServerMetrics
@@ -57,6 +58,7 @@ from diffuserve.server.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from diffuserve.server.reasoning import template_thinks
 from diffuserve.server.responses import (
     ResponseContext,
     chat_events,
@@ -139,17 +141,20 @@ class OpenAIServing:
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> ChatCompletionResponse | StreamingResponse:
         self.check_model(body.model)
-        params = chat_params(body, self.config.max_n)
+        template = self.tokenizer.hf.chat_template if self.tokenizer is not None else None
+        params = chat_params(body, self.config.max_n, template)
         self.check_admissible(1, params.n)
         prompt = await self.off_loop(messages_size(body.messages), chat_prompt, self.tokenizer, body, self.rules)
         check_context(prompt, params.max_tokens, params.max_tokens is not None, self.max_model_len, "messages")
-        stream, ctx = await self._submit("chatcmpl", [prompt], params)
+        chat_format = ChatOutputFormat(template_thinks(template, body.chat_template_kwargs),
+                                       bool(body.tools) and body.tool_choice != "none", body.parallel_tool_calls)
+        stream, ctx = await self._submit("chatcmpl", [prompt], params, chat_format)
         if body.stream:
             return _sse_response(sse(stream, chat_events(stream, ctx, body.stream_options)))
         return chat_response(ctx, await _collect(stream, request))
 
-    async def _submit(self, prefix: str, prompts: list[Prompt], params: SamplingParams
-                      ) -> tuple[OutputStream, ResponseContext]:
+    async def _submit(self, prefix: str, prompts: list[Prompt], params: SamplingParams,
+                      chat_format: ChatOutputFormat | None = None) -> tuple[OutputStream, ResponseContext]:
         response_id = f"{prefix}-{uuid.uuid4().hex}"
         request_ids = [f"{response_id}-{i}" for i in range(len(prompts))]
         requests = [EngineRequest(rid, p.token_ids, params) for rid, p in zip(request_ids, prompts)]
@@ -162,7 +167,8 @@ class OpenAIServing:
             raise engine_unavailable(str(e)) from e
         except ValueError as e:
             raise from_value_error(e) from e
-        ctx = ResponseContext(response_id, int(time.time()), self.model_name, prompts, request_ids, params.n)
+        ctx = ResponseContext(response_id, int(time.time()), self.model_name, prompts, request_ids, params.n,
+                              chat_format or ChatOutputFormat())
         return stream, ctx
 
     # ---- tokenizer endpoints -------------------------------------------------------------------------------
