@@ -186,8 +186,9 @@ def moe_offload(load: Load) -> str:
 # --- docs/default-model.md ------------------------------------------------------------------------------------
 
 TASKS = ("add", "reverse", "sort", "copy", "max", "lookup")
-TRAINING_RUNS = {"train-clover-moe-seed0": "clover_moe, seed 0 (ships)",
-                 "train-seed0": "sdar (previous default), seed 0", "train-seed0-retrain": "sdar, seed 0 (retrained)",
+TRAINING_RUNS = {"train-clover-moe-seed0": "clover_moe, seed 0, 3,000 steps (not shipped)",
+                 "train-clover-moe-2000steps": "clover_moe, seed 0, 2,000 steps (not shipped)",
+                 "train-seed0": "sdar (ships), seed 0", "train-seed0-retrain": "sdar, seed 0 (retrained)",
                  "train-seed1": "sdar, seed 1"}
 
 
