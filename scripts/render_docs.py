@@ -205,18 +205,22 @@ def moe_offload(load: Load) -> str:
 # --- docs/default-model.md ------------------------------------------------------------------------------------
 
 TASKS = ("add", "reverse", "sort", "copy", "max", "lookup")
-TRAINING_RUNS = {"train-seed0": "seed 0 (first run)", "train-seed0-retrain": "seed 0 (retrained)",
-                 "train-seed1": "seed 1"}
+TRAINING_RUNS = {"train-clover-moe-seed0": "clover_moe, seed 0, 3,000 steps (not shipped)",
+                 "train-clover-moe-2000steps": "clover_moe, seed 0, 2,000 steps (not shipped)",
+                 "train-seed0": "sdar (ships), seed 0", "train-seed0-retrain": "sdar, seed 0 (retrained)",
+                 "train-seed1": "sdar, seed 1"}
 
 
 def training(load: Load) -> str:
     rows = []
     for name, label in TRAINING_RUNS.items():
         r = load(name)["result"]
-        rows.append([label, f"{r['train_seconds']:,} s", f"{r['steps']:,}", f"**{pct(r['accuracy'], ' ')}**",
+        cpu = f"{r['train_cpu_seconds']:,.0f} s" if "train_cpu_seconds" in r else "not kept"
+        rows.append([label, f"{r['train_seconds']:,.0f} s", cpu, f"{r['steps']:,}", f"**{pct(r['accuracy'], ' ')}**",
                      *(pct(r["accuracy_by_task"][t], " ") for t in TASKS), f"{r['tokens_per_forward']:.2f}",
                      f"`{r['weights_sha256'][:8]}...`"])
-    return table(["run", "training wall time", "steps", "accuracy", *TASKS, "TPF", "SHA-256 of the weights"], rows)
+    return table(["run", "training wall time", "CPU time", "steps", "accuracy", *TASKS, "TPF",
+                  "SHA-256 of the weights"], rows)
 
 
 def accuracy_vs_tpf(load: Load) -> str:
