@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
             history = list(start)
             continue
         history.append({"role": "user", "content": line.rstrip("\n")})
-        out = llm.chat(history, params).outputs[0]
+        out = llm.chat(history, params, use_tqdm=False).outputs[0]
         history.append({"role": "assistant", "content": out.text})
         print(f"model> {out.text}" if interactive else out.text, flush=True)
         print(f"[NFE {out.num_forwards}, TPF {out.tokens_per_forward:.2f}]", file=sys.stderr)

@@ -32,7 +32,20 @@ class CacheConfig:
     num_pages: int | None = None
     """Number of KV-cache pages; overrides --kv-cache-memory when set."""
     kv_cache_memory: int | None = None
-    """KV-cache budget in bytes (default on CPU: what max_num_seqs sequences of max_model_len need, at most 4 GiB)."""
+    """KV-cache budget in bytes, K/V pages only (default on CPU: what max_num_seqs sequences of max_model_len need,
+    at most 4 GiB). Hybrid models' recurrent state has its own --state-cache-memory."""
+    state_cache_memory: int | None = None
+    """Hybrid models (Gated DeltaNet layers) only: bytes of the recurrent-state pool, separate from (and allocated
+    before) --kv-cache-memory, which covers K/V pages only. One slot holds a sequence's whole GDN state whatever
+    its length; each running sequence takes one, spare slots keep prefix snapshots (default: 2 x max_num_seqs
+    slots with prefix caching, else max_num_seqs)."""
+    state_snapshot_interval: int = 4
+    """Hybrid models with prefix caching: snapshot a sequence's recurrent state every this many KV pages of its
+    committed prefix (and at the last page boundary of its prompt), so a later request sharing the prefix
+    restores it."""
+    recurrent_state: str = "keep"
+    """Hybrid models: keep (a state pool; each step advances the state over its new tokens only) or recompute
+    (no cache: each step recomputes every request's committed prefix; the baseline of `bench compare`)."""
     gpu_memory_utilization: float = 0.9
     """Fraction of GPU memory the engine may use (weights + activations + KV cache) when no budget is given."""
     enable_prefix_caching: bool = True
@@ -51,7 +64,11 @@ class CacheConfig:
         _positive("page_size", self.page_size)
         _positive("num_pages", self.num_pages)
         _positive("kv_cache_memory", self.kv_cache_memory)
+        _positive("state_cache_memory", self.state_cache_memory)
+        _positive("state_snapshot_interval", self.state_snapshot_interval, allow_none=False)
         _positive("expert_cache_memory", self.expert_cache_memory)
+        if self.recurrent_state not in ("keep", "recompute"):
+            raise ValueError(f"recurrent_state: must be keep or recompute, got {self.recurrent_state!r}")
         if self.expert_residency not in ("block", "step"):
             raise ValueError(f"expert_residency: must be block or step, got {self.expert_residency!r}")
         if not 0 < self.gpu_memory_utilization <= 1:

@@ -7,6 +7,7 @@ import json
 import sys
 
 from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
+from diffuserve.hub import add_hub_arguments, resolve_model
 from diffuserve.sampling_params import SamplingParams
 
 SAMPLING_SKIP = ("n", "seed")  # one completion each; seeding is the engine's --seed
@@ -14,7 +15,9 @@ SAMPLING_SKIP = ("n", "seed")  # one completion each; seeding is the engine's --
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model plus every engine option (shared by generate and chat)."""
-    parser.add_argument("--model", default=None, help="model directory (default: the bundled model)")
+    parser.add_argument("--model", default=None,
+                        help="model directory or Hugging Face Hub id (default: the bundled model)")
+    add_hub_arguments(parser)
     add_config_arguments(parser, EngineConfig, skip=("model",))
 
 
@@ -32,10 +35,9 @@ def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
 
 
 def build_llm(args: argparse.Namespace):
-    from diffuserve.default_model import resolve_model
     from diffuserve.engine.llm import LLM
 
-    config = engine_config_from_args(resolve_model(args.model), args)
+    config = engine_config_from_args(resolve_model(args.model, args.revision, args.download_dir), args)
     return LLM(config.model, **config.to_kwargs())
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diffuserve.engine.errors import RequestError
+from diffuserve.structured_outputs import StructuredOutputsParams
 
 GREEDY_BELOW = 1e-5
 DECODER_NAMES = ("threshold", "fixed", "entropy", "edit")
@@ -66,6 +67,9 @@ class SamplingParams:
     max_post_edit_steps: int | None = None
     """decoder=edit: denoising steps a block may still take once its masks are gone (it is final as soon as one
     changes nothing); default 16. Other decoders finish a block when its masks are gone."""
+    structured_outputs: StructuredOutputsParams | None = None
+    """Constrain the output to a JSON schema, regex, choice list or grammar (docs/server.md, "Structured
+    output"): every committed token sequence is then a valid prefix of it."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -90,6 +94,8 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings")
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
                self.stop_token_ids, "non-negative token ids")
+        _check(self.structured_outputs is None or self.decoder != "edit", "decoder", self.decoder,
+               "not edit with structured_outputs (an edited token could leave the grammar)")
 
     def with_defaults(self, defaults: Mapping[str, Any], *, max_tokens_limit: int | None = None,
                       eos_token_ids: Sequence[int] = ()) -> ResolvedSamplingParams:
@@ -114,7 +120,7 @@ class SamplingParams:
             min_tokens=self.min_tokens, stop=list(self.stop), stop_token_ids=list(self.stop_token_ids),
             stop_ids=frozenset((*eos, *self.stop_token_ids)), ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
-            **knobs,
+            structured_outputs=self.structured_outputs, **knobs,
         )
 
     def replace(self, **changes: Any) -> SamplingParams:
@@ -149,6 +155,7 @@ class ResolvedSamplingParams:
     entropy_bound: float
     edit_threshold: float
     max_post_edit_steps: int
+    structured_outputs: StructuredOutputsParams | None = None
 
     @property
     def is_greedy(self) -> bool:

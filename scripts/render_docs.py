@@ -1,4 +1,5 @@
-"""Writes the result tables of docs/benchmarks.md, docs/moe.md and docs/default-model.md from docs/results/.
+"""Writes the result tables of docs/benchmarks.md, docs/moe.md, docs/default-model.md and docs/server.md from
+docs/results/.
 
 Each file in docs/results/ is one run: {"command": the command line, "result": the final JSON line it printed,
 "provenance": only where the line was not kept and was transcribed from older docs}. A doc marks each generated
@@ -24,7 +25,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-DOCS = ("benchmarks.md", "moe.md", "default-model.md")
+DOCS = ("benchmarks.md", "moe.md", "default-model.md", "server.md")
 REGION = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
 
 Load = Callable[[str], dict[str, Any]]
@@ -75,6 +76,24 @@ def compare(load: Load) -> str:
             rows.append([r["block_length"], VARIANTS[name], sig3(v["tokens_per_s"]), v["nfe"], f"{v['tpf']:.2f}",
                          sig3(v["forwards_per_s"]), ratio])
     return table(["block", "variant", "tokens/s", "NFE", "TPF", "forwards/s", "engine speed-up"], rows)
+
+
+HYBRID_VARIANTS = {"engine": "(a) engine: state pool + paged K/V, fused commit",
+                   "reference": "(b) naive clover_moe decode: prefix recomputed every step",
+                   "recompute-state": "(e) engine recomputing the prefix every step (no state kept)"}
+
+
+def compare_hybrid(load: Load) -> str:
+    """docs/results/compare-clover-moe.json: a hybrid model's engine against both recomputing baselines."""
+    rows = []
+    for r in load("compare-clover-moe")["result"]["results"]:
+        for name, v in r["variants"].items():
+            ratio = "1" if name == "engine" else f"**{r['ratios'][f'engine_vs_{name}']:.3g}x**"
+            rows.append([r["block_length"], HYBRID_VARIANTS[name], sig3(v["tokens_per_s"]), v["nfe"],
+                         f"{v['tpf']:.2f}", sig3(v["forwards_per_s"]), ratio,
+                         "yes" if r["identical_tokens"] else "NO"])
+    return table(["block", "variant", "tokens/s", "NFE", "TPF", "forwards/s", "engine speed-up", "same tokens"],
+                 rows)
 
 
 def compare_quiet(load: Load) -> str:
@@ -270,18 +289,22 @@ def moe_offload(load: Load) -> str:
 # --- docs/default-model.md ------------------------------------------------------------------------------------
 
 TASKS = ("add", "reverse", "sort", "copy", "max", "lookup")
-TRAINING_RUNS = {"train-seed0": "seed 0 (first run)", "train-seed0-retrain": "seed 0 (retrained)",
-                 "train-seed1": "seed 1"}
+TRAINING_RUNS = {"train-clover-moe-seed0": "clover_moe, seed 0, 3,000 steps (not shipped)",
+                 "train-clover-moe-2000steps": "clover_moe, seed 0, 2,000 steps (not shipped)",
+                 "train-seed0": "sdar (ships), seed 0", "train-seed0-retrain": "sdar, seed 0 (retrained)",
+                 "train-seed1": "sdar, seed 1"}
 
 
 def training(load: Load) -> str:
     rows = []
     for name, label in TRAINING_RUNS.items():
         r = load(name)["result"]
-        rows.append([label, f"{r['train_seconds']:,} s", f"{r['steps']:,}", f"**{pct(r['accuracy'], ' ')}**",
+        cpu = f"{r['train_cpu_seconds']:,.0f} s" if "train_cpu_seconds" in r else "not kept"
+        rows.append([label, f"{r['train_seconds']:,.0f} s", cpu, f"{r['steps']:,}", f"**{pct(r['accuracy'], ' ')}**",
                      *(pct(r["accuracy_by_task"][t], " ") for t in TASKS), f"{r['tokens_per_forward']:.2f}",
                      f"`{r['weights_sha256'][:8]}...`"])
-    return table(["run", "training wall time", "steps", "accuracy", *TASKS, "TPF", "SHA-256 of the weights"], rows)
+    return table(["run", "training wall time", "CPU time", "steps", "accuracy", *TASKS, "TPF",
+                  "SHA-256 of the weights"], rows)
 
 
 def accuracy_vs_tpf(load: Load) -> str:
@@ -293,12 +316,20 @@ def accuracy_vs_tpf(load: Load) -> str:
     return table(["decoding", "accuracy", *TASKS, "TPF", "NFE / example"], rows)
 
 
+def structured_tpf(load: Load) -> str:
+    run = load("structured-tpf")["result"]
+    rows = [[name, "-" if r["correct"] is None else f"{r['correct']} / {r['prompts']}", r["tokens"], r["forwards"],
+             f"{r['tpf']:.2f}"]
+            for name, r in run.items()]
+    return table(["prompts, output constraint", "correct", "tokens", "forwards", "TPF"], rows)
+
+
 TABLES: dict[str, Callable[[Load], str]] = {
-    "compare": compare, "compare-quiet": compare_quiet, "throughput": throughput, "calibration": calibration,
-    "compare-batch1": compare_batch1, "profiles": profiles, "moe-backends": moe_backends,
+    "compare": compare, "compare-quiet": compare_quiet, "compare-hybrid": compare_hybrid, "throughput": throughput,
+    "calibration": calibration, "compare-batch1": compare_batch1, "profiles": profiles, "moe-backends": moe_backends,
     "roofline": roofline, "ab-engines": ab_engines,
     "latency": latency, "serve": serve, "moe-dispatch": moe_dispatch, "moe-offload": moe_offload,
-    "training": training, "accuracy-vs-tpf": accuracy_vs_tpf,
+    "training": training, "accuracy-vs-tpf": accuracy_vs_tpf, "structured-tpf": structured_tpf,
 }
 
 

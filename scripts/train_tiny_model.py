@@ -1,7 +1,8 @@
-"""Trains the bundled default model (a tiny SDAR-MoE-shaped model) on the synthetic tasks, on CPU, from scratch.
+"""Trains the bundled default model (a tiny Clover, `clover_moe`) on the synthetic tasks, on CPU, from scratch.
 
     python scripts/train_tiny_model.py                       # writes diffuserve/assets/default-model
     python scripts/train_tiny_model.py --out /tmp/model      # anywhere else
+    python scripts/train_tiny_model.py --family sdar --out /tmp/sdar   # the SDAR-MoE-shaped model bundled before
 
 Deterministic: a fixed seed and a fixed number of steps (not a time budget), so two runs with the same
 arguments and thread count write the same weights. Prints progress, then the held-out exact-match accuracy
@@ -30,10 +31,11 @@ if str(REPO) not in sys.path:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from scripts.training.train import TrainConfig
+    from scripts.training.train import FAMILIES, TrainConfig
 
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--family", choices=list(FAMILIES), default=defaults.family, help="model family to train")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="checkpoint directory to write")
     parser.add_argument("--steps", type=int, default=defaults.steps, help="optimiser steps")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="examples per step")
@@ -53,11 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     from diffuserve.eval.harness import evaluate, format_table
     from diffuserve.eval.tasks import heldout_examples
     from diffuserve.sampling_params import SamplingParams
-    from scripts.training.train import TrainConfig, train, write_checkpoint
+    from scripts.training.train import FAMILIES, TrainConfig, train, write_checkpoint
 
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # denormal gradients late in training slow CPU kernels down many times
-    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    cfg = TrainConfig(family=args.family, shape=dict(FAMILIES[args.family].shape), steps=args.steps,
+                      batch_size=args.batch_size, lr=args.lr, seed=args.seed)
     start, start_cpu = time.perf_counter(), time.process_time()
     model_args, model = train(cfg, log=lambda line: print(line, flush=True))
     train_seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
@@ -69,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                       "default")
     print(format_table([result]))
     summary = {
-        "train_seconds": round(train_seconds, 1), "train_cpu_seconds": round(cpu_seconds, 1), "steps": cfg.steps,
-        "seed": cfg.seed, "threads": args.threads,
+        "family": cfg.family, "train_seconds": round(train_seconds, 1), "train_cpu_seconds": round(cpu_seconds, 1),
+        "steps": cfg.steps, "seed": cfg.seed, "threads": args.threads,
         "params": num_params, **result.summary(),
         "weights_sha256": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest(),
     }

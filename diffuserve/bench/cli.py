@@ -37,7 +37,8 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
 def _add_model(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model and machine")
     model.add_argument("--model", default=None,
-                       help="model directory (default: the random sdar-moe-bench model, written on first use)")
+                       help="model directory, or clover-moe-bench (a random clover_moe shape, written on first "
+                            "use); default: the random sdar-moe-bench model, written on first use")
     model.add_argument("--model-cache-dir", default=None, metavar="DIR",
                        help="where sdar-moe-bench is written (default: ~/.cache/diffuserve)")
     model.add_argument("--model-seed", type=int, default=0, help="weight seed of sdar-moe-bench (default: 0)")
@@ -99,11 +100,13 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", nargs="+",
                         default=["engine", "baseline", "reference", "transformers-kv", "separate-commit", "ar"],
                         choices=("engine", "baseline", "reference", "transformers-kv", "separate-commit", "ar",
-                                 "engine-batched"),
+                                 "engine-batched", "recompute-state"),
                         help="(a) engine, (a0) baseline: the engine eager with the per-expert loop, (b) transformers "
-                             "recompute reference, (b2) transformers-kv: transformers with a KV cache and the SDAR "
-                             "scheme, (c) separate commit forward, (d) autoregressive baseline (block length 1), "
-                             "(e) engine-batched: the engine given all --num-prompts at once; default: all but (e)")
+                             "recompute reference (clover_moe: the naive decode), (b2) transformers-kv: transformers "
+                             "with a KV cache and the SDAR scheme, (c) separate commit forward, (d) autoregressive "
+                             "baseline (block length 1), (e) engine-batched: the engine given all --num-prompts at "
+                             "once, (f) recompute-state: hybrid models recomputing the prefix every step instead of "
+                             "keeping the recurrent state; default: a, a0, b, b2, c, d")
 
 
 def _add_serve(parser: argparse.ArgumentParser) -> None:

@@ -8,6 +8,11 @@
   (c)  separate-commit  diffuserve with a separate commit forward per block (SGLang, dInfer, the SDAR reference)
   (d)  ar               the same model decoded autoregressively (block length 1): the AR baseline
   (e)  engine-batched   (only when asked) the engine given all --num-prompts prompts at once
+  (f)  recompute-state  hybrid models (GDN layers): diffuserve recomputing every request's committed prefix each
+                        step instead of keeping its recurrent state (--recurrent-state recompute)
+
+For a hybrid model (clover_moe) the reference (b) is the naive clover_moe decode of diffuserve/testing (prefix
+recomputed causally every step, then the block previewed), since transformers has no block-diffusion GDN.
 
 Every other variant decodes each prompt alone (batch 1), so the ratios isolate the decoding method; (e) shows
 what batching adds over the one-at-a-time peers. tokens/s = generated tokens / wall time, prefill included (for
@@ -37,12 +42,15 @@ from diffuserve.sampling_params import SamplingParams
 from diffuserve.testing.reference_decode import reference_generate
 from diffuserve.testing.reference_model import load_reference
 
-VARIANT_ORDER = ("engine", "engine-batched", "baseline", "reference", "transformers-kv", "separate-commit", "ar")
-ENGINE_VARIANTS = ("engine", "engine-batched", "baseline", "separate-commit")
-SAME_TOKENS = ("engine", "engine-batched", "baseline", "reference", "transformers-kv", "separate-commit")
+VARIANT_ORDER = ("engine", "engine-batched", "baseline", "reference", "transformers-kv", "separate-commit", "ar",
+                 "recompute-state")
+ENGINE_VARIANTS = ("engine", "engine-batched", "baseline", "separate-commit", "recompute-state")
+SAME_TOKENS = ("engine", "engine-batched", "baseline", "reference", "transformers-kv", "separate-commit",
+               "recompute-state")
 TARGETS = ((32, "engine", "reference", 5.0), (4, "engine", "separate-commit", 1.15), (32, "engine", "baseline", 3.0),
-           (32, "engine", "transformers-kv", 4.0), (32, "engine-batched", "transformers-kv", 10.0))
-"""(block length, variant, slower variant, minimum speed-up over it): the targets of issues 2, 7 and 18
+           (32, "engine", "transformers-kv", 4.0), (32, "engine-batched", "transformers-kv", 10.0),
+           (32, "engine", "recompute-state", 2.0))
+"""(block length, variant, slower variant, minimum speed-up over it): the targets of issues 2, 7, 14 and 18
 (engine-batched: with --num-prompts 16, the 16-concurrent target)."""
 
 
@@ -87,6 +95,8 @@ def engine_variant(ctx: BenchContext, ns: argparse.Namespace, block: int, params
     reported, never timed)."""
     batched = name == "engine-batched"
     options: dict[str, Any] = {"moe_backend": "loop", "enforce_eager": True} if name == "baseline" else {}
+    if name == "recompute-state":
+        options["recurrent_state"] = "recompute"
     engine = ctx.engine(block, ns.num_prompts if batched else 1,
                         max_model_len(ns.prompt_tokens, ns.output_tokens, block),
                         fused_commit=name != "separate-commit", enable_prefix_caching=False, **options)
@@ -118,6 +128,41 @@ def reference_variant(ctx: BenchContext, block: int, prompts: list[list[int]],
     return _variant(tokens, nfe, [time.perf_counter() - started])
 
 
+def hybrid_reference_variant(ctx: BenchContext, block: int, prompts: list[list[int]],
+                             params: SamplingParams) -> dict[str, Any]:
+    """The naive clover_moe decode (testing/reference_clover_moe): prefix recomputed every step; temperature 0."""
+    from diffuserve.model.loader import load_model
+    from diffuserve.testing.reference_clover_moe import ReferenceSettings, reference_block_decode
+
+    resolved = params.with_defaults(ctx.generation_defaults)
+    if not resolved.is_greedy or resolved.decoder != "threshold":
+        raise ValueError("compare: the clover_moe reference decodes at temperature 0 with the threshold decoder; "
+                         "drop --temperature / --decoder")
+    args = ctx.args.replace(block_length=block)
+    _, model = load_model(ctx.model_dir, ctx.dtype, str(ctx.device), args=args)
+    counted = _CountingModel(model)
+    settings = ReferenceSettings(max_new_tokens=resolved.max_tokens or 1, threshold=resolved.threshold)
+    tokens = []
+    started = time.perf_counter()
+    for prompt in prompts:
+        tokens.append(reference_block_decode(counted, prompt, settings))
+    return _variant(tokens, counted.num_forwards, [time.perf_counter() - started])
+
+
+class _CountingModel:
+    """The reference's model, counting its denoising forwards (one preview per step)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.num_forwards = model, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def forward_preview(self, *args: Any) -> Any:
+        self.num_forwards += 1
+        return self.model.forward_preview(*args)
+
+
 def _dense_mask(length: int, block: int) -> DenseAttentionInputs:
     return DenseAttentionInputs(block_causal_mask(torch.arange(length), length, block)[None, None])
 
@@ -139,7 +184,11 @@ def compare_block(ctx: BenchContext, ns: argparse.Namespace, block: int, prompts
         for name in ("reference", "transformers-kv"):
             if round_index == 0 and name in ns.variants:
                 print(f"compare: block {block}, {name}", file=sys.stderr, flush=True)
-                variants[name] = reference_variant(ctx, block, prompts, params, cached=name == "transformers-kv")
+                if "hybrid" in ctx.args.extra:
+                    if name == "reference":
+                        variants[name] = hybrid_reference_variant(ctx, block, prompts, params)
+                else:
+                    variants[name] = reference_variant(ctx, block, prompts, params, cached=name == "transformers-kv")
     variants |= {name: variant.result() for name, variant in engines.items()}
     variants = {name: variants[name] for name in VARIANT_ORDER if name in variants}
     exact = [variants[n]["token_ids"] for n in SAME_TOKENS if n in variants]

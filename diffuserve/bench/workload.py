@@ -39,7 +39,16 @@ def default_cache_dir() -> Path:
 
 
 def prepare_model(model: str | None, cache_dir: str | Path | None = None, spec: BenchModel | None = None) -> Path:
-    """`model` if given (a model directory), else the sdar-moe-bench checkpoint, written on first use."""
+    """`model` if given (a model directory, or the name of a random clover_moe shape such as `clover-moe-bench`,
+    written on first use), else the sdar-moe-bench checkpoint, written on first use."""
+    from diffuserve.testing.clover_moe_checkpoint import CLOVER_MOE_PRESETS
+
+    if model in CLOVER_MOE_PRESETS:
+        spec = spec or BenchModel()
+        path = Path(cache_dir or default_cache_dir()) / spec.dir_name.replace(BENCH_PRESET, model, 1)
+        if not (path / "config.json").is_file():
+            _write_clover_moe_model(path, model, spec)
+        return path
     if model:
         path = Path(model)
         if not (path / "config.json").is_file():
@@ -59,6 +68,15 @@ def _write_bench_model(path: Path, spec: BenchModel) -> None:
     partial = path.with_name(path.name + f".partial-{os.getpid()}")
     write_random_checkpoint(partial, make_config(BENCH_PRESET), seed=spec.seed, init_std=spec.init_std,
                             logit_scale=spec.logit_scale)
+    partial.rename(path)
+
+
+def _write_clover_moe_model(path: Path, preset: str, spec: BenchModel) -> None:
+    from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+
+    partial = path.with_name(path.name + f".partial-{os.getpid()}")
+    write_clover_moe_checkpoint(partial, make_clover_moe_config(preset), seed=spec.seed, init_std=spec.init_std,
+                                logit_scale=spec.logit_scale)
     partial.rename(path)
 
 

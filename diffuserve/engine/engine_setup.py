@@ -20,10 +20,13 @@ from diffuserve.distributed.launcher import ParallelRuntime, start_parallel
 from diffuserve.distributed.step_channel import StepChannel
 from diffuserve.distributed.worker import run_torchrun_worker
 from diffuserve.engine.executor import ModelExecutor
+from diffuserve.engine.hybrid_runner import HybridRunner
 from diffuserve.engine.kv_pages import PagePool
 from diffuserve.engine.model_runner import ModelRunner
 from diffuserve.engine.recompute_runner import RecomputeRunner, check_recompute_config
 from diffuserve.engine.scheduler import Scheduler
+from diffuserve.engine.state_scheduling import StateSlots
+from diffuserve.engine.state_slots import StatePool
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.loader import load_args, read_model_config
 from diffuserve.model.registry import ModelFamily
@@ -42,6 +45,8 @@ class EngineComponents:
     runner: ModelRunner
     scheduler: Scheduler
     pool: PagePool
+    state_pool: StatePool | None
+    """Hybrid models: the recurrent-state slots (None for models without GDN layers)."""
     max_model_len: int
     generation_defaults: dict[str, Any]
 
@@ -84,14 +89,28 @@ def build_components(config: EngineConfig) -> EngineComponents:
             f"raise it to at least {2 * args.block_length}"
         )
     executor = _build_executor(config, args, max_model_len)
-    pool = PagePool(executor.num_pages, executor.page_size, config.cache.enable_prefix_caching)
-    scheduler = Scheduler(pool, sched.max_num_seqs, sched.max_num_batched_tokens, args.block_length, sched.fused_commit)
-    runner_cls = RecomputeRunner if family.has_recurrent_state else ModelRunner
+    recompute = family.has_recurrent_state and config.cache.recurrent_state == "recompute"
+    # Recompute keeps nothing between steps, so no page may be reused from the prefix cache either.
+    pool = PagePool(executor.num_pages, executor.page_size, config.cache.enable_prefix_caching and not recompute)
+    state_pool, state = _state_slots(config, executor) if family.has_recurrent_state and not recompute else (None, None)
+    scheduler = Scheduler(pool, sched.max_num_seqs, sched.max_num_batched_tokens, args.block_length, sched.fused_commit,
+                          state)
+    runner_cls = ModelRunner if not family.has_recurrent_state else RecomputeRunner if recompute else HybridRunner
     runner = runner_cls(executor, args.block_length, config.seed)
     _, generation = read_model_config(config.model)
     from_file = {k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None}
     defaults = {**family.decoding_defaults, **from_file}
-    return EngineComponents(args, _tokenizer(config.model), runner, scheduler, pool, max_model_len, defaults)
+    return EngineComponents(args, _tokenizer(config.model), runner, scheduler, pool, state_pool, max_model_len,
+                            defaults)
+
+
+def _state_slots(config: EngineConfig, executor: ModelExecutor) -> tuple[StatePool, StateSlots]:
+    """The slot pool over the executor's state cache (slot_bytes: what one slot holds in the cache)."""
+    cache = executor.state_cache
+    assert cache is not None, "a model with recurrent state gets a state cache"
+    slot_bytes = cache.state_bytes_per_slot() + cache.last_hidden[0].numel() * cache.last_hidden.element_size()
+    pool = StatePool(cache.num_slots, slot_bytes, config.cache.enable_prefix_caching)
+    return pool, StateSlots(pool, executor.page_size, config.cache.state_snapshot_interval)
 
 
 def serve_worker_rank(config: EngineConfig, group: ParallelGroup, device: torch.device) -> None:

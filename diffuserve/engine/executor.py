@@ -1,8 +1,9 @@
 """ModelExecutor: one rank's part of the model and everything its forward needs (the model shard, the KV cache of
-its KV heads, expert offload), and the forward itself. Every rank runs this same class: rank 0's executor is
-called by the model runner and first sends the step's inputs to the other ranks; a worker rank's executor sits in
-`loop()`, running each forward rank 0 sends until told to stop. Knows nothing of requests, decoders or
-scheduling; the inputs are plain picklable tensors built by the model runner on rank 0.
+its KV heads, the recurrent-state pool of a hybrid model, expert offload), and the forward itself. Every rank
+runs this same class: rank 0's executor is called by the model runner and first sends the step's inputs to the
+other ranks; a worker rank's executor sits in `loop()`, running each forward rank 0 sends until told to stop.
+Knows nothing of requests, decoders or scheduling; the inputs are plain picklable tensors built by the model
+runner on rank 0.
 """
 
 from __future__ import annotations
@@ -19,11 +20,30 @@ from diffuserve.distributed.launcher import ParallelRuntime
 from diffuserve.engine.compiled_forward import CompiledForward, should_compile
 from diffuserve.engine.experts import ExpertOffload
 from diffuserve.engine.kv_cache import allocate_kv_cache, num_pages_for, resolve_page_size, spec_for
+from diffuserve.engine.state_cache import StateCache, StateCacheSpec, has_recurrent_state, num_slots_for
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.layers.attention_backend import PagedAttentionInputs, SequenceSlice
+from diffuserve.model.layers.gdn_step import RecurrentStepInputs, RowGroup
 from diffuserve.model.layers.moe.layer import set_moe_backend
 from diffuserve.model.layers.moe.offload_context import OffloadContext, offload_context
 from diffuserve.model.loader import load_model
+
+
+@dataclass(frozen=True)
+class StatePlan:
+    """A step's recurrent-state work (hybrid models; see model/layers/gdn_step). Built by the model runner."""
+
+    commits: tuple[RowGroup, ...]
+    blocks: RowGroup | None
+    preview: bool
+    reset: torch.Tensor
+    """[S] slots set to the empty prefix's state before the forward (sequences starting at position 0)."""
+    restore: tuple[torch.Tensor, torch.Tensor] | None
+    """(snapshot slots, sequence slots): prefix-cache hits copied in before the forward."""
+    last_rows: torch.Tensor
+    """[S] the batch row of each committing sequence's last commit token ..."""
+    last_slots: torch.Tensor
+    """[S] ... and its slot: that row's final hidden state is kept as the slot's `last_hidden`."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +58,9 @@ class ForwardInputs:
     offload: OffloadContext | None = None
     """The step's diffusion blocks for expert offload (which decides residency at a block's first step); built
     only when offload is on."""
+    state: StatePlan | None = None
+    """Hybrid models: the GDN layers' slots and row groups (the recompute path refuses several ranks, so this
+    never travels to a worker)."""
 
     def to(self, device: torch.device | str) -> ForwardInputs:
         sequences = tuple(
@@ -45,7 +68,7 @@ class ForwardInputs:
             for s in self.sequences
         )
         return ForwardInputs(self.input_ids.to(device), self.positions.to(device), self.slot_mapping.to(device),
-                             sequences, self.offload)
+                             sequences, self.offload, self.state)
 
 
 class ModelExecutor:
@@ -55,8 +78,9 @@ class ModelExecutor:
 
     def __init__(self, model: nn.Module, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                  offload: ExpertOffload | None, page_size: int, device: torch.device,
-                 runtime: ParallelRuntime | None = None) -> None:
+                 runtime: ParallelRuntime | None = None, state_cache: StateCache | None = None) -> None:
         self.model, self.offload = model, offload
+        self.state_cache = state_cache
         self.k_caches, self.v_caches = k_caches, v_caches
         self.num_pages, self.page_size = k_caches[0].shape[0] // page_size, page_size
         self.device = device
@@ -78,12 +102,19 @@ class ModelExecutor:
             if offload else None
         page_size = resolve_page_size(config.cache.page_size, args.block_length)
         sched = config.scheduler
-        spec = spec_for(args, page_size, next(model.parameters()).dtype, group.size)
+        dtype = next(model.parameters()).dtype
+        state_cache = None
+        if has_recurrent_state(args) and config.cache.recurrent_state == "keep":
+            # Allocated before the KV cache: on a GPU the K/V pages take what is left.
+            state_spec = StateCacheSpec(args, dtype)
+            num_slots = num_slots_for(config.cache, state_spec, sched.max_num_seqs)
+            state_cache = StateCache.allocate(state_spec, num_slots, device)
+        spec = spec_for(args, page_size, dtype, group.size)
         reserve = sched.max_num_batched_tokens * (args.hidden_size * 32 + args.vocab_size * 4)
         num_pages = num_pages_for(config.cache, spec, device, sched.max_num_seqs, max_model_len, reserve)
         k_caches, v_caches = allocate_kv_cache(spec, agree_min(group, num_pages), device)
         set_moe_backend(model, config.moe_backend)
-        executor = cls(model, k_caches, v_caches, experts, page_size, device, runtime)
+        executor = cls(model, k_caches, v_caches, experts, page_size, device, runtime, state_cache)
         compiled = should_compile(config.enforce_eager, device) and not offload  # offload's hooks stay eager
         executor.run_model = CompiledForward(model, compiled, device)
         return executor
@@ -107,10 +138,29 @@ class ModelExecutor:
     def forward(self, inputs: ForwardInputs) -> torch.Tensor:
         """This rank's forward -> hidden states [N, H] (the same on every rank after the last all-reduce)."""
         attention = PagedAttentionInputs(inputs.slot_mapping, inputs.sequences, self.k_caches, self.v_caches)
+        if inputs.state is not None:
+            return self._forward_hybrid(inputs, attention, inputs.state)
         if inputs.offload is None:
             return self.run_model(inputs.input_ids, inputs.positions, attention)
         with offload_context(inputs.offload):
             return self.model(inputs.input_ids, inputs.positions, attention)
+
+    def _forward_hybrid(self, inputs: ForwardInputs, attention: PagedAttentionInputs, plan: StatePlan
+                        ) -> torch.Tensor:
+        """A hybrid model's step: slots restored or reset, the forward (the GDN layers advance the slots), then
+        each committing sequence's last hidden row kept in its slot."""
+        cache = self.state_cache
+        assert cache is not None, "a state plan for a model without recurrent state"
+        if plan.restore is not None:
+            cache.copy(*plan.restore)
+        if plan.reset.numel():
+            cache.reset(plan.reset)
+        recurrent = RecurrentStepInputs(cache.conv_caches, cache.recurrent_caches, plan.commits, plan.blocks,
+                                        plan.preview)
+        hidden = self.model(inputs.input_ids, inputs.positions, attention, recurrent)
+        if plan.last_rows.numel():
+            cache.last_hidden.index_copy_(0, plan.last_slots, hidden[plan.last_rows])
+        return hidden
 
     def loop(self) -> None:
         """Worker ranks: runs every forward rank 0 sends until it sends None (stop)."""

@@ -78,4 +78,7 @@ def allocate_kv_cache(
 
 
 def spec_for(args: ModelArgs, page_size: int, dtype: torch.dtype, tensor_parallel_size: int = 1) -> KVCacheSpec:
-    return KVCacheSpec(args.num_layers, args.num_kv_heads // tensor_parallel_size, args.head_dim, page_size, dtype)
+    """Hybrid models cache K/V for their attention layers only (their GDN layers keep a recurrent state)."""
+    hybrid = args.extra.get("hybrid")
+    num_layers = args.num_layers - (sum(hybrid.is_gdn(i) for i in range(args.num_layers)) if hybrid else 0)
+    return KVCacheSpec(num_layers, args.num_kv_heads // tensor_parallel_size, args.head_dim, page_size, dtype)

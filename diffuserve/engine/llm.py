@@ -1,5 +1,7 @@
 """LLM: the offline API (vLLM's shape). `LLM(model, **engine options).generate(prompts, params)` runs every
-prompt through one engine concurrently and returns the outputs in prompt order."""
+prompt through one engine concurrently and returns the outputs in prompt order, with a progress bar (vLLM's
+`use_tqdm`: by default only when stderr is an interactive terminal). `model` is a directory or a Hugging Face
+Hub id (`diffuserve.hub`)."""
 
 from __future__ import annotations
 
@@ -9,23 +11,27 @@ from typing import Any
 from diffuserve.config import EngineConfig
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.engine.outputs import RequestOutput
+from diffuserve.hub import resolve_model
+from diffuserve.progress import progress_bar
 from diffuserve.sampling_params import SamplingParams
+from diffuserve.tool_format import template_messages, template_renders_tools
 
 PromptType = str | list[int] | dict[str, Any]
 
 
 class LLM:
     def __init__(self, model: str, **kwargs: Any) -> None:
-        self.engine = LLMEngine(EngineConfig.from_kwargs(str(model), **kwargs))
+        self.engine = LLMEngine(EngineConfig.from_kwargs(resolve_model(str(model)), **kwargs))
         self._counter = 0
 
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | None = None,
     ) -> list[RequestOutput]:
         """Prompts: text, token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}. One params for all, or one
-        per prompt."""
+        per prompt. `use_tqdm`: a progress bar of finished prompts (None: when stderr is a terminal)."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         if isinstance(sampling_params, Sequence):
@@ -40,19 +46,35 @@ class LLM:
             self._counter += 1
             self.engine.add_request(request_id, _unwrap(prompt), params)
             ids.append(request_id)
+        return self._run(ids, use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool | None) -> list[RequestOutput]:
+        """Steps until every request in `ids` finished."""
         finished: dict[str, RequestOutput] = {}
-        while len(finished) < len(ids):
-            for out in self.engine.step():
-                if out.finished:
-                    finished[out.request_id] = out
+        with progress_bar(len(ids), "Processed prompts", "prompt", use_tqdm) as bar:
+            while len(finished) < len(ids):
+                for out in self.engine.step():
+                    if out.finished:
+                        finished[out.request_id] = out
+                        bar.update(1)
         return [finished[i] for i in ids]
 
-    def chat(self, messages: list[dict[str, Any]], sampling_params: SamplingParams | None = None) -> RequestOutput:
-        """One conversation through the model's chat template."""
+    def chat(self, messages: list[dict[str, Any]], sampling_params: SamplingParams | None = None,
+             tools: list[dict[str, Any]] | None = None, use_tqdm: bool | None = None,
+             **template_kwargs: Any) -> RequestOutput:
+        """One conversation (OpenAI-shaped messages, `tool` results and assistant `tool_calls` included) through
+        the model's chat template, offering `tools` (OpenAI's function dicts; templates that do not render tools
+        get them in a system prompt, see tool_format). `template_kwargs` go to the template (e.g.
+        enable_thinking=False). Parse calls out of the reply with `diffuserve.tool_format.parse_calls`; force one
+        with `structured_outputs=StructuredOutputsParams(grammar=tool_format.call_grammar(tools, False))`."""
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
             raise ValueError("messages: this model directory has no tokenizer")
-        return self.generate({"prompt_token_ids": tokenizer.encode_chat(messages)}, sampling_params)[0]
+        renders_tools = template_renders_tools(tokenizer.hf.chat_template)
+        if tools and renders_tools:
+            template_kwargs["tools"] = tools
+        prompt = tokenizer.encode_chat(template_messages(messages, tools, renders_tools), **template_kwargs)
+        return self.generate({"prompt_token_ids": prompt}, sampling_params, use_tqdm)[0]
 
 
 def _unwrap(prompt: PromptType) -> str | list[int]:

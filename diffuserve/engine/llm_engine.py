@@ -25,6 +25,7 @@ from pathlib import Path
 from diffuserve.config import EngineConfig
 from diffuserve.engine.engine_setup import build_components
 from diffuserve.engine.errors import ContextLengthExceeded, DuplicateRequestId, InvalidTokenIds, RequestError
+from diffuserve.engine.grammar_decoding import StructuredDecoding
 from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest
 from diffuserve.engine.outputs import RequestOutput
 from diffuserve.engine.request import Request, RequestStatus
@@ -40,10 +41,13 @@ class LLMEngine:
         self.config = config
         parts = build_components(config)
         self.args, self.tokenizer, self.runner = parts.args, parts.tokenizer, parts.runner
-        self.scheduler, self.pool = parts.scheduler, parts.pool
+        self.scheduler, self.pool, self.state_pool = parts.scheduler, parts.pool, parts.state_pool
         self.max_model_len, self.generation_defaults = parts.max_model_len, parts.generation_defaults
         self.counters = EngineCounters()
         self.output_processor = OutputProcessor(self.tokenizer)
+        if self.tokenizer is not None:
+            self.runner.structured = StructuredDecoding(self.tokenizer, self.args.vocab_size,
+                                                        list(self.args.eos_token_ids))
 
     @property
     def model_dir(self) -> Path:
@@ -85,8 +89,11 @@ class LLMEngine:
         bad = [t for t in params.stop_token_ids if t >= vocab]
         if bad:
             raise InvalidTokenIds("stop_token_ids", f"{bad[:5]} are not token ids of this model (0 <= id < {vocab})")
-        return params.with_defaults(self.generation_defaults, max_tokens_limit=room,
-                                    eos_token_ids=self.args.eos_token_ids)
+        resolved = params.with_defaults(self.generation_defaults, max_tokens_limit=room,
+                                        eos_token_ids=self.args.eos_token_ids)
+        if resolved.structured_outputs is not None:
+            self._check_structured(resolved)
+        return resolved
 
     def abort_request(self, request_id: str) -> None:
         """Finishes a request (all its completions) at once and frees its pages. Unknown ids are ignored."""
@@ -107,6 +114,9 @@ class LLMEngine:
         update = self.scheduler.update_from_output(output, results)
         self.counters.record_step(output.num_batched_tokens, seconds, update)
         self._release(update)
+        if self.runner.structured is not None and self.runner.structured.failures:  # fails its request only
+            for request_id, error in self.runner.structured.take_failures().items():
+                self._finish_requests([request_id], RequestStatus.FINISHED_ERROR, error)
         processed = self.output_processor.process_outputs(update.requests, update.new_token_counts)
         self._finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
         return processed.request_outputs
@@ -117,13 +127,25 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         experts = self.runner.experts.snapshot() if self.runner.experts.enabled else None
         offload = self.runner.offload.snapshot() if self.runner.offload is not None else None
-        return self.counters.snapshot(self.scheduler, self.pool, experts, offload)
+        return self.counters.snapshot(self.scheduler, self.pool, experts, offload, self.state_pool)
 
     def shutdown(self) -> None:
         """Stops the worker processes of a multi-process engine (also done at interpreter exit)."""
         self.runner.shutdown()
 
     # ---- helpers -------------------------------------------------------------------------------------------
+    def _check_structured(self, params: ResolvedSamplingParams) -> None:
+        """RequestError unless the engine can constrain this request (a tokenizer, a non-editing decoder, a
+        grammar that compiles)."""
+        if self.runner.structured is None:
+            raise RequestError("structured_outputs", "this model directory has no tokenizer to compile grammars "
+                               "with; remove the field")
+        if params.is_editing:
+            raise RequestError("decoder", "edit cannot be combined with structured_outputs (an edited token could "
+                               "leave the grammar); choose threshold, fixed or entropy")
+        assert params.structured_outputs is not None
+        self.runner.structured.check(params.structured_outputs)
+
     def _finish_requests(self, request_ids: list[str], status: RequestStatus, error: str | None = None) -> None:
         """Finishes them through the scheduler and frees their generators in the runner."""
         for request in self.scheduler.finish_requests(request_ids, status, error):

@@ -25,6 +25,7 @@ from torch import nn
 from diffuserve.engine.decoders import DECODERS
 from diffuserve.engine.executor import ForwardInputs, ModelExecutor
 from diffuserve.engine.experts import ExpertOffload, ExpertTracker
+from diffuserve.engine.grammar_decoding import StructuredDecoding
 from diffuserve.engine.request import Request
 from diffuserve.engine.sampling import propose
 from diffuserve.engine.scheduler import ScheduledRequest
@@ -58,6 +59,9 @@ class ModelRunner:
         self._seed_source = random.Random(seed)
         self._generators: dict[str, torch.Generator] = {}
         self.experts = ExpertTracker(executor.model)
+        self.structured: StructuredDecoding | None = None
+        """Grammar-constrained decoding of requests with structured_outputs (set by the engine if it has a
+        tokenizer)."""
 
     @property
     def model(self) -> nn.Module:
@@ -84,6 +88,8 @@ class ModelRunner:
         """Forgets a finished request's generator; its last block's experts still count in the statistics."""
         self._generators.pop(request_id, None)
         self.experts.finish_block(request_id)
+        if self.structured is not None and request_id in self.structured.states:
+            self.structured.release(request_id)
 
     def shutdown(self) -> None:
         """Stops the worker ranks, if any (idempotent)."""
@@ -102,10 +108,7 @@ class ModelRunner:
             start = len(ids)
             ids += request.known_tokens(work.commit_start, work.commit_end)
             if work.has_block:
-                decoder = DECODERS[request.params.decoder]
-                read = decoder.logit_positions(
-                    request.masked_indices(), request.generation_start_in_block(), self.block_length
-                )
+                read = self._read_positions(request)
                 blocks.append(BlockRows(work, len(ids), len(logit_rows), read))
                 logit_rows += [len(ids) + i for i in read]
                 ids += request.canvas
@@ -117,6 +120,12 @@ class ModelRunner:
         forward = ForwardInputs(torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device),
                                 torch.cat(slot_mapping), tuple(sequences), offload)
         return StepBatch(forward, torch.tensor(logit_rows, dtype=torch.long, device=self.device), blocks)
+
+    def _read_positions(self, request: Request) -> list[int]:
+        """Canvas indices of the request's block whose logits its decoder reads."""
+        return DECODERS[request.params.decoder].logit_positions(
+            request.masked_indices(), request.generation_start_in_block(), self.block_length
+        )
 
     def _offload_context(self, blocks: list[BlockRows]) -> OffloadContext:
         """The step's blocks as expert offload sees them (built only when offload is on)."""
@@ -146,6 +155,9 @@ class ModelRunner:
         params = request.params
         rows = logits[block.logit_start : block.logit_start + len(block.positions)]  # [M, V]
         rows = self._suppress_early_stops(request, block.positions, rows)
+        if params.structured_outputs is not None and self.structured is not None:
+            return self.structured.decode(request, rows, block.positions, self._generator(request),
+                                          self.block_length)
         decoder = DECODERS[params.decoder]
         positions = torch.tensor(block.positions, dtype=torch.long, device=self.device)
         proposal = propose(rows, positions, self.block_length, params, self._generator(request),

@@ -82,6 +82,8 @@ class Request:
     page_ids: list[int] = field(default_factory=list)
     page_hashes: list[int] = field(default_factory=list)
     """Prefix-cache hashes of this request's leading full, committed pages."""
+    state_slot: int | None = None
+    """Hybrid models: the recurrent-state slot the request holds while running."""
     num_forwards: int = 0
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache at the request's first admission."""

@@ -11,7 +11,9 @@ Running requests come first, least recently scheduled first (so a tight budget r
 requests are admitted FCFS after them while pages, budget and `max_num_seqs` allow. When pages run out, the most
 recently admitted running request is preempted: its pages are freed, its tokens and canvas kept, and it is
 recomputed later. A request is only admitted if its whole life fits in the pool, so the oldest request can
-always proceed: no deadlock.
+always proceed: no deadlock. Hybrid models (GDN layers) also need a recurrent-state slot per running request
+(`state_scheduling`): admission takes one, every finish, abort or preemption frees it; a running request never
+waits for a slot, so the rule stays deadlock-free.
 
 After the forward, `update_from_output` applies the step to the requests (commits, NFE counts, the accepted
 tokens, block completion) and finishes those whose tokens end them (a stop id, or the length).
@@ -21,20 +23,24 @@ the output processor finds, for aborts and for failed steps. Knows nothing of te
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 
 from diffuserve.engine.errors import ContextLengthExceeded
 from diffuserve.engine.kv_pages import PagePool, chain_hash
 from diffuserve.engine.request import Request, RequestStatus
 from diffuserve.engine.scheduler_output import ScheduledRequest, SchedulerOutput, StepUpdate
+from diffuserve.engine.state_scheduling import StateSlots
 
 
 class Scheduler:
     def __init__(
         self, pool: PagePool, max_num_seqs: int, max_num_batched_tokens: int, block_length: int,
-        fused_commit: bool = True,
+        fused_commit: bool = True, state: StateSlots | None = None,
     ) -> None:
         self.pool = pool
+        self.state = state
+        """Hybrid models: the recurrent-state slots (None: the model keeps no state)."""
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.block_length = block_length
         self.fused_commit = fused_commit
@@ -46,6 +52,10 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_prefix_queried_tokens = 0
         self.num_prefix_hit_tokens = 0
+        """Prompt tokens reused from the prefix cache (for hybrid models: pages and a state snapshot)."""
+        self.num_prefix_page_hit_tokens = 0
+        """Prompt tokens whose pages the prefix cache held (hybrid models use them only up to a snapshot)."""
+        self._page_hits = 0  # of the request _match_prefix last matched
 
     # ---- public API ----------------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -59,19 +69,25 @@ class Scheduler:
         the prompt when even one generated token would not fit."""
         page_size, num_pages = self.pool.page_size, self.pool.num_pages
         needed = -(-request.total_tokens_needed() // page_size)
-        if needed <= num_pages:
+        slots = self.state.pool.num_slots if self.state else 1
+        if needed <= num_pages and slots >= 1:
             return
         prompt_only = -(-(request.num_prompt_tokens + 1) // page_size) > num_pages
+        state = "" if self.state is None else (
+            f" and one recurrent-state slot of {self.state.pool.slot_bytes / 2**20:.2f} MiB (the state cache holds "
+            f"{slots}; --state-cache-memory)")
         raise ContextLengthExceeded(
             "prompt" if prompt_only else "max_tokens",
             f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({request.params.max_tokens}) need "
-            f"{needed} KV pages of {page_size} tokens, the cache has {num_pages}; lower max_tokens or raise "
-            "--num-pages / --kv-cache-memory",
+            f"{needed} KV pages of {page_size} tokens{state}, the cache has {num_pages} pages; lower max_tokens or "
+            "raise --num-pages / --kv-cache-memory",
         )
 
     def schedule(self) -> SchedulerOutput:
         """Picks this step's work and allocates its pages. Mutates request statuses, pages and queues."""
         self.num_steps += 1
+        if self.state is not None:
+            self.state.start_step()
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
@@ -81,7 +97,7 @@ class Scheduler:
             work = self._plan(request, budget)
             if work is None or not self._reserve_pages(work, scheduled, preempted):
                 continue
-            scheduled.append(work)
+            scheduled.append(self.state.with_snapshot(work) if self.state else work)
             budget -= work.num_tokens
         if not preempted:
             budget = self._admit_waiting(budget, scheduled)
@@ -101,6 +117,8 @@ class Scheduler:
         for work in output.scheduled:
             request = work.request
             self._commit(work)
+            if self.state is not None:
+                self.state.apply(work)
             update.num_prefill_tokens += max(0, min(work.commit_end, request.num_prefill_positions) - work.commit_start)
             new = self._apply_block(work, accepted.get(request.request_id, []), update) if work.has_block else 0
             if not work.has_block and work.commit_end > request.num_prefill_positions:
@@ -128,6 +146,12 @@ class Scheduler:
     def prefix_hit_rate(self) -> float:
         """Share of the reusable prompt tokens of admitted requests that came from the prefix cache."""
         return self.num_prefix_hit_tokens / self.num_prefix_queried_tokens if self.num_prefix_queried_tokens else 0.0
+
+    @property
+    def page_hit_rate(self) -> float:
+        """Share of the reusable prompt tokens of admitted requests whose pages the prefix cache held."""
+        queried = self.num_prefix_queried_tokens
+        return self.num_prefix_page_hit_tokens / queried if queried else 0.0
 
     @property
     def has_unfinished(self) -> bool:
@@ -207,35 +231,48 @@ class Scheduler:
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            self._match_prefix(request)
+            restore_from = self._match_prefix(request)
             work = self._plan(request, budget)
-            if work is None or not self.pool.can_allocate(self._pages_needed(work)):
+            if work is None or not self.pool.can_allocate(self._pages_needed(work)) or (
+                    self.state is not None and not self.state.can_admit(restore_from)):
                 self._release(request)  # drop the prefix pages again; retry next step
                 break
             self.waiting.popleft()
             request.page_ids += self.pool.allocate(self._pages_needed(work))
+            if self.state is not None:
+                self.state.admit(request, restore_from)
+                work = self.state.with_snapshot(dataclasses.replace(work, restore_from=restore_from))
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self.num_prefix_queried_tokens += request.block_start // self.pool.page_size * self.pool.page_size
             self.num_prefix_hit_tokens += request.num_computed_tokens
+            self.num_prefix_page_hit_tokens += self._page_hits
             if request.num_forwards == 0:
                 request.num_cached_tokens = request.num_computed_tokens
             scheduled.append(work)
             budget -= work.num_tokens
         return budget
 
-    def _match_prefix(self, request: Request) -> None:
-        """Reuses cached pages for the request's committed-able prefix (whole pages before its block)."""
+    def _match_prefix(self, request: Request) -> int | None:
+        """Reuses cached pages for the request's committed-able prefix (whole pages before its block); for a
+        hybrid model only as far as a state snapshot reaches. Returns the snapshot slot to restore, if any."""
         page_size = self.pool.page_size
-        num_full = request.block_start // page_size
+        num_full = self.state.max_prefix_pages(request) if self.state else request.block_start // page_size
         hashes, parent = [], None
         for i in range(num_full):
             parent = chain_hash(parent, request.known_tokens(i * page_size, (i + 1) * page_size))
             hashes.append(parent)
         pages = self.pool.match_prefix(hashes)
+        self._page_hits = len(pages) * page_size
+        restore_from = None
+        if self.state is not None:
+            usable, restore_from = self.state.usable_prefix(hashes[: len(pages)])
+            self.pool.free(pages[usable:])
+            pages = pages[:usable]
         request.page_ids = pages
         request.page_hashes = hashes[: len(pages)]
         request.num_computed_tokens = len(pages) * page_size
+        return restore_from
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
@@ -245,6 +282,8 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _release(self, request: Request) -> None:
+        if self.state is not None:
+            self.state.release(request)
         self.pool.free(request.page_ids)
         request.page_ids, request.page_hashes = [], []
         request.num_computed_tokens = 0

@@ -9,6 +9,16 @@ from diffuserve.engine.request import Request
 
 
 @dataclass(frozen=True)
+class StateSnapshot:
+    """The request's recurrent state after `position` committed tokens, copied into `slot` during the step and
+    registered under the page-chain hash of those tokens once the step is applied."""
+
+    position: int
+    slot: int
+    prefix_hash: int
+
+
+@dataclass(frozen=True)
 class ScheduledRequest:
     """One request's work in a step: commit tokens [commit_start, commit_end), then optionally its block."""
 
@@ -16,6 +26,10 @@ class ScheduledRequest:
     commit_start: int
     commit_end: int
     has_block: bool
+    restore_from: int | None = None
+    """Hybrid models: the prefix snapshot slot whose state the request's slot starts from (a prefix-cache hit)."""
+    snapshot: StateSnapshot | None = None
+    """Hybrid models: a prefix snapshot this step takes of the request's state."""
 
     @property
     def query_start(self) -> int:

@@ -10,6 +10,20 @@ if TYPE_CHECKING:
     from diffuserve.engine.kv_pages import PagePool
     from diffuserve.engine.scheduler import Scheduler
     from diffuserve.engine.scheduler_output import StepUpdate
+    from diffuserve.engine.state_slots import StatePool
+
+
+@dataclass(frozen=True)
+class StateStats:
+    slots_used: int
+    """Slots held by running sequences."""
+    slots_total: int
+    num_snapshots: int
+    """Slots holding a prefix snapshot (evictable)."""
+    slot_bytes: int
+    hit_rate: float
+    """Share of the looked-up prompt tokens restored from a state snapshot (with their pages): what a hybrid
+    model actually reuses."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,11 @@ class EngineStats:
     """Routing statistics (MoE models only)."""
     offload: OffloadStatsSnapshot | None = None
     """Expert-cache statistics (with --expert-offload only; rank 0's experts under expert parallelism)."""
+    page_hit_rate: float = 0.0
+    """Share of the looked-up prompt tokens whose KV pages the prefix cache held (for models without
+    recurrent state, the same as prefix_hit_rate)."""
+    state: StateStats | None = None
+    """Hybrid models (GDN layers): the recurrent-state pool."""
 
     @property
     def tokens_per_step(self) -> float:
@@ -67,7 +86,7 @@ class EngineCounters:
 
     def snapshot(
         self, scheduler: Scheduler, pool: PagePool, experts: ExpertStatsSnapshot | None = None,
-        offload: OffloadStatsSnapshot | None = None,
+        offload: OffloadStatsSnapshot | None = None, state_pool: StatePool | None = None,
     ) -> EngineStats:
         return EngineStats(
             num_running=len(scheduler.running), num_waiting=len(scheduler.waiting), kv_usage=pool.usage,
@@ -77,4 +96,7 @@ class EngineCounters:
             step_time_s=self.step_time_s,
             num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
             num_prefix_queried_tokens=scheduler.num_prefix_queried_tokens, experts=experts, offload=offload,
+            page_hit_rate=scheduler.page_hit_rate, state=None if state_pool is None else StateStats(
+                state_pool.num_used_slots, state_pool.num_slots, state_pool.num_snapshots, state_pool.slot_bytes,
+                scheduler.prefix_hit_rate),
         )

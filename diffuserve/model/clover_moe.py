@@ -9,7 +9,10 @@ of the same committed length):
     forward_causal(ids, state)  -> hidden, state advanced by the tokens      (prefill, commit, autoregressive)
     forward_preview(ids, state) -> hidden of a block, state unchanged         (block diffusion denoising step)
 
-Knows nothing of requests or of paged caches.
+The engine calls `forward(ids, positions, attn, recurrent)` instead: one flattened step batch of many sequences,
+the attention layers over the engine's paged K/V (attention_backend), the GDN layers over its state pool
+(gdn_step: each sequence advances its own slot over its commit tokens, then runs its block against it).
+Knows nothing of requests; the engine builds the step's inputs.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from torch import nn
 
 from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.layers.attention_backend import PagedAttentionInputs
 from diffuserve.model.layers.gated_attention import GatedAttention, KVState
 from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnState
 from diffuserve.model.layers.gated_shared_moe import GatedSharedExpertMoe
+from diffuserve.model.layers.gdn_step import RecurrentStepInputs, gdn_step
 from diffuserve.model.layers.hybrid_norm import ZeroCenteredRMSNorm
 from diffuserve.model.layers.rotary import RotaryEmbedding
 
@@ -45,6 +50,8 @@ class HybridDecoderLayer(nn.Module):
         super().__init__()
         hybrid = hybrid_args(args)
         self.is_gdn = hybrid.is_gdn(layer_id)
+        # Index of this layer among the layers of its kind: its K/V cache or its state-pool tensors.
+        self.cache_index = sum(hybrid.is_gdn(i) == self.is_gdn for i in range(layer_id))
         self.input_layernorm = ZeroCenteredRMSNorm(args.hidden_size, args.rms_norm_eps)
         if self.is_gdn:
             self.linear_attn = GatedDeltaNet(args.hidden_size, hybrid.gdn, args.rms_norm_eps, hybrid.has_diffusion)
@@ -66,6 +73,16 @@ class HybridDecoderLayer(nn.Module):
             mixed, new_state = mixer(*args)
         h = x + mixed
         return h + self.mlp(self.post_attention_layernorm(h)), new_state
+
+    def step(self, x: torch.Tensor, positions: torch.Tensor, attn: PagedAttentionInputs,
+             recurrent: RecurrentStepInputs) -> torch.Tensor:
+        """Engine step: x [N, H] -> [N, H] (see the module docstring)."""
+        normed = self.input_layernorm(x)
+        if self.is_gdn:
+            h = x + gdn_step(self.linear_attn, normed, recurrent, self.cache_index)
+        else:
+            h = x + self.self_attn.forward_paged(normed, positions, attn, self.cache_index)
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class HybridModel(nn.Module):
@@ -101,6 +118,14 @@ class CloverMoeForBlockDiffusion(nn.Module):
     def forward_preview(self, input_ids: torch.Tensor, state: HybridState | None = None) -> torch.Tensor:
         """A block input_ids [B, T] right after `state` -> hidden [B, T, H]; `state` is read, never written."""
         return self._run(input_ids, state or self.empty_state(), preview=True)[0]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: PagedAttentionInputs,
+                recurrent: RecurrentStepInputs) -> torch.Tensor:
+        """Engine step: input_ids, positions [N] -> hidden [N, H] before the final norm."""
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            x = layer.step(x, positions, attn, recurrent)
+        return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] -> logits [..., V] fp32 (the head runs in the model dtype)."""

@@ -25,6 +25,7 @@ from diffuserve.model.registry import ModelFamily, deprecation_notice, family_fo
 from diffuserve.model.special_tokens import fill_special_token_ids
 from diffuserve.model.tensor_parallel import apply_tp
 from diffuserve.model.weight_names import WeightTarget
+from diffuserve.progress import progress_bar
 
 if TYPE_CHECKING:
     from diffuserve.distributed.group import ParallelGroup
@@ -82,7 +83,9 @@ def resolve_dtype(dtype: str, args: ModelArgs) -> torch.dtype:
     return DTYPES[name]
 
 
-def iter_checkpoint(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_checkpoint(model_dir: str | Path, progress: bool | None = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) over the checkpoint's safetensors files; `progress`: a bar over the files (None: when
+    stderr is a terminal)."""
     path = Path(model_dir)
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -91,17 +94,20 @@ def iter_checkpoint(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]
         files = sorted(p.name for p in path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"model: {str(path)!r} has no *.safetensors weights")
-    for file in files:
-        with safe_open(str(path / file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                yield name, f.get_tensor(name)
+    with progress_bar(len(files), "Loading safetensors shards", "shard", progress) as bar:
+        for file in files:
+            with safe_open(str(path / file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                    yield name, f.get_tensor(name)
+            bar.update(1)
 
 
-def load_weights(model: nn.Module, family: ModelFamily, args: ModelArgs, model_dir: str | Path) -> None:
+def load_weights(model: nn.Module, family: ModelFamily, args: ModelArgs, model_dir: str | Path,
+                 progress: bool | None = False) -> None:
     """Copies every checkpoint tensor into its parameter slice (this rank's part of it); checks full coverage."""
     params = dict(model.named_parameters())
     loaded = dict.fromkeys(params, 0)
-    for name, tensor in iter_checkpoint(model_dir):
+    for name, tensor in iter_checkpoint(model_dir, progress):
         target = family.weight_target(name, args)
         if target is None or (args.tie_word_embeddings and name == "lm_head.weight"):
             continue
@@ -185,5 +191,5 @@ def load_model(
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:
-        load_weights(model, family, args, model_dir)
+        load_weights(model, family, args, model_dir, None if group is None or group.rank == 0 else False)
     return args, model.eval()

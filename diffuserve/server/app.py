@@ -1,31 +1,29 @@
-"""The FastAPI application: routes, API-key authentication, and the wiring of engine, bridge and metrics.
+"""The FastAPI application: routes, and the wiring of engine, bridge, metrics and the request guard.
 
 Routes only translate HTTP to `OpenAIServing` calls. The engine-loop thread starts and stops with the app
-(lifespan). Public routes (no API key): /health, /version, /metrics and the docs; everything else needs
-`Authorization: Bearer <key>` when a key is configured. The check is a FastAPI dependency declared on the
-protected routes (so /openapi.json documents the bearer scheme); keys are compared as SHA-256 digests in
-constant time, as vLLM does, and failures are 401 in the OpenAI error shape.
+(lifespan). The API key and the body size limit are checked by `guards.RequestGuard` before any body is read;
+the protected routes also declare the bearer scheme as a dependency, only so that /openapi.json documents it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from diffuserve import __version__
 from diffuserve.server.bridge import AsyncEngine
 from diffuserve.server.cli import ServerConfig
-from diffuserve.server.errors import APIError, engine_unavailable, install_error_handlers
+from diffuserve.server.errors import engine_unavailable, install_error_handlers
+from diffuserve.server.guards import RequestGuard, default_max_request_bytes
 from diffuserve.server.metrics import ServerMetrics
+from diffuserve.server.prompts import PromptRules
 from diffuserve.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -47,7 +45,7 @@ if TYPE_CHECKING:
     from diffuserve.engine.llm_engine import LLMEngine
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 500, 503)
+    status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 503)
 }
 STREAM = {200: {"content": {"text/event-stream": {}}, "description": "JSON body, or SSE frames when stream=true"}}
 
@@ -57,10 +55,12 @@ _bearer = HTTPBearer(auto_error=False, description="The server's --api-key (or D
 def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
     """The server for `engine`; its state is `app.state.serving` (an OpenAIServing)."""
     model_name = config.served_model_name or str(engine.config.model)
-    metrics = ServerMetrics(model_name)
+    metrics = ServerMetrics(model_name, vllm_names=config.metrics_vllm_names)
     bridge = AsyncEngine(engine, config.max_waiting_requests, metrics)
     tokenizer = Tokenizer(engine.config.model) if engine.tokenizer is not None else None
-    serving = OpenAIServing(bridge, tokenizer, config, model_name, metrics, int(time.time()))
+    rules = PromptRules.build(tokenizer, engine.max_model_len, engine.args.vocab_size, engine.args.mask_token_id,
+                              engine.args.eos_token_ids)
+    serving = OpenAIServing(bridge, tokenizer, config, model_name, metrics, int(time.time()), rules)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -68,15 +68,17 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
         try:
             yield
         finally:
+            serving.close()
             bridge.shutdown()
 
     app = FastAPI(title="diffuserve", version=__version__, lifespan=lifespan,
                   description="OpenAI-compatible server for block-diffusion MoE language models.")
     app.state.serving = serving
     install_error_handlers(app)
+    app.add_middleware(RequestGuard, api_key=config.api_key,
+                       max_request_bytes=config.max_request_bytes or default_max_request_bytes(engine.max_model_len))
     app.include_router(_public_routes(serving))
-    app.include_router(_api_routes(serving), dependencies=[Depends(require_api_key(config.api_key))],
-                       responses=ERRORS)
+    app.include_router(_api_routes(serving), dependencies=[Depends(_bearer)], responses=ERRORS)
     return app
 
 
@@ -122,28 +124,10 @@ def _api_routes(serving: OpenAIServing) -> APIRouter:
 
     @router.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
-        return serving.tokenize(body)
+        return await serving.tokenize(body)
 
     @router.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
-        return serving.detokenize(body)
+        return await serving.detokenize(body)
 
     return router
-
-
-def _digest(text: str) -> bytes:
-    return hashlib.sha256(text.encode()).digest()
-
-
-def require_api_key(api_key: str | None) -> Callable[..., Awaitable[None]]:
-    """The dependency for protected routes: a no-op without a key, else a Bearer check."""
-    expected = _digest(api_key) if api_key is not None else None
-
-    async def check(credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:  # noqa: B008
-        if expected is None:
-            return
-        if credentials is None or not hmac.compare_digest(_digest(credentials.credentials), expected):
-            raise APIError(401, "invalid or missing API key: send the header 'Authorization: Bearer <key>'",
-                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-
-    return check

@@ -6,8 +6,9 @@ own output objects in place). A handler submits the engine requests of one HTTP 
 one `OutputStream`, which keeps only the latest (cumulative) output per request; closing the stream early (client
 gone) aborts whatever is unfinished, which frees its pages.
 
-Owns backpressure too: the requests accepted but not yet scheduled for their first step are counted, and past
-`max_waiting_requests` a submission is refused (`QueueFullError`). If the loop itself crashes (not a step: the
+Owns backpressure too: the sequences (a request with n completions is n sequences) accepted but not yet
+scheduled for their first step are counted, and past `max_waiting_requests` a submission is refused
+(`QueueFullError`). If the loop itself crashes (not a step: the
 engine fails a step's requests on its own) every open request is failed and the engine is marked dead.
 Knows nothing of HTTP or of the OpenAI protocol.
 """
@@ -110,10 +111,11 @@ class AsyncEngine:
         in which case none is kept). Raises QueueFullError or EngineDeadError without queueing anything."""
         if not self.is_alive:
             raise EngineDeadError(self.dead_reason or "the engine loop is not running")
-        if self.num_unstarted + len(requests) > self.max_waiting_requests:
-            raise QueueFullError(f"{self.num_unstarted} requests are waiting")
-        stream = OutputStream(self, [r.request_id for r in requests])
-        self.num_unstarted += len(requests)
+        sequences = {r.request_id: r.params.n for r in requests}
+        if self.num_unstarted + sum(sequences.values()) > self.max_waiting_requests:
+            raise QueueFullError(f"{self.num_unstarted} sequences are waiting")
+        stream = OutputStream(self, sequences)
+        self.num_unstarted += sum(sequences.values())
         self._commands.put(_Add(requests, stream, time.monotonic()))
         if self.dead_reason is not None:  # died between the check and the put: nobody will read the command
             stream.set_accepted(EngineDeadError(self.dead_reason))
@@ -225,11 +227,14 @@ class OutputStream:
 
     Lives on the event loop; the engine-loop thread only ever calls `put` / `set_accepted` through
     `call_soon_threadsafe`. `close()` (always call it, e.g. in `finally`) aborts the unfinished requests. It also
-    keeps the owner's count of requests not yet scheduled for their first step (the backpressure bound).
+    keeps the owner's count of sequences not yet scheduled for their first step (the backpressure bound).
     """
 
-    def __init__(self, owner: AsyncEngine, request_ids: list[str]) -> None:
+    def __init__(self, owner: AsyncEngine, sequences: dict[str, int]) -> None:
+        """`sequences`: {engine request id: its number of sequences (n)}."""
         self._owner = owner
+        self._sequences = sequences
+        request_ids = list(sequences)
         self.request_ids = request_ids
         self._latest: dict[str, RequestOutput] = {}  # unread, oldest first
         self._error: Exception | None = None
@@ -293,7 +298,7 @@ class OutputStream:
     def _mark_started(self, request_ids: set[str]) -> None:
         started = self._unstarted & request_ids
         self._unstarted -= started
-        self._owner.num_unstarted -= len(started)
+        self._owner.num_unstarted -= sum(self._sequences[r] for r in started)
 
 
 def _copy(output: RequestOutput) -> RequestOutput:

@@ -2,20 +2,27 @@
 
 `ServerConfig` is a frozen dataclass whose field docstrings are the flags' help, like the engine config
 dataclasses (`diffuserve.config.EngineConfig`), which give the engine's flags. Torch, FastAPI and the engine are
-imported inside `run`, so `diffuserve --help` stays fast. Without MODEL the bundled default model is served. The
-API key may also come from DIFFUSERVE_API_KEY (the flag wins).
+imported inside `run`, so `diffuserve --help` stays fast. MODEL is a directory, a Hugging Face Hub id
+(`diffuserve.hub`), or nothing for the bundled default model. The API key may also come from
+DIFFUSERVE_API_KEY (the flag wins).
+
+The listening socket is bound before the model is fetched or loaded, so a busy port fails at once; SIGTERM or
+Ctrl-C stops accepting connections and lets open requests finish for at most --shutdown-timeout seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import socket
 from pathlib import Path
 
 from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
+from diffuserve.hub import add_hub_arguments, resolve_model
 
 API_KEY_ENV = "DIFFUSERVE_API_KEY"
 
@@ -36,9 +43,18 @@ class ServerConfig:
     served_model_name: str | None = None
     """Model name clients use in `model` and see in /v1/models (default: the MODEL argument)."""
     max_waiting_requests: int = 512
-    """Requests accepted but not yet scheduled for their first step; past this, new requests get 429."""
+    """Sequences (prompts x n) accepted but not yet scheduled for their first step; past this, new requests get
+    429 (busy, retry), and a single request larger than this gets 400 (it could never be queued)."""
     max_n: int = 128
     """Largest `n` (completions per prompt) a request may ask for."""
+    max_request_bytes: int | None = None
+    """Largest request body in bytes; larger ones get 413 before they are read (default: max_model_len x 64
+    bytes + 1 MiB, room for any prompt that fits the context)."""
+    shutdown_timeout: float = 30.0
+    """Seconds that SIGTERM or Ctrl-C lets open requests finish before cancelling them."""
+    metrics_vllm_names: bool = False
+    """Name the /metrics series that vLLM also exports `vllm:...` (instead of `diffuserve:...`), so that
+    dashboards made for vLLM work unchanged."""
     uvicorn_log_level: str = "info"
     """Log level of the HTTP server: critical, error, warning, info, debug or trace."""
 
@@ -49,6 +65,10 @@ class ServerConfig:
             raise ValueError(f"max_waiting_requests: got {self.max_waiting_requests}, must be >= 1")
         if self.max_n < 1:
             raise ValueError(f"max_n: got {self.max_n}, must be >= 1")
+        if self.max_request_bytes is not None and self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes: got {self.max_request_bytes}, must be >= 1")
+        if self.shutdown_timeout < 0:
+            raise ValueError(f"shutdown_timeout: got {self.shutdown_timeout}, must be >= 0")
         if self.uvicorn_log_level not in LOG_LEVELS:
             raise ValueError(f"uvicorn_log_level: got {self.uvicorn_log_level!r}, must be one of {LOG_LEVELS}")
         if self.api_key == "":
@@ -57,7 +77,8 @@ class ServerConfig:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                        help="model directory (default: the bundled default model)")
+                        help="model directory or Hugging Face Hub id (default: the bundled default model)")
+    add_hub_arguments(parser)
     add_config_arguments(parser, ServerConfig)
     add_config_arguments(parser, EngineConfig, skip=("model",))
 
@@ -70,9 +91,20 @@ def server_config_from_args(args: argparse.Namespace, model_arg: str | None, mod
 
 
 def run(args: argparse.Namespace) -> int:
-    from diffuserve.default_model import resolve_model
+    from diffuserve.distributed.group import launched_by_torchrun
 
-    model_dir = resolve_model(args.model)
+    is_worker = launched_by_torchrun() and os.environ["RANK"] != "0"
+    config = server_config_from_args(args, args.model, args.model or "default-model")
+    sock = None if is_worker else bind(config.host, config.port)  # before the model: a busy port fails at once
+    try:
+        return _serve(args, config, sock)
+    finally:
+        if sock is not None:
+            sock.close()
+
+
+def _serve(args: argparse.Namespace, config: ServerConfig, sock: socket.socket | None) -> int:
+    model_dir = resolve_model(args.model, args.revision, args.download_dir)
     config = server_config_from_args(args, args.model, model_dir)
     engine_config = engine_config_from_args(model_dir, args)
 
@@ -80,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
     if run_if_torchrun_worker(engine_config):
         return 0  # a torchrun rank > 0: it served rank 0's forwards until rank 0 stopped
+    assert sock is not None
 
     import uvicorn
 
@@ -91,18 +124,63 @@ def run(args: argparse.Namespace) -> int:
     engine = LLMEngine(engine_config)
     logger.info("serving %r from %s: max_model_len %d, %d KV pages of %d tokens", config.served_model_name,
                 model_dir, engine.max_model_len, engine.pool.num_pages, engine.pool.page_size)
-    print(usage_hint(config), flush=True)
-    uvicorn.run(build_app(engine, config), host=config.host, port=config.port, log_level=config.uvicorn_log_level)
+    port = sock.getsockname()[1]
+    print(usage_hint(config, port), flush=True)
+    server = _server_class()(uvicorn.Config(
+        build_app(engine, config), host=config.host, port=port, log_level=config.uvicorn_log_level,
+        timeout_graceful_shutdown=config.shutdown_timeout))  # type: ignore[arg-type]
+    # uvicorn re-raises the Ctrl-C it handled once it has shut down; uvicorn.run swallows it too.
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[sock])
     return 0
 
 
-def usage_hint(config: ServerConfig) -> str:
-    """A curl command and an OpenAI-client line that work against this server as started."""
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server on our pre-bound socket, announcing its address as uvicorn does for its own."""
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+                logging.getLogger("uvicorn.error").info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)",
+                                                        host, self.config.port)
+
+    return Server
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port), not yet listening; ValueError naming the flag if it cannot be bound."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise ValueError(f"host: cannot listen on {host!r} ({e}); pass --host with a local address") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restarts reuse a TIME_WAIT port
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"port: cannot listen on {host}:{port} ({e.strerror}); another process may be using "
+                         "it: pick another with --port") from None
+    return sock
+
+
+def usage_hint(config: ServerConfig, port: int) -> str:
+    """A curl command and a Python one-liner (openai client) that work against this server as started."""
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
-    base = f"http://{host}:{config.port or 'PORT'}/v1"
+    base = f"http://{host}:{port}/v1"
     auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if config.api_key else ""  # never echo the key itself
-    body = json.dumps({"model": config.served_model_name, "messages": [{"role": "user", "content": "What is 27+15?"}]})
+    key = f"os.environ['{API_KEY_ENV}']" if config.api_key else "'unused'"
+    messages = [{"role": "user", "content": "What is 27+15?"}]
+    body = json.dumps({"model": config.served_model_name, "messages": messages})
+    client = (f"import os; from openai import OpenAI; c = OpenAI(base_url='{base}', api_key={key}); "
+              f"print(c.chat.completions.create(model={config.served_model_name!r}, "
+              f"messages={messages!r}).choices[0].message.content)")
     return (
         f"Try it:\n  curl -s {base}/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'\n"
-        f"  python examples/openai_client.py {base}"
+        f'  python -c "{client}"'
     )

@@ -42,6 +42,15 @@ class APIError(Exception):
         return JSONResponse(ErrorResponse(error=self.info).model_dump(), self.status, headers=self.headers)
 
 
+class APIErrorHTTP(HTTPException):
+    """An APIError raised where only an HTTPException passes through: FastAPI lets HTTPExceptions from reading
+    the body reach the handlers but turns any other exception there into a bare 400."""
+
+    def __init__(self, error: APIError) -> None:
+        super().__init__(error.status, error.message, error.headers)
+        self.error = error
+
+
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
 
@@ -61,6 +70,18 @@ def queue_full(max_waiting_requests: int) -> APIError:
         429, f"the server's waiting queue is full ({max_waiting_requests} requests); retry later",
         type="rate_limit_error", code="rate_limit_exceeded", headers={"Retry-After": str(RETRY_AFTER_S)},
     )
+
+
+def body_too_large(num_bytes: int | None, limit: int) -> APIError:
+    size = f"has {num_bytes} bytes" if num_bytes is not None else "is larger"
+    return APIError(413, f"the request body {size}, more than this server accepts ({limit} bytes, "
+                    "--max-request-bytes); send a shorter prompt or raise the flag", code="request_too_large")
+
+
+def invalid_body(detail: str) -> APIError:
+    """A body the JSON parser could not even read (e.g. bytes that are not UTF-8 text)."""
+    return bad_request(f"the request body is not valid JSON: {detail} (send UTF-8 encoded JSON)", None,
+                       code="invalid_json")
 
 
 def engine_unavailable(reason: str) -> APIError:
@@ -122,6 +143,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        if isinstance(exc, APIErrorHTTP):
+            return exc.error.response()
+        if exc.status_code == 400:  # FastAPI's only own 400: a body its JSON parser failed to read
+            return invalid_body(str(exc.detail)).response()
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return APIError(exc.status_code, str(exc.detail), code=code, headers=exc.headers).response()
 

@@ -53,6 +53,29 @@ class StreamOptions(RequestModel):
     """vLLM extension: every chunk carries the usage so far."""
 
 
+class JsonSchemaFormat(RequestModel):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    """The JSON schema the output must match (None: any JSON value)."""
+    strict: bool | None = None
+    """Accepted for compatibility: the output always matches the schema exactly."""
+
+
+class ResponseFormat(RequestModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    """Required with type json_schema."""
+
+
+class StructuredOutputsField(RequestModel):
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: Annotated[list[str], Field(min_length=1)] | None = None
+    grammar: str | None = None
+    """A Lark grammar (llguidance's dialect)."""
+
+
 class SamplingFields(RequestModel):
     """Fields shared by completions and chat completions."""
 
@@ -96,12 +119,16 @@ class SamplingFields(RequestModel):
     bad_words: Any = unsupported()
     prompt_logprobs: Any = unsupported()
     truncate_prompt_tokens: Any = unsupported()
-    response_format: Any = unsupported()
-    structured_outputs: Any = unsupported()
-    guided_json: Any = unsupported()
-    guided_regex: Any = unsupported()
-    guided_choice: Any = unsupported()
-    guided_grammar: Any = unsupported()
+    # Structured output (docs/server.md, "Structured output"): at most one of these.
+    response_format: ResponseFormat | None = None
+    """OpenAI's: {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema": {...}}."""
+    structured_outputs: StructuredOutputsField | None = None
+    """vLLM's: exactly one of json, regex, choice, grammar."""
+    guided_json: dict[str, Any] | str | None = None
+    """vLLM's former name of structured_outputs.json."""
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -120,14 +147,50 @@ class TextPart(RequestModel):
     text: str
 
 
+class FunctionCall(RequestModel):
+    name: str
+    arguments: str
+    """The arguments as JSON text."""
+
+
+class ToolCall(RequestModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(RequestModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    """`developer` is OpenAI's newer name for `system`; tool messages are not supported."""
-    content: str | list[TextPart]
-    """Text, or text parts (joined with newlines)."""
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    """`developer` is OpenAI's newer name for `system`; `tool` carries a tool's result."""
+    content: str | list[TextPart] | None = Field(...)
+    """Text, or text parts (joined with newlines); may be null only in an assistant message with tool_calls."""
     name: str | None = None
-    tool_calls: Any = unsupported()
-    tool_call_id: Any = unsupported()
+    tool_calls: list[ToolCall] | None = None
+    """An assistant message's calls."""
+    tool_call_id: str | None = None
+    """A tool message: the call it answers."""
+
+
+class FunctionDefinition(RequestModel):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    """The arguments' JSON schema (None: no arguments)."""
+    strict: bool | None = None
+
+
+class Tool(RequestModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(RequestModel):
+    name: str
+
+
+class NamedToolChoice(RequestModel):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -140,8 +203,12 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: Any = unsupported()
     top_logprobs: Any = unsupported()
-    tools: Any = unsupported()
-    tool_choice: Any = unsupported()
+    tools: list[Tool] | None = None
+    """Functions the model may call (rendered through the chat template; docs/server.md, "Tool calling")."""
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    """None: auto when tools are given, else none. required and a named function are enforced by a grammar."""
+    parallel_tool_calls: bool = True
+    """false: at most one call per reply."""
     functions: Any = unsupported()
     function_call: Any = unsupported()
     audio: Any = unsupported()
@@ -212,9 +279,23 @@ class CompletionResponse(ResponseFields):
     system_fingerprint: str | None = None
 
 
+class FunctionCallOut(ResponseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(ResponseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class AssistantMessage(ResponseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    reasoning_content: str | None = None
+    """The model's thinking (`<think> ... </think>`), for templates that think; None otherwise."""
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
 
 
 class ChatChoice(ChoiceFields):
@@ -227,9 +308,23 @@ class ChatCompletionResponse(ResponseFields):
     system_fingerprint: str | None = None
 
 
+class DeltaFunctionCall(ResponseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(ResponseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class DeltaMessage(ResponseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(ChoiceFields):

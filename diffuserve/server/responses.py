@@ -24,10 +24,10 @@ from pydantic import BaseModel
 
 from diffuserve.engine.outputs import CompletionOutput, RequestOutput
 from diffuserve.server.bridge import EngineDeadError, OutputStream
+from diffuserve.server.chat_output import ChatDeltas, ChatOutputFormat
 from diffuserve.server.errors import APIError, engine_failed, engine_unavailable
-from diffuserve.server.parsing import Prompt
+from diffuserve.server.prompts import Prompt
 from diffuserve.server.protocol import (
-    AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -54,6 +54,8 @@ class ResponseContext:
     request_ids: list[str]
     """Engine request id per prompt."""
     n: int
+    chat_format: ChatOutputFormat = field(default_factory=ChatOutputFormat)
+    """How chat replies split into reasoning, content and tool calls."""
 
     def choice_index(self, request_id: str, completion_index: int) -> int:
         return self.request_ids.index(request_id) * self.n + completion_index
@@ -97,8 +99,8 @@ def completion_response(ctx: ResponseContext, outputs: dict[str, RequestOutput],
 
 def chat_response(ctx: ResponseContext, outputs: dict[str, RequestOutput]) -> ChatCompletionResponse:
     choices = [
-        ChatChoice(index=i, message=AssistantMessage(content=c.text), finish_reason=c.finish_reason,
-                   stop_reason=c.stop_reason)
+        ChatChoice(index=i, message=ctx.chat_format.message(c.text),
+                   finish_reason=ctx.chat_format.finish_reason(c.text, c.finish_reason), stop_reason=c.stop_reason)
         for i, _, c in _choices(ctx, outputs)
     ]
     return ChatCompletionResponse(id=ctx.response_id, created=ctx.created, model=ctx.model, choices=choices,
@@ -182,9 +184,14 @@ async def chat_events(stream: OutputStream, ctx: ResponseContext,
     # OpenAI's first chunk of each choice announces the role.
     for index in range(len(ctx.prompts) * ctx.n):
         yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+    states: dict[int, ChatDeltas] = {}
     async for output in stream:
-        for index, text, c in deltas.of(output):
-            yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(content=text or None),
-                                         finish_reason=c.finish_reason, stop_reason=c.stop_reason)])
+        for index, _, c in deltas.of(output):
+            delta = states.setdefault(index, ChatDeltas(ctx.chat_format)).delta(c.text, c.finished)
+            if delta is None and not c.finished:
+                continue
+            yield chunk([ChatChunkChoice(index=index, delta=delta or DeltaMessage(),
+                                         finish_reason=ctx.chat_format.finish_reason(c.text, c.finish_reason),
+                                         stop_reason=c.stop_reason)])
     if options is not None and options.include_usage:
         yield chunk([], final=True)

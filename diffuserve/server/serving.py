@@ -3,8 +3,14 @@
 Resolves the model name, builds sampling params and prompts, checks the context, submits one engine request
 per prompt through the async bridge, then either streams SSE or waits for the final outputs. A non-streamed
 request whose client disconnects is aborted like a streamed one. Maps the bridge's refusals to HTTP errors
-(429 with Retry-After, 503) and the engine's (a 400 naming the field, with the code of its `RequestError`).
-Knows nothing of routing or of the engine's internals.
+(429 with Retry-After, 503) and the engine's (a 400 naming the field, with the code of its `RequestError`). A
+request that could never be queued (more sequences, prompts x n, than --max-waiting-requests) is a 400, not a
+429 that a client would retry forever.
+
+Nothing that grows with the input runs on the event loop: tokenizing, rendering the chat template and decoding
+prompts or token lists longer than `INLINE_SIZE` happen on a worker thread (the tokenizers release the GIL
+while they work), so one huge request never stalls the other clients' streams. Smaller ones run inline, where
+a thread hop would cost more than the work. Knows nothing of routing or of the engine's internals.
 """
 
 from __future__ import annotations
@@ -12,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -21,17 +29,21 @@ from fastapi.responses import StreamingResponse
 from diffuserve.engine.outputs import RequestOutput
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.server.bridge import AsyncEngine, EngineDeadError, EngineRequest, OutputStream, QueueFullError
+from diffuserve.server.chat_output import ChatOutputFormat
 from diffuserve.server.cli import ServerConfig
 from diffuserve.server.errors import APIError, bad_request, engine_unavailable, from_value_error, queue_full
 from diffuserve.server.metrics import ServerMetrics
-from diffuserve.server.parsing import (
+from diffuserve.server.parsing import chat_params, completion_params
+from diffuserve.server.prompts import (
     Prompt,
-    chat_params,
+    PromptRules,
     chat_prompt,
     check_context,
-    completion_params,
     completion_prompts,
     encode,
+    messages_size,
+    num_prompts,
+    prompt_size,
     render_chat,
 )
 from diffuserve.server.protocol import (
@@ -46,6 +58,7 @@ from diffuserve.server.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from diffuserve.server.reasoning import template_thinks
 from diffuserve.server.responses import (
     ResponseContext,
     chat_events,
@@ -58,6 +71,11 @@ from diffuserve.tokenizer import Tokenizer
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
+INLINE_SIZE = 8192
+"""Characters (or token ids) up to which prompt work runs inline on the event loop (well under a millisecond)."""
+
+T = TypeVar("T")
+
 
 @dataclass
 class OpenAIServing:
@@ -68,14 +86,33 @@ class OpenAIServing:
     model_name: str
     metrics: ServerMetrics
     created: int
+    rules: PromptRules
+    executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="diffuserve-tokenize"))
+    """Where large prompts are tokenized: one thread, so that huge requests queue behind each other rather than
+    taking every core from the engine."""
 
     @property
     def max_model_len(self) -> int:
         return self.bridge.engine.max_model_len
 
-    @property
-    def vocab_size(self) -> int:
-        return self.bridge.engine.args.vocab_size
+    async def off_loop(self, size: int, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)`, on the worker thread when `size` (characters or token ids) is past INLINE_SIZE."""
+        if size <= INLINE_SIZE:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def check_admissible(self, num_prompts: int, n: int) -> None:
+        """400 for a request larger than the waiting queue could ever hold (a 429 would be retried in vain)."""
+        limit = self.config.max_waiting_requests
+        if num_prompts * n > limit:
+            raise bad_request(
+                f"prompt: {num_prompts} prompt(s) x n={n} = {num_prompts * n} sequences, more than this server "
+                f"ever queues at once ({limit}, --max-waiting-requests); split the request or raise the flag",
+                "n" if num_prompts == 1 else "prompt", code="request_too_large")
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -91,7 +128,9 @@ class OpenAIServing:
     async def completion(self, body: CompletionRequest, request: Request) -> CompletionResponse | StreamingResponse:
         self.check_model(body.model)
         params = completion_params(body, self.config.max_n)
-        prompts = completion_prompts(self.tokenizer, body.prompt, self.vocab_size)
+        self.check_admissible(num_prompts(body.prompt), params.n)
+        prompts = await self.off_loop(prompt_size(body.prompt), completion_prompts, self.tokenizer, body.prompt,
+                                      self.rules)
         for prompt in prompts:
             check_context(prompt, params.max_tokens, "max_tokens" in body.model_fields_set, self.max_model_len,
                           "prompt")
@@ -102,16 +141,20 @@ class OpenAIServing:
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> ChatCompletionResponse | StreamingResponse:
         self.check_model(body.model)
-        params = chat_params(body, self.config.max_n)
-        prompt = chat_prompt(self.tokenizer, body)
+        template = self.tokenizer.hf.chat_template if self.tokenizer is not None else None
+        params = chat_params(body, self.config.max_n, template)
+        self.check_admissible(1, params.n)
+        prompt = await self.off_loop(messages_size(body.messages), chat_prompt, self.tokenizer, body, self.rules)
         check_context(prompt, params.max_tokens, params.max_tokens is not None, self.max_model_len, "messages")
-        stream, ctx = await self._submit("chatcmpl", [prompt], params)
+        chat_format = ChatOutputFormat(template_thinks(template, body.chat_template_kwargs),
+                                       bool(body.tools) and body.tool_choice != "none", body.parallel_tool_calls)
+        stream, ctx = await self._submit("chatcmpl", [prompt], params, chat_format)
         if body.stream:
             return _sse_response(sse(stream, chat_events(stream, ctx, body.stream_options)))
         return chat_response(ctx, await _collect(stream, request))
 
-    async def _submit(self, prefix: str, prompts: list[Prompt], params: SamplingParams
-                      ) -> tuple[OutputStream, ResponseContext]:
+    async def _submit(self, prefix: str, prompts: list[Prompt], params: SamplingParams,
+                      chat_format: ChatOutputFormat | None = None) -> tuple[OutputStream, ResponseContext]:
         response_id = f"{prefix}-{uuid.uuid4().hex}"
         request_ids = [f"{response_id}-{i}" for i in range(len(prompts))]
         requests = [EngineRequest(rid, p.token_ids, params) for rid, p in zip(request_ids, prompts)]
@@ -124,23 +167,28 @@ class OpenAIServing:
             raise engine_unavailable(str(e)) from e
         except ValueError as e:
             raise from_value_error(e) from e
-        ctx = ResponseContext(response_id, int(time.time()), self.model_name, prompts, request_ids, params.n)
+        ctx = ResponseContext(response_id, int(time.time()), self.model_name, prompts, request_ids, params.n,
+                              chat_format or ChatOutputFormat())
         return stream, ctx
 
     # ---- tokenizer endpoints -------------------------------------------------------------------------------
-    def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
+    async def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
         self.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("prompt, messages: give exactly one of them", "prompt")
         if body.messages is not None:
-            token_ids = render_chat(self.tokenizer, body.messages, body.add_generation_prompt).token_ids
+            size = messages_size(body.messages)
+            prompt = await self.off_loop(size, render_chat, self.tokenizer, body.messages, self.rules,
+                                         body.add_generation_prompt)
+            token_ids = prompt.token_ids
         elif self.tokenizer is None:
             raise bad_request("prompt: this model directory has no tokenizer", "prompt")
         else:
-            token_ids = encode(self.tokenizer, body.prompt or "", "prompt", body.add_special_tokens)
+            token_ids = await self.off_loop(len(body.prompt or ""), encode, self.tokenizer, body.prompt or "",
+                                            "prompt", body.add_special_tokens)
         return TokenizeResponse(count=len(token_ids), max_model_len=self.max_model_len, tokens=token_ids)
 
-    def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
+    async def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(body.model)
         if self.tokenizer is None:
             raise bad_request("tokens: this model directory has no tokenizer", "tokens")
@@ -148,7 +196,8 @@ class OpenAIServing:
         if bad:
             raise bad_request(f"tokens: {bad[:5]} are not token ids of this model "
                               f"(0 <= id < {self.tokenizer.vocab_size})", "tokens")
-        return DetokenizeResponse(prompt=self.tokenizer.decode(body.tokens, skip_special_tokens=False))
+        text = await self.off_loop(len(body.tokens), self.tokenizer.decode, body.tokens, False)
+        return DetokenizeResponse(prompt=text)
 
 
 def _sse_response(frames: AsyncIterator[str]) -> StreamingResponse:

@@ -62,7 +62,7 @@ class DiffusionBatch:
     """[Bt, T] long: the clean token at masked noisy positions, -100 elsewhere."""
 
 
-def _noise_copy(ids: list[int], num_prompt: int, block_length: int, generator: torch.Generator):
+def noise_answer_blocks(ids: list[int], num_prompt: int, block_length: int, generator: torch.Generator):
     """One noisy copy of an example's answer blocks: k ~ U{1..n} of each block's n answer positions masked
     (prompt positions never are). -> (noisy ids, positions, targets), all [N] tensors."""
     start = num_prompt // block_length * block_length
@@ -83,7 +83,7 @@ def _row(ids: list[int], num_prompt: int, block_length: int, num_copies: int, ge
     length = len(ids)
     parts = [(torch.tensor(ids), torch.arange(length), torch.full((length,), -100), torch.full((length,), CLEAN))]
     for copy in range(1, num_copies + 1):
-        noisy, positions, targets = _noise_copy(ids, num_prompt, block_length, generator)
+        noisy, positions, targets = noise_answer_blocks(ids, num_prompt, block_length, generator)
         parts.append((noisy, positions, targets, torch.full((len(noisy),), copy)))
     return tuple(torch.cat(column) for column in zip(*parts))
 

@@ -1,9 +1,11 @@
-"""Trains a tiny SDAR-MoE-shaped model on the synthetic tasks and writes it as a checkpoint directory the engine loads.
+"""Trains a tiny block-diffusion MoE on the synthetic tasks and writes it as a checkpoint directory the engine
+loads: by default the bundled model, a `clover_moe` (the published Clover layout); `family="sdar"` trains the
+SDAR-MoE-shaped model that was bundled before it.
 
-Owns the model shape of the bundled default model, the seeded initialisation, the optimisation loop (AdamW,
-warmup then cosine decay, a Switch-style load-balancing loss for the routers) and checkpoint writing. The
-batches and the loss come from `diffusion_batch`; knows nothing of the engine. Deterministic for a given
-config and thread count: every random draw comes from seeded generators and the number of steps is fixed.
+Owns the family table (shape, config, init, batches and loss of each trainable family), the optimisation loop
+(AdamW, warmup then cosine decay, a Switch-style load-balancing loss for the routers) and checkpoint writing.
+Knows nothing of the engine. Deterministic for a given config and thread count: every random draw comes from
+seeded generators and the number of steps is fixed.
 """
 
 from __future__ import annotations
@@ -18,39 +20,52 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from diffuserve.eval.tasks import heldout_examples, training_stream
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.layers.moe.router import Router
 from diffuserve.model.registry import family_for
-from diffuserve.model.sdar import SDARForBlockDiffusion
 from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
 from diffuserve.testing.random_checkpoint import save_weights
 
-from .diffusion_batch import (
-    END_OF_TEXT,
-    IM_END,
-    MASK,
-    DiffusionBatch,
-    build_batch,
-    diffusion_loss,
-    encode_example,
-    masked_token_accuracy,
-)
+from .clover_moe_model import CLOVER_MOE_SHAPE, clover_moe_config, init_clover_moe
+from .diffusion_batch import END_OF_TEXT, IM_END, build_batch, diffusion_loss, encode_example, masked_token_accuracy
+from .hybrid_batch import build_hybrid_batch
+from .hybrid_forward import hybrid_diffusion_loss, hybrid_masked_token_accuracy
+from .sdar_model import SDAR_SHAPE, init_sdar, sdar_config
 
-MODEL_SHAPE: dict[str, Any] = dict(
-    hidden_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, intermediate_size=256,
-    vocab_size=272, block_length=4, max_position_embeddings=1024,
-)
-"""The bundled default model: a byte-level vocabulary (256 bytes, 4 specials, filler to a multiple of 16)."""
 GENERATION = {"decoder": "threshold", "threshold": 0.9, "temperature": 0.0}
 """Default decoding written to generation_config.json."""
 
 
 @dataclass(frozen=True)
+class TrainingFamily:
+    """What the loop needs to know of a model family: its shape, config.json, init, batches and loss."""
+
+    shape: dict[str, Any]
+    config: Callable[[dict[str, Any]], dict[str, Any]]
+    init: Callable[[dict[str, Any], int], tuple[ModelArgs, nn.Module]]
+    build_batch: Callable[..., Any]
+    """(encoded examples, block length, generator, num_copies) -> a batch for `loss` and `accuracy`."""
+    loss: Callable[[nn.Module, Any], torch.Tensor]
+    accuracy: Callable[[nn.Module, Any], float]
+
+
+FAMILIES: dict[str, TrainingFamily] = {
+    # Hybrid: causal trunk over the clean conversation, noisy blocks previewed against its state (hybrid_forward).
+    "clover_moe": TrainingFamily(CLOVER_MOE_SHAPE, clover_moe_config, init_clover_moe, build_hybrid_batch,
+                                 hybrid_diffusion_loss, hybrid_masked_token_accuracy),
+    # Block-causal attention everywhere: one two-stream row per example (diffusion_batch).
+    "sdar": TrainingFamily(SDAR_SHAPE, sdar_config, init_sdar, build_batch, diffusion_loss, masked_token_accuracy),
+}
+
+
+@dataclass(frozen=True)
 class TrainConfig:
-    shape: dict[str, Any] = field(default_factory=lambda: dict(MODEL_SHAPE))
+    family: str = "clover_moe"
+    shape: dict[str, Any] = field(default_factory=lambda: dict(CLOVER_MOE_SHAPE))
+    """The family's shape (FAMILIES[family].shape unless a test or an experiment shrinks it)."""
     steps: int = 3000
     batch_size: int = 32
     num_noisy_copies: int = 3
@@ -65,44 +80,19 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 100
 
-
-def model_config(shape: dict[str, Any]) -> dict[str, Any]:
-    """The config.json of an sdar-family MoE model with this shape and the byte tokenizer's special ids."""
-    return dict(
-        architectures=["SDARMoeForCausalLM"], model_type="sdar_moe", rms_norm_eps=1e-6, rope_theta=10000.0,
-        norm_topk_prob=True, tie_word_embeddings=False, attention_bias=False, torch_dtype="float32",
-        decoder_sparse_step=1, mlp_only_layers=[], mask_token_id=MASK, eos_token_id=END_OF_TEXT, **shape,
-    )
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"family: {self.family!r} is unknown; available: {', '.join(FAMILIES)}")
 
 
-QK_NORM_GAIN = 2**0.5
-"""Initial q_norm / k_norm gain. NOTE: qk-norm caps an attention logit at gain_q * gain_k * sqrt(head_dim): 5.7
-with unit gains and head_dim 32, too flat to single out one key among dozens; gains of sqrt(2) give the cap of a
-head_dim-128 model (11.3), as in the large models this one stands in for."""
-
-
-def init_model(config: dict[str, Any], seed: int) -> tuple[ModelArgs, SDARForBlockDiffusion]:
-    """GPT-2 style init: normal(0, 0.02) weights, output projections scaled down by depth, unit norms except
-    the q/k norms (QK_NORM_GAIN)."""
-    args = family_for(config).parse_args(config, {})
-    model = SDARForBlockDiffusion(args, args.max_position_embeddings)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(QK_NORM_GAIN if name.endswith(("q_norm.weight", "k_norm.weight")) else 1.0)
-                continue
-            std = 0.02 / math.sqrt(2 * args.num_layers) if name.endswith(("o_proj.weight", "down_proj")) else 0.02
-            param.copy_(torch.randn(param.shape, generator=generator) * std)
-    return args, model
-
-
-def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[ModelArgs, SDARForBlockDiffusion]:
+def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[ModelArgs, nn.Module]:
     """Runs `cfg.steps` optimiser steps from scratch; logs the running loss every `cfg.log_every` steps."""
     torch.manual_seed(cfg.seed)
-    args, model = init_model(model_config(cfg.shape), cfg.seed)
+    family = FAMILIES[cfg.family]
+    args, model = family.init(family.config(cfg.shape), cfg.seed)
     model.train()
-    # Norm gains (the only 1-D parameters) are not decayed: decay would pull them, and attention sharpness, to 0.
+    # 1-D parameters (norm gains; GDN decay rates and preview scalars) are not decayed: decay would pull them, and
+    # attention sharpness, to 0.
     groups = [
         {"params": [p for p in model.parameters() if p.ndim > 1], "weight_decay": cfg.weight_decay},
         {"params": [p for p in model.parameters() if p.ndim == 1], "weight_decay": 0.0},
@@ -112,12 +102,12 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[ModelAr
     examples = training_stream(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed + 1)
     router_stats = _track_routers(model)
-    probe = _heldout_probe(args.block_length, cfg.seed)
+    probe = _heldout_probe(family, args.block_length, cfg.seed)
     start, running = time.perf_counter(), 0.0
     for step in range(1, cfg.steps + 1):
         encoded = [encode_example(next(examples), args.block_length) for _ in range(cfg.batch_size)]
         router_stats.clear()
-        loss = diffusion_loss(model, build_batch(encoded, args.block_length, generator, cfg.num_noisy_copies))
+        loss = family.loss(model, family.build_batch(encoded, args.block_length, generator, cfg.num_noisy_copies))
         balance = sum(_balance_loss(logits, ids) for logits, ids in router_stats) / len(router_stats)
         optimizer.zero_grad(set_to_none=True)
         (loss + cfg.balance_coef * balance).backward()
@@ -128,7 +118,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[ModelAr
         if step % cfg.log_every == 0 or step == cfg.steps:
             count = (step - 1) % cfg.log_every + 1
             model.eval()
-            probe_accuracy = masked_token_accuracy(model, probe)
+            probe_accuracy = family.accuracy(model, probe)
             model.train()
             log(f"step {step}/{cfg.steps}  loss {running / count:.4f}  balance {balance.item():.3f}  "
                 f"held-out masked-token acc {probe_accuracy:.3f}  lr {schedule.get_last_lr()[0]:.2e}  "
@@ -137,10 +127,10 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[ModelAr
     return args, model.eval()
 
 
-def _heldout_probe(block_length: int, seed: int) -> DiffusionBatch:
+def _heldout_probe(family: TrainingFamily, block_length: int, seed: int) -> Any:
     """A fixed batch of held-out examples (10 per task) with fixed noise, to follow progress while training."""
     encoded = [encode_example(e, block_length) for e in heldout_examples(10, seed=seed + 7)]
-    return build_batch(encoded, block_length, torch.Generator().manual_seed(seed + 7), num_copies=1)
+    return family.build_batch(encoded, block_length, torch.Generator().manual_seed(seed + 7), 1)
 
 
 def _lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -175,13 +165,13 @@ def _balance_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return num_experts * (share * torch.softmax(logits, dim=-1).mean(0)).sum()
 
 
-def write_checkpoint(model: SDARForBlockDiffusion, args: ModelArgs, cfg: TrainConfig, out_dir: str | Path) -> Path:
+def write_checkpoint(model: nn.Module, args: ModelArgs, cfg: TrainConfig, out_dir: str | Path) -> Path:
     """Writes config.json, model.safetensors, the byte tokenizer with its chat template, generation_config.json
     (the default decoding; <|im_end|> and <|endoftext|> stop) and the training config that produced it."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_byte_tokenizer(out, args.vocab_size)
-    config = model_config(cfg.shape)
+    config = FAMILIES[cfg.family].config(cfg.shape)
     save_weights(out, family_for(config), args, model.state_dict())
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"eos_token_id": [IM_END, END_OF_TEXT], **GENERATION}

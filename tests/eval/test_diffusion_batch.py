@@ -1,5 +1,6 @@
-"""Training matches inference: the two-stream batch gives every noisy block exactly the hidden states the engine's
-reference decode computes for that block, and only answer positions are ever masked."""
+"""Training matches inference for the SDAR-MoE-shaped family (`--family sdar`): the two-stream batch gives every
+noisy block exactly the hidden states the engine's reference decode computes for that block, and only answer
+positions are ever masked."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from diffuserve.model.layers.attention_backend import DenseAttentionInputs, bloc
 from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
 from diffuserve.tokenizer import Tokenizer
 from scripts.training.diffusion_batch import MASK, build_batch, encode_example, encode_prompt
-from scripts.training.train import init_model, model_config
+from scripts.training.sdar_model import init_sdar, sdar_config
 
 TINY = dict(
     hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4,
@@ -30,7 +31,7 @@ def test_prompt_encoding_matches_the_chat_template(tmp_path):
 
 def test_noisy_blocks_see_what_the_engine_sees():
     block = TINY["block_length"]
-    _, model = init_model(model_config(TINY), seed=0)
+    _, model = init_sdar(sdar_config(TINY), seed=0)
     encoded = [encode_example(e, block) for e in EXAMPLES]
     batch = build_batch(encoded, block, torch.Generator().manual_seed(0), num_copies=2)
     with torch.no_grad():

@@ -1,11 +1,14 @@
 """`diffuserve serve` as users run it: a subprocess on 127.0.0.1 with an ephemeral port, the API key from
-DIFFUSERVE_API_KEY, engine flags from the command line; and config errors as one line, exit code 2."""
+DIFFUSERVE_API_KEY, engine flags from the command line, a Hub model id from the local cache with HF_HUB_OFFLINE,
+SIGTERM with --shutdown-timeout; and config errors (a busy port among them, before the model loads) as one line,
+exit code 2."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,8 +16,11 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
 from diffuserve.cli import main
+from diffuserve.server.cli import ServerConfig, usage_hint
+from tests.test_hub import populate_hub_cache
 
 
 def _wait_for_port(process: subprocess.Popen, timeout_s: float = 120) -> int:
@@ -54,3 +60,57 @@ def test_config_errors_are_one_line(capsys, tiny_model_dir: Path):
     assert error == "diffuserve serve: error: max_waiting_requests: got 0, must be >= 1\n"
     assert main(["serve", str(tiny_model_dir), "--uvicorn-log-level", "loud"]) == 2
     assert "uvicorn_log_level" in capsys.readouterr().err
+
+
+def test_a_busy_port_fails_before_the_model_loads(capsys, tiny_model_dir: Path, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded although the port is busy")
+
+    monkeypatch.setattr("diffuserve.engine.llm_engine.LLMEngine.__init__", never)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        started = time.monotonic()
+        assert main(["serve", str(tiny_model_dir), "--port", str(port)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"diffuserve serve: error: port: cannot listen on 127.0.0.1:{port}") and "--port" in error
+    assert error.count("\n") == 1 and time.monotonic() - started < 5
+
+
+def test_usage_hint_is_self_contained():
+    hint = usage_hint(ServerConfig(served_model_name="m", api_key="secret"), 8123)
+    assert "examples/" not in hint and "secret" not in hint
+    assert "http://127.0.0.1:8123/v1" in hint and "from openai import OpenAI" in hint
+    assert "os.environ['DIFFUSERVE_API_KEY']" in hint
+
+
+def test_serve_a_hub_id_offline_and_sigterm_drains_for_at_most_the_shutdown_timeout(tmp_path: Path,
+                                                                                    tiny_model_dir: Path):
+    populate_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "OMP_NUM_THREADS": "1"}
+    env.pop("DIFFUSERVE_API_KEY", None)
+    command = [sys.executable, "-m", "diffuserve", "serve", "org/tiny", "--port", "0", "--device", "cpu",
+               "--num-pages", "80", "--max-model-len", "1024", "--shutdown-timeout", "1"]
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        port = _wait_for_port(process)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["org/tiny"]
+        long = {"model": "org/tiny", "prompt": "Once upon 4", "max_tokens": 1000, "ignore_eos": True,
+                "decoder": "fixed", "steps": 4, "stream": True}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=long, timeout=60) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            with pytest.raises(httpx.HTTPError):  # cut at the timeout, long before 1000 tokens
+                rest = list(lines)
+                raise AssertionError(f"the stream ran to its end: {rest[-2:]}")
+        process.wait(timeout=30)
+        assert time.monotonic() - signalled < 10
+    finally:
+        if process.poll() is None:
+            process.kill()
+        stderr = process.communicate(timeout=30)[1]
+    assert "timeout graceful shutdown exceeded" in stderr

@@ -6,6 +6,8 @@ per-head, per-dimension output gate that `q_proj` emits beside the query.
 A sequence's K/V so far is a `KVState`. `forward` is causal over the new tokens and returns the state with their
 K/V appended; `preview` (block diffusion) lets every position of a block see the whole state and the whole block
 (block-causal) and appends nothing. The attention itself is the shared dense path (attention_backend).
+In the engine, `forward_paged` runs a flattened step batch over the engine's paged K/V cache instead (which keys
+a query sees is the mask the engine built; see attention_backend).
 """
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ import torch
 from torch import nn
 
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.layers.attention_backend import DenseAttentionInputs, dense_attention
+from diffuserve.model.layers.attention_backend import (
+    DenseAttentionInputs,
+    PagedAttentionInputs,
+    dense_attention,
+    paged_attention,
+)
 from diffuserve.model.layers.hybrid_norm import ZeroCenteredRMSNorm
 from diffuserve.model.layers.rotary import RotaryEmbedding
 
@@ -59,6 +66,18 @@ class GatedAttention(nn.Module):
         q, gate, full = self._project(x, positions, state)
         mask = torch.ones(x.shape[1], full.k.shape[1], dtype=torch.bool, device=x.device)
         return self._attend(q, gate, full, mask)
+
+    def forward_paged(self, x: torch.Tensor, positions: torch.Tensor, attn: PagedAttentionInputs, cache_index: int
+                      ) -> torch.Tensor:
+        """Engine step: x [N, H] at `positions` [N] -> [N, H]; writes the tokens' K/V into cache `cache_index`
+        (this layer's among the attention layers) before attending, as every paged family does."""
+        length = x.shape[0]
+        q, gate = self.q_proj(x).view(length, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        k = self.k_proj(x).view(length, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(length, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, self.q_norm(q), self.k_norm(k))
+        out = paged_attention(q, k, v, attn, cache_index, self.head_dim**-0.5)  # [N, Hq * D]
+        return self.o_proj(out * torch.sigmoid(gate.reshape(length, -1)))
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor, state: KVState | None
                  ) -> tuple[torch.Tensor, torch.Tensor, KVState]:

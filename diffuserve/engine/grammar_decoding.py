@@ -1,0 +1,165 @@
+"""Grammar-constrained block decoding: a step's accepted tokens always extend a valid prefix of the grammar.
+
+A block decides its positions in any order, but a grammar mask is a left-to-right object. The rule, per step,
+for a request with `structured_outputs` (its decided generated tokens always form a prefix of the block):
+
+1. walk the masked positions left to right from the first undecided one; mask each position's logits with the
+   matcher's state after the tokens before it (the decided ones, then the walk's own proposals), propose a
+   token from the masked logits, and feed it to the matcher speculatively;
+2. let the request's decoder select positions from that proposal as it always does (threshold, fixed, entropy);
+3. accept the longest run of selected positions from the first undecided one, and at least the decoder's
+   per-step count (threshold and fixed: the schedule's `block_length // steps`; entropy: 1) taken from the
+   left, so each step commits >= 1 token; roll the matcher back to the decided tokens (the next step feeds what
+   was accepted).
+
+Positions after an unselected one are proposed (their confidences feed the decoder's rule) but never accepted
+before everything left of them is decided, so every committed sequence is a valid grammar prefix, and a block
+still commits several tokens per forward when the model is confident left to right.
+
+Owns the grammar compiler (built on first use) and each request's `GrammarState`; knows nothing of batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from diffuserve.engine.decoders import (
+    DECODERS,
+    Decoder,
+    EntropyBoundDecoder,
+    FixedStepsDecoder,
+    Proposal,
+    ThresholdDecoder,
+)
+from diffuserve.engine.grammar import GrammarCompiler
+from diffuserve.engine.grammar_state import GrammarState
+from diffuserve.engine.request import Request
+from diffuserve.engine.sampling import propose
+from diffuserve.structured_outputs import StructuredOutputsParams
+
+
+class StructuredDecoding:
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        """`tokenizer`: diffuserve's Tokenizer (its transformers tokenizer is wrapped on first use)."""
+        self._tokenizer, self._vocab_size, self._eos = tokenizer, vocab_size, list(eos_token_ids)
+        self._compiler: GrammarCompiler | None = None
+        self.states: dict[str, GrammarState] = {}
+        """Each constrained request's matcher state, by request id."""
+        self.failures: dict[str, str] = {}
+        """Requests whose matcher failed since the engine last looked (e.g. a grammar too complex to parse):
+        id -> message. The engine fails them alone (take_failures), not the step."""
+
+    @property
+    def compiler(self) -> GrammarCompiler:
+        if self._compiler is None:
+            self._compiler = GrammarCompiler(self._tokenizer.hf, self._vocab_size, self._eos)
+        return self._compiler
+
+    def check(self, spec: StructuredOutputsParams) -> None:
+        """Compiles `spec` (cached); RequestError naming the problem if it does not compile."""
+        self.compiler.compile(spec)
+
+    def release(self, request_id: str) -> None:
+        self.states.pop(request_id, None)
+
+    def take_failures(self) -> dict[str, str]:
+        """`failures`, emptied."""
+        failures, self.failures = self.failures, {}
+        return failures
+
+    def decode(self, request: Request, rows: torch.Tensor, positions: list[int],
+               generator: torch.Generator | None, block_length: int) -> list[tuple[int, int]]:
+        """The block's (canvas index, token) pairs to write this step. rows [M, V]: logits at the masked canvas
+        indices `positions` (ascending). A matcher failure writes nothing and is reported by `take_failures`."""
+        try:
+            return self._decode(request, rows, positions, generator, block_length)
+        except RuntimeError as e:
+            self.failures[request.request_id] = f"structured output: {e}".splitlines()[0]
+            self.release(request.request_id)
+            return []
+
+    def _decode(self, request: Request, rows: torch.Tensor, positions: list[int],
+                generator: torch.Generator | None, block_length: int) -> list[tuple[int, int]]:
+        params = request.params
+        state = self._state(request)
+        first = request.generation_start_in_block()
+        undecided = positions[0]
+        # Only the run of masks from the first undecided position can be accepted (a decided token after a gap
+        # was never fed to the walk's matcher).
+        positions = positions[: next((k for k, i in enumerate(positions) if i != undecided + k), len(positions))]
+        state.sync(request.output_token_ids + request.canvas[first:undecided])
+        decoder = DECODERS[params.decoder]
+        floor = 1 if type(decoder) is EntropyBoundDecoder else decoder.min_count(request.step_in_block, params,
+                                                                                 block_length)
+        stop = _early_stop(decoder, floor, params.threshold)
+        proposal, confidences = self._walk(state, rows, positions, params, generator, block_length,
+                                           decoder.needs_entropy, stop)
+        state.truncate(len(request.output_token_ids) + undecided - first)
+        if stop is not None:
+            run = 0 if type(decoder) is FixedStepsDecoder else next(
+                (k for k, c in enumerate(confidences) if c <= params.threshold), len(confidences))
+        else:
+            canvas = torch.tensor(request.canvas, device=rows.device)  # [B]
+            selected = decoder.decide(proposal, canvas, canvas == request.mask_token_id, request.step_in_block,
+                                      params, block_length).tolist()
+            run = next((k for k, index in enumerate(positions) if not selected[index]), len(positions))
+        count = min(max(run, floor, 1), len(confidences))
+        tokens = proposal.tokens.tolist()
+        return [(index, tokens[index]) for index in positions[:count]]
+
+    def _walk(self, state: GrammarState, rows: torch.Tensor, positions: list[int], params: Any,
+              generator: torch.Generator | None, block_length: int, need_entropy: bool,
+              stop: Callable[[int, float], bool] | None) -> tuple[Proposal, list[float]]:
+        """Proposes each position from its grammar-masked logits, feeding each proposal to `state`, until
+        `stop(k, confidence)` says position k ends what can be accepted. Returns the proposal and the walked
+        positions' confidences."""
+        walked: list[float] = []
+        device = rows.device
+        tokens = torch.zeros(block_length, dtype=torch.long, device=device)
+        confidence = torch.full((block_length,), float("-inf"), device=device)
+        entropy = torch.full((block_length,), float("inf"), device=device) if need_entropy else None
+        for k, index in enumerate(positions):
+            row = rows[k : k + 1]  # [1, V]
+            allowed = state.allowed()
+            if allowed is not None:
+                forbidden = ~torch.from_numpy(allowed).to(device)[None, :]
+                masked = row.masked_fill(forbidden, float("-inf"))
+                # min_tokens may have removed the only tokens the grammar allows (its end): the grammar wins.
+                row = masked if bool(torch.isfinite(masked).any()) else torch.zeros_like(row).masked_fill(
+                    forbidden, float("-inf"))
+            one = propose(row, torch.tensor([index], device=device), block_length, params, generator, need_entropy)
+            tokens[index], confidence[index] = one.tokens[index], one.confidence[index]
+            if entropy is not None and one.entropy is not None:
+                entropy[index] = one.entropy[index]
+            state.push(int(one.tokens[index]))
+            walked.append(float(one.confidence[index]))
+            if stop is not None and stop(k, walked[-1]):
+                break
+        return Proposal(tokens, confidence, entropy), walked
+
+    def _state(self, request: Request) -> GrammarState:
+        state = self.states.get(request.request_id)
+        if state is None:
+            spec = request.params.structured_outputs
+            assert spec is not None
+            trigger = self._tokenizer.encode(spec.start_after, add_special_tokens=False) if spec.start_after else None
+            state = GrammarState(self.compiler.matcher(spec), self._vocab_size, trigger, request.params.stop_ids,
+                                 self.compiler.tokenizer.eos_tokens)
+            self.states[request.request_id] = state
+        return state
+
+
+def _early_stop(decoder: Decoder, floor: int, threshold: float) -> Callable[[int, float], bool] | None:
+    """When the walk may stop, for decoders whose accepted run depends on the positions before it only:
+
+    fixed accepts exactly `floor` positions; threshold accepts max(the run of confidences > threshold, floor)
+    (when fewer than `floor` positions pass the threshold its top-k fallback picks `floor`, and the run from the
+    left is then shorter than `floor`). Entropy weighs every masked position: None, the whole run is walked."""
+    if type(decoder) is FixedStepsDecoder:
+        return lambda k, confidence: k + 1 >= floor
+    if type(decoder) is ThresholdDecoder:
+        return lambda k, confidence: k + 1 >= floor and confidence <= threshold
+    return None

@@ -1,0 +1,79 @@
+"""Gated DeltaNet over an engine step: a flattened batch of many sequences, each reading and advancing its own
+state slot in a preallocated state pool (the recurrent counterpart of attention_backend's paged K/V).
+
+Per sequence the step holds `commit` tokens (prompt blocks, or the block finished last step) and then optionally
+one `block` of B tokens being denoised. Each GDN layer, for every sequence:
+
+    1. advances the slot's state causally over the commit tokens (written back into the slot),
+    2. runs the block against the advanced state: the block-diffusion preview (state read only) or, for a model
+       without the diffusion tensors, a causal pass whose resulting state is dropped.
+
+A commit run may be split at a page boundary whose state is kept as a prefix snapshot (its groups come first).
+Sequences whose commit runs have the same length are batched together (in steady state every fused commit is
+one block, so they form one group), and all blocks are batched in one preview. The row and slot indices are
+built once per step by the engine (`RecurrentStepInputs`); this module only gathers, runs and scatters. Knows
+nothing of requests or pages.
+
+Pool layout, per GDN layer (slot = a sequence's or a prefix snapshot's place in the pool):
+
+    conv_cache       [num_slots, conv_dim, k - 1]  model dtype
+    recurrent_cache  [num_slots, Hv, Dk, Dv]       fp32
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnState
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """Sequences with runs of the same length L in the step batch."""
+
+    rows: torch.Tensor
+    """[S, L] long: the batch row of each token."""
+    slots: torch.Tensor
+    """[S] long: each sequence's state slot."""
+    snapshot_slots: torch.Tensor | None = None
+    """[S] long: slots that also receive the state after this run (prefix-cache snapshots), or None."""
+
+
+@dataclass(frozen=True)
+class RecurrentStepInputs:
+    """Everything the GDN layers need for one engine step (the pool tensors and the step's index groups)."""
+
+    conv_caches: list[torch.Tensor]
+    """Per GDN layer (in layer order) [num_slots, conv_dim, k - 1]."""
+    recurrent_caches: list[torch.Tensor]
+    """Per GDN layer [num_slots, Hv, Dk, Dv] fp32."""
+    commits: tuple[RowGroup, ...]
+    """Commit runs, grouped by length."""
+    blocks: RowGroup | None
+    """Every sequence's block (B tokens each), or None when the step has no block."""
+    preview: bool
+    """Blocks are previewed (block diffusion); False: run causally, the state dropped (autoregressive)."""
+
+
+def gdn_step(layer: GatedDeltaNet, x: torch.Tensor, inputs: RecurrentStepInputs, gdn_index: int) -> torch.Tensor:
+    """x [N, H] (the step batch, normed) -> the layer's output [N, H]; advances the commit sequences' slots."""
+    conv_cache, recurrent_cache = inputs.conv_caches[gdn_index], inputs.recurrent_caches[gdn_index]
+    out = torch.empty_like(x)
+    for group in inputs.commits:
+        state = GdnState(conv_cache[group.slots], recurrent_cache[group.slots])
+        mixed, state = layer(x[group.rows], state)  # [S, L, H]
+        out[group.rows] = mixed
+        conv_cache.index_copy_(0, group.slots, state.conv.to(conv_cache.dtype))
+        recurrent_cache.index_copy_(0, group.slots, state.recurrent)
+        if group.snapshot_slots is not None:
+            conv_cache.index_copy_(0, group.snapshot_slots, state.conv.to(conv_cache.dtype))
+            recurrent_cache.index_copy_(0, group.snapshot_slots, state.recurrent)
+    blocks = inputs.blocks
+    if blocks is not None:
+        # Read after the commits above: a block sees its own sequence's state advanced by this step's commit.
+        state = GdnState(conv_cache[blocks.slots], recurrent_cache[blocks.slots])
+        tokens = x[blocks.rows]  # [S, B, H]
+        out[blocks.rows] = layer.preview(tokens, state) if inputs.preview else layer(tokens, state)[0]
+    return out

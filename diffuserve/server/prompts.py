@@ -1,0 +1,228 @@
+"""From an OpenAI request's prompt or messages to the token ids the engine takes, with the checks on them.
+
+Completions take text, token ids, or a list of either (one engine request per prompt); chat messages are
+rendered with the model's own chat template (text content only) and encoded without adding special tokens again.
+A prompt that leaves no room within max_model_len, or an explicit max_tokens that does not fit, is a 400 with
+both numbers (OpenAI's `context_length_exceeded`: the engine only clamps max_tokens to the room left). A text so
+long that it cannot fit whatever it encodes to is refused from its length alone, before tokenizing
+(`Tokenizer.min_num_tokens`).
+
+Special tokens: the mask token is never part of a prompt. A completion prompt (text or ids) may hold the special
+tokens the chat template emits, BOS and EOS, and no other special token. In chat messages, text that spells a
+special token is plain text (as transformers' `split_special_tokens`); only the template's own markers are
+special.
+
+Everything here is synchronous and may take time proportional to the input: the server runs it off the event
+loop for large inputs. Uses the server's own tokenizer instance, never the engine's (which lives on the
+engine-loop thread). Knows nothing of HTTP transport or of the engine's internals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+
+from diffuserve.server.errors import bad_request
+from diffuserve.server.protocol import ChatCompletionRequest, ChatMessage, Tool
+from diffuserve.server.tool_calls import check_messages
+from diffuserve.tokenizer import Tokenizer
+from diffuserve.tool_format import template_messages, template_renders_tools
+
+TEMPLATE_ROLES = {"developer": "system"}
+"""Roles the chat template sees under another name (OpenAI's `developer` is its newer name for `system`)."""
+
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
+"""apply_chat_template's own arguments: chat_template_kwargs may only pass variables to the template."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    """What `echo` returns (the prompt text, or its token ids decoded)."""
+    token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class PromptRules:
+    """What a prompt must respect, besides fitting the context (checked with the request's max_tokens)."""
+
+    max_model_len: int
+    vocab_size: int
+    mask_token_id: int
+    forbidden_ids: frozenset[int]
+    """Special ids a completion prompt may not hold: every special id but the template's own, BOS and EOS, and
+    always the mask token."""
+
+    @classmethod
+    def build(cls, tokenizer: Tokenizer | None, max_model_len: int, vocab_size: int, mask_token_id: int,
+              eos_token_ids: Iterable[int]) -> PromptRules:
+        allowed: set[int] = set(eos_token_ids)
+        special: set[int] = set()
+        if tokenizer is not None:
+            allowed |= tokenizer.template_special_ids | {tokenizer.bos_token_id, tokenizer.eos_token_id} - {None}
+            special = set(tokenizer.special_ids)
+        forbidden = (special - allowed) | {mask_token_id}
+        return cls(max_model_len, vocab_size, mask_token_id, frozenset(forbidden))
+
+
+def num_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
+    return 1 if isinstance(prompt, str) or isinstance(prompt[0], int) else len(prompt)
+
+
+def prompt_size(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
+    """Characters plus token ids: what tokenizing or decoding the prompt costs."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(1 if isinstance(item, int) else len(item) for item in prompt)
+
+
+def messages_size(messages: list[ChatMessage]) -> int:
+    return sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content)
+               for m in messages)
+
+
+def completion_prompts(tokenizer: Tokenizer | None, prompt: str | list[str] | list[int] | list[list[int]],
+                       rules: PromptRules) -> list[Prompt]:
+    is_single = isinstance(prompt, str) or isinstance(prompt[0], int)
+    items: list[str] | list[list[int]] = [prompt] if is_single else prompt  # type: ignore[assignment,list-item]
+    return [_one_prompt(tokenizer, item, rules) for item in items]
+
+
+def _one_prompt(tokenizer: Tokenizer | None, item: str | list[int], rules: PromptRules) -> Prompt:
+    if isinstance(item, str):
+        if tokenizer is None:
+            raise bad_request("prompt: this model directory has no tokenizer; send token ids", "prompt")
+        check_length(tokenizer, item, rules.max_model_len, "prompt")
+        token_ids = encode(tokenizer, item, "prompt")
+        if not token_ids:
+            raise bad_request("prompt: encodes to no tokens", "prompt")
+        check_special_ids(tokenizer, token_ids, rules.forbidden_ids, rules.mask_token_id, "prompt")
+        return Prompt(item, token_ids)
+    bad = [t for t in item if not 0 <= t < rules.vocab_size]
+    if bad:
+        raise bad_request(f"prompt: {bad[:5]} are not token ids of this model (0 <= id < {rules.vocab_size})",
+                          "prompt")
+    check_special_ids(tokenizer, item, rules.forbidden_ids, rules.mask_token_id, "prompt")
+    # The tokenizer may know fewer ids than the model's (padded) vocabulary: those decode to nothing for echo.
+    known = tokenizer is not None and all(t < tokenizer.vocab_size for t in item)
+    return Prompt(tokenizer.decode(item, skip_special_tokens=False) if known else "", list(item))
+
+
+def check_special_ids(tokenizer: Tokenizer | None, token_ids: list[int], forbidden: frozenset[int],
+                      mask_token_id: int, param: str) -> None:
+    """400 naming the first forbidden special token in `token_ids`."""
+    found = next((t for t in token_ids if t in forbidden), None)
+    if found is None:
+        return
+    known = tokenizer is not None and found < tokenizer.vocab_size
+    name = f" ({tokenizer.decode([found], skip_special_tokens=False)!r})" if known else ""
+    if found == mask_token_id:
+        why = "is the model's mask token, which no prompt may contain"
+    else:
+        why = ("is a special token this model's chat template never emits; a prompt may contain only the "
+               "template's special tokens, BOS and EOS")
+    raise bad_request(f"{param}: token id {found}{name} {why}; remove it", param)
+
+
+def check_length(tokenizer: Tokenizer, text: str, max_model_len: int, param: str) -> None:
+    """400 for a text too long to fit whatever it encodes to (from its length alone: no tokenizing)."""
+    at_least = tokenizer.min_num_tokens(len(text))
+    if at_least >= max_model_len:
+        raise bad_request(f"{param}: this model's maximum context length is {max_model_len} tokens and the prompt "
+                          f"has {len(text)} characters, so at least {at_least} tokens; shorten it", param,
+                          code="context_length_exceeded")
+
+
+def chat_prompt(tokenizer: Tokenizer | None, request: ChatCompletionRequest, rules: PromptRules) -> Prompt:
+    return render_chat(tokenizer, request.messages, rules, request.add_generation_prompt,
+                       request.continue_final_message, request.chat_template_kwargs or {}, request.tools)
+
+
+def render_chat(tokenizer: Tokenizer | None, messages: list[ChatMessage], rules: PromptRules,
+                add_generation_prompt: bool = True, continue_final_message: bool = False,
+                template_kwargs: dict[str, Any] | None = None, tools: list[Tool] | None = None) -> Prompt:
+    if tokenizer is None:
+        raise bad_request("messages: this model directory has no tokenizer (nor chat template)", "messages")
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(template_kwargs or {}))
+    if reserved:
+        raise bad_request(f"chat_template_kwargs: {reserved} are not template variables", "chat_template_kwargs")
+    if add_generation_prompt and continue_final_message:
+        raise bad_request("continue_final_message: cannot be combined with add_generation_prompt=true",
+                          "continue_final_message")
+    check_messages(messages)
+    renders_tools = template_renders_tools(tokenizer.hf.chat_template)
+    tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+    conversation = template_messages([_message(m) for m in messages], tool_dicts, renders_tools)
+    options = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message,
+               **(template_kwargs or {})}
+    if tool_dicts and renders_tools:
+        options["tools"] = tool_dicts
+    text = _render(tokenizer, conversation, options)
+    check_length(tokenizer, text, rules.max_model_len, "messages")
+    if not any(tokenizer.spells_special(m["content"] or "") for m in conversation):
+        token_ids = encode(tokenizer, text, "messages", add_special_tokens=False)
+    else:
+        _check_unicode(text, "messages")
+        reference = _render(tokenizer, [{**m, "content": tokenizer.defuse(m["content"] or "")} for m in conversation],
+                            options)
+        try:
+            token_ids = tokenizer.encode_rendered(text, reference)
+        except ValueError as e:
+            raise bad_request(str(e), "messages") from e
+    check_special_ids(tokenizer, token_ids, frozenset({rules.mask_token_id}), rules.mask_token_id, "messages")
+    return Prompt(text, token_ids)
+
+
+def _render(tokenizer: Tokenizer, conversation: list[dict[str, str]], options: dict[str, Any]) -> str:
+    try:
+        return tokenizer.apply_chat_template(conversation, **options)
+    except (ValueError, TypeError, jinja2.TemplateError) as e:
+        raise bad_request(f"messages: the model's chat template rejected them: {e}", "messages") from e
+
+
+def encode(tokenizer: Tokenizer, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+    """Token ids of user text; a 400 for text that is not valid Unicode (JSON allows lone surrogates, "\\ud800",
+    which no tokenizer accepts)."""
+    _check_unicode(text, param)
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def _check_unicode(text: str, param: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad_request(f"{param}: not valid Unicode ({e.reason} at character {e.start})", param) from e
+
+
+def _message(message: ChatMessage) -> dict[str, Any]:
+    content = message.content
+    if isinstance(content, list):
+        content = "\n".join(part.text for part in content)
+    out: dict[str, Any] = {"role": TEMPLATE_ROLES.get(message.role, message.role), "content": content}
+    if message.tool_calls:
+        out["tool_calls"] = [c.model_dump() for c in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+def check_context(prompt: Prompt, max_tokens: int | None, is_explicit: bool, max_model_len: int,
+                  param: str) -> None:
+    """400 when the prompt leaves no room to generate, or when an explicit max_tokens would not fit."""
+    num = len(prompt.token_ids)
+    if num >= max_model_len:
+        raise bad_request(f"{param}: this model's maximum context length is {max_model_len} tokens and the prompt "
+                          f"has {num} tokens, leaving no room to generate; shorten it", param,
+                          code="context_length_exceeded")
+    if is_explicit and max_tokens is not None and num + max_tokens > max_model_len:
+        raise bad_request(f"max_tokens: this model's maximum context length is {max_model_len} tokens, but "
+                          f"{num + max_tokens} were requested ({num} in the prompt, {max_tokens} for the "
+                          f"completion); reduce the prompt or max_tokens", "max_tokens",
+                          code="context_length_exceeded")
