@@ -84,7 +84,8 @@ def prompt_size(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
 
 
 def messages_size(messages: list[ChatMessage]) -> int:
-    return sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content)
+    """Characters of message text (an assistant message that only carries tool calls has no content)."""
+    return sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content or ())
                for m in messages)
 
 
