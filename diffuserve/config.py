@@ -217,10 +217,15 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple
             type_name = type_name[len("list[") :]
         kind = {"bool": parse_bool, "int": int, "float": float}.get(type_name.split(" ")[0].rstrip("]"), str)
         # A bare boolean flag means true (`--enforce-eager`, as vLLM spells it); `--flag false` still works.
-        shape: dict[str, Any] = {"nargs": "?", "const": True} if kind is parse_bool else \
-            {"nargs": "+" if is_list else None}
+        shape: dict[str, Any] = (
+            {"nargs": "?", "const": True} if kind is parse_bool else {"nargs": "+" if is_list else None}
+        )
         parser.add_argument(
-            "--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=argparse.SUPPRESS, **shape,
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=kind,
+            default=argparse.SUPPRESS,
+            **shape,
             metavar=f.name.upper() if kind is not parse_bool else "{true,false}",
             help=docs.get(f.name, "") + ("" if default is None else f" (default: {default})"),
         )

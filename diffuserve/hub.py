@@ -23,11 +23,16 @@ TRUE_VALUES = ("1", "true", "yes", "on")
 
 
 def add_hub_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--revision", default=None,
-                        help="Hub model ids: the branch, tag or commit to use (default: main)")
-    parser.add_argument("--download-dir", default=None, metavar="DIR",
-                        help="Hub model ids: the cache directory to download to and read from "
-                        "(default: the Hugging Face cache, $HF_HUB_CACHE)")
+    parser.add_argument(
+        "--revision", default=None, help="Hub model ids: the branch, tag or commit to use (default: main)"
+    )
+    parser.add_argument(
+        "--download-dir",
+        default=None,
+        metavar="DIR",
+        help="Hub model ids: the cache directory to download to and read from "
+        "(default: the Hugging Face cache, $HF_HUB_CACHE)",
+    )
 
 
 def is_offline() -> bool:
@@ -56,12 +61,20 @@ def download(repo_id: str, revision: str | None, download_dir: str | None) -> st
 
     offline = is_offline()
     try:
-        return snapshot_download(repo_id, revision=revision, cache_dir=download_dir,
-                                 allow_patterns=list(ALLOW_PATTERNS), local_files_only=offline)
+        return snapshot_download(
+            repo_id,
+            revision=revision,
+            cache_dir=download_dir,
+            allow_patterns=list(ALLOW_PATTERNS),
+            local_files_only=offline,
+        )
     except LocalEntryNotFoundError as e:
         where = download_dir or "the Hugging Face cache"
-        hint = ("HF_HUB_OFFLINE is set, so nothing is downloaded; unset it or download the model first"
-                if offline else "check the network, or pass a local model directory")
+        hint = (
+            "HF_HUB_OFFLINE is set, so nothing is downloaded; unset it or download the model first"
+            if offline
+            else "check the network, or pass a local model directory"
+        )
         raise ValueError(f"model: {repo_id!r} (revision {revision or 'main'}) is not in {where}; {hint}") from e
     except HfHubHTTPError as e:
         raise ValueError(f"model: {repo_id!r} could not be downloaded from the Hub: {str(e).splitlines()[0]}") from e

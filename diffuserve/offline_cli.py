@@ -15,8 +15,9 @@ SAMPLING_SKIP = ("n", "seed")  # one completion each; seeding is the engine's --
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model plus every engine option (shared by generate and chat)."""
-    parser.add_argument("--model", default=None,
-                        help="model directory or Hugging Face Hub id (default: the bundled model)")
+    parser.add_argument(
+        "--model", default=None, help="model directory or Hugging Face Hub id (default: the bundled model)"
+    )
     add_hub_arguments(parser)
     add_config_arguments(parser, EngineConfig, skip=("model",))
 
@@ -53,13 +54,23 @@ def run(args: argparse.Namespace) -> int:
     for prompt, out in zip(prompts, llm.generate(inputs, params)):
         completion = out.outputs[0]
         if args.json:
-            print(json.dumps({
-                "prompt": prompt, "text": completion.text, "token_ids": completion.token_ids,
-                "finish_reason": completion.finish_reason, "num_forwards": completion.num_forwards,
-                "tokens_per_forward": round(completion.tokens_per_forward, 3),
-            }))
+            print(
+                json.dumps(
+                    {
+                        "prompt": prompt,
+                        "text": completion.text,
+                        "token_ids": completion.token_ids,
+                        "finish_reason": completion.finish_reason,
+                        "num_forwards": completion.num_forwards,
+                        "tokens_per_forward": round(completion.tokens_per_forward, 3),
+                    }
+                )
+            )
         else:
             print(completion.text)
-            print(f"[{len(completion.token_ids)} tokens, NFE {completion.num_forwards}, "
-                  f"TPF {completion.tokens_per_forward:.2f}, finish: {completion.finish_reason}]", file=sys.stderr)
+            print(
+                f"[{len(completion.token_ids)} tokens, NFE {completion.num_forwards}, "
+                f"TPF {completion.tokens_per_forward:.2f}, finish: {completion.finish_reason}]",
+                file=sys.stderr,
+            )
     return 0

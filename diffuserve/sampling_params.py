@@ -23,11 +23,24 @@ DECODER_NAMES = ("threshold", "fixed", "entropy", "edit")
 DECODERS = DECODER_NAMES
 """The same tuple under its former name (server/protocol.py and tests/server import it)."""
 
-BUILTIN_DEFAULTS: dict[str, Any] = {"temperature": 0.0, "decoder": "threshold", "threshold": 0.9,
-                                    "entropy_bound": 0.35, "edit_threshold": 0.5, "max_post_edit_steps": 16}
+BUILTIN_DEFAULTS: dict[str, Any] = {
+    "temperature": 0.0,
+    "decoder": "threshold",
+    "threshold": 0.9,
+    "entropy_bound": 0.35,
+    "edit_threshold": 0.5,
+    "max_post_edit_steps": 16,
+}
 """Values of the knobs below that neither the request nor the model's generation config set."""
-MODEL_DEFAULTED = ("temperature", "decoder", "threshold", "steps", "entropy_bound", "edit_threshold",
-                   "max_post_edit_steps")
+MODEL_DEFAULTED = (
+    "temperature",
+    "decoder",
+    "threshold",
+    "steps",
+    "entropy_bound",
+    "edit_threshold",
+    "max_post_edit_steps",
+)
 """Knobs whose None is filled from the model's generation config."""
 
 
@@ -80,25 +93,47 @@ class SamplingParams:
         _check(self.top_k >= -1, "top_k", self.top_k, ">= -1 (0 or -1 disable it)")
         _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", self.max_tokens, ">= 1")
         _check(self.min_tokens >= 0, "min_tokens", self.min_tokens, ">= 0")
-        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
-               f"<= max_tokens ({self.max_tokens})")
-        _check(self.decoder is None or self.decoder in DECODER_NAMES, "decoder", self.decoder,
-               f"one of {DECODER_NAMES}")
+        _check(
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            self.min_tokens,
+            f"<= max_tokens ({self.max_tokens})",
+        )
+        _check(
+            self.decoder is None or self.decoder in DECODER_NAMES, "decoder", self.decoder, f"one of {DECODER_NAMES}"
+        )
         _check(self.threshold is None or 0 <= self.threshold <= 1, "threshold", self.threshold, "in [0, 1]")
         _check(self.steps is None or self.steps >= 1, "steps", self.steps, ">= 1")
         _check(self.entropy_bound is None or self.entropy_bound >= 0, "entropy_bound", self.entropy_bound, ">= 0")
-        _check(self.edit_threshold is None or 0 <= self.edit_threshold <= 1, "edit_threshold", self.edit_threshold,
-               "in [0, 1]")
-        _check(self.max_post_edit_steps is None or self.max_post_edit_steps >= 0, "max_post_edit_steps",
-               self.max_post_edit_steps, ">= 0")
+        _check(
+            self.edit_threshold is None or 0 <= self.edit_threshold <= 1,
+            "edit_threshold",
+            self.edit_threshold,
+            "in [0, 1]",
+        )
+        _check(
+            self.max_post_edit_steps is None or self.max_post_edit_steps >= 0,
+            "max_post_edit_steps",
+            self.max_post_edit_steps,
+            ">= 0",
+        )
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings")
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-               self.stop_token_ids, "non-negative token ids")
-        _check(self.structured_outputs is None or self.decoder != "edit", "decoder", self.decoder,
-               "not edit with structured_outputs (an edited token could leave the grammar)")
+        _check(
+            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            self.stop_token_ids,
+            "non-negative token ids",
+        )
+        _check(
+            self.structured_outputs is None or self.decoder != "edit",
+            "decoder",
+            self.decoder,
+            "not edit with structured_outputs (an edited token could leave the grammar)",
+        )
 
-    def with_defaults(self, defaults: Mapping[str, Any], *, max_tokens_limit: int | None = None,
-                      eos_token_ids: Sequence[int] = ()) -> ResolvedSamplingParams:
+    def with_defaults(
+        self, defaults: Mapping[str, Any], *, max_tokens_limit: int | None = None, eos_token_ids: Sequence[int] = ()
+    ) -> ResolvedSamplingParams:
         """Resolves every None knob from `defaults` (the model's generation config), then from BUILTIN_DEFAULTS.
 
         `max_tokens_limit`: the most tokens the engine can generate for this prompt; max_tokens is capped to it
@@ -116,11 +151,20 @@ class SamplingParams:
             raise ValueError("max_tokens: None (up to max_model_len) needs the engine's max_tokens_limit")
         eos = () if self.ignore_eos else tuple(eos_token_ids)
         return ResolvedSamplingParams(
-            n=self.n, top_p=self.top_p, top_k=self.top_k, seed=self.seed, max_tokens=max_tokens,
-            min_tokens=self.min_tokens, stop=list(self.stop), stop_token_ids=list(self.stop_token_ids),
-            stop_ids=frozenset((*eos, *self.stop_token_ids)), ignore_eos=self.ignore_eos,
-            skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
-            structured_outputs=self.structured_outputs, **knobs,
+            n=self.n,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            stop=list(self.stop),
+            stop_token_ids=list(self.stop_token_ids),
+            stop_ids=frozenset((*eos, *self.stop_token_ids)),
+            ignore_eos=self.ignore_eos,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            structured_outputs=self.structured_outputs,
+            **knobs,
         )
 
     def replace(self, **changes: Any) -> SamplingParams:

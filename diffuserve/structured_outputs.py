@@ -54,5 +54,7 @@ class StructuredOutputsParams:
 
     def cache_key(self) -> str:
         """Equal for requests that compile to the same grammar."""
-        return json.dumps([self.kind, getattr(self, self.kind), self.whitespace_flexible, self.start_after is not None],
-                          sort_keys=True)
+        return json.dumps(
+            [self.kind, getattr(self, self.kind), self.whitespace_flexible, self.start_after is not None],
+            sort_keys=True,
+        )

@@ -28,8 +28,12 @@ DEFUSED_CHAR = "\ue000"
 """Private-use character that stands in for a spelled special token when locating the template's own ones."""
 
 PROBE_CONVERSATIONS = (
-    [{"role": "system", "content": "a"}, {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"},
-     {"role": "user", "content": "d"}],
+    [
+        {"role": "system", "content": "a"},
+        {"role": "user", "content": "b"},
+        {"role": "assistant", "content": "c"},
+        {"role": "user", "content": "d"},
+    ],
     [{"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}],
 )
 """Conversations rendered once to learn which special tokens the chat template emits (some templates refuse a
@@ -77,12 +81,15 @@ class Tokenizer:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **template_kwargs: Any) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **template_kwargs: Any
+    ) -> str:
         """Renders a conversation with the model's template; ValueError if the model has none."""
         if not self.has_chat_template:
-            raise ValueError("messages: this model has no chat template (tokenizer_config.json `chat_template`); "
-                             "use the completions API with a plain prompt")
+            raise ValueError(
+                "messages: this model has no chat template (tokenizer_config.json `chat_template`); "
+                "use the completions API with a plain prompt"
+            )
         return self.hf.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
         )
@@ -114,8 +121,9 @@ class Tokenizer:
 
     @cached_property
     def _special_pattern(self) -> re.Pattern[str] | None:
-        strings = sorted({self.hf.convert_ids_to_tokens(i) for i in self.special_ids} - {None, ""},
-                         key=len, reverse=True)
+        strings = sorted(
+            {self.hf.convert_ids_to_tokens(i) for i in self.special_ids} - {None, ""}, key=len, reverse=True
+        )
         return re.compile("|".join(map(re.escape, strings))) if strings else None
 
     def spells_special(self, text: str) -> bool:
@@ -149,8 +157,10 @@ class Tokenizer:
         encodes the pieces between special tokens). ValueError if the template does not copy contents verbatim
         (the renderings differ in length): then the spans cannot be told apart."""
         if len(rendered) != len(reference):
-            raise ValueError("messages: a message spells a special token and this model's chat template changes "
-                             "message text, so it cannot be encoded as plain text; remove the special token")
+            raise ValueError(
+                "messages: a message spells a special token and this model's chat template changes "
+                "message text, so it cannot be encoded as plain text; remove the special token"
+            )
         encoding = self.hf(rendered, add_special_tokens=False, return_offsets_mapping=True)
         ids: list[int] = []
         piece: list[int] = []

@@ -22,7 +22,7 @@ CALL_PATTERN = re.compile(re.escape(CALL_START) + r"\s*(.*?)\s*" + re.escape(CAL
 TOOLS_PROMPT = (
     "# Tools\n\nYou can call the functions below to help answer. Their signatures, one JSON object a line:\n"
     "<tools>\n{tools}\n</tools>\n\nTo call a function, reply with a JSON object holding its name and arguments "
-    "between <tool_call></tool_call> tags:\n<tool_call>\n{{\"name\": <function name>, \"arguments\": "
+    'between <tool_call></tool_call> tags:\n<tool_call>\n{{"name": <function name>, "arguments": '
     "<arguments object>}}\n</tool_call>"
 )
 """The system prompt that offers tools to a model whose chat template does not render them."""
@@ -39,8 +39,9 @@ def template_renders_tools(chat_template: Any) -> bool:
     return isinstance(chat_template, str) and "tools" in chat_template
 
 
-def template_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, renders_tools: bool
-                      ) -> list[dict[str, Any]]:
+def template_messages(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, renders_tools: bool
+) -> list[dict[str, Any]]:
     """`messages` (already role-mapped dicts, tool_calls as OpenAI sends them) as the template should see them."""
     if renders_tools:
         return [_native(m) for m in messages]
@@ -59,9 +60,13 @@ def _native(message: dict[str, Any]) -> dict[str, Any]:
     """Tool calls with parsed arguments (templates apply `tojson` to them)."""
     if not message.get("tool_calls"):
         return message
-    calls = [{"type": "function", "function": {"name": c["function"]["name"],
-                                               "arguments": _arguments(c["function"]["arguments"])}}
-             for c in message["tool_calls"]]
+    calls = [
+        {
+            "type": "function",
+            "function": {"name": c["function"]["name"], "arguments": _arguments(c["function"]["arguments"])},
+        }
+        for c in message["tool_calls"]
+    ]
     return {**message, "content": message.get("content") or "", "tool_calls": calls}
 
 
@@ -70,9 +75,12 @@ def _fallback(message: dict[str, Any]) -> dict[str, Any]:
         return {"role": "user", "content": f"<tool_response>\n{message['content']}\n</tool_response>"}
     if not message.get("tool_calls"):
         return {"role": message["role"], "content": message.get("content") or ""}
-    calls = [f"{CALL_START}\n" + json.dumps({"name": c["function"]["name"],
-                                            "arguments": _arguments(c["function"]["arguments"])}) + f"\n{CALL_END}"
-             for c in message["tool_calls"]]
+    calls = [
+        f"{CALL_START}\n"
+        + json.dumps({"name": c["function"]["name"], "arguments": _arguments(c["function"]["arguments"])})
+        + f"\n{CALL_END}"
+        for c in message["tool_calls"]
+    ]
     return {"role": message["role"], "content": "\n".join(filter(None, [message.get("content"), *calls]))}
 
 
@@ -86,11 +94,21 @@ def _arguments(text: str) -> Any:
 def call_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
     """The Lark grammar of a reply made of one call (with `parallel`, one or more) of `tools`, each naming one
     of them with arguments matching its parameter schema."""
-    schema = {"anyOf": [{
-        "type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-        "properties": {"name": {"const": t["function"]["name"]},
-                       "arguments": t["function"].get("parameters") or {"type": "object", "properties": {}}},
-    } for t in tools], "x-guidance": JSON_FORMAT}
+    schema = {
+        "anyOf": [
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "arguments"],
+                "properties": {
+                    "name": {"const": t["function"]["name"]},
+                    "arguments": t["function"].get("parameters") or {"type": "object", "properties": {}},
+                },
+            }
+            for t in tools
+        ],
+        "x-guidance": JSON_FORMAT,
+    }
     call = f'"{CALL_START}\\n" %json {json.dumps(schema)} "\\n{CALL_END}"'
     more = ' ("\\n" call)*' if parallel else ""
     return f"start: call{more}\ncall: {call}\n"
@@ -135,5 +153,3 @@ def _call(body: str) -> ParsedCall | None:
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
     return ParsedCall(value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments))
-
-

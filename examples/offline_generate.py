@@ -1,6 +1,6 @@
 """Offline generation with the bundled model (or any model directory given as the first argument).
 
-    python examples/offline_generate.py [MODEL_DIR]
+python examples/offline_generate.py [MODEL_DIR]
 """
 
 import sys
@@ -18,5 +18,7 @@ for threshold in (0.95, 0.7):
     params = SamplingParams(max_tokens=64, decoder="threshold", threshold=threshold)
     for conversation, out in zip(conversations, llm.generate(prompts, params)):
         completion = out.outputs[0]
-        print(f"threshold {threshold}: {conversation[0]['content']!r} -> {completion.text!r} "
-              f"(NFE {completion.num_forwards}, TPF {completion.tokens_per_forward:.2f})")
+        print(
+            f"threshold {threshold}: {conversation[0]['content']!r} -> {completion.text!r} "
+            f"(NFE {completion.num_forwards}, TPF {completion.tokens_per_forward:.2f})"
+        )

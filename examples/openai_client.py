@@ -14,7 +14,9 @@ model = client.models.list().data[0].id
 
 # Streaming: each chunk is one committed diffusion block, final as soon as it arrives.
 stream = client.chat.completions.create(
-    model=model, messages=[{"role": "user", "content": "What is 27+15?"}], stream=True,
+    model=model,
+    messages=[{"role": "user", "content": "What is 27+15?"}],
+    stream=True,
     stream_options={"include_usage": True},
 )
 for chunk in stream:
@@ -25,6 +27,8 @@ for chunk in stream:
 
 # Diffusion knobs travel as extra fields of the request body.
 reply = client.chat.completions.create(
-    model=model, messages=[{"role": "user", "content": "Sort: 9 2 7"}], extra_body={"threshold": 0.7},
+    model=model,
+    messages=[{"role": "user", "content": "Sort: 9 2 7"}],
+    extra_body={"threshold": 0.7},
 )
 print(reply.choices[0].message.content, reply.usage)

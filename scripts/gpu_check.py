@@ -37,9 +37,20 @@ from diffuserve.model.layers.moe.dispatch import (
 from diffuserve.planner.model_presets import MODEL_PRESETS
 
 GiB = 1 << 30
-TINY = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-            num_experts=16, num_experts_per_tok=4, moe_intermediate_size=64, shared_expert_intermediate_size=64,
-            intermediate_size=256, vocab_size=512, max_position_embeddings=4096)
+TINY = dict(
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    num_experts=16,
+    num_experts_per_tok=4,
+    moe_intermediate_size=64,
+    shared_expert_intermediate_size=64,
+    intermediate_size=256,
+    vocab_size=512,
+    max_position_embeddings=4096,
+)
 
 
 def main() -> int:
@@ -77,8 +88,9 @@ def _environment(device: str) -> dict[str, Any]:
     env: dict[str, Any] = {"torch": torch.__version__, "device": device}
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
-        env.update(name=props.name, memory_gb=props.total_memory / GiB,
-                   capability=list(torch.cuda.get_device_capability(0)))
+        env.update(
+            name=props.name, memory_gb=props.total_memory / GiB, capability=list(torch.cuda.get_device_capability(0))
+        )
     print(f"environment: {env}", flush=True)
     return env
 
@@ -89,8 +101,14 @@ def _write_config(root: Path, dry_run: bool) -> Path:
     if dry_run:
         config.update(TINY)
     vocab = config["vocab_size"]
-    config.update(mask_token_id=vocab - 1, eos_token_id=vocab - 2, torch_dtype="bfloat16", rms_norm_eps=1e-6,
-                  rope_theta=1e6, norm_topk_prob=True)
+    config.update(
+        mask_token_id=vocab - 1,
+        eos_token_id=vocab - 2,
+        torch_dtype="bfloat16",
+        rms_norm_eps=1e-6,
+        rope_theta=1e6,
+        norm_topk_prob=True,
+    )
     model_dir = root / "clover-35b-a3b-random"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps(config, indent=2))
@@ -100,8 +118,9 @@ def _write_config(root: Path, dry_run: bool) -> Path:
 def _dispatch_check(model_dir: Path, device: str) -> dict[str, Any]:
     """One MoE layer of the model's shape at 64 x 32 tokens, bf16: the three dispatch paths."""
     config = json.loads((model_dir / "config.json").read_text())
-    h, inter, experts, top_k = (config[k] for k in ("hidden_size", "moe_intermediate_size", "num_experts",
-                                                   "num_experts_per_tok"))
+    h, inter, experts, top_k = (
+        config[k] for k in ("hidden_size", "moe_intermediate_size", "num_experts", "num_experts_per_tok")
+    )
     g = torch.Generator(device=device).manual_seed(0)
     kw = dict(device=device, dtype=torch.bfloat16, generator=g)
     x = torch.randn(64 * 32, h, **kw)
@@ -112,15 +131,18 @@ def _dispatch_check(model_dir: Path, device: str) -> dict[str, Any]:
     paths = {"grouped": grouped_experts, "sorted_runs": _sorted_runs, "per_expert_loop": looped_experts}
     out = {name: _timed(fn, (x, weights, ids, gate_up, down), device) for name, fn in paths.items()}
     ref = out["sorted_runs"][1].float()
-    summary = {name: {"ms": 1e3 * t, "max_abs_diff_vs_sorted_runs": float((o.float() - ref).abs().max())}
-               for name, (t, o) in out.items()}
+    summary = {
+        name: {"ms": 1e3 * t, "max_abs_diff_vs_sorted_runs": float((o.float() - ref).abs().max())}
+        for name, (t, o) in out.items()
+    }
     summary["grouped_mm_used"] = grouped_mm_supported(x, gate_up)
     print(f"dispatch: {summary}", flush=True)
     return summary
 
 
-def _sorted_runs(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
-                 down: torch.Tensor) -> torch.Tensor:
+def _sorted_runs(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
+) -> torch.Tensor:
     """The grouped dispatch without torch._grouped_mm: one matmul pair per active expert's sorted run."""
     groups = group_by_expert(ids, gate_up.shape[0])
     sorted_x = x.index_select(0, groups.token_of)
@@ -145,8 +167,14 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _generation_runs(model_dir: Path, args: argparse.Namespace, device: str, start: float, offload: bool,
-                     reference: dict[int, list] | None = None) -> tuple[list[dict[str, Any]], dict[int, list]]:
+def _generation_runs(
+    model_dir: Path,
+    args: argparse.Namespace,
+    device: str,
+    start: float,
+    offload: bool,
+    reference: dict[int, list] | None = None,
+) -> tuple[list[dict[str, Any]], dict[int, list]]:
     batches = args.offload_batches if offload else args.batches
     if time.monotonic() - start > args.budget_s:
         print(f"{'offload' if offload else 'full'}: skipped (time budget spent)", flush=True)
@@ -172,10 +200,15 @@ def _generation_runs(model_dir: Path, args: argparse.Namespace, device: str, sta
 
 
 def _engine_options(args: argparse.Namespace, max_batch: int, offload: bool) -> dict[str, Any]:
-    options: dict[str, Any] = dict(load_format="dummy", dtype="bfloat16", device="cpu" if args.dry_run else "cuda",
-                                   max_num_seqs=max_batch, max_model_len=32 + args.max_tokens + 64,
-                                   max_num_batched_tokens=max(4096, 2 * 32 * max_batch),
-                                   kv_cache_memory=(64 << 20) if args.dry_run else 2 * GiB)
+    options: dict[str, Any] = dict(
+        load_format="dummy",
+        dtype="bfloat16",
+        device="cpu" if args.dry_run else "cuda",
+        max_num_seqs=max_batch,
+        max_model_len=32 + args.max_tokens + 64,
+        max_num_batched_tokens=max(4096, 2 * 32 * max_batch),
+        kv_cache_memory=(64 << 20) if args.dry_run else 2 * GiB,
+    )
     if offload:
         options.update(expert_offload=True, expert_cache_memory=int(args.expert_cache_gb * GiB))
         if args.dry_run:
@@ -188,8 +221,9 @@ def _prompts(batch: int, seed: int) -> list[dict[str, list[int]]]:
     return [{"prompt_token_ids": torch.randint(1, 500, (32,), generator=g).tolist()} for _ in range(batch)]
 
 
-def _measure(llm: LLM, batch: int, params: SamplingParams, device: str,
-             reference: dict[int, list] | None) -> dict[str, Any]:
+def _measure(
+    llm: LLM, batch: int, params: SamplingParams, device: str, reference: dict[int, list] | None
+) -> dict[str, Any]:
     before = llm.engine.stats()
     _sync(device)
     started = time.perf_counter()
@@ -199,17 +233,26 @@ def _measure(llm: LLM, batch: int, params: SamplingParams, device: str,
     stats = llm.engine.stats()
     tokens = [o.outputs[0].token_ids for o in outputs]
     generated = sum(len(t) for t in tokens)
-    row: dict[str, Any] = {"batch": batch, "seconds": seconds, "tokens_per_s": generated / seconds,
-                           "tpf": generated / max(1, sum(o.num_forwards for o in outputs)),
-                           "steps": stats.num_steps - before.num_steps, "tokens": tokens}
+    row: dict[str, Any] = {
+        "batch": batch,
+        "seconds": seconds,
+        "tokens_per_s": generated / seconds,
+        "tpf": generated / max(1, sum(o.num_forwards for o in outputs)),
+        "steps": stats.num_steps - before.num_steps,
+        "tokens": tokens,
+    }
     if device == "cuda":
         row["peak_memory_gb"] = torch.cuda.max_memory_allocated() / GiB
     if stats.offload is not None:  # this batch's share of the cumulative counters
         now, then = stats.offload, before.offload
         hits, misses = now.hits - then.hits, now.misses - then.misses
-        row.update(hit_rate=hits / max(1, hits + misses), host_computes=now.host_computes - then.host_computes,
-                   fetches=now.fetches - then.fetches, residency_loads=now.residency_loads - then.residency_loads,
-                   bytes_per_generated_token=(now.bytes_moved - then.bytes_moved) / max(1, generated))
+        row.update(
+            hit_rate=hits / max(1, hits + misses),
+            host_computes=now.host_computes - then.host_computes,
+            fetches=now.fetches - then.fetches,
+            residency_loads=now.residency_loads - then.residency_loads,
+            bytes_per_generated_token=(now.bytes_moved - then.bytes_moved) / max(1, generated),
+        )
     if reference is not None and batch in reference:
         row["tokens_equal_full_gpu"] = tokens == reference[batch]
     return row

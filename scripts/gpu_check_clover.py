@@ -37,10 +37,23 @@ from diffuserve import LLM, SamplingParams
 from diffuserve.planner.model_presets import MODEL_PRESETS
 
 GiB = 1 << 30
-REDUCED = dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-               linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
-               num_experts=16, num_experts_per_tok=4, moe_intermediate_size=64, shared_expert_intermediate_size=64,
-               vocab_size=4096, max_position_embeddings=4096)
+REDUCED = dict(
+    hidden_size=256,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=32,
+    linear_value_head_dim=32,
+    num_experts=16,
+    num_experts_per_tok=4,
+    moe_intermediate_size=64,
+    shared_expert_intermediate_size=64,
+    vocab_size=4096,
+    max_position_embeddings=4096,
+)
 """The published layout (full_attention_interval 4, partial RoPE, gated shared expert) at a CPU-sized width."""
 BLOCK = 32
 
@@ -53,11 +66,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-tokens", type=int, default=96, help="prompt of the decode runs")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per decode request (2 blocks of 32)")
     parser.add_argument("--steps-per-block", type=int, default=8, help="fixed schedule: TPF = 32 / steps")
-    parser.add_argument("--memory-context", type=int, default=None,
-                        help="context of the memory-per-sequence runs (default 8192; 512 with --reduced)")
+    parser.add_argument(
+        "--memory-context",
+        type=int,
+        default=None,
+        help="context of the memory-per-sequence runs (default 8192; 512 with --reduced)",
+    )
     parser.add_argument("--memory-sequences", type=int, default=4, help="N of the memory-per-sequence runs")
-    parser.add_argument("--long-context", type=int, default=None,
-                        help="context of the long request (default 131072; 2048 with --reduced)")
+    parser.add_argument(
+        "--long-context",
+        type=int,
+        default=None,
+        help="context of the long request (default 131072; 2048 with --reduced)",
+    )
     parser.add_argument("--budget-s", type=float, default=480.0, help="skip phases that would start after this")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 with --reduced)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON summary here")
@@ -80,12 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"device": _device_name(args.device), "reduced": args.reduced}
     with tempfile.TemporaryDirectory(prefix="diffuserve-clover-check-") as tmp:
         model_dir = write_model_dir(Path(tmp), args.reduced)
-        result["config"] = {k: v for k, v in json.loads((model_dir / "config.json").read_text()).items()
-                            if k in ("hidden_size", "num_hidden_layers", "num_experts", "vocab_size")}
+        result["config"] = {
+            k: v
+            for k, v in json.loads((model_dir / "config.json").read_text()).items()
+            if k in ("hidden_size", "num_hidden_layers", "num_experts", "vocab_size")
+        }
         llm, result["load"] = _phase("load", lambda: _load(model_dir, args), start, args)
         if llm is not None:
-            phases = {"memory_per_sequence": lambda: _memory_per_sequence(llm, model_dir, args),
-                      "decode": lambda: _decode(llm, args), "long_context": lambda: _long_context(llm, args)}
+            phases = {
+                "memory_per_sequence": lambda: _memory_per_sequence(llm, model_dir, args),
+                "decode": lambda: _decode(llm, args),
+                "long_context": lambda: _long_context(llm, args),
+            }
             for name, run in phases.items():
                 result[name] = _phase(name, run, start, args)[1]
     result["elapsed_s"] = round(time.monotonic() - start, 1)
@@ -101,14 +128,24 @@ def write_model_dir(root: Path, reduced: bool) -> Path:
     tensor names of layer 0 (the loader decides from tensor names whether a checkpoint can run block diffusion)."""
     config = {**MODEL_PRESETS["Clover-35B-A3B"].config, **(REDUCED if reduced else {})}
     vocab = config["vocab_size"]
-    config.update(mask_token_id=vocab - 1, eos_token_id=vocab - 2, torch_dtype="bfloat16", rms_norm_eps=1e-6,
-                  rope_theta=1e7, block_length=BLOCK)
+    config.update(
+        mask_token_id=vocab - 1,
+        eos_token_id=vocab - 2,
+        torch_dtype="bfloat16",
+        rms_norm_eps=1e-6,
+        rope_theta=1e7,
+        block_length=BLOCK,
+    )
     model_dir = root / ("clover-moe-reduced" if reduced else "clover-35b-a3b-random")
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps(config, indent=2))
     prefix = "model.layers.0.linear_attn."
-    marker = {prefix + "conv_right_weight": torch.zeros(1, 1), prefix + "bd_softmax_logit_scale": torch.zeros(1),
-              prefix + "bd_softmax_history_bias": torch.zeros(1), prefix + "bd_softmax_history_c": torch.zeros(1)}
+    marker = {
+        prefix + "conv_right_weight": torch.zeros(1, 1),
+        prefix + "bd_softmax_logit_scale": torch.zeros(1),
+        prefix + "bd_softmax_history_bias": torch.zeros(1),
+        prefix + "bd_softmax_history_c": torch.zeros(1),
+    }
     save_file(marker, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
     return model_dir
 
@@ -132,20 +169,36 @@ def _load(model_dir: Path, args: argparse.Namespace) -> tuple[LLM, dict[str, Any
     started = time.perf_counter()
     # bf16 on a CPU without bf16 matmul units is tens of times slower than fp32: the dry run checks code, not speed.
     dtype = "bfloat16" if args.device == "cuda" else "float32"
-    llm = LLM(str(model_dir), load_format="dummy", dtype=dtype, device=args.device,
-              max_num_seqs=max([*args.concurrency, args.memory_sequences]), max_model_len=args.long_context,
-              max_num_batched_tokens=max(4096, 2 * BLOCK * max(args.concurrency)))
+    llm = LLM(
+        str(model_dir),
+        load_format="dummy",
+        dtype=dtype,
+        device=args.device,
+        max_num_seqs=max([*args.concurrency, args.memory_sequences]),
+        max_model_len=args.long_context,
+        max_num_batched_tokens=max(4096, 2 * BLOCK * max(args.concurrency)),
+    )
     _sync(args.device)
-    report = {"seconds": round(time.perf_counter() - started, 2),
-              "has_diffusion": llm.engine.args.extra["hybrid"].has_diffusion}
+    report = {
+        "seconds": round(time.perf_counter() - started, 2),
+        "has_diffusion": llm.engine.args.extra["hybrid"].has_diffusion,
+    }
     report.update(_memory(args.device, "allocated_gib"))
     return llm, report
 
 
 def _planned(model_dir: Path, context: int) -> dict[str, float]:
     """The planner's per-sequence terms for this config.json at this context."""
-    command = [sys.executable, "-m", "diffuserve", "plan", str(model_dir / "config.json"), "--context-length",
-               str(context), "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "diffuserve",
+        "plan",
+        str(model_dir / "config.json"),
+        "--context-length",
+        str(context),
+        "--json",
+    ]
     memory = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
     per_device = memory["memory_per_device"]
     kv, state = per_device["kv_bytes_per_token"] * context, per_device["state_bytes_per_sequence"]
@@ -161,13 +214,20 @@ def _memory_per_sequence(llm: LLM, model_dir: Path, args: argparse.Namespace) ->
         llm.generate(_prompts(n, context - BLOCK, seed=n), params)
         peaks[n] = _peak_bytes(args.device)
     planned = _planned(model_dir, context)
-    report: dict[str, Any] = {"context": context, "sequences": count, "planned_bytes_per_sequence":
-                              planned["bytes_per_sequence"], "planned_kv_bytes": planned["kv_bytes"],
-                              "planned_state_bytes": planned["state_bytes"]}
+    report: dict[str, Any] = {
+        "context": context,
+        "sequences": count,
+        "planned_bytes_per_sequence": planned["bytes_per_sequence"],
+        "planned_kv_bytes": planned["kv_bytes"],
+        "planned_state_bytes": planned["state_bytes"],
+    }
     if peaks[1] is not None:
         measured = (peaks[count] - peaks[1]) / (count - 1)
-        report.update(peak_bytes=peaks, measured_bytes_per_sequence=measured,
-                      measured_over_planned=measured / planned["bytes_per_sequence"])
+        report.update(
+            peak_bytes=peaks,
+            measured_bytes_per_sequence=measured,
+            measured_over_planned=measured / planned["bytes_per_sequence"],
+        )
     else:
         report["measured_bytes_per_sequence"] = "not measured on the CPU (no allocator statistics)"
     return report
@@ -185,8 +245,13 @@ def _decode(llm: LLM, args: argparse.Namespace) -> list[dict[str, Any]]:
         seconds = time.perf_counter() - started
         generated = sum(len(o.outputs[0].token_ids) for o in outputs)
         forwards = sum(o.outputs[0].num_forwards for o in outputs)
-        row = {"concurrency": n, "seconds": round(seconds, 3), "tokens_per_s": generated / seconds,
-               "tpf": generated / max(1, forwards), **_memory(args.device, "peak_gib", peak=True)}
+        row = {
+            "concurrency": n,
+            "seconds": round(seconds, 3),
+            "tokens_per_s": generated / seconds,
+            "tpf": generated / max(1, forwards),
+            **_memory(args.device, "peak_gib", peak=True),
+        }
         print(f"decode: {row}", flush=True)
         rows.append(row)
     return rows
@@ -199,15 +264,18 @@ def _long_context(llm: LLM, args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     output = llm.generate(_prompts(1, args.long_context - BLOCK, seed=7), params)[0]
     _sync(args.device)
-    return {"context": args.long_context, "seconds": round(time.perf_counter() - started, 2),
-            "generated": len(output.outputs[0].token_ids), "forwards": output.outputs[0].num_forwards,
-            **_memory(args.device, "peak_gib", peak=True)}
+    return {
+        "context": args.long_context,
+        "seconds": round(time.perf_counter() - started, 2),
+        "generated": len(output.outputs[0].token_ids),
+        "forwards": output.outputs[0].num_forwards,
+        **_memory(args.device, "peak_gib", peak=True),
+    }
 
 
 def _prompts(count: int, length: int, seed: int) -> list[dict[str, list[int]]]:
     generator = torch.Generator().manual_seed(seed)
-    return [{"prompt_token_ids": torch.randint(1, 4000, (length,), generator=generator).tolist()}
-            for _ in range(count)]
+    return [{"prompt_token_ids": torch.randint(1, 4000, (length,), generator=generator).tolist()} for _ in range(count)]
 
 
 def _device_name(device: str) -> str:

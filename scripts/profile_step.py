@@ -30,11 +30,21 @@ def main() -> None:
     parser.add_argument("--block-length", type=int, default=32)
     parser.add_argument("--top", type=int, default=12)
     ns = parser.parse_args()
-    context_ns = argparse.Namespace(threads=ns.threads, model=None, model_cache_dir=None, model_seed=0,
-                                    logit_scale=3.5, dtype=ns.dtype, device="cpu", probe_seconds=0.2, seed=0)
+    context_ns = argparse.Namespace(
+        threads=ns.threads,
+        model=None,
+        model_cache_dir=None,
+        model_seed=0,
+        logit_scale=3.5,
+        dtype=ns.dtype,
+        device="cpu",
+        probe_seconds=0.2,
+        seed=0,
+    )
     ctx = make_context(context_ns)
-    ctx = dataclasses.replace(ctx, engine_options={"moe_backend": ns.moe_backend,
-                                                   "enforce_eager": True if ns.enforce_eager else None})
+    ctx = dataclasses.replace(
+        ctx, engine_options={"moe_backend": ns.moe_backend, "enforce_eager": True if ns.enforce_eager else None}
+    )
     engine = ctx.engine(ns.block_length, 1, max_model_len(128, 128, ns.block_length), enable_prefix_caching=False)
     params = SamplingParams(max_tokens=128, ignore_eos=True, temperature=0.0)
     warm, measured = ctx.prompts(2, 128)
@@ -44,16 +54,37 @@ def main() -> None:
     events = sorted(profile.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total_us = sum(e.self_cpu_time_total for e in events)
     forwards = record.num_forwards
-    ops = [{"op": e.key, "self_share": e.self_cpu_time_total / total_us, "calls_per_forward": e.count / forwards,
-            "self_ms_per_forward": e.self_cpu_time_total / 1000 / forwards} for e in events[: ns.top]]
+    ops = [
+        {
+            "op": e.key,
+            "self_share": e.self_cpu_time_total / total_us,
+            "calls_per_forward": e.count / forwards,
+            "self_ms_per_forward": e.self_cpu_time_total / 1000 / forwards,
+        }
+        for e in events[: ns.top]
+    ]
     for op in ops:
-        print(f"{op['op']:<55} {100 * op['self_share']:5.1f}% {op['calls_per_forward']:8.1f} calls/fwd "
-              f"{op['self_ms_per_forward']:7.2f} ms/fwd")
+        print(
+            f"{op['op']:<55} {100 * op['self_share']:5.1f}% {op['calls_per_forward']:8.1f} calls/fwd "
+            f"{op['self_ms_per_forward']:7.2f} ms/fwd"
+        )
     calls = sum(e.count for e in events) / forwards
     print(f"{forwards} forwards, {1000 * record.wall_s / forwards:.1f} ms each (profiled), {calls:.0f} ops/forward")
-    print(json.dumps({"bench": "profile", "dtype": ns.dtype, "moe_backend": ns.moe_backend, "threads": ns.threads,
-                      "forwards": forwards, "wall_ms_per_forward": 1000 * record.wall_s / forwards,
-                      "ops_per_forward": calls, "top_ops": ops, "load_average": list(os.getloadavg())}))
+    print(
+        json.dumps(
+            {
+                "bench": "profile",
+                "dtype": ns.dtype,
+                "moe_backend": ns.moe_backend,
+                "threads": ns.threads,
+                "forwards": forwards,
+                "wall_ms_per_forward": 1000 * record.wall_s / forwards,
+                "ops_per_forward": calls,
+                "top_ops": ops,
+                "load_average": list(os.getloadavg()),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

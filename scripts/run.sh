@@ -28,6 +28,7 @@ case "$job" in
     ;;
   test)
     .venv/bin/ruff check .
+    .venv/bin/ruff format --check .
     exec "$VPY" -m pytest -q "$@"
     ;;
   *)

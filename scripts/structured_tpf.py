@@ -22,43 +22,67 @@ from diffuserve.eval.tasks import TASKS, Example, heldout_examples, is_correct
 from diffuserve.structured_outputs import StructuredOutputsParams
 from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
 
-ANSWER_REGEX = {"add": r"[0-9]{2,3}", "reverse": r"[a-z]+", "sort": r"[0-9]( [0-9])*", "copy": r"[a-z]+",
-                "max": r"[0-9]", "lookup": r"[a-z]"}
+ANSWER_REGEX = {
+    "add": r"[0-9]{2,3}",
+    "reverse": r"[a-z]+",
+    "sort": r"[0-9]( [0-9])*",
+    "copy": r"[a-z]+",
+    "max": r"[0-9]",
+    "lookup": r"[a-z]",
+}
 """Each task's answer format."""
 INTEGER_SCHEMA = {"type": "integer", "minimum": 0, "maximum": 198}
 """Addition's answer as a JSON schema in the model's own answer format (a bare number)."""
-ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
-                 "additionalProperties": False}
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
 
 
 def run(llm: LLM, examples: list[Example], specs: list[StructuredOutputsParams | None], unwrap: bool) -> dict:
-    prompts = [{"prompt_token_ids": llm.engine.tokenizer.encode_chat([{"role": "user", "content": e.prompt}])}
-               for e in examples]
+    prompts = [
+        {"prompt_token_ids": llm.engine.tokenizer.encode_chat([{"role": "user", "content": e.prompt}])}
+        for e in examples
+    ]
     outs = llm.generate(prompts, [SamplingParams(max_tokens=32, structured_outputs=s) for s in specs])
     texts = [o.outputs[0].text for o in outs]
     replies = [_answer(t) for t in texts] if unwrap else texts
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     forwards = sum(o.outputs[0].num_forwards for o in outs)
-    return {"prompts": len(examples), "correct": sum(is_correct(e, r) for e, r in zip(examples, replies)),
-            "tokens": tokens, "forwards": forwards, "tpf": round(tokens / forwards, 3)}
+    return {
+        "prompts": len(examples),
+        "correct": sum(is_correct(e, r) for e, r in zip(examples, replies)),
+        "tokens": tokens,
+        "forwards": forwards,
+        "tpf": round(tokens / forwards, 3),
+    }
 
 
 def rule_cost(root: Path, block: int) -> dict:
     """TPF free and under a grammar that allows any text, on a tiny random checkpoint."""
-    config = make_config("sdar-moe-tiny", block_length=block, first_k_dense_replace=1,
-                         shared_expert_intermediate_size=48)
+    config = make_config(
+        "sdar-moe-tiny", block_length=block, first_k_dense_replace=1, shared_expert_intermediate_size=48
+    )
     llm = LLM(str(write_random_checkpoint(root / f"b{block}", config, seed=0, logit_scale=40.0)), num_pages=1024)
-    prompts = [{"prompt_token_ids": [(i * 37 + j * 11) % 250 + 1 for j in range(3 + (i * 13) % 9)]}
-               for i in range(16)]
+    prompts = [{"prompt_token_ids": [(i * 37 + j * 11) % 250 + 1 for j in range(3 + (i * 13) % 9)]} for i in range(16)]
     results = {}
-    for name, spec in ((f"random b{block}, free", None),
-                       (f"random b{block}, any text", StructuredOutputsParams(regex=r"[\s\S]*"))):
+    for name, spec in (
+        (f"random b{block}, free", None),
+        (f"random b{block}, any text", StructuredOutputsParams(regex=r"[\s\S]*")),
+    ):
         params = SamplingParams(max_tokens=64, ignore_eos=True, threshold=0.9, structured_outputs=spec)
         outs = llm.generate(prompts, [params] * len(prompts))
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         forwards = sum(o.outputs[0].num_forwards for o in outs)
-        results[name] = {"prompts": len(prompts), "correct": None, "tokens": tokens, "forwards": forwards,
-                         "tpf": round(tokens / forwards, 3)}
+        results[name] = {
+            "prompts": len(prompts),
+            "correct": None,
+            "tokens": tokens,
+            "forwards": forwards,
+            "tpf": round(tokens / forwards, 3),
+        }
     return results
 
 
@@ -78,8 +102,9 @@ def main() -> None:
     adds = [e for e in examples if e.task == "add"]
     results = {
         "all tasks, free": run(llm, examples, [None] * len(examples), False),
-        "all tasks, answer regex": run(llm, examples, [StructuredOutputsParams(regex=ANSWER_REGEX[e.task])
-                                                       for e in examples], False),
+        "all tasks, answer regex": run(
+            llm, examples, [StructuredOutputsParams(regex=ANSWER_REGEX[e.task]) for e in examples], False
+        ),
         "add, free": run(llm, adds, [None] * len(adds), False),
         "add, json integer": run(llm, adds, [StructuredOutputsParams(json=INTEGER_SCHEMA)] * len(adds), False),
         "add, json {answer: integer}": run(llm, adds, [StructuredOutputsParams(json=ANSWER_SCHEMA)] * len(adds), True),

@@ -41,8 +41,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="examples per step")
     parser.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of data, noise and init")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (part of what makes runs repeat; 1 is robust on shared cores)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (part of what makes runs repeat; 1 is robust on shared cores)",
+    )
     parser.add_argument("--eval-per-task", type=int, default=200, help="held-out examples per task to score")
     return parser.parse_args(argv)
 
@@ -59,22 +63,34 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # denormal gradients late in training slow CPU kernels down many times
-    cfg = TrainConfig(family=args.family, shape=dict(FAMILIES[args.family].shape), steps=args.steps,
-                      batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    cfg = TrainConfig(
+        family=args.family,
+        shape=dict(FAMILIES[args.family].shape),
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+    )
     start, start_cpu = time.perf_counter(), time.process_time()
     model_args, model = train(cfg, log=lambda line: print(line, flush=True))
     train_seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
     out = write_checkpoint(model, model_args, cfg, args.out)
     num_params = sum(p.numel() for p in model.parameters())
-    print(f"wrote {out} ({num_params / 1e6:.2f}M parameters) after {train_seconds:.0f}s of training "
-          f"({cpu_seconds:.0f} CPU-seconds over {args.threads} threads)")
-    result = evaluate(LLM(str(out), dtype="float32"), heldout_examples(args.eval_per_task), SamplingParams(),
-                      "default")
+    print(
+        f"wrote {out} ({num_params / 1e6:.2f}M parameters) after {train_seconds:.0f}s of training "
+        f"({cpu_seconds:.0f} CPU-seconds over {args.threads} threads)"
+    )
+    result = evaluate(LLM(str(out), dtype="float32"), heldout_examples(args.eval_per_task), SamplingParams(), "default")
     print(format_table([result]))
     summary = {
-        "family": cfg.family, "train_seconds": round(train_seconds, 1), "train_cpu_seconds": round(cpu_seconds, 1),
-        "steps": cfg.steps, "seed": cfg.seed, "threads": args.threads,
-        "params": num_params, **result.summary(),
+        "family": cfg.family,
+        "train_seconds": round(train_seconds, 1),
+        "train_cpu_seconds": round(cpu_seconds, 1),
+        "steps": cfg.steps,
+        "seed": cfg.seed,
+        "threads": args.threads,
+        "params": num_params,
+        **result.summary(),
         "weights_sha256": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest(),
     }
     print(json.dumps(summary))

@@ -14,12 +14,16 @@ from diffuserve.testing.random_checkpoint import make_config, write_random_check
 torch.set_num_threads(1)
 
 
-def tiny_checkpoint(root: Path, name: str, block_length: int = 4, seed: int = 0, logit_scale: float = 40.0,
-                    **overrides) -> Path:
+def tiny_checkpoint(
+    root: Path, name: str, block_length: int = 4, seed: int = 0, logit_scale: float = 40.0, **overrides
+) -> Path:
     """An sdar-moe-tiny MoE (4 experts top-2, a shared expert, layer 0 dense) with a peaky LM head, so that
     threshold decoding accepts several tokens at some steps and one at others."""
     config = make_config(
-        "sdar-moe-tiny", block_length=block_length, first_k_dense_replace=1, shared_expert_intermediate_size=48,
+        "sdar-moe-tiny",
+        block_length=block_length,
+        first_k_dense_replace=1,
+        shared_expert_intermediate_size=48,
         **overrides,
     )
     return write_random_checkpoint(root / name, config, seed=seed, logit_scale=logit_scale)

@@ -102,7 +102,9 @@ def test_page_size_must_hold_whole_blocks(tiny_model_dir):
 def test_cli_prints_one_line_without_traceback(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "diffuserve", "generate", "--model", str(tmp_path / "none"), "hi"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
@@ -115,12 +117,27 @@ def test_add_request_raises_typed_errors_and_queues_nothing(tiny_model_dir):
     cases = [
         (("taken", [1, 2]), DuplicateRequestId, "request_id", "duplicate_request_id", "'taken' is already in use"),
         (("p", [1, 100000]), InvalidTokenIds, "prompt_token_ids", "invalid_value", r"\[100000\]"),
-        (("p", [1, 2], SamplingParams(stop_token_ids=[5000])), InvalidTokenIds, "stop_token_ids", "invalid_value",
-         r"\[5000\]"),
-        (("p", [1] * 70), ContextLengthExceeded, "prompt", "context_length_exceeded",
-         "70 tokens leave no room to generate within max_model_len 64; shorten the prompt or raise --max-model-len"),
-        (("p", [1] * 8, SamplingParams(max_tokens=50)), ContextLengthExceeded, "max_tokens",
-         "context_length_exceeded", r"prompt \(8 tokens\) \+ max_tokens \(50\) need .* KV pages .*--num-pages"),
+        (
+            ("p", [1, 2], SamplingParams(stop_token_ids=[5000])),
+            InvalidTokenIds,
+            "stop_token_ids",
+            "invalid_value",
+            r"\[5000\]",
+        ),
+        (
+            ("p", [1] * 70),
+            ContextLengthExceeded,
+            "prompt",
+            "context_length_exceeded",
+            "70 tokens leave no room to generate within max_model_len 64; shorten the prompt or raise --max-model-len",
+        ),
+        (
+            ("p", [1] * 8, SamplingParams(max_tokens=50)),
+            ContextLengthExceeded,
+            "max_tokens",
+            "context_length_exceeded",
+            r"prompt \(8 tokens\) \+ max_tokens \(50\) need .* KV pages .*--num-pages",
+        ),
     ]
     for args, kind, param, code, message in cases:
         with pytest.raises(kind, match=message) as error:

@@ -88,8 +88,7 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
 
 
 def _package(module: str) -> str:
-    return module.rsplit(".", 1)[0] if (ROOT.parent / module.replace(".", "/")).with_suffix(".py").is_file() \
-        else module
+    return module.rsplit(".", 1)[0] if (ROOT.parent / module.replace(".", "/")).with_suffix(".py").is_file() else module
 
 
 def test_the_checker_finds_a_cycle_by_hand():
@@ -121,6 +120,7 @@ BOUNDARIES = [  # (package, packages it must never import), from docs/architectu
 def test_package_boundaries(package, forbidden):
     leaks = {
         module: sorted(t for t in targets if t.startswith(forbidden))
-        for module, targets in import_graph().items() if module.startswith(package)
+        for module, targets in import_graph().items()
+        if module.startswith(package)
     }
     assert {m: t for m, t in leaks.items() if t} == {}

@@ -11,9 +11,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MAY_IMPORT_TESTING = ("bench", "testing")
-SERVING_MODULES = ("diffuserve", "diffuserve.cli", "diffuserve.engine.llm", "diffuserve.engine.llm_engine",
-                   "diffuserve.engine.model_runner", "diffuserve.model.loader", "diffuserve.server.app",
-                   "diffuserve.eval.cli", "diffuserve.eval.harness")
+SERVING_MODULES = (
+    "diffuserve",
+    "diffuserve.cli",
+    "diffuserve.engine.llm",
+    "diffuserve.engine.llm_engine",
+    "diffuserve.engine.model_runner",
+    "diffuserve.model.loader",
+    "diffuserve.server.app",
+    "diffuserve.eval.cli",
+    "diffuserve.eval.harness",
+)
 
 
 def test_no_serving_source_names_the_workshop():
@@ -28,8 +36,10 @@ def test_no_serving_source_names_the_workshop():
 
 
 def test_importing_the_serving_path_loads_no_workshop_module():
-    code = (f"import importlib, sys\nfor name in {SERVING_MODULES!r}: importlib.import_module(name)\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('diffuserve.testing', 'scripts'))))")
+    code = (
+        f"import importlib, sys\nfor name in {SERVING_MODULES!r}: importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('diffuserve.testing', 'scripts'))))"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout
@@ -40,8 +50,10 @@ def test_the_reference_decode_never_imports_the_engine():
     SamplingParams, validates with engine/errors.py's RequestError: that module (no engine logic) is all it pulls."""
     for path in sorted((ROOT / "diffuserve" / "testing").glob("reference_*.py")):
         assert "diffuserve.engine" not in path.read_text(), path.name
-    code = ("import sys, diffuserve.testing.reference_decode\n"
-            "print(sorted(m for m in sys.modules if m.startswith('diffuserve.engine')))")
+    code = (
+        "import sys, diffuserve.testing.reference_decode\n"
+        "print(sorted(m for m in sys.modules if m.startswith('diffuserve.engine')))"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert set(ast.literal_eval(result.stdout)) <= {"diffuserve.engine", "diffuserve.engine.errors"}, result.stdout

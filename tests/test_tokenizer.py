@@ -28,6 +28,7 @@ def _tokenizer_dir(root: Path, special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
 @pytest.fixture()
 def no_prompts(monkeypatch):
     """Any interactive question (transformers' "Do you wish to run the custom code?") fails the test."""
+
     def refuse(prompt: str = "") -> str:
         raise AssertionError(f"asked interactively: {prompt[:80]}")
 
@@ -47,8 +48,9 @@ def test_auto_map_in_config_never_prompts(tmp_path: Path, no_prompts, drop_class
 def test_a_tokenizer_that_needs_remote_code_is_a_one_line_error(tmp_path: Path, no_prompts):
     model_dir = _tokenizer_dir(tmp_path / "m", auto_map=AUTO_MAP)
     config = json.loads((model_dir / "tokenizer_config.json").read_text())
-    config.update(tokenizer_class="SDARTokenizer", auto_map={"AutoTokenizer": ["tokenization_sdar.SDARTokenizer",
-                                                                              None]})
+    config.update(
+        tokenizer_class="SDARTokenizer", auto_map={"AutoTokenizer": ["tokenization_sdar.SDARTokenizer", None]}
+    )
     (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
     (model_dir / "tokenizer.json").unlink()
     with pytest.raises(ValueError, match="never runs") as error:
@@ -102,23 +104,38 @@ def _spec(normalizer=None, pre_tokenizer=None, model=None) -> dict:
     from diffuserve.tokenizer_bounds import _byte_level_alphabet
 
     vocab = {symbol: i for i, symbol in enumerate(_byte_level_alphabet())} | {"abcdef": 300}
-    return {"normalizer": normalizer, "pre_tokenizer": pre_tokenizer or {"type": "ByteLevel"},
-            "model": model or {**BYTE_LEVEL, "vocab": vocab}, "added_tokens": [{"content": "<s>"}]}
+    return {
+        "normalizer": normalizer,
+        "pre_tokenizer": pre_tokenizer or {"type": "ByteLevel"},
+        "model": model or {**BYTE_LEVEL, "vocab": vocab},
+        "added_tokens": [{"content": "<s>"}],
+    }
 
 
-@pytest.mark.parametrize(("spec", "bound"), [
-    (_spec(), 6),
-    (_spec({"type": "NFC"}), 24),
-    (_spec({"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "Lowercase"}]}), 6),
-    (_spec({"type": "Replace", "pattern": {"String": "  "}, "content": " "}), 12),
-    (_spec({"type": "Replace", "pattern": {"Regex": "\\s+"}, "content": " "}), None),
-    (_spec({"type": "Strip"}), None),
-    (_spec(pre_tokenizer={"type": "Whitespace"}), None),
-    (_spec(pre_tokenizer={"type": "Split", "behavior": "Removed"}), None),
-    (_spec(pre_tokenizer={"type": "Sequence", "pretokenizers": [{"type": "Split", "behavior": "Isolated"},
-                                                                 {"type": "ByteLevel"}]}), 6),
-    (_spec(model={"type": "WordPiece", "vocab": {"a": 0}}), None),
-    (_spec(model={"type": "BPE", "vocab": {"a": 0}}), None),  # unknown bytes would be dropped
-], ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize(
+    ("spec", "bound"),
+    [
+        (_spec(), 6),
+        (_spec({"type": "NFC"}), 24),
+        (_spec({"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "Lowercase"}]}), 6),
+        (_spec({"type": "Replace", "pattern": {"String": "  "}, "content": " "}), 12),
+        (_spec({"type": "Replace", "pattern": {"Regex": "\\s+"}, "content": " "}), None),
+        (_spec({"type": "Strip"}), None),
+        (_spec(pre_tokenizer={"type": "Whitespace"}), None),
+        (_spec(pre_tokenizer={"type": "Split", "behavior": "Removed"}), None),
+        (
+            _spec(
+                pre_tokenizer={
+                    "type": "Sequence",
+                    "pretokenizers": [{"type": "Split", "behavior": "Isolated"}, {"type": "ByteLevel"}],
+                }
+            ),
+            6,
+        ),
+        (_spec(model={"type": "WordPiece", "vocab": {"a": 0}}), None),
+        (_spec(model={"type": "BPE", "vocab": {"a": 0}}), None),  # unknown bytes would be dropped
+    ],
+    ids=lambda v: str(v)[:40],
+)
 def test_length_bound_rules(spec: dict, bound: float | None):
     assert chars_per_token_bound(spec) == bound

@@ -23,6 +23,13 @@ def accuracy_vs_tpf(model_dir: str | Path, num_per_task: int, dtype: str, device
     rows = []
     for label, params in decoding_sweep(THRESHOLDS, llm.engine.args.block_length):
         r = evaluate(llm, examples, params, label)
-        rows.append({"decoding": label, "accuracy": r.accuracy, "tokens_per_forward": r.tokens_per_forward,
-                     "nfe_per_example": r.forwards_per_example, "num_examples": r.num_examples})
+        rows.append(
+            {
+                "decoding": label,
+                "accuracy": r.accuracy,
+                "tokens_per_forward": r.tokens_per_forward,
+                "nfe_per_example": r.forwards_per_example,
+                "num_examples": r.num_examples,
+            }
+        )
     return rows

@@ -43,9 +43,13 @@ class FittedEfficiency:
 def step_samples(steps: Sequence[StepRecord], cost: ModelCost, experts_touched_per_layer: float) -> list[StepSample]:
     """Decode steps (no prompt tokens) as (FLOPs, bytes, wall seconds)."""
     return [
-        StepSample(cost.step_flops(s.num_tokens, s.num_logit_rows, s.attention_pairs),
-                   cost.step_bytes(experts_touched_per_layer, s.kv_tokens_read), s.wall_s)
-        for s in steps if s.prefill_tokens == 0
+        StepSample(
+            cost.step_flops(s.num_tokens, s.num_logit_rows, s.attention_pairs),
+            cost.step_bytes(experts_touched_per_layer, s.kv_tokens_read),
+            s.wall_s,
+        )
+        for s in steps
+        if s.prefill_tokens == 0
     ]
 
 
@@ -69,24 +73,41 @@ def fit_efficiency(samples: Sequence[StepSample], rates: MachineRates) -> Fitted
 
 
 def calibration_object(
-    model_config: dict[str, Any], dtype: str, rates: MachineRates, memory_bytes: int, workload: dict[str, int],
-    fitted: FittedEfficiency, tpf: float, experts_touched_per_block: float | None,
-    measured_decode_tokens_per_s: float, measured_forward_time_s: float, deployment: dict[str, int],
+    model_config: dict[str, Any],
+    dtype: str,
+    rates: MachineRates,
+    memory_bytes: int,
+    workload: dict[str, int],
+    fitted: FittedEfficiency,
+    tpf: float,
+    experts_touched_per_block: float | None,
+    measured_decode_tokens_per_s: float,
+    measured_forward_time_s: float,
+    deployment: dict[str, int],
 ) -> dict[str, Any]:
     """The object under the JSON line's "calibration" key (schema_version 1)."""
     planner_dtype = PLANNER_DTYPES.get(dtype)
     if planner_dtype is None:
         raise ValueError(f"dtype: {dtype} has no planner spelling; use one of {', '.join(PLANNER_DTYPES)}")
     return Calibration(
-        model_config=model_config, weight_dtype=planner_dtype, kv_dtype=planner_dtype,
-        hardware_memory_bytes=memory_bytes, hardware_bandwidth_bytes_per_s=rates.bandwidth_bytes_per_s,
+        model_config=model_config,
+        weight_dtype=planner_dtype,
+        kv_dtype=planner_dtype,
+        hardware_memory_bytes=memory_bytes,
+        hardware_bandwidth_bytes_per_s=rates.bandwidth_bytes_per_s,
         hardware_flops_per_s=rates.flops_per_s,
-        num_seqs=workload["num_seqs"], prompt_tokens=workload["prompt_tokens"],
-        output_tokens=workload["output_tokens"], block_length=workload["block_length"],
+        num_seqs=workload["num_seqs"],
+        prompt_tokens=workload["prompt_tokens"],
+        output_tokens=workload["output_tokens"],
+        block_length=workload["block_length"],
         # The bandwidth is this machine's own probe, so the achieved fraction is 1 by definition (see above).
-        achieved_bandwidth_fraction=1.0, achieved_flops_fraction=fitted.flops_fraction,
-        step_overhead_s=fitted.step_overhead_s, tpf=tpf, experts_touched_per_block=experts_touched_per_block,
-        measured_decode_tokens_per_s=measured_decode_tokens_per_s, measured_forward_time_s=measured_forward_time_s,
+        achieved_bandwidth_fraction=1.0,
+        achieved_flops_fraction=fitted.flops_fraction,
+        step_overhead_s=fitted.step_overhead_s,
+        tpf=tpf,
+        experts_touched_per_block=experts_touched_per_block,
+        measured_decode_tokens_per_s=measured_decode_tokens_per_s,
+        measured_forward_time_s=measured_forward_time_s,
         deployment_fields=deployment,
         fit={"num_decode_steps": fitted.num_samples, "rms_relative_error": fitted.rms_relative_error},
     ).to_json()

@@ -30,32 +30,62 @@ def positive_int(text: str) -> int:
 
 def _add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json-out", default=None, metavar="PATH", help="also write the final JSON line here")
-    parser.add_argument("--plot", default=None, metavar="DIR",
-                        help="write PNG charts into DIR (needs: pip install 'diffuserve[plot]')")
+    parser.add_argument(
+        "--plot", default=None, metavar="DIR", help="write PNG charts into DIR (needs: pip install 'diffuserve[plot]')"
+    )
 
 
 def _add_model(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model and machine")
-    model.add_argument("--model", default=None,
-                       help="model directory, or clover-moe-bench (a random clover_moe shape, written on first "
-                            "use); default: the random sdar-moe-bench model, written on first use")
-    model.add_argument("--model-cache-dir", default=None, metavar="DIR",
-                       help="where sdar-moe-bench is written (default: ~/.cache/diffuserve)")
+    model.add_argument(
+        "--model",
+        default=None,
+        help="model directory, or clover-moe-bench (a random clover_moe shape, written on first "
+        "use); default: the random sdar-moe-bench model, written on first use",
+    )
+    model.add_argument(
+        "--model-cache-dir",
+        default=None,
+        metavar="DIR",
+        help="where sdar-moe-bench is written (default: ~/.cache/diffuserve)",
+    )
     model.add_argument("--model-seed", type=int, default=0, help="weight seed of sdar-moe-bench (default: 0)")
-    model.add_argument("--logit-scale", type=float, default=3.5,
-                       help="LM-head scale of sdar-moe-bench: sets its TPF (default 3.5: about 2.8 at block 32)")
+    model.add_argument(
+        "--logit-scale",
+        type=float,
+        default=3.5,
+        help="LM-head scale of sdar-moe-bench: sets its TPF (default 3.5: about 2.8 at block 32)",
+    )
     model.add_argument("--dtype", default="auto", help="auto (the checkpoint's), float32, bfloat16, float16")
     model.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    model.add_argument("--threads", type=positive_int, default=None,
-                       help="torch CPU threads (default: torch's choice); recorded in the JSON")
-    model.add_argument("--probe-seconds", type=float, default=1.0,
-                       help="time for each of the matmul-rate and bandwidth probes (default: 1.0)")
-    model.add_argument("--moe-backend", default="auto", choices=("auto", "loop", "bmm", "grouped_mm"),
-                       help="how MoE layers compute their experts (default: auto; loop = the reference path)")
-    model.add_argument("--enforce-eager", default=None, nargs="?", const=True, type=parse_bool,
-                       metavar="{true,false}",
-                       help="run the forward eagerly (default: compiled on CUDA, eager on CPU; false compiles on "
-                            "CPU too, and the compile time is then part of the warm-up, not of the timed runs)")
+    model.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch CPU threads (default: torch's choice); recorded in the JSON",
+    )
+    model.add_argument(
+        "--probe-seconds",
+        type=float,
+        default=1.0,
+        help="time for each of the matmul-rate and bandwidth probes (default: 1.0)",
+    )
+    model.add_argument(
+        "--moe-backend",
+        default="auto",
+        choices=("auto", "loop", "bmm", "grouped_mm"),
+        help="how MoE layers compute their experts (default: auto; loop = the reference path)",
+    )
+    model.add_argument(
+        "--enforce-eager",
+        default=None,
+        nargs="?",
+        const=True,
+        type=parse_bool,
+        metavar="{true,false}",
+        help="run the forward eagerly (default: compiled on CUDA, eager on CPU; false compiles on "
+        "CPU too, and the compile time is then part of the warm-up, not of the timed runs)",
+    )
 
 
 def _add_decoding(parser: argparse.ArgumentParser) -> None:
@@ -72,22 +102,39 @@ def _add_latency(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-tokens", type=positive_int, default=128, help="default: 128")
     parser.add_argument("--block-length", type=positive_int, default=None, help="default: the model's")
     parser.add_argument("--num-iters", type=positive_int, default=3, help="measured iterations (default: 3)")
-    parser.add_argument("--num-iters-warmup", type=positive_int, default=1,
-                        help="warm-up iterations, also the calibration fit's data (default: 1)")
+    parser.add_argument(
+        "--num-iters-warmup",
+        type=positive_int,
+        default=1,
+        help="warm-up iterations, also the calibration fit's data (default: 1)",
+    )
 
 
 def _add_throughput(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 4, 16, 64],
-                        help="concurrent requests per run (default: 1 4 16 64)")
+    parser.add_argument(
+        "--concurrency",
+        type=positive_int,
+        nargs="+",
+        default=[1, 4, 16, 64],
+        help="concurrent requests per run (default: 1 4 16 64)",
+    )
     parser.add_argument("--block-lengths", type=positive_int, nargs="+", default=[32, 4], help="default: 32 4")
-    parser.add_argument("--sequential", type=int, default=16,
-                        help="also run this many requests one after another, for the concurrent speed-up "
-                             "(default: 16; 0 = skip)")
+    parser.add_argument(
+        "--sequential",
+        type=int,
+        default=16,
+        help="also run this many requests one after another, for the concurrent speed-up (default: 16; 0 = skip)",
+    )
     parser.add_argument("--prompt-tokens", type=positive_int, default=128, help="default: 128")
     parser.add_argument("--output-tokens", type=positive_int, default=128, help="default: 128")
-    parser.add_argument("--accuracy-examples", type=int, default=0, metavar="N",
-                        help="also score N held-out examples per task at each decoding (models with checkable "
-                             "tasks, e.g. the bundled one): accuracy vs TPF (default: 0 = skip)")
+    parser.add_argument(
+        "--accuracy-examples",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also score N held-out examples per task at each decoding (models with checkable "
+        "tasks, e.g. the bundled one): accuracy vs TPF (default: 0 = skip)",
+    )
 
 
 def _add_compare(parser: argparse.ArgumentParser) -> None:
@@ -95,18 +142,33 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", type=positive_int, default=512, help="default: 512")
     parser.add_argument("--output-tokens", type=positive_int, default=256, help="default: 256")
     parser.add_argument("--num-prompts", type=positive_int, default=1, help="prompts, each decoded alone (default: 1)")
-    parser.add_argument("--repeats", type=positive_int, default=3,
-                        help="interleaved rounds of the engine variants; tokens/s from the median (default: 3)")
-    parser.add_argument("--variants", nargs="+",
-                        default=["engine", "baseline", "reference", "transformers-kv", "separate-commit", "ar"],
-                        choices=("engine", "baseline", "reference", "transformers-kv", "separate-commit", "ar",
-                                 "engine-batched", "recompute-state"),
-                        help="(a) engine, (a0) baseline: the engine eager with the per-expert loop, (b) transformers "
-                             "recompute reference (clover_moe: the naive decode), (b2) transformers-kv: transformers "
-                             "with a KV cache and the SDAR scheme, (c) separate commit forward, (d) autoregressive "
-                             "baseline (block length 1), (e) engine-batched: the engine given all --num-prompts at "
-                             "once, (f) recompute-state: hybrid models recomputing the prefix every step instead of "
-                             "keeping the recurrent state; default: a, a0, b, b2, c, d")
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=3,
+        help="interleaved rounds of the engine variants; tokens/s from the median (default: 3)",
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["engine", "baseline", "reference", "transformers-kv", "separate-commit", "ar"],
+        choices=(
+            "engine",
+            "baseline",
+            "reference",
+            "transformers-kv",
+            "separate-commit",
+            "ar",
+            "engine-batched",
+            "recompute-state",
+        ),
+        help="(a) engine, (a0) baseline: the engine eager with the per-expert loop, (b) transformers "
+        "recompute reference (clover_moe: the naive decode), (b2) transformers-kv: transformers "
+        "with a KV cache and the SDAR scheme, (c) separate commit forward, (d) autoregressive "
+        "baseline (block length 1), (e) engine-batched: the engine given all --num-prompts at "
+        "once, (f) recompute-state: hybrid models recomputing the prefix every step instead of "
+        "keeping the recurrent state; default: a, a0, b, b2, c, d",
+    )
 
 
 def _add_serve(parser: argparse.ArgumentParser) -> None:
@@ -115,26 +177,47 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model name to send (default: the server's first model)")
     parser.add_argument("--api-key", default=None, help="bearer token (default: $OPENAI_API_KEY if set)")
     parser.add_argument("--num-prompts", type=positive_int, default=32, help="requests per sweep point (default: 32)")
-    parser.add_argument("--prompt-words", type=positive_int, default=128,
-                        help="prompt length in common English words; the server's usage reports its tokens "
-                             "(default: 128)")
+    parser.add_argument(
+        "--prompt-words",
+        type=positive_int,
+        default=128,
+        help="prompt length in common English words; the server's usage reports its tokens (default: 128)",
+    )
     parser.add_argument("--output-tokens", type=positive_int, default=64, help="max_tokens, EOS ignored (default: 64)")
-    parser.add_argument("--concurrency", type=positive_int, nargs="*", default=[1, 8, 32],
-                        help="closed-loop sweep: at most N requests in flight (default: 1 8 32)")
-    parser.add_argument("--request-rate", type=float, nargs="*", default=[],
-                        help="open-loop sweep: requests/s (Poisson arrivals unless --fixed-rate); inf = all at once")
+    parser.add_argument(
+        "--concurrency",
+        type=positive_int,
+        nargs="*",
+        default=[1, 8, 32],
+        help="closed-loop sweep: at most N requests in flight (default: 1 8 32)",
+    )
+    parser.add_argument(
+        "--request-rate",
+        type=float,
+        nargs="*",
+        default=[],
+        help="open-loop sweep: requests/s (Poisson arrivals unless --fixed-rate); inf = all at once",
+    )
     parser.add_argument("--fixed-rate", action="store_true", help="evenly spaced arrivals instead of Poisson")
-    parser.add_argument("--goodput", nargs="*", default=["ttft:2000", "tpot:200"], metavar="METRIC:MS",
-                        help="latency targets a request must meet to count as goodput: ttft, tpot, itl, e2e "
-                             "in milliseconds (default: ttft:2000 tpot:200)")
+    parser.add_argument(
+        "--goodput",
+        nargs="*",
+        default=["ttft:2000", "tpot:200"],
+        metavar="METRIC:MS",
+        help="latency targets a request must meet to count as goodput: ttft, tpot, itl, e2e "
+        "in milliseconds (default: ttft:2000 tpot:200)",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
     parser.add_argument("--seed", type=int, default=0, help="seed of prompts and arrivals (default: 0)")
     parser.add_argument("--temperature", type=float, default=0.0, help="default: 0")
 
 
 def _add_moe(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="sdar-moe-bench",
-                        help="random-weight model shape (default: sdar-moe-bench; clover-bench is its old name)")
+    parser.add_argument(
+        "--preset",
+        default="sdar-moe-bench",
+        help="random-weight model shape (default: sdar-moe-bench; clover-bench is its old name)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     parser.add_argument("--num-requests", type=int, default=16, help="requests in the step (default: 16)")
     parser.add_argument("--block-length", type=int, default=32, help="diffusion block length (default: 32)")
@@ -148,10 +231,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     specs = {
         "latency": ("latency of one batch: TTFT, TPOT, E2E percentiles", _add_latency),
-        "throughput": ("aggregate tokens/s vs concurrency and block length, efficiency, calibration",
-                       _add_throughput),
-        "compare": ("engine vs recompute reference vs separate commit vs AR, same prompts, one run",
-                    _add_compare),
+        "throughput": ("aggregate tokens/s vs concurrency and block length, efficiency, calibration", _add_throughput),
+        "compare": ("engine vs recompute reference vs separate commit vs AR, same prompts, one run", _add_compare),
         "serve": ("load generator for any OpenAI-compatible server: TTFT, TPOT, ITL, E2E, goodput", _add_serve),
         "moe": ("MoE layers: grouped dispatch vs per-expert loop, expert offload hit rates and bytes", _add_moe),
     }

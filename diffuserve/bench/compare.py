@@ -42,14 +42,34 @@ from diffuserve.sampling_params import SamplingParams
 from diffuserve.testing.reference_decode import reference_generate
 from diffuserve.testing.reference_model import load_reference
 
-VARIANT_ORDER = ("engine", "engine-batched", "baseline", "reference", "transformers-kv", "separate-commit", "ar",
-                 "recompute-state")
+VARIANT_ORDER = (
+    "engine",
+    "engine-batched",
+    "baseline",
+    "reference",
+    "transformers-kv",
+    "separate-commit",
+    "ar",
+    "recompute-state",
+)
 ENGINE_VARIANTS = ("engine", "engine-batched", "baseline", "separate-commit", "recompute-state")
-SAME_TOKENS = ("engine", "engine-batched", "baseline", "reference", "transformers-kv", "separate-commit",
-               "recompute-state")
-TARGETS = ((32, "engine", "reference", 5.0), (4, "engine", "separate-commit", 1.15), (32, "engine", "baseline", 3.0),
-           (32, "engine", "transformers-kv", 4.0), (32, "engine-batched", "transformers-kv", 10.0),
-           (32, "engine", "recompute-state", 2.0))
+SAME_TOKENS = (
+    "engine",
+    "engine-batched",
+    "baseline",
+    "reference",
+    "transformers-kv",
+    "separate-commit",
+    "recompute-state",
+)
+TARGETS = (
+    (32, "engine", "reference", 5.0),
+    (4, "engine", "separate-commit", 1.15),
+    (32, "engine", "baseline", 3.0),
+    (32, "engine", "transformers-kv", 4.0),
+    (32, "engine-batched", "transformers-kv", 10.0),
+    (32, "engine", "recompute-state", 2.0),
+)
 """(block length, variant, slower variant, minimum speed-up over it): the targets of issues 2, 7, 14 and 18
 (engine-batched: with --num-prompts 16, the 16-concurrent target)."""
 
@@ -57,9 +77,16 @@ TARGETS = ((32, "engine", "reference", 5.0), (4, "engine", "separate-commit", 1.
 def _variant(tokens: list[list[int]], nfe: int, walls: list[float]) -> dict[str, Any]:
     """tokens/s from the median wall time of the rounds (one round disturbed by another process moves it least)."""
     generated, seconds = sum(len(t) for t in tokens), statistics.median(walls)
-    return {"generated_tokens": generated, "wall_s": seconds, "wall_s_repeats": walls,
-            "tokens_per_s": generated / seconds, "nfe": nfe, "tpf": generated / nfe if nfe else 0.0,
-            "forwards_per_s": nfe / seconds, "token_ids": tokens}
+    return {
+        "generated_tokens": generated,
+        "wall_s": seconds,
+        "wall_s_repeats": walls,
+        "tokens_per_s": generated / seconds,
+        "nfe": nfe,
+        "tpf": generated / nfe if nfe else 0.0,
+        "forwards_per_s": nfe / seconds,
+        "token_ids": tokens,
+    }
 
 
 @dataclass
@@ -87,8 +114,9 @@ class EngineVariant:
         return _variant(self.tokens, self.nfe, self.walls) | {"compile_s": self.compile_s}
 
 
-def engine_variant(ctx: BenchContext, ns: argparse.Namespace, block: int, params: SamplingParams,
-                   name: str = "engine") -> EngineVariant:
+def engine_variant(
+    ctx: BenchContext, ns: argparse.Namespace, block: int, params: SamplingParams, name: str = "engine"
+) -> EngineVariant:
     """A fresh engine (no prefix cache: repetitions must recompute the prompt as the reference does; one
     sequence, except engine-batched), warmed up by one request of two blocks on a prompt that is not measured
     (and, for a compiled forward, by every step shape the measured runs will see: the warm-up's compile is
@@ -97,9 +125,14 @@ def engine_variant(ctx: BenchContext, ns: argparse.Namespace, block: int, params
     options: dict[str, Any] = {"moe_backend": "loop", "enforce_eager": True} if name == "baseline" else {}
     if name == "recompute-state":
         options["recurrent_state"] = "recompute"
-    engine = ctx.engine(block, ns.num_prompts if batched else 1,
-                        max_model_len(ns.prompt_tokens, ns.output_tokens, block),
-                        fused_commit=name != "separate-commit", enable_prefix_caching=False, **options)
+    engine = ctx.engine(
+        block,
+        ns.num_prompts if batched else 1,
+        max_model_len(ns.prompt_tokens, ns.output_tokens, block),
+        fused_commit=name != "separate-commit",
+        enable_prefix_caching=False,
+        **options,
+    )
     warm = ctx.prompts(ns.num_prompts + 1, ns.prompt_tokens)[-1]
     run_requests(engine, [warm], params.replace(max_tokens=min(params.max_tokens or 1, 2 * block)))
     compile_s = engine.runner.executor.run_model.compile_s
@@ -108,16 +141,20 @@ def engine_variant(ctx: BenchContext, ns: argparse.Namespace, block: int, params
     return EngineVariant(engine, sequential=not batched, compile_s=compile_s)
 
 
-def reference_variant(ctx: BenchContext, block: int, prompts: list[list[int]],
-                      params: SamplingParams, cached: bool = False) -> dict[str, Any]:
+def reference_variant(
+    ctx: BenchContext, block: int, prompts: list[list[int]], params: SamplingParams, cached: bool = False
+) -> dict[str, Any]:
     """transformers' model under the block-causal mask: the whole sequence recomputed every step, or (cached)
     the SDAR scheme over its KV cache."""
     model = load_transformers_model(ctx.model_dir, ctx.dtype, sdar_cache_block=block if cached else None)
     reference = load_reference(ctx.model_dir, model=model, block_length=block)
     resolved = params.with_defaults(ctx.generation_defaults)
     with torch.inference_mode():  # warm-up: one full forward of a prompt
-        model.compute_logits(model(torch.tensor(prompts[0])[None], torch.arange(len(prompts[0]))[None],
-                                   _dense_mask(len(prompts[0]), block))[0, -1:])
+        model.compute_logits(
+            model(
+                torch.tensor(prompts[0])[None], torch.arange(len(prompts[0]))[None], _dense_mask(len(prompts[0]), block)
+            )[0, -1:]
+        )
     tokens, nfe = [], 0
     started = time.perf_counter()
     for prompt in prompts:
@@ -128,16 +165,19 @@ def reference_variant(ctx: BenchContext, block: int, prompts: list[list[int]],
     return _variant(tokens, nfe, [time.perf_counter() - started])
 
 
-def hybrid_reference_variant(ctx: BenchContext, block: int, prompts: list[list[int]],
-                             params: SamplingParams) -> dict[str, Any]:
+def hybrid_reference_variant(
+    ctx: BenchContext, block: int, prompts: list[list[int]], params: SamplingParams
+) -> dict[str, Any]:
     """The naive clover_moe decode (testing/reference_clover_moe): prefix recomputed every step; temperature 0."""
     from diffuserve.model.loader import load_model
     from diffuserve.testing.reference_clover_moe import ReferenceSettings, reference_block_decode
 
     resolved = params.with_defaults(ctx.generation_defaults)
     if not resolved.is_greedy or resolved.decoder != "threshold":
-        raise ValueError("compare: the clover_moe reference decodes at temperature 0 with the threshold decoder; "
-                         "drop --temperature / --decoder")
+        raise ValueError(
+            "compare: the clover_moe reference decodes at temperature 0 with the threshold decoder; "
+            "drop --temperature / --decoder"
+        )
     args = ctx.args.replace(block_length=block)
     _, model = load_model(ctx.model_dir, ctx.dtype, str(ctx.device), args=args)
     counted = _CountingModel(model)
@@ -167,8 +207,14 @@ def _dense_mask(length: int, block: int) -> DenseAttentionInputs:
     return DenseAttentionInputs(block_causal_mask(torch.arange(length), length, block)[None, None])
 
 
-def compare_block(ctx: BenchContext, ns: argparse.Namespace, block: int, prompts: list[list[int]],
-                  params: SamplingParams, ar: EngineVariant | None) -> dict[str, Any]:
+def compare_block(
+    ctx: BenchContext,
+    ns: argparse.Namespace,
+    block: int,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    ar: EngineVariant | None,
+) -> dict[str, Any]:
     """All variants at one block length. The engine variants run --repeats rounds, interleaved (a, c, d, a,
     c, d, ...) so that a change in machine load hits them alike; the slow reference runs once, after the
     first round."""
@@ -194,11 +240,19 @@ def compare_block(ctx: BenchContext, ns: argparse.Namespace, block: int, prompts
     exact = [variants[n]["token_ids"] for n in SAME_TOKENS if n in variants]
     for v in variants.values():
         del v["token_ids"]  # checked here; the JSON keeps the verdict, not 3 x prompts x tokens ids
-    ratios = {f"{fast}_vs_{n}": variants[fast]["tokens_per_s"] / v["tokens_per_s"]
-              for fast in ("engine", "engine-batched") if fast in variants
-              for n, v in variants.items() if n not in ("engine", "engine-batched")}
-    return {"block_length": block, "variants": variants, "ratios": ratios,
-            "identical_tokens": all(t == exact[0] for t in exact) if len(exact) > 1 else None}
+    ratios = {
+        f"{fast}_vs_{n}": variants[fast]["tokens_per_s"] / v["tokens_per_s"]
+        for fast in ("engine", "engine-batched")
+        if fast in variants
+        for n, v in variants.items()
+        if n not in ("engine", "engine-batched")
+    }
+    return {
+        "block_length": block,
+        "variants": variants,
+        "ratios": ratios,
+        "identical_tokens": all(t == exact[0] for t in exact) if len(exact) > 1 else None,
+    }
 
 
 def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -207,8 +261,16 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row = next((r for r in results if r["block_length"] == block), None)
         ratio = row["ratios"].get(f"{fast}_vs_{variant}") if row else None
         if ratio is not None:
-            met.append({"block_length": block, "variant": fast, "versus": variant, "ratio": ratio,
-                        "minimum": minimum, "met": ratio >= minimum and bool(row["identical_tokens"])})
+            met.append(
+                {
+                    "block_length": block,
+                    "variant": fast,
+                    "versus": variant,
+                    "ratio": ratio,
+                    "minimum": minimum,
+                    "met": ratio >= minimum and bool(row["identical_tokens"]),
+                }
+            )
     return met
 
 
@@ -217,10 +279,20 @@ def table(results: list[dict[str, Any]]) -> str:
     for r in results:
         for name, v in r["variants"].items():
             ratio = r["ratios"].get(f"engine_vs_{name}", 1.0 if name == "engine" else None)
-            rows.append([r["block_length"], name, v["tokens_per_s"], v["nfe"], v["tpf"], v["forwards_per_s"],
-                         v["wall_s"], ratio, {True: "yes", False: "NO", None: "-"}[r["identical_tokens"]]])
-    return format_table(["block", "variant", "tok/s", "NFE", "TPF", "fwd/s", "wall s", "engine x", "same tokens"],
-                        rows)
+            rows.append(
+                [
+                    r["block_length"],
+                    name,
+                    v["tokens_per_s"],
+                    v["nfe"],
+                    v["tpf"],
+                    v["forwards_per_s"],
+                    v["wall_s"],
+                    ratio,
+                    {True: "yes", False: "NO", None: "-"}[r["identical_tokens"]],
+                ]
+            )
+    return format_table(["block", "variant", "tok/s", "NFE", "TPF", "fwd/s", "wall s", "engine x", "same tokens"], rows)
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -231,19 +303,37 @@ def run(ns: argparse.Namespace) -> int:
     results = [compare_block(ctx, ns, block, prompts, params, ar) for block in ns.block_lengths]
     print(table(results))
     for t in targets(results):
-        print(f"block {t['block_length']}: {t['variant']} {t['ratio']:.2f}x {t['versus']} (target >= {t['minimum']}x): "
-              f"{'met' if t['met'] else 'NOT met'}")
-    finish({
-        "bench": "compare", "environment": {**ctx.environment, "load_average_end": load_average()},
-        "model": ctx.model_info, "dtype": ctx.dtype, "machine": ctx.rates.to_json(),
-        "workload": {"prompt_tokens": ns.prompt_tokens, "output_tokens": ns.output_tokens,
-                     "num_prompts": ns.num_prompts, "block_lengths": ns.block_lengths, "batch_size": 1,
-                     "repeats": ns.repeats,
-                     **decoding(ctx, params)},
-        "results": results, "targets": targets(results), "peak_memory_bytes": peak_memory_bytes(ctx.device),
-    }, ns.json_out, ns.plot)
+        print(
+            f"block {t['block_length']}: {t['variant']} {t['ratio']:.2f}x {t['versus']} (target >= {t['minimum']}x): "
+            f"{'met' if t['met'] else 'NOT met'}"
+        )
+    finish(
+        {
+            "bench": "compare",
+            "environment": {**ctx.environment, "load_average_end": load_average()},
+            "model": ctx.model_info,
+            "dtype": ctx.dtype,
+            "machine": ctx.rates.to_json(),
+            "workload": {
+                "prompt_tokens": ns.prompt_tokens,
+                "output_tokens": ns.output_tokens,
+                "num_prompts": ns.num_prompts,
+                "block_lengths": ns.block_lengths,
+                "batch_size": 1,
+                "repeats": ns.repeats,
+                **decoding(ctx, params),
+            },
+            "results": results,
+            "targets": targets(results),
+            "peak_memory_bytes": peak_memory_bytes(ctx.device),
+        },
+        ns.json_out,
+        ns.plot,
+    )
     if any(r["identical_tokens"] is False for r in results):
-        print(f"compare: the variants {', '.join(n for n in SAME_TOKENS if n in ns.variants)} gave different tokens",
-              flush=True)
+        print(
+            f"compare: the variants {', '.join(n for n in SAME_TOKENS if n in ns.variants)} gave different tokens",
+            flush=True,
+        )
         return 1
     return 0

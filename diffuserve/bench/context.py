@@ -52,8 +52,14 @@ class BenchContext:
         page_size = resolve_page_size(None, block_length)
         num_pages = max_num_seqs * -(-(max_model_len + block_length) // page_size)
         config = EngineConfig.from_kwargs(
-            str(self.model_dir), dtype=self.dtype, device=str(self.device), block_length=block_length,
-            max_num_seqs=max_num_seqs, max_model_len=max_model_len, seed=self.seed, num_pages=num_pages,
+            str(self.model_dir),
+            dtype=self.dtype,
+            device=str(self.device),
+            block_length=block_length,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            seed=self.seed,
+            num_pages=num_pages,
             **(self.engine_options | options),
         )
         return LLMEngine(config)
@@ -81,31 +87,56 @@ def make_context(ns: argparse.Namespace) -> BenchContext:
     dtype = resolve_dtype(ns.dtype, args)
     device = resolve_device(ns.device)
     itemsize = torch.finfo(dtype).bits // 8
-    info = {"path": str(model_dir), "name": "sdar-moe-bench (random weights)" if ns.model is None else model_dir.name,
-            "random_weights": None if ns.model else {"seed": spec.seed, "init_std": spec.init_std,
-                                                       "logit_scale": spec.logit_scale}}
+    info = {
+        "path": str(model_dir),
+        "name": "sdar-moe-bench (random weights)" if ns.model is None else model_dir.name,
+        "random_weights": None
+        if ns.model
+        else {"seed": spec.seed, "init_std": spec.init_std, "logit_scale": spec.logit_scale},
+    }
     return BenchContext(
-        model_dir=model_dir, model_info=info, model_config=config, args=args,
-        dtype=str(dtype).removeprefix("torch."), device=device, cost=model_cost(args, itemsize, itemsize),
-        rates=measure_machine(device, dtype, seconds=ns.probe_seconds), environment=environment(device), seed=ns.seed,
+        model_dir=model_dir,
+        model_info=info,
+        model_config=config,
+        args=args,
+        dtype=str(dtype).removeprefix("torch."),
+        device=device,
+        cost=model_cost(args, itemsize, itemsize),
+        rates=measure_machine(device, dtype, seconds=ns.probe_seconds),
+        environment=environment(device),
+        seed=ns.seed,
         generation_defaults={k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None},
         probe_seconds=ns.probe_seconds,
-        engine_options={"moe_backend": getattr(ns, "moe_backend", "auto"),
-                        "enforce_eager": getattr(ns, "enforce_eager", None)},
+        engine_options={
+            "moe_backend": getattr(ns, "moe_backend", "auto"),
+            "enforce_eager": getattr(ns, "enforce_eager", None),
+        },
     )
 
 
 def sampling_params(ns: argparse.Namespace, output_tokens: int) -> SamplingParams:
     """Fixed-length outputs (EOS ignored, as every throughput benchmark must, or lengths would differ by run)."""
-    return SamplingParams(max_tokens=output_tokens, ignore_eos=True, temperature=ns.temperature, seed=ns.seed,
-                          decoder=ns.decoder, threshold=ns.threshold)
+    return SamplingParams(
+        max_tokens=output_tokens,
+        ignore_eos=True,
+        temperature=ns.temperature,
+        seed=ns.seed,
+        decoder=ns.decoder,
+        threshold=ns.threshold,
+    )
 
 
 def decoding(ctx: BenchContext, params: SamplingParams) -> dict[str, Any]:
     """The decoding a request with `params` actually gets (model defaults filled in), for the JSON."""
     resolved = params.with_defaults(ctx.generation_defaults)
-    return {"decoder": resolved.decoder, "threshold": resolved.threshold, "steps": resolved.steps,
-            "entropy_bound": resolved.entropy_bound, "temperature": resolved.temperature, "seed": resolved.seed}
+    return {
+        "decoder": resolved.decoder,
+        "threshold": resolved.threshold,
+        "steps": resolved.steps,
+        "entropy_bound": resolved.entropy_bound,
+        "temperature": resolved.temperature,
+        "seed": resolved.seed,
+    }
 
 
 def warm_up(ctx: BenchContext, block_length: int, prompt_tokens: int, params: SamplingParams) -> int:

@@ -84,12 +84,16 @@ class ForwardProbe:
         self.num_tokens = self.num_logit_rows = self.attention_pairs = self.kv_tokens_read = self.num_seqs = 0
 
     def __enter__(self) -> ForwardProbe:
-        self._handles = [self.model.register_forward_pre_hook(self._before_forward),
-                         self.model.register_forward_hook(self._after)]
+        self._handles = [
+            self.model.register_forward_pre_hook(self._before_forward),
+            self.model.register_forward_hook(self._after),
+        ]
         head = getattr(self.model, "lm_head", None)
         if isinstance(head, torch.nn.Module):
-            self._handles += [head.register_forward_pre_hook(self._before_head),
-                              head.register_forward_hook(self._after)]
+            self._handles += [
+                head.register_forward_pre_hook(self._before_head),
+                head.register_forward_hook(self._after),
+            ]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -123,7 +127,10 @@ _ids = itertools.count()
 
 
 def run_requests(
-    engine: LLMEngine, prompts: Sequence[list[int]], params: SamplingParams, sequential: bool = False,
+    engine: LLMEngine,
+    prompts: Sequence[list[int]],
+    params: SamplingParams,
+    sequential: bool = False,
     on_step: Callable[[StepRecord], None] | None = None,
 ) -> RunRecord:
     """Runs `prompts` through the engine: all submitted at once (they are batched), or one after another
@@ -133,7 +140,7 @@ def run_requests(
     counters = engine.counters
     started = time.perf_counter()
     with ForwardProbe(engine.runner.model, device) as probe:
-        for batch in ([[p] for p in prompts] if sequential else [list(prompts)]):
+        for batch in [[p] for p in prompts] if sequential else [list(prompts)]:
             ids = [f"bench-{next(_ids)}" for _ in batch]
             for request_id, prompt in zip(ids, batch):
                 engine.add_request(request_id, prompt, params)
@@ -147,11 +154,19 @@ def run_requests(
                 finished.update((o.request_id, o) for o in outputs if o.finished)
                 if probe.num_tokens == 0:
                     continue  # nothing was scheduled: no forward ran
-                record.steps.append(StepRecord(
-                    wall, probe.model_s, probe.num_tokens, probe.num_logit_rows, probe.attention_pairs,
-                    probe.kv_tokens_read, probe.num_seqs, counters.num_prefill_tokens - prefill,
-                    counters.num_generated_tokens - generated,
-                ))
+                record.steps.append(
+                    StepRecord(
+                        wall,
+                        probe.model_s,
+                        probe.num_tokens,
+                        probe.num_logit_rows,
+                        probe.attention_pairs,
+                        probe.kv_tokens_read,
+                        probe.num_seqs,
+                        counters.num_prefill_tokens - prefill,
+                        counters.num_generated_tokens - generated,
+                    )
+                )
                 if on_step is not None:
                     on_step(record.steps[-1])
             record.outputs += [finished[i] for i in ids]

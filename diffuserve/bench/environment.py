@@ -23,6 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def git_revision() -> dict[str, Any]:
     """{"sha": short sha or None outside a checkout, "dirty": uncommitted changes to tracked files}."""
+
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=10)
@@ -57,7 +58,9 @@ def memory_bytes(device: torch.device | None = None) -> int:
 def hardware(device: torch.device | None = None) -> dict[str, Any]:
     """The device a benchmark ran on (None: only the host, as for a client)."""
     info: dict[str, Any] = {
-        "device": str(device or "host"), "cpu": cpu_name(), "logical_cpus": os.cpu_count(),
+        "device": str(device or "host"),
+        "cpu": cpu_name(),
+        "logical_cpus": os.cpu_count(),
         "memory_bytes": memory_bytes(device),
     }
     if device is not None and device.type == "cuda":
@@ -77,8 +80,13 @@ def load_average() -> list[float] | None:
 
 def environment(device: torch.device | None = None) -> dict[str, Any]:
     """The block every JSON line carries; with a device also torch's version and thread count."""
-    info = {"git": git_revision(), "hardware": hardware(device), "python": platform.python_version(),
-            "platform": sys.platform, "load_average_start": load_average()}
+    info = {
+        "git": git_revision(),
+        "hardware": hardware(device),
+        "python": platform.python_version(),
+        "platform": sys.platform,
+        "load_average_start": load_average(),
+    }
     if device is not None:
         import torch
 

@@ -33,8 +33,11 @@ class ModelCost:
     """K and V of one position over all layers."""
 
     def step_flops(self, num_tokens: int, num_logit_rows: int, attention_pairs: int) -> float:
-        return (num_tokens * self.flops_per_token + num_logit_rows * self.flops_per_logit_row
-                + attention_pairs * self.flops_per_attention_pair)
+        return (
+            num_tokens * self.flops_per_token
+            + num_logit_rows * self.flops_per_logit_row
+            + attention_pairs * self.flops_per_attention_pair
+        )
 
     def step_bytes(self, experts_touched_per_layer: float, kv_tokens_read: int) -> float:
         """Weights read (dense in full, routed experts as touched) plus the cached K/V the queries attend to."""
@@ -54,8 +57,13 @@ def model_cost(args: ModelArgs, weight_itemsize: int, kv_itemsize: int) -> Model
     dense_mlp_macs = 3 * h * args.intermediate_size
     token_macs = args.num_layers * attention_macs + num_moe * routed_token_macs + num_dense * dense_mlp_macs
     norms = args.num_layers * (2 * h + 2 * d) + h
-    dense_params = (args.num_layers * attention_macs + num_moe * (h * args.num_experts + shared_macs)
-                    + num_dense * dense_mlp_macs + norms + h * args.vocab_size)
+    dense_params = (
+        args.num_layers * attention_macs
+        + num_moe * (h * args.num_experts + shared_macs)
+        + num_dense * dense_mlp_macs
+        + norms
+        + h * args.vocab_size
+    )
     return ModelCost(
         flops_per_token=2.0 * token_macs,
         flops_per_logit_row=2.0 * h * args.vocab_size,

@@ -76,18 +76,25 @@ class SdarCachedTransformers(TransformersBlockDiffusion):
         hidden[:, start:] = block
         return hidden
 
-    def _run(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: DenseAttentionInputs, begin: int,
-             end: int) -> torch.Tensor:
+    def _run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: DenseAttentionInputs, begin: int, end: int
+    ) -> torch.Tensor:
         """Rows [begin, end) over the cached keys [0, begin) and themselves -> hidden [1, end - begin, H]."""
         mask = attn.mask[..., begin:end, :end]
         additive = torch.zeros(mask.shape, dtype=self.hf.dtype).masked_fill(~mask, float("-inf"))
-        out = self.hf.model(input_ids=input_ids[:, begin:end], attention_mask=additive,
-                            position_ids=positions[:, begin:end], cache=self.cache, use_cache=True)
+        out = self.hf.model(
+            input_ids=input_ids[:, begin:end],
+            attention_mask=additive,
+            position_ids=positions[:, begin:end],
+            cache=self.cache,
+            use_cache=True,
+        )
         return out.last_hidden_state
 
 
-def load_transformers_model(model_dir: str | Path, dtype: str, sdar_cache_block: int | None = None
-                            ) -> TransformersBlockDiffusion:
+def load_transformers_model(
+    model_dir: str | Path, dtype: str, sdar_cache_block: int | None = None
+) -> TransformersBlockDiffusion:
     """Builds transformers' Qwen3MoeForCausalLM (Qwen3ForCausalLM for a dense model) from the model's
     config.json and loads the model's weights into it (strictly: a missing or extra tensor is an error).
     `sdar_cache_block`: wrap it for the SDAR scheme with that block length instead of full recompute."""
@@ -97,8 +104,10 @@ def load_transformers_model(model_dir: str | Path, dtype: str, sdar_cache_block:
 
     config, _ = read_model_config(model_dir)
     if config.get("shared_expert_intermediate_size") or config.get("first_k_dense_replace"):
-        raise ValueError("variants: the transformers reference covers Qwen3 / Qwen3-MoE shapes only (no shared "
-                         "expert, dense layers via mlp_only_layers); drop `reference` from --variants")
+        raise ValueError(
+            "variants: the transformers reference covers Qwen3 / Qwen3-MoE shapes only (no shared "
+            "expert, dense layers via mlp_only_layers); drop `reference` from --variants"
+        )
     args, ours = load_model(model_dir, dtype=dtype)
     fields = {k: v for k, v in config.items() if k not in _NOT_CONFIG}
     if args.is_moe:

@@ -21,8 +21,9 @@ from diffuserve.engine.experts import ExpertStatsSnapshot
 from diffuserve.engine.llm_engine import LLMEngine
 
 
-def _iterations(ctx: BenchContext, ns: argparse.Namespace, block: int, first_prompt: int, count: int,
-                label: str) -> tuple[list[RunRecord], LLMEngine]:
+def _iterations(
+    ctx: BenchContext, ns: argparse.Namespace, block: int, first_prompt: int, count: int, label: str
+) -> tuple[list[RunRecord], LLMEngine]:
     """`count` iterations of one batch each on a fresh engine; prompts first_prompt, first_prompt + 1, ..."""
     engine = ctx.engine(block, ns.batch_size, max_model_len(ns.prompt_tokens, ns.output_tokens, block))
     prompts = ctx.prompts(first_prompt + count * ns.batch_size, ns.prompt_tokens)[first_prompt:]
@@ -44,20 +45,39 @@ def _merge(records: list[RunRecord]) -> RunRecord:
     return merged
 
 
-def _calibration(ctx: BenchContext, ns: argparse.Namespace, block: int, warm: RunRecord,
-                 warm_experts: ExpertStatsSnapshot | None, summary: dict[str, Any]) -> dict[str, Any]:
+def _calibration(
+    ctx: BenchContext,
+    ns: argparse.Namespace,
+    block: int,
+    warm: RunRecord,
+    warm_experts: ExpertStatsSnapshot | None,
+    summary: dict[str, Any],
+) -> dict[str, Any]:
     """Knobs fitted on the warm-up iterations; the measured iterations are what the planner must predict."""
     touched = warm_experts.experts_touched_per_step if warm_experts else 0.0
     fitted = fit_efficiency(step_samples(warm.steps, ctx.cost, touched), ctx.rates)
     experts = summary["experts"]
     calibration = calibration_object(
-        ctx.model_config, ctx.dtype, ctx.rates, ctx.environment["hardware"]["memory_bytes"],
-        {"num_seqs": ns.batch_size, "prompt_tokens": ns.prompt_tokens, "output_tokens": ns.output_tokens,
-         "block_length": block},
-        fitted, summary["tpf"], experts["experts_touched_per_block"] if experts else None,
-        summary["decode_tokens_per_s"], summary["mean_decode_step_s"],
-        {"tensor_parallel_size": 1, "max_num_seqs": ns.batch_size,
-         "max_num_batched_tokens": SchedulerConfig().max_num_batched_tokens},
+        ctx.model_config,
+        ctx.dtype,
+        ctx.rates,
+        ctx.environment["hardware"]["memory_bytes"],
+        {
+            "num_seqs": ns.batch_size,
+            "prompt_tokens": ns.prompt_tokens,
+            "output_tokens": ns.output_tokens,
+            "block_length": block,
+        },
+        fitted,
+        summary["tpf"],
+        experts["experts_touched_per_block"] if experts else None,
+        summary["decode_tokens_per_s"],
+        summary["mean_decode_step_s"],
+        {
+            "tensor_parallel_size": 1,
+            "max_num_seqs": ns.batch_size,
+            "max_num_batched_tokens": SchedulerConfig().max_num_batched_tokens,
+        },
     )
     calibration["fit"]["runs"] = [f"{ns.num_iters_warmup} warm-up iteration(s) on their own engine"]
     return calibration
@@ -66,11 +86,31 @@ def _calibration(ctx: BenchContext, ns: argparse.Namespace, block: int, warm: Ru
 def _table(ns: argparse.Namespace, batch_latency: list[float], summary: dict[str, Any]) -> str:
     latency = summary["latency"]
     return format_table(
-        ["batch", "iters", "latency mean s", "p50 s", "p90 s", "p99 s", "tok/s", "TPF", "NFE/req", "TTFT p50 s",
-         "TPOT p50 ms"],
-        [[ns.batch_size, ns.num_iters, *(distribution(batch_latency)[k] for k in ("mean", "p50", "p90", "p99")),
-          summary["tokens_per_s"], summary["tpf"], summary["nfe_per_request"], latency["ttft_s"]["p50"],
-          1000 * (latency["tpot_s"]["p50"] or 0.0)]],
+        [
+            "batch",
+            "iters",
+            "latency mean s",
+            "p50 s",
+            "p90 s",
+            "p99 s",
+            "tok/s",
+            "TPF",
+            "NFE/req",
+            "TTFT p50 s",
+            "TPOT p50 ms",
+        ],
+        [
+            [
+                ns.batch_size,
+                ns.num_iters,
+                *(distribution(batch_latency)[k] for k in ("mean", "p50", "p90", "p99")),
+                summary["tokens_per_s"],
+                summary["tpf"],
+                summary["nfe_per_request"],
+                latency["ttft_s"]["p50"],
+                1000 * (latency["tpot_s"]["p50"] or 0.0),
+            ]
+        ],
     )
 
 
@@ -86,12 +126,20 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
     batch_latency = [r.wall_s for r in records]
     print(_table(ns, batch_latency, summary))
     return {
-        "bench": "latency", "environment": {**ctx.environment, "load_average_end": load_average()},
+        "bench": "latency",
+        "environment": {**ctx.environment, "load_average_end": load_average()},
         "model": {**ctx.model_info, "num_params": sum(p.numel() for p in engine.runner.model.parameters())},
-        "dtype": ctx.dtype, "machine": rates.to_json(),
-        "workload": {"batch_size": ns.batch_size, "prompt_tokens": ns.prompt_tokens,
-                     "output_tokens": ns.output_tokens, "block_length": block, "num_iters": ns.num_iters,
-                     "num_iters_warmup": ns.num_iters_warmup, **decoding(ctx, sampling_params(ns, ns.output_tokens))},
+        "dtype": ctx.dtype,
+        "machine": rates.to_json(),
+        "workload": {
+            "batch_size": ns.batch_size,
+            "prompt_tokens": ns.prompt_tokens,
+            "output_tokens": ns.output_tokens,
+            "block_length": block,
+            "num_iters": ns.num_iters,
+            "num_iters_warmup": ns.num_iters_warmup,
+            **decoding(ctx, sampling_params(ns, ns.output_tokens)),
+        },
         "batch_latency_s": {**distribution(batch_latency), "iterations": batch_latency},
         "result": summary,
         "peak_memory_bytes": peak_memory_bytes(ctx.device),

@@ -41,13 +41,20 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     preset = resolve_preset(args.preset)
     with tempfile.TemporaryDirectory(prefix="diffuserve-bench-moe-") as tmp:
-        model_dir = write_random_checkpoint(Path(tmp) / preset,
-                                            make_config(preset, block_length=args.block_length),
-                                            seed=0, logit_scale=40.0)
+        model_dir = write_random_checkpoint(
+            Path(tmp) / preset, make_config(preset, block_length=args.block_length), seed=0, logit_scale=40.0
+        )
         dispatch = bench_dispatch(model_dir, args)
         offload = [] if args.skip_offload else bench_offload(model_dir, args)
-    result = {"bench": "moe", "model": preset, "threads": args.threads, "load_average": list(os.getloadavg()),
-              "git_sha": _git_sha(), "dispatch": dispatch, "offload": offload}
+    result = {
+        "bench": "moe",
+        "model": preset,
+        "threads": args.threads,
+        "load_average": list(os.getloadavg()),
+        "git_sha": _git_sha(),
+        "dispatch": dispatch,
+        "offload": offload,
+    }
     print_tables(result)
     print(json.dumps(result))
     return 0
@@ -87,32 +94,52 @@ def bench_dispatch(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     flops = len(layers) * 6 * assignments * hidden * width  # gate, up, down over the routed assignments
     dense = _dense_operands(assignments, hidden, width)
     paths = {
-        "grouped": lambda: [grouped_experts(x, w, i, m.experts.gate_up_proj, m.experts.down_proj)
-                            for m, (x, w, i) in layers],
-        "per_expert_loop": lambda: [looped_experts(x, w, i, m.experts.gate_up_proj, m.experts.down_proj)
-                                    for m, (x, w, i) in layers],
+        "grouped": lambda: [
+            grouped_experts(x, w, i, m.experts.gate_up_proj, m.experts.down_proj) for m, (x, w, i) in layers
+        ],
+        "per_expert_loop": lambda: [
+            looped_experts(x, w, i, m.experts.gate_up_proj, m.experts.down_proj) for m, (x, w, i) in layers
+        ],
         # The bmm expert backend (moe/backends.py): all experts' runs padded to the longest, two batched GEMMs.
-        "padded_bmm": lambda: [run_experts("bmm", x, w, i, m.experts.gate_up_proj, m.experts.down_proj)
-                               for m, (x, w, i) in layers],
+        "padded_bmm": lambda: [
+            run_experts("bmm", x, w, i, m.experts.gate_up_proj, m.experts.down_proj) for m, (x, w, i) in layers
+        ],
         "dense_matmul": lambda: [_dense_matmuls(*dense) for _ in layers],
         # Not the baseline: the same loop run per request's block, as engines without step-level batching do.
-        "loop_per_request": lambda: [looped_experts(x[r], w[r], i[r], m.experts.gate_up_proj, m.experts.down_proj)
-                                     for m, (x, w, i) in layers for r in _request_rows(tokens, args.block_length)],
+        "loop_per_request": lambda: [
+            looped_experts(x[r], w[r], i[r], m.experts.gate_up_proj, m.experts.down_proj)
+            for m, (x, w, i) in layers
+            for r in _request_rows(tokens, args.block_length)
+        ],
     }
     seconds = _time_interleaved(paths, args.repeats)
     grouped, looped, matmul = seconds["grouped"], seconds["per_expert_loop"], seconds["dense_matmul"]
     with torch.inference_mode():
-        diff = max(float((looped_experts(x, w, i, m.experts.gate_up_proj, m.experts.down_proj)
-                          - grouped_experts(x, w, i, m.experts.gate_up_proj, m.experts.down_proj)).abs().max())
-                   for m, (x, w, i) in layers)
+        diff = max(
+            float(
+                (
+                    looped_experts(x, w, i, m.experts.gate_up_proj, m.experts.down_proj)
+                    - grouped_experts(x, w, i, m.experts.gate_up_proj, m.experts.down_proj)
+                )
+                .abs()
+                .max()
+            )
+            for m, (x, w, i) in layers
+        )
     return {
-        "num_moe_layers": len(layers), "tokens": tokens, "assignments_per_layer": assignments,
+        "num_moe_layers": len(layers),
+        "tokens": tokens,
+        "assignments_per_layer": assignments,
         "grouped_speedup_vs_loop_per_request": seconds["loop_per_request"] / grouped,
         "experts_touched_per_layer": statistics.mean(len(i.unique()) for _, (_, _, i) in layers),
-        "expert_gflop": flops / 1e9, "seconds": seconds,
-        "matmul_gflops": flops / matmul / 1e9, "grouped_gflops": flops / grouped / 1e9,
-        "loop_gflops": flops / looped / 1e9, "grouped_speedup_vs_loop": looped / grouped,
-        "grouped_vs_matmul_time": grouped / matmul, "max_abs_diff_grouped_vs_loop": diff,
+        "expert_gflop": flops / 1e9,
+        "seconds": seconds,
+        "matmul_gflops": flops / matmul / 1e9,
+        "grouped_gflops": flops / grouped / 1e9,
+        "loop_gflops": flops / looped / 1e9,
+        "grouped_speedup_vs_loop": looped / grouped,
+        "grouped_vs_matmul_time": grouped / matmul,
+        "max_abs_diff_grouped_vs_loop": diff,
         "padded_bmm_speedup_vs_grouped": grouped / seconds["padded_bmm"],
     }
 
@@ -123,8 +150,12 @@ def _request_rows(tokens: int, block_length: int) -> list[slice]:
 
 def _dense_operands(assignments: int, hidden: int, width: int) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(2)
-    return (torch.randn(assignments, hidden, generator=g), torch.randn(2 * width, hidden, generator=g),
-            torch.randn(assignments, width, generator=g), torch.randn(hidden, width, generator=g))
+    return (
+        torch.randn(assignments, hidden, generator=g),
+        torch.randn(2 * width, hidden, generator=g),
+        torch.randn(assignments, width, generator=g),
+        torch.randn(hidden, width, generator=g),
+    )
 
 
 def _dense_matmuls(x: torch.Tensor, gate_up: torch.Tensor, act: torch.Tensor, down: torch.Tensor) -> None:
@@ -154,16 +185,26 @@ def bench_offload(model_dir: Path, args: argparse.Namespace) -> list[dict[str, A
 
     g = torch.Generator().manual_seed(3)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    prompts = [{"prompt_token_ids": torch.randint(1, min(8000, vocab - 8), (args.block_length,), generator=g).tolist()}
-               for _ in range(args.num_requests)]
+    prompts = [
+        {"prompt_token_ids": torch.randint(1, min(8000, vocab - 8), (args.block_length,), generator=g).tolist()}
+        for _ in range(args.num_requests)
+    ]
     params = SamplingParams(decoder="fixed", steps=args.steps_per_block, max_tokens=args.max_tokens, ignore_eos=True)
-    options = dict(num_pages=args.num_requests * (args.max_tokens // args.block_length + 3),
-                   max_num_seqs=args.num_requests, max_num_batched_tokens=4 * args.num_requests * args.block_length)
+    options = dict(
+        num_pages=args.num_requests * (args.max_tokens // args.block_length + 3),
+        max_num_seqs=args.num_requests,
+        max_num_batched_tokens=4 * args.num_requests * args.block_length,
+    )
     rows, reference = [], None
     configs = [(None, "none")] + [(f, r) for f in CACHE_FRACTIONS for r in ("block", "step")]
     for fraction, residency in configs:
-        extra = {} if fraction is None else dict(
-            expert_offload=True, expert_residency=residency, expert_cache_memory=_cache_bytes(model_dir, fraction))
+        extra = (
+            {}
+            if fraction is None
+            else dict(
+                expert_offload=True, expert_residency=residency, expert_cache_memory=_cache_bytes(model_dir, fraction)
+            )
+        )
         llm = LLM(str(model_dir), **options, **extra)
         llm.generate(prompts[:2], params.replace(max_tokens=args.block_length))  # warm-up
         llm = LLM(str(model_dir), **options, **extra)  # fresh counters
@@ -183,16 +224,28 @@ def _cache_bytes(model_dir: Path, fraction: float) -> int:
 
 
 def _offload_row(stats: Any, fraction: float | None, residency: str, seconds: float, same: bool) -> dict[str, Any]:
-    row: dict[str, Any] = {"cache_fraction": fraction, "residency": residency, "seconds": seconds,
-                           "generated_tokens": stats.num_generated_tokens, "steps": stats.num_steps,
-                           "tokens_identical": same,
-                           "experts_touched_per_step": stats.experts.experts_touched_per_step,
-                           "experts_touched_per_block": stats.experts.experts_touched_per_block}
+    row: dict[str, Any] = {
+        "cache_fraction": fraction,
+        "residency": residency,
+        "seconds": seconds,
+        "generated_tokens": stats.num_generated_tokens,
+        "steps": stats.num_steps,
+        "tokens_identical": same,
+        "experts_touched_per_step": stats.experts.experts_touched_per_step,
+        "experts_touched_per_block": stats.experts.experts_touched_per_block,
+    }
     if stats.offload is not None:
         o = stats.offload
-        row.update(slots_per_layer=o.num_slots_per_layer, hit_rate=o.hit_rate, residency_loads=o.residency_loads,
-                   fetches=o.fetches, wasted_prefetches=o.wasted_prefetches, host_computes=o.host_computes,
-                   bytes_moved=o.bytes_moved, bytes_per_generated_token=stats.expert_bytes_per_generated_token)
+        row.update(
+            slots_per_layer=o.num_slots_per_layer,
+            hit_rate=o.hit_rate,
+            residency_loads=o.residency_loads,
+            fetches=o.fetches,
+            wasted_prefetches=o.wasted_prefetches,
+            host_computes=o.host_computes,
+            bytes_moved=o.bytes_moved,
+            bytes_per_generated_token=stats.expert_bytes_per_generated_token,
+        )
     return row
 
 
@@ -200,31 +253,45 @@ def _offload_row(stats: Any, fraction: float | None, residency: str, seconds: fl
 def print_tables(result: dict[str, Any]) -> None:
     d = result["dispatch"]
     load = ", ".join(f"{x:.2f}" for x in result["load_average"])
-    print(f"diffuserve bench moe: {result['model']}, {d['num_moe_layers']} MoE layers, {d['tokens']} tokens per step, "
-          f"threads {result['threads']}, load average {load}")
+    print(
+        f"diffuserve bench moe: {result['model']}, {d['num_moe_layers']} MoE layers, {d['tokens']} tokens per step, "
+        f"threads {result['threads']}, load average {load}"
+    )
     print(f"{'path':<18}{'ms/step':>10}{'GFLOP/s':>10}")
     for name in ("grouped", "per_expert_loop", "padded_bmm", "dense_matmul", "loop_per_request"):
         seconds = d["seconds"][name]
         print(f"{name:<18}{1e3 * seconds:>10.1f}{d['expert_gflop'] / seconds:>10.1f}")
-    print(f"grouped vs loop: {d['grouped_speedup_vs_loop']:.2f}x faster; grouped time / matmul time for the same "
-          f"FLOPs: {d['grouped_vs_matmul_time']:.2f}; experts touched per layer {d['experts_touched_per_layer']:.1f}")
+    print(
+        f"grouped vs loop: {d['grouped_speedup_vs_loop']:.2f}x faster; grouped time / matmul time for the same "
+        f"FLOPs: {d['grouped_vs_matmul_time']:.2f}; experts touched per layer {d['experts_touched_per_layer']:.1f}"
+    )
     if not result["offload"]:
         return
-    print(f"\n{'cache':>6} {'residency':<9}{'hit rate':>9}{'MB/token':>10}{'loads':>7}{'fetches':>8}{'host':>6}"
-          f"{'s':>7}  same tokens")
+    print(
+        f"\n{'cache':>6} {'residency':<9}{'hit rate':>9}{'MB/token':>10}{'loads':>7}{'fetches':>8}{'host':>6}"
+        f"{'s':>7}  same tokens"
+    )
     for r in result["offload"]:
         if r["cache_fraction"] is None:
             print(f"{'-':>6} {'none':<9}{'':>9}{'':>10}{'':>7}{'':>8}{'':>6}{r['seconds']:>7.1f}  reference")
             continue
-        print(f"{100 * r['cache_fraction']:>5.0f}% {r['residency']:<9}{r['hit_rate']:>9.3f}"
-              f"{r['bytes_per_generated_token'] / 1e6:>10.3f}{r['residency_loads']:>7}{r['fetches']:>8}"
-              f"{r['host_computes']:>6}{r['seconds']:>7.1f}  {r['tokens_identical']}")
+        print(
+            f"{100 * r['cache_fraction']:>5.0f}% {r['residency']:<9}{r['hit_rate']:>9.3f}"
+            f"{r['bytes_per_generated_token'] / 1e6:>10.3f}{r['residency_loads']:>7}{r['fetches']:>8}"
+            f"{r['host_computes']:>6}{r['seconds']:>7.1f}  {r['tokens_identical']}"
+        )
 
 
 def _git_sha() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=Path(__file__).parent, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip()

@@ -81,8 +81,9 @@ def _compare(result: dict[str, Any], plt: Any, out: Path) -> list[Path]:
     for i, name in enumerate(names):
         values = [r["variants"].get(name, {}).get("tokens_per_s", 0.0) for r in blocks]
         ax.bar([x + i * width for x in range(len(blocks))], values, width, label=name)
-    ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(blocks))],
-                  [f"block {r['block_length']}" for r in blocks])
+    ax.set_xticks(
+        [x + width * (len(names) - 1) / 2 for x in range(len(blocks))], [f"block {r['block_length']}" for r in blocks]
+    )
     ax.set(ylabel="generated tokens/s (batch 1)", title="diffuserve bench compare")
     ax.legend()
     return [_save(fig, out, "compare_tokens_per_s.png")]
@@ -93,15 +94,19 @@ def _serve(result: dict[str, Any], plt: Any, out: Path) -> list[Path]:
     labels = [f"c{r['concurrency']}" if r["concurrency"] else f"{r['request_rate']}/s" for r in runs]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(labels, [r["output_tokens_per_s"] for r in runs], marker="o", color="C0")
-    ax.set(xlabel="load (c = concurrent requests, /s = request rate)", ylabel="output tokens/s",
-           title="diffuserve bench serve")
+    ax.set(
+        xlabel="load (c = concurrent requests, /s = request rate)",
+        ylabel="output tokens/s",
+        title="diffuserve bench serve",
+    )
     goodput = ax.twinx()
     goodput.plot(labels, [r["goodput_requests_per_s"] for r in runs], marker="s", color="C1")
     goodput.set_ylabel("goodput (requests/s meeting the targets)", color="C1")
     paths = [_save(fig, out, "serve_throughput.png")]
     rows = list(zip(labels, runs))
-    paths.append(_latency_bars(plt, out, rows, ("ttft_s", "tpot_s", "itl_token_s", "e2e_s"),
-                               "serve_latency_percentiles.png"))
+    paths.append(
+        _latency_bars(plt, out, rows, ("ttft_s", "tpot_s", "itl_token_s", "e2e_s"), "serve_latency_percentiles.png")
+    )
     return paths
 
 
@@ -120,9 +125,16 @@ def write_plots(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
     plt = _pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    drawers = {"throughput": _throughput, "compare": _compare, "serve": _serve,
-               "latency": lambda r, p, o: [_latency_bars(p, o, [("batch", r["result"]["latency"])],
-                                                           ("ttft_s", "tpot_s", "e2e_s"), "latency_percentiles.png")]}
+    drawers = {
+        "throughput": _throughput,
+        "compare": _compare,
+        "serve": _serve,
+        "latency": lambda r, p, o: [
+            _latency_bars(
+                p, o, [("batch", r["result"]["latency"])], ("ttft_s", "tpot_s", "e2e_s"), "latency_percentiles.png"
+            )
+        ],
+    }
     paths = drawers[result["bench"]](result, plt, out)
     plt.close("all")
     return paths

@@ -26,8 +26,10 @@ class MachineRates:
 
     def to_json(self) -> dict:
         return {
-            "matmul_flops_per_s": self.flops_per_s, "matmul_size": self.matmul_size,
-            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s, "bandwidth_buffer_bytes": self.bandwidth_buffer_bytes,
+            "matmul_flops_per_s": self.flops_per_s,
+            "matmul_size": self.matmul_size,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "bandwidth_buffer_bytes": self.bandwidth_buffer_bytes,
             "dtype": self.dtype,
         }
 
@@ -68,18 +70,30 @@ def read_bandwidth(device: torch.device, num_bytes: int, seconds: float = 1.0) -
 
 def mean_rates(a: MachineRates, b: MachineRates) -> MachineRates:
     """The mean of two probe runs (before and after a measurement)."""
-    return MachineRates((a.flops_per_s + b.flops_per_s) / 2, a.matmul_size,
-                        (a.bandwidth_bytes_per_s + b.bandwidth_bytes_per_s) / 2, a.bandwidth_buffer_bytes, a.dtype)
+    return MachineRates(
+        (a.flops_per_s + b.flops_per_s) / 2,
+        a.matmul_size,
+        (a.bandwidth_bytes_per_s + b.bandwidth_bytes_per_s) / 2,
+        a.bandwidth_buffer_bytes,
+        a.dtype,
+    )
 
 
-def measure_machine(device: torch.device, dtype: torch.dtype, matmul_size: int | None = None,
-                    buffer_bytes: int | None = None, seconds: float = 1.0) -> MachineRates:
+def measure_machine(
+    device: torch.device,
+    dtype: torch.dtype,
+    matmul_size: int | None = None,
+    buffer_bytes: int | None = None,
+    seconds: float = 1.0,
+) -> MachineRates:
     """Both probes. Defaults: a 1024 GEMM and a 256 MiB buffer on CPU; 8192 and 2 GiB on GPU."""
     is_gpu = device.type == "cuda"
     size = matmul_size or (8192 if is_gpu else 1024)
     num_bytes = buffer_bytes or ((2 << 30) if is_gpu else (256 << 20))
     return MachineRates(
-        flops_per_s=matmul_rate(device, dtype, size, seconds), matmul_size=size,
-        bandwidth_bytes_per_s=read_bandwidth(device, num_bytes, seconds), bandwidth_buffer_bytes=num_bytes,
+        flops_per_s=matmul_rate(device, dtype, size, seconds),
+        matmul_size=size,
+        bandwidth_bytes_per_s=read_bandwidth(device, num_bytes, seconds),
+        bandwidth_buffer_bytes=num_bytes,
         dtype=str(dtype).removeprefix("torch."),
     )

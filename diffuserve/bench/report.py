@@ -38,6 +38,7 @@ def distribution(values: Sequence[float], scale: float = 1.0) -> dict[str, float
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Right-aligned columns; floats with 3 significant decimals."""
+
     def cell(value: Any) -> str:
         if isinstance(value, float):
             return "-" if math.isnan(value) else f"{value:,.3g}" if abs(value) < 100 else f"{value:,.1f}"

@@ -43,8 +43,9 @@ def decode_tokens_per_s(steps: list[StepRecord]) -> float:
     return sum(s.generated_tokens for s in decode) / seconds if seconds else 0.0
 
 
-def efficiency(steps: list[StepRecord], cost: ModelCost, rates: MachineRates,
-               experts_touched_per_layer: float) -> dict[str, float | None]:
+def efficiency(
+    steps: list[StepRecord], cost: ModelCost, rates: MachineRates, experts_touched_per_layer: float
+) -> dict[str, float | None]:
     """Achieved FLOP/s and bytes/s of the decode steps against the probes, and the engine's overhead share."""
     decode = [s for s in steps if s.prefill_tokens == 0] or steps
     wall = sum(s.wall_s for s in decode)
@@ -52,8 +53,15 @@ def efficiency(steps: list[StepRecord], cost: ModelCost, rates: MachineRates,
     flops = sum(cost.step_flops(s.num_tokens, s.num_logit_rows, s.attention_pairs) for s in decode)
     nbytes = sum(cost.step_bytes(experts_touched_per_layer, s.kv_tokens_read) for s in decode)
     if not wall:
-        return {"flops_per_s": None, "matmul_fraction": None, "model_matmul_fraction": None,
-                "bytes_per_s": None, "bandwidth_fraction": None, "overhead_fraction": None, "overhead_s_per_step": None}
+        return {
+            "flops_per_s": None,
+            "matmul_fraction": None,
+            "model_matmul_fraction": None,
+            "bytes_per_s": None,
+            "bandwidth_fraction": None,
+            "overhead_fraction": None,
+            "overhead_s_per_step": None,
+        }
     return {
         "flops_per_s": flops / wall,
         "matmul_fraction": flops / wall / rates.flops_per_s,
@@ -65,8 +73,9 @@ def efficiency(steps: list[StepRecord], cost: ModelCost, rates: MachineRates,
     }
 
 
-def run_summary(record: RunRecord, cost: ModelCost, rates: MachineRates,
-                experts: ExpertStatsSnapshot | None) -> dict[str, Any]:
+def run_summary(
+    record: RunRecord, cost: ModelCost, rates: MachineRates, experts: ExpertStatsSnapshot | None
+) -> dict[str, Any]:
     """The JSON figures of one run (what every offline subcommand reports per configuration)."""
     steps = record.steps
     touched = experts.experts_touched_per_step if experts else 0.0

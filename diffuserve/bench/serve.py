@@ -23,12 +23,78 @@ from diffuserve.bench.report import finish, format_table
 from diffuserve.bench.serve_metrics import RequestTrace, parse_slos, summarize
 
 WORDS = (
-    "the", "of", "and", "to", "in", "is", "was", "for", "on", "are", "with", "as", "by", "at", "from", "that",
-    "this", "have", "not", "but", "all", "can", "had", "one", "time", "year", "people", "way", "day", "man",
-    "thing", "woman", "life", "child", "world", "school", "state", "family", "student", "group", "country",
-    "problem", "hand", "part", "place", "case", "week", "company", "system", "program", "question", "work",
-    "government", "number", "night", "point", "home", "water", "room", "mother", "area", "money", "story", "fact",
-    "month", "lot", "right", "study", "book", "eye", "job", "word",
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "are",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "that",
+    "this",
+    "have",
+    "not",
+    "but",
+    "all",
+    "can",
+    "had",
+    "one",
+    "time",
+    "year",
+    "people",
+    "way",
+    "day",
+    "man",
+    "thing",
+    "woman",
+    "life",
+    "child",
+    "world",
+    "school",
+    "state",
+    "family",
+    "student",
+    "group",
+    "country",
+    "problem",
+    "hand",
+    "part",
+    "place",
+    "case",
+    "week",
+    "company",
+    "system",
+    "program",
+    "question",
+    "work",
+    "government",
+    "number",
+    "night",
+    "point",
+    "home",
+    "water",
+    "room",
+    "mother",
+    "area",
+    "money",
+    "story",
+    "fact",
+    "month",
+    "lot",
+    "right",
+    "study",
+    "book",
+    "eye",
+    "job",
+    "word",
 )
 
 
@@ -56,8 +122,11 @@ class Client:
 
     def body(self, prompt: str) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self.model, "max_tokens": self.ns.output_tokens, "temperature": self.ns.temperature,
-            "stream": True, "ignore_eos": True,
+            "model": self.model,
+            "max_tokens": self.ns.output_tokens,
+            "temperature": self.ns.temperature,
+            "stream": True,
+            "ignore_eos": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
         if self.is_chat:
@@ -94,7 +163,7 @@ class Client:
         """Records one SSE line; True at the end of the stream."""
         if not line.startswith("data:"):
             return False
-        data = line[len("data:"):].strip()
+        data = line[len("data:") :].strip()
         if data == "[DONE]":
             return True
         event = json.loads(data)
@@ -144,8 +213,9 @@ async def _sweep(ns: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     timeout = httpx.Timeout(ns.timeout, connect=30.0)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=ns.base_url.rstrip("/"), headers=headers, timeout=timeout,
-                                 limits=limits) as http:
+    async with httpx.AsyncClient(
+        base_url=ns.base_url.rstrip("/"), headers=headers, timeout=timeout, limits=limits
+    ) as http:
         model = ns.model or await _first_model(http)
         client = Client(http, ns, model)
         prompts = text_prompts(ns.num_prompts, ns.prompt_words, ns.seed)
@@ -155,12 +225,17 @@ async def _sweep(ns: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
         results = []
         for c in ns.concurrency:
             traces = await closed_loop(client, prompts, c)
-            results.append({"load": "concurrency", "concurrency": c, "request_rate": None,
-                            **summarize(traces, slos)})
+            results.append({"load": "concurrency", "concurrency": c, "request_rate": None, **summarize(traces, slos)})
         for rate in ns.request_rate:
             traces = await open_loop(client, prompts, arrival_offsets(len(prompts), rate, ns.fixed_rate, ns.seed))
-            results.append({"load": "fixed rate" if ns.fixed_rate else "poisson", "concurrency": None,
-                            "request_rate": rate if rate != float("inf") else "inf", **summarize(traces, slos)})
+            results.append(
+                {
+                    "load": "fixed rate" if ns.fixed_rate else "poisson",
+                    "concurrency": None,
+                    "request_rate": rate if rate != float("inf") else "inf",
+                    **summarize(traces, slos),
+                }
+            )
     return model, results
 
 
@@ -172,13 +247,43 @@ async def _first_model(http: Any) -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    headers = ["load", "conc/rate", "ok", "err", "out tok/s", "req/s", "goodput/s", "TTFT p50 s", "TTFT p99 s",
-               "TPOT p50 ms", "ITL/chunk p50 ms", "ITL/token p50 ms", "E2E p50 s", "E2E p99 s", "tok/chunk"]
-    rows = [[r["load"], r["concurrency"] or r["request_rate"], r["completed"], r["errors"],
-             r["output_tokens_per_s"], r["request_throughput"], r["goodput_requests_per_s"],
-             r["ttft_s"]["p50"], r["ttft_s"]["p99"], _ms(r["tpot_s"]["p50"]), _ms(r["itl_chunk_s"]["p50"]),
-             _ms(r["itl_token_s"]["p50"]), r["e2e_s"]["p50"], r["e2e_s"]["p99"], r["tokens_per_chunk"]]
-            for r in results]
+    headers = [
+        "load",
+        "conc/rate",
+        "ok",
+        "err",
+        "out tok/s",
+        "req/s",
+        "goodput/s",
+        "TTFT p50 s",
+        "TTFT p99 s",
+        "TPOT p50 ms",
+        "ITL/chunk p50 ms",
+        "ITL/token p50 ms",
+        "E2E p50 s",
+        "E2E p99 s",
+        "tok/chunk",
+    ]
+    rows = [
+        [
+            r["load"],
+            r["concurrency"] or r["request_rate"],
+            r["completed"],
+            r["errors"],
+            r["output_tokens_per_s"],
+            r["request_throughput"],
+            r["goodput_requests_per_s"],
+            r["ttft_s"]["p50"],
+            r["ttft_s"]["p99"],
+            _ms(r["tpot_s"]["p50"]),
+            _ms(r["itl_chunk_s"]["p50"]),
+            _ms(r["itl_token_s"]["p50"]),
+            r["e2e_s"]["p50"],
+            r["e2e_s"]["p99"],
+            r["tokens_per_chunk"],
+        ]
+        for r in results
+    ]
     return format_table(headers, rows)
 
 
@@ -194,12 +299,24 @@ def run(ns: argparse.Namespace) -> int:
     started_in = environment()  # before the load: its load average is the machine's at the start
     model, results = asyncio.run(_sweep(ns))
     print(table(results))
-    finish({
-        "bench": "serve", "environment": {**started_in, "load_average_end": load_average()},
-        "server": {"base_url": ns.base_url, "endpoint": ns.endpoint, "model": model},
-        "workload": {"num_prompts": ns.num_prompts, "prompt_words": ns.prompt_words, "output_tokens": ns.output_tokens,
-                     "temperature": ns.temperature, "seed": ns.seed, "goodput_ms": ns.goodput,
-                     "concurrency": ns.concurrency, "request_rate": [str(r) for r in ns.request_rate]},
-        "results": results,
-    }, ns.json_out, ns.plot)
+    finish(
+        {
+            "bench": "serve",
+            "environment": {**started_in, "load_average_end": load_average()},
+            "server": {"base_url": ns.base_url, "endpoint": ns.endpoint, "model": model},
+            "workload": {
+                "num_prompts": ns.num_prompts,
+                "prompt_words": ns.prompt_words,
+                "output_tokens": ns.output_tokens,
+                "temperature": ns.temperature,
+                "seed": ns.seed,
+                "goodput_ms": ns.goodput,
+                "concurrency": ns.concurrency,
+                "request_rate": [str(r) for r in ns.request_rate],
+            },
+            "results": results,
+        },
+        ns.json_out,
+        ns.plot,
+    )
     return 1 if any(r["errors"] for r in results) else 0

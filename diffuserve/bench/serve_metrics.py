@@ -104,8 +104,12 @@ def parse_slos(specs: Sequence[str]) -> dict[str, float]:
 
 def meets_slos(trace: RequestTrace, slos: dict[str, float]) -> bool:
     """Every given target met; ITL means the request's largest per-token ITL."""
-    observed = {"ttft": trace.ttft(), "tpot": trace.tpot() or 0.0, "e2e": trace.e2e(),
-                "itl": max(trace.itl_tokens(), default=0.0)}
+    observed = {
+        "ttft": trace.ttft(),
+        "tpot": trace.tpot() or 0.0,
+        "e2e": trace.e2e(),
+        "itl": max(trace.itl_tokens(), default=0.0),
+    }
     return all(observed[name] <= limit for name, limit in slos.items())
 
 
@@ -120,11 +124,14 @@ def summarize(traces: Sequence[RequestTrace], slos: dict[str, float]) -> dict[st
     good = sum(meets_slos(t, slos) for t in ok)
     chunks = sum(len(t.chunk_times) for t in ok)
     return {
-        "num_requests": len(traces), "completed": len(ok), "errors": len(traces) - len(ok),
+        "num_requests": len(traces),
+        "completed": len(ok),
+        "errors": len(traces) - len(ok),
         "error_examples": sorted({t.error for t in traces if t.error})[:3],
         "duration_s": duration,
         "request_throughput": len(ok) / duration if duration else 0.0,
-        "output_tokens": output_tokens, "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "prompt_tokens": prompt_tokens,
         "output_tokens_per_s": output_tokens / duration if duration else 0.0,
         "total_tokens_per_s": (output_tokens + prompt_tokens) / duration if duration else 0.0,
         "goodput_requests_per_s": good / duration if duration else 0.0,

@@ -66,8 +66,9 @@ def _write_bench_model(path: Path, spec: BenchModel) -> None:
 
     # Written under a temporary name and renamed, so an interrupted run never leaves half a checkpoint.
     partial = path.with_name(path.name + f".partial-{os.getpid()}")
-    write_random_checkpoint(partial, make_config(BENCH_PRESET), seed=spec.seed, init_std=spec.init_std,
-                            logit_scale=spec.logit_scale)
+    write_random_checkpoint(
+        partial, make_config(BENCH_PRESET), seed=spec.seed, init_std=spec.init_std, logit_scale=spec.logit_scale
+    )
     partial.rename(path)
 
 
@@ -75,13 +76,15 @@ def _write_clover_moe_model(path: Path, preset: str, spec: BenchModel) -> None:
     from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
     partial = path.with_name(path.name + f".partial-{os.getpid()}")
-    write_clover_moe_checkpoint(partial, make_clover_moe_config(preset), seed=spec.seed, init_std=spec.init_std,
-                                logit_scale=spec.logit_scale)
+    write_clover_moe_checkpoint(
+        partial, make_clover_moe_config(preset), seed=spec.seed, init_std=spec.init_std, logit_scale=spec.logit_scale
+    )
     partial.rename(path)
 
 
-def random_prompts(num_prompts: int, num_tokens: int, vocab_size: int, seed: int,
-                   exclude: frozenset[int] = frozenset()) -> list[list[int]]:
+def random_prompts(
+    num_prompts: int, num_tokens: int, vocab_size: int, seed: int, exclude: frozenset[int] = frozenset()
+) -> list[list[int]]:
     """Seeded random token ids, none in `exclude` (pass the model's mask and stop ids, so that no prompt ends
     early or carries a mask). Prompt i is the same whatever `num_prompts` is, so a run with more prompts
     extends a run with fewer."""

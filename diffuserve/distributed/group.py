@@ -55,14 +55,14 @@ def rank_device(device_type: str, local_rank: int) -> torch.device:
     return torch.device(f"cuda:{local_rank}") if device_type == "cuda" else torch.device("cpu")
 
 
-def init_group(rank: int, size: int, expert_parallel: bool, device: torch.device,
-               init_method: str = "env://") -> ParallelGroup:
+def init_group(
+    rank: int, size: int, expert_parallel: bool, device: torch.device, init_method: str = "env://"
+) -> ParallelGroup:
     """Joins the process group (every rank calls this with the same size and init_method)."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
-                            timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     return ParallelGroup(rank, size, expert_parallel, control)
 

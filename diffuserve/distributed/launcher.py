@@ -117,8 +117,16 @@ def _spawn_workers(target: WorkerTarget, size: int, expert_parallel: bool, devic
     context = mp.get_context("spawn")  # never fork a process that may hold CUDA or OpenMP state
     for rank in range(1, size):
         parent, child = context.Pipe()
-        args = (target, rank, size, expert_parallel, runtime.init_method, rank_device(device_type, rank),
-                torch.get_num_threads(), child)
+        args = (
+            target,
+            rank,
+            size,
+            expert_parallel,
+            runtime.init_method,
+            rank_device(device_type, rank),
+            torch.get_num_threads(),
+            child,
+        )
         process = context.Process(target=worker_main, args=args, name=f"diffuserve-rank{rank}", daemon=True)
         process.start()
         child.close()

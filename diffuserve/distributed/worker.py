@@ -23,8 +23,16 @@ WorkerTarget = Callable[[ParallelGroup, torch.device], None]
 workers receive it pickled, so it must be importable (a module-level function, or a partial of one)."""
 
 
-def worker_main(target: WorkerTarget, rank: int, size: int, expert_parallel: bool, init_method: str,
-                device: torch.device, num_threads: int, conn: Connection) -> None:
+def worker_main(
+    target: WorkerTarget,
+    rank: int,
+    size: int,
+    expert_parallel: bool,
+    init_method: str,
+    device: torch.device,
+    num_threads: int,
+    conn: Connection,
+) -> None:
     """Entry point of a spawned worker process (rank >= 1)."""
     _die_with_parent()
     torch.set_num_threads(num_threads)

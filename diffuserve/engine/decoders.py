@@ -67,8 +67,13 @@ class Decoder(ABC):
         return masked
 
     def decide(
-        self, proposal: Proposal, canvas: torch.Tensor, masked: torch.Tensor, step: int,
-        params: ResolvedSamplingParams, block_length: int,
+        self,
+        proposal: Proposal,
+        canvas: torch.Tensor,
+        masked: torch.Tensor,
+        step: int,
+        params: ResolvedSamplingParams,
+        block_length: int,
     ) -> torch.Tensor:
         """[B] bool: positions whose proposed token is written this step. `canvas` [B] long holds the block's
         tokens before the step and `masked` [B] bool marks its mask tokens."""
@@ -83,9 +88,7 @@ class ThresholdDecoder(Decoder):
     """Accept every proposal with confidence > threshold (strict); if fewer than the schedule's count for this
     step, accept the schedule's count of most confident ones instead (SDAR `low_confidence_dynamic`, LLaDA2)."""
 
-    def select(
-        self, proposal: Proposal, step: int, params: ResolvedSamplingParams, block_length: int
-    ) -> torch.Tensor:
+    def select(self, proposal: Proposal, step: int, params: ResolvedSamplingParams, block_length: int) -> torch.Tensor:
         count = self.min_count(step, params, block_length)
         above = proposal.confidence > params.threshold
         return above if int(above.sum()) >= count else top_k_mask(proposal.confidence, count)
@@ -94,9 +97,7 @@ class ThresholdDecoder(Decoder):
 class FixedStepsDecoder(Decoder):
     """Accept exactly the schedule's count of most confident proposals (LLaDA / SDAR `low_confidence_static`)."""
 
-    def select(
-        self, proposal: Proposal, step: int, params: ResolvedSamplingParams, block_length: int
-    ) -> torch.Tensor:
+    def select(self, proposal: Proposal, step: int, params: ResolvedSamplingParams, block_length: int) -> torch.Tensor:
         return top_k_mask(proposal.confidence, self.min_count(step, params, block_length))
 
 
@@ -106,9 +107,7 @@ class EntropyBoundDecoder(Decoder):
 
     needs_entropy = True
 
-    def select(
-        self, proposal: Proposal, step: int, params: ResolvedSamplingParams, block_length: int
-    ) -> torch.Tensor:
+    def select(self, proposal: Proposal, step: int, params: ResolvedSamplingParams, block_length: int) -> torch.Tensor:
         assert proposal.entropy is not None, "entropy decoder needs proposal entropies"
         num_masked = proposal.num_masked
         order = torch.sort(proposal.entropy, stable=True).indices[:num_masked]
@@ -135,8 +134,13 @@ class EditDecoder(ThresholdDecoder):
         return list(range(first_generated, block_length))
 
     def decide(
-        self, proposal: Proposal, canvas: torch.Tensor, masked: torch.Tensor, step: int,
-        params: ResolvedSamplingParams, block_length: int,
+        self,
+        proposal: Proposal,
+        canvas: torch.Tensor,
+        masked: torch.Tensor,
+        step: int,
+        params: ResolvedSamplingParams,
+        block_length: int,
     ) -> torch.Tensor:
         fill = self.select(proposal.only(masked), step, params, block_length)
         # Prompt positions have no proposal (-inf), so they never pass the threshold.

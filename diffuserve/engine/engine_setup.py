@@ -34,8 +34,17 @@ from diffuserve.model.tensor_parallel import check_parallel_sizes
 from diffuserve.tokenizer import Tokenizer
 
 DEFAULT_MAX_MODEL_LEN = 32768
-GENERATION_KEYS = ("temperature", "top_p", "top_k", "decoder", "threshold", "steps", "entropy_bound",
-                   "edit_threshold", "max_post_edit_steps")
+GENERATION_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "decoder",
+    "threshold",
+    "steps",
+    "entropy_bound",
+    "edit_threshold",
+    "max_post_edit_steps",
+)
 
 
 @dataclass(frozen=True)
@@ -93,15 +102,17 @@ def build_components(config: EngineConfig) -> EngineComponents:
     # Recompute keeps nothing between steps, so no page may be reused from the prefix cache either.
     pool = PagePool(executor.num_pages, executor.page_size, config.cache.enable_prefix_caching and not recompute)
     state_pool, state = _state_slots(config, executor) if family.has_recurrent_state and not recompute else (None, None)
-    scheduler = Scheduler(pool, sched.max_num_seqs, sched.max_num_batched_tokens, args.block_length, sched.fused_commit,
-                          state)
+    scheduler = Scheduler(
+        pool, sched.max_num_seqs, sched.max_num_batched_tokens, args.block_length, sched.fused_commit, state
+    )
     runner_cls = ModelRunner if not family.has_recurrent_state else RecomputeRunner if recompute else HybridRunner
     runner = runner_cls(executor, args.block_length, config.seed)
     _, generation = read_model_config(config.model)
     from_file = {k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None}
     defaults = {**family.decoding_defaults, **from_file}
-    return EngineComponents(args, _tokenizer(config.model), runner, scheduler, pool, state_pool, max_model_len,
-                            defaults)
+    return EngineComponents(
+        args, _tokenizer(config.model), runner, scheduler, pool, state_pool, max_model_len, defaults
+    )
 
 
 def _state_slots(config: EngineConfig, executor: ModelExecutor) -> tuple[StatePool, StateSlots]:
@@ -130,8 +141,9 @@ def run_if_torchrun_worker(config: EngineConfig) -> bool:
     if not launched_by_torchrun() or torchrun_rank()[0] == 0:
         return False
     _check_torchrun_size(config.parallel.tensor_parallel_size)
-    run_torchrun_worker(partial(serve_worker_rank, config), config.parallel.enable_expert_parallel,
-                        resolve_device(config.device).type)
+    run_torchrun_worker(
+        partial(serve_worker_rank, config), config.parallel.enable_expert_parallel, resolve_device(config.device).type
+    )
     return True
 
 
@@ -158,16 +170,20 @@ def _build_executor(config: EngineConfig, args: ModelArgs, max_model_len: int) -
 
 def _check_torchrun_rank_0(size: int) -> None:
     if torchrun_rank()[0] != 0:
-        raise ValueError("torchrun rank > 0: call diffuserve.engine.engine_setup.run_if_torchrun_worker(config) "
-                         "before building an engine (`diffuserve serve` does)")
+        raise ValueError(
+            "torchrun rank > 0: call diffuserve.engine.engine_setup.run_if_torchrun_worker(config) "
+            "before building an engine (`diffuserve serve` does)"
+        )
     _check_torchrun_size(size)
 
 
 def _check_torchrun_size(size: int) -> None:
     world = torchrun_rank()[1]
     if world != size:
-        raise ValueError(f"tensor_parallel_size: {size} differs from torchrun's {world} processes; "
-                         f"pass --tensor-parallel-size {world}")
+        raise ValueError(
+            f"tensor_parallel_size: {size} differs from torchrun's {world} processes; "
+            f"pass --tensor-parallel-size {world}"
+        )
 
 
 def _tokenizer(model_dir: str) -> Tokenizer | None:

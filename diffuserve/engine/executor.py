@@ -67,8 +67,14 @@ class ForwardInputs:
             dataclasses.replace(s, key_slots=s.key_slots.to(device), mask=None if s.mask is None else s.mask.to(device))
             for s in self.sequences
         )
-        return ForwardInputs(self.input_ids.to(device), self.positions.to(device), self.slot_mapping.to(device),
-                             sequences, self.offload, self.state)
+        return ForwardInputs(
+            self.input_ids.to(device),
+            self.positions.to(device),
+            self.slot_mapping.to(device),
+            sequences,
+            self.offload,
+            self.state,
+        )
 
 
 class ModelExecutor:
@@ -76,9 +82,17 @@ class ModelExecutor:
     [num_pages * page_size, Hkv / tensor_parallel_size, D]. `runtime` is this rank's view of the parallel run (its
     group and the step channel; on rank 0 also the worker processes)."""
 
-    def __init__(self, model: nn.Module, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
-                 offload: ExpertOffload | None, page_size: int, device: torch.device,
-                 runtime: ParallelRuntime | None = None, state_cache: StateCache | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        k_caches: list[torch.Tensor],
+        v_caches: list[torch.Tensor],
+        offload: ExpertOffload | None,
+        page_size: int,
+        device: torch.device,
+        runtime: ParallelRuntime | None = None,
+        state_cache: StateCache | None = None,
+    ) -> None:
         self.model, self.offload = model, offload
         self.state_cache = state_cache
         self.k_caches, self.v_caches = k_caches, v_caches
@@ -90,16 +104,29 @@ class ModelExecutor:
         """The forward a step calls: `model`, or its compiled form (see `build`)."""
 
     @classmethod
-    def build(cls, config: EngineConfig, args: ModelArgs, max_model_len: int, runtime: ParallelRuntime,
-              device: torch.device) -> ModelExecutor:
+    def build(
+        cls, config: EngineConfig, args: ModelArgs, max_model_len: int, runtime: ParallelRuntime, device: torch.device
+    ) -> ModelExecutor:
         """This rank's model part (experts in host memory under offload), expert cache and KV cache. Every rank calls
         it; the ranks agree on the smallest page count, since rank 0 hands out pages for all of them."""
         group, offload = runtime.group, config.cache.expert_offload
         # The RoPE table covers the last block, which may reach past max_model_len.
-        args, model = load_model(config.model, config.dtype, str(device), max_model_len + args.block_length, args,
-                                 group, torch.device("cpu") if offload else None, config.load_format, config.seed)
-        experts = ExpertOffload(model, device, config.cache.expert_cache_memory, config.cache.expert_residency) \
-            if offload else None
+        args, model = load_model(
+            config.model,
+            config.dtype,
+            str(device),
+            max_model_len + args.block_length,
+            args,
+            group,
+            torch.device("cpu") if offload else None,
+            config.load_format,
+            config.seed,
+        )
+        experts = (
+            ExpertOffload(model, device, config.cache.expert_cache_memory, config.cache.expert_residency)
+            if offload
+            else None
+        )
         page_size = resolve_page_size(config.cache.page_size, args.block_length)
         sched = config.scheduler
         dtype = next(model.parameters()).dtype
@@ -145,8 +172,7 @@ class ModelExecutor:
         with offload_context(inputs.offload):
             return self.model(inputs.input_ids, inputs.positions, attention)
 
-    def _forward_hybrid(self, inputs: ForwardInputs, attention: PagedAttentionInputs, plan: StatePlan
-                        ) -> torch.Tensor:
+    def _forward_hybrid(self, inputs: ForwardInputs, attention: PagedAttentionInputs, plan: StatePlan) -> torch.Tensor:
         """A hybrid model's step: slots restored or reset, the forward (the GDN layers advance the slots), then
         each committing sequence's last hidden row kept in its slot."""
         cache = self.state_cache
@@ -155,8 +181,9 @@ class ModelExecutor:
             cache.copy(*plan.restore)
         if plan.reset.numel():
             cache.reset(plan.reset)
-        recurrent = RecurrentStepInputs(cache.conv_caches, cache.recurrent_caches, plan.commits, plan.blocks,
-                                        plan.preview)
+        recurrent = RecurrentStepInputs(
+            cache.conv_caches, cache.recurrent_caches, plan.commits, plan.blocks, plan.preview
+        )
         hidden = self.model(inputs.input_ids, inputs.positions, attention, recurrent)
         if plan.last_rows.numel():
             cache.last_hidden.index_copy_(0, plan.last_slots, hidden[plan.last_rows])

@@ -74,8 +74,14 @@ def moe_layers(model: nn.Module) -> list[SparseMoeBlock]:
 
 
 class ExpertOffload:
-    def __init__(self, model: nn.Module, device: torch.device, budget: int | None, policy: str,
-                 cost: OffloadCostModel | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        budget: int | None,
+        policy: str,
+        cost: OffloadCostModel | None = None,
+    ) -> None:
         """Installs an offloading runner in every MoE layer of `model` (mutates the layers)."""
         blocks = moe_layers(model)
         if not blocks:
@@ -89,8 +95,14 @@ class ExpertOffload:
         self.num_experts = experts.num_experts
         self.runners: list[OffloadedExperts] = []
         for block in blocks:
-            cache = ExpertCache(block.experts.gate_up_proj.data, block.experts.down_proj.data, self.num_slots, device,
-                                self.counters, block.experts.expert_offset)
+            cache = ExpertCache(
+                block.experts.gate_up_proj.data,
+                block.experts.down_proj.data,
+                self.num_slots,
+                device,
+                self.counters,
+                block.experts.expert_offset,
+            )
             runner = OffloadedExperts(cache, cost, policy, block.num_experts)
             if self.runners:
                 self.runners[-1].next_layer = runner
@@ -100,8 +112,16 @@ class ExpertOffload:
     def snapshot(self) -> OffloadStatsSnapshot:
         c = self.counters
         return OffloadStatsSnapshot(
-            self.num_slots, self.num_experts, c.hit_rate, c.hits, c.misses, c.residency_loads, c.fetches,
-            c.wasted_prefetches, c.host_computes, c.bytes_moved,
+            self.num_slots,
+            self.num_experts,
+            c.hit_rate,
+            c.hits,
+            c.misses,
+            c.residency_loads,
+            c.fetches,
+            c.wasted_prefetches,
+            c.host_computes,
+            c.bytes_moved,
         )
 
 

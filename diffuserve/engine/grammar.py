@@ -34,8 +34,9 @@ class GrammarCompiler:
         masks have one bit per logit; `eos_token_ids`: the ids that end a request, allowed once the grammar is
         complete."""
         self.vocab_size = vocab_size
-        self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size,
-                                                      eos_token=list(eos_token_ids) or None)
+        self.tokenizer = llguidance.hf.from_tokenizer(
+            hf_tokenizer, n_vocab=vocab_size, eos_token=list(eos_token_ids) or None
+        )
         self._cache: OrderedDict[str, str] = OrderedDict()
 
     def compile(self, spec: StructuredOutputsParams) -> str:
@@ -47,8 +48,10 @@ class GrammarCompiler:
         grammar = _grammar_text(spec)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
         if is_error:
-            raise RequestError(f"structured_outputs.{spec.kind}",
-                               f"does not compile: {_one_line(messages[0] if messages else '')}; fix it")
+            raise RequestError(
+                f"structured_outputs.{spec.kind}",
+                f"does not compile: {_one_line(messages[0] if messages else '')}; fix it",
+            )
         self._cache[key] = grammar
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
@@ -70,8 +73,9 @@ def _grammar_text(spec: StructuredOutputsParams) -> str:
     options = {"whitespace_flexible": spec.whitespace_flexible, **JSON_SEPARATORS}
     if spec.start_after is not None and spec.grammar is None:
         # After `</think>` models write a newline or two before the answer: allow leading whitespace there.
-        return llguidance.LLMatcher.grammar_from_lark(f"start: LEAD? {_lark_body(spec, options)}\n"
-                                                      "LEAD: /[ \\t\\r\\n]+/")
+        return llguidance.LLMatcher.grammar_from_lark(
+            f"start: LEAD? {_lark_body(spec, options)}\nLEAD: /[ \\t\\r\\n]+/"
+        )
     if isinstance(spec.json, dict):  # StructuredOutputsParams parsed JSON text into a dict
         return _from_json_schema(spec.json, options)
     if spec.json_object:

@@ -70,8 +70,14 @@ class StructuredDecoding:
         failures, self.failures = self.failures, {}
         return failures
 
-    def decode(self, request: Request, rows: torch.Tensor, positions: list[int],
-               generator: torch.Generator | None, block_length: int) -> list[tuple[int, int]]:
+    def decode(
+        self,
+        request: Request,
+        rows: torch.Tensor,
+        positions: list[int],
+        generator: torch.Generator | None,
+        block_length: int,
+    ) -> list[tuple[int, int]]:
         """The block's (canvas index, token) pairs to write this step. rows [M, V]: logits at the masked canvas
         indices `positions` (ascending). A matcher failure writes nothing and is reported by `take_failures`."""
         try:
@@ -81,8 +87,14 @@ class StructuredDecoding:
             self.release(request.request_id)
             return []
 
-    def _decode(self, request: Request, rows: torch.Tensor, positions: list[int],
-                generator: torch.Generator | None, block_length: int) -> list[tuple[int, int]]:
+    def _decode(
+        self,
+        request: Request,
+        rows: torch.Tensor,
+        positions: list[int],
+        generator: torch.Generator | None,
+        block_length: int,
+    ) -> list[tuple[int, int]]:
         params = request.params
         state = self._state(request)
         first = request.generation_start_in_block()
@@ -92,27 +104,43 @@ class StructuredDecoding:
         positions = positions[: next((k for k, i in enumerate(positions) if i != undecided + k), len(positions))]
         state.sync(request.output_token_ids + request.canvas[first:undecided])
         decoder = DECODERS[params.decoder]
-        floor = 1 if type(decoder) is EntropyBoundDecoder else decoder.min_count(request.step_in_block, params,
-                                                                                 block_length)
+        floor = (
+            1
+            if type(decoder) is EntropyBoundDecoder
+            else decoder.min_count(request.step_in_block, params, block_length)
+        )
         stop = _early_stop(decoder, floor, params.threshold)
-        proposal, confidences = self._walk(state, rows, positions, params, generator, block_length,
-                                           decoder.needs_entropy, stop)
+        proposal, confidences = self._walk(
+            state, rows, positions, params, generator, block_length, decoder.needs_entropy, stop
+        )
         state.truncate(len(request.output_token_ids) + undecided - first)
         if stop is not None:
-            run = 0 if type(decoder) is FixedStepsDecoder else next(
-                (k for k, c in enumerate(confidences) if c <= params.threshold), len(confidences))
+            run = (
+                0
+                if type(decoder) is FixedStepsDecoder
+                else next((k for k, c in enumerate(confidences) if c <= params.threshold), len(confidences))
+            )
         else:
             canvas = torch.tensor(request.canvas, device=rows.device)  # [B]
-            selected = decoder.decide(proposal, canvas, canvas == request.mask_token_id, request.step_in_block,
-                                      params, block_length).tolist()
+            selected = decoder.decide(
+                proposal, canvas, canvas == request.mask_token_id, request.step_in_block, params, block_length
+            ).tolist()
             run = next((k for k, index in enumerate(positions) if not selected[index]), len(positions))
         count = min(max(run, floor, 1), len(confidences))
         tokens = proposal.tokens.tolist()
         return [(index, tokens[index]) for index in positions[:count]]
 
-    def _walk(self, state: GrammarState, rows: torch.Tensor, positions: list[int], params: Any,
-              generator: torch.Generator | None, block_length: int, need_entropy: bool,
-              stop: Callable[[int, float], bool] | None) -> tuple[Proposal, list[float]]:
+    def _walk(
+        self,
+        state: GrammarState,
+        rows: torch.Tensor,
+        positions: list[int],
+        params: Any,
+        generator: torch.Generator | None,
+        block_length: int,
+        need_entropy: bool,
+        stop: Callable[[int, float], bool] | None,
+    ) -> tuple[Proposal, list[float]]:
         """Proposes each position from its grammar-masked logits, feeding each proposal to `state`, until
         `stop(k, confidence)` says position k ends what can be accepted. Returns the proposal and the walked
         positions' confidences."""
@@ -128,8 +156,11 @@ class StructuredDecoding:
                 forbidden = ~torch.from_numpy(allowed).to(device)[None, :]
                 masked = row.masked_fill(forbidden, float("-inf"))
                 # min_tokens may have removed the only tokens the grammar allows (its end): the grammar wins.
-                row = masked if bool(torch.isfinite(masked).any()) else torch.zeros_like(row).masked_fill(
-                    forbidden, float("-inf"))
+                row = (
+                    masked
+                    if bool(torch.isfinite(masked).any())
+                    else torch.zeros_like(row).masked_fill(forbidden, float("-inf"))
+                )
             one = propose(row, torch.tensor([index], device=device), block_length, params, generator, need_entropy)
             tokens[index], confidence[index] = one.tokens[index], one.confidence[index]
             if entropy is not None and one.entropy is not None:
@@ -146,8 +177,13 @@ class StructuredDecoding:
             spec = request.params.structured_outputs
             assert spec is not None
             trigger = self._tokenizer.encode(spec.start_after, add_special_tokens=False) if spec.start_after else None
-            state = GrammarState(self.compiler.matcher(spec), self._vocab_size, trigger, request.params.stop_ids,
-                                 self.compiler.tokenizer.eos_tokens)
+            state = GrammarState(
+                self.compiler.matcher(spec),
+                self._vocab_size,
+                trigger,
+                request.params.stop_ids,
+                self.compiler.tokenizer.eos_tokens,
+            )
             self.states[request.request_id] = state
         return state
 

@@ -16,8 +16,14 @@ import numpy as np
 
 
 class GrammarState:
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, trigger: list[int] | None,
-                 stop_ids: frozenset[int], grammar_end_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        matcher: llguidance.LLMatcher,
+        vocab_size: int,
+        trigger: list[int] | None,
+        stop_ids: frozenset[int],
+        grammar_end_ids: Sequence[int] = (),
+    ) -> None:
         """`stop_ids`: the request's (they end a complete grammar); `grammar_end_ids`: the ids the compiled
         grammar itself allows at its end (the model's EOS), allowed only when they are stop ids too (not with
         ignore_eos)."""
@@ -52,7 +58,7 @@ class GrammarState:
         """Feeds one token (it must be allowed: `allowed()` was applied to its logits)."""
         self.fed.append(token)
         if self.start is None:
-            if self.trigger and self.fed[-len(self.trigger):] == self.trigger:
+            if self.trigger and self.fed[-len(self.trigger) :] == self.trigger:
                 self.start = len(self.fed)
             self._matched.append(False)
             return
@@ -77,8 +83,9 @@ class GrammarState:
         if self.start is not None and self.start > length:
             self.start = None
         self.ended = self.start is not None and any(
-            token in self._ends and not matched for token, matched in zip(self.fed[self.start:],
-                                                                           self._matched[self.start:]))
+            token in self._ends and not matched
+            for token, matched in zip(self.fed[self.start :], self._matched[self.start :])
+        )
 
     def allowed(self) -> np.ndarray | None:
         """[V] bool: the tokens the grammar allows next; None when unconstrained (before the marker, or after

@@ -91,13 +91,18 @@ class HybridRunner(ModelRunner):
                 block_rows.append(start + num_commit)
                 block_slots.append(slot)
             start += work.num_tokens
-        groups = tuple(self._group(length, members, has_snapshot)
-                       for (_, length, has_snapshot), members in sorted(commits.items()))
-        blocks = self._group(self.block_length, [(r, s, -1) for r, s in zip(block_rows, block_slots)], False) \
-            if block_rows else None
+        groups = tuple(
+            self._group(length, members, has_snapshot) for (_, length, has_snapshot), members in sorted(commits.items())
+        )
+        blocks = (
+            self._group(self.block_length, [(r, s, -1) for r, s in zip(block_rows, block_slots)], False)
+            if block_rows
+            else None
+        )
         restored = (self._long([s for s, _ in restore]), self._long([d for _, d in restore])) if restore else None
-        return StatePlan(groups, blocks, self.preview, self._long(reset), restored, self._long(last_rows),
-                         self._long(last_slots))
+        return StatePlan(
+            groups, blocks, self.preview, self._long(reset), restored, self._long(last_rows), self._long(last_slots)
+        )
 
     @staticmethod
     def _commit_pieces(work: ScheduledRequest) -> list[tuple[int, int, int]]:

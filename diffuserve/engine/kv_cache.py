@@ -44,8 +44,14 @@ def resolve_page_size(page_size: int | None, block_length: int) -> int:
     return page_size
 
 
-def num_pages_for(cache: CacheConfig, spec: KVCacheSpec, device: torch.device, max_num_seqs: int,
-                  max_model_len: int, activation_reserve: int) -> int:
+def num_pages_for(
+    cache: CacheConfig,
+    spec: KVCacheSpec,
+    device: torch.device,
+    max_num_seqs: int,
+    max_model_len: int,
+    activation_reserve: int,
+) -> int:
     """Pages from an explicit count, a byte budget, or (default) the device's free memory."""
     if cache.num_pages is not None:
         return cache.num_pages

@@ -59,9 +59,14 @@ class LLM:
                         bar.update(1)
         return [finished[i] for i in ids]
 
-    def chat(self, messages: list[dict[str, Any]], sampling_params: SamplingParams | None = None,
-             tools: list[dict[str, Any]] | None = None, use_tqdm: bool | None = None,
-             **template_kwargs: Any) -> RequestOutput:
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        sampling_params: SamplingParams | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        use_tqdm: bool | None = None,
+        **template_kwargs: Any,
+    ) -> RequestOutput:
         """One conversation (OpenAI-shaped messages, `tool` results and assistant `tool_calls` included) through
         the model's chat template, offering `tools` (OpenAI's function dicts; templates that do not render tools
         get them in a system prompt, see tool_format). `template_kwargs` go to the template (e.g.

@@ -46,8 +46,9 @@ class LLMEngine:
         self.counters = EngineCounters()
         self.output_processor = OutputProcessor(self.tokenizer)
         if self.tokenizer is not None:
-            self.runner.structured = StructuredDecoding(self.tokenizer, self.args.vocab_size,
-                                                        list(self.args.eos_token_ids))
+            self.runner.structured = StructuredDecoding(
+                self.tokenizer, self.args.vocab_size, list(self.args.eos_token_ids)
+            )
 
     @property
     def model_dir(self) -> Path:
@@ -62,13 +63,18 @@ class LLMEngine:
             raise DuplicateRequestId("request_id", f"{request_id!r} is already in use")
         token_ids = self._encode(prompt)
         resolved = self.resolve_params(params, len(token_ids))
-        parent = ParentRequest(request_id, prompt if isinstance(prompt, str) else None, token_ids,
-                               [Completion(i, resolved) for i in range(resolved.n)])
+        parent = ParentRequest(
+            request_id,
+            prompt if isinstance(prompt, str) else None,
+            token_ids,
+            [Completion(i, resolved) for i in range(resolved.n)],
+        )
         children = []
         for i in range(resolved.n):
             child_params = resolved if resolved.seed is None else resolved.replace(seed=resolved.seed + i)
-            children.append(Request(parent.child_id(i), token_ids, child_params, self.args.block_length,
-                                    self.args.mask_token_id))
+            children.append(
+                Request(parent.child_id(i), token_ids, child_params, self.args.block_length, self.args.mask_token_id)
+            )
         self.scheduler.check_fits(children[0])  # all children have the same size; raises before any is queued
         self.output_processor.add_request(parent)
         for child in children:
@@ -81,7 +87,8 @@ class LLMEngine:
         room = self.max_model_len - num_prompt_tokens
         if room < 1:
             raise ContextLengthExceeded(
-                "prompt", f"{num_prompt_tokens} tokens leave no room to generate within max_model_len "
+                "prompt",
+                f"{num_prompt_tokens} tokens leave no room to generate within max_model_len "
                 f"{self.max_model_len}; shorten the prompt or raise --max-model-len",
             )
         params = params or SamplingParams()
@@ -89,8 +96,9 @@ class LLMEngine:
         bad = [t for t in params.stop_token_ids if t >= vocab]
         if bad:
             raise InvalidTokenIds("stop_token_ids", f"{bad[:5]} are not token ids of this model (0 <= id < {vocab})")
-        resolved = params.with_defaults(self.generation_defaults, max_tokens_limit=room,
-                                        eos_token_ids=self.args.eos_token_ids)
+        resolved = params.with_defaults(
+            self.generation_defaults, max_tokens_limit=room, eos_token_ids=self.args.eos_token_ids
+        )
         if resolved.structured_outputs is not None:
             self._check_structured(resolved)
         return resolved
@@ -138,11 +146,15 @@ class LLMEngine:
         """RequestError unless the engine can constrain this request (a tokenizer, a non-editing decoder, a
         grammar that compiles)."""
         if self.runner.structured is None:
-            raise RequestError("structured_outputs", "this model directory has no tokenizer to compile grammars "
-                               "with; remove the field")
+            raise RequestError(
+                "structured_outputs", "this model directory has no tokenizer to compile grammars with; remove the field"
+            )
         if params.is_editing:
-            raise RequestError("decoder", "edit cannot be combined with structured_outputs (an edited token could "
-                               "leave the grammar); choose threshold, fixed or entropy")
+            raise RequestError(
+                "decoder",
+                "edit cannot be combined with structured_outputs (an edited token could "
+                "leave the grammar); choose threshold, fixed or entropy",
+            )
         assert params.structured_outputs is not None
         self.runner.structured.check(params.structured_outputs)
 
@@ -172,6 +184,5 @@ class LLMEngine:
         vocab = self.args.vocab_size
         bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
-            raise InvalidTokenIds("prompt_token_ids",
-                                  f"{bad[:5]} are not token ids of this model (0 <= id < {vocab})")
+            raise InvalidTokenIds("prompt_token_ids", f"{bad[:5]} are not token ids of this model (0 <= id < {vocab})")
         return list(prompt)

@@ -117,8 +117,13 @@ class ModelRunner:
             slot_mapping.append(key_slots[work.query_start :])
             sequences.append(SequenceSlice(start, work.num_tokens, key_slots, self._mask(work)))
         offload = self._offload_context(blocks) if self.executor.offload is not None else None
-        forward = ForwardInputs(torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device),
-                                torch.cat(slot_mapping), tuple(sequences), offload)
+        forward = ForwardInputs(
+            torch.tensor(ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            torch.cat(slot_mapping),
+            tuple(sequences),
+            offload,
+        )
         return StepBatch(forward, torch.tensor(logit_rows, dtype=torch.long, device=self.device), blocks)
 
     def _read_positions(self, request: Request) -> list[int]:
@@ -129,11 +134,17 @@ class ModelRunner:
 
     def _offload_context(self, blocks: list[BlockRows]) -> OffloadContext:
         """The step's blocks as expert offload sees them (built only when offload is on)."""
-        return OffloadContext(tuple(
-            BlockRef((b.work.request.request_id, b.work.request.block_start), b.token_start, self.block_length,
-                     b.work.request.step_in_block == 0)
-            for b in blocks
-        ))
+        return OffloadContext(
+            tuple(
+                BlockRef(
+                    (b.work.request.request_id, b.work.request.block_start),
+                    b.token_start,
+                    self.block_length,
+                    b.work.request.step_in_block == 0,
+                )
+                for b in blocks
+            )
+        )
 
     def _key_slots(self, page_ids: list[int], end: int) -> torch.Tensor:
         """[end] long: cache slot of positions 0..end-1 (page * page_size + offset)."""
@@ -156,15 +167,14 @@ class ModelRunner:
         rows = logits[block.logit_start : block.logit_start + len(block.positions)]  # [M, V]
         rows = self._suppress_early_stops(request, block.positions, rows)
         if params.structured_outputs is not None and self.structured is not None:
-            return self.structured.decode(request, rows, block.positions, self._generator(request),
-                                          self.block_length)
+            return self.structured.decode(request, rows, block.positions, self._generator(request), self.block_length)
         decoder = DECODERS[params.decoder]
         positions = torch.tensor(block.positions, dtype=torch.long, device=self.device)
-        proposal = propose(rows, positions, self.block_length, params, self._generator(request),
-                           decoder.needs_entropy)
+        proposal = propose(rows, positions, self.block_length, params, self._generator(request), decoder.needs_entropy)
         canvas = torch.tensor(request.canvas, device=self.device)  # [B]
-        write = decoder.decide(proposal, canvas, canvas == request.mask_token_id, request.step_in_block, params,
-                               self.block_length)
+        write = decoder.decide(
+            proposal, canvas, canvas == request.mask_token_id, request.step_in_block, params, self.block_length
+        )
         indices = write.nonzero().flatten()
         return list(zip(indices.tolist(), proposal.tokens[indices].tolist()))
 

@@ -80,8 +80,9 @@ class Completion:
         character; invalid bytes further back are shown as they are."""
         if not text.endswith("\ufffd"):
             return text
-        stable = tokenizer.decode(token_ids[: max(0, len(token_ids) - MAX_UTF8_CONTINUATION)],
-                                  self.params.skip_special_tokens)
+        stable = tokenizer.decode(
+            token_ids[: max(0, len(token_ids) - MAX_UTF8_CONTINUATION)], self.params.skip_special_tokens
+        )
         if not text.startswith(stable):
             return text
         return stable + text[len(stable) :].rstrip("\ufffd")
@@ -111,8 +112,13 @@ class ParentRequest:
 
     def snapshot(self, new_token_counts: list[int]) -> RequestOutput:
         return RequestOutput(
-            self.request_id, self.prompt, self.prompt_token_ids, [c.output for c in self.completions],
-            self.metrics, self.num_cached_tokens, new_token_counts,
+            self.request_id,
+            self.prompt,
+            self.prompt_token_ids,
+            [c.output for c in self.completions],
+            self.metrics,
+            self.num_cached_tokens,
+            new_token_counts,
         )
 
 

@@ -27,11 +27,14 @@ def check_recompute_config(config: EngineConfig) -> None:
     """The recompute path runs the whole model on one device: refuse what it cannot honour, before any rank or
     weight is set up."""
     if config.parallel.tensor_parallel_size > 1:
-        raise ValueError(f"tensor_parallel_size: {config.parallel.tensor_parallel_size} is not supported for models "
-                         "with recurrent layers (clover_moe) yet; use 1")
+        raise ValueError(
+            f"tensor_parallel_size: {config.parallel.tensor_parallel_size} is not supported for models "
+            "with recurrent layers (clover_moe) yet; use 1"
+        )
     if config.cache.expert_offload:
-        raise ValueError("expert_offload: not supported for models with recurrent layers (clover_moe) yet; "
-                         "drop --expert-offload")
+        raise ValueError(
+            "expert_offload: not supported for models with recurrent layers (clover_moe) yet; drop --expert-offload"
+        )
 
 
 class RecomputeRunner(ModelRunner):

@@ -151,7 +151,7 @@ class Request:
         by length (every position below max_tokens decided); None if not (yet). Tokens of a block that may still
         be edited count as undecided. Changes nothing: the scheduler applies the result."""
         params = self.params
-        tail = self.canvas[self.generation_start_in_block():]
+        tail = self.canvas[self.generation_start_in_block() :]
         if params.is_editing and not self.block_is_final:
             tail = [self.mask_token_id] * len(tail)
         generated = self.output_token_ids + tail
@@ -167,7 +167,7 @@ class Request:
     def finish_block(self) -> list[int]:
         """The block is final and the request goes on: its generated part joins the output (to be committed by
         the next forward) and the next block opens. Returns the new tokens."""
-        new = self.canvas[self.generation_start_in_block():]
+        new = self.canvas[self.generation_start_in_block() :]
         self.output_token_ids.extend(new)
         self.open_block(self.block_end)
         return new

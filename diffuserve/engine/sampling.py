@@ -26,8 +26,12 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 
 def propose(
-    logits: torch.Tensor, positions: torch.Tensor, block_length: int, params: ResolvedSamplingParams,
-    generator: torch.Generator | None, need_entropy: bool = False,
+    logits: torch.Tensor,
+    positions: torch.Tensor,
+    block_length: int,
+    params: ResolvedSamplingParams,
+    generator: torch.Generator | None,
+    need_entropy: bool = False,
 ) -> Proposal:
     """logits [M, V] fp32 at canvas indices `positions` [M] -> canvas-shaped Proposal [B].
 

@@ -35,8 +35,13 @@ from diffuserve.engine.state_scheduling import StateSlots
 
 class Scheduler:
     def __init__(
-        self, pool: PagePool, max_num_seqs: int, max_num_batched_tokens: int, block_length: int,
-        fused_commit: bool = True, state: StateSlots | None = None,
+        self,
+        pool: PagePool,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        block_length: int,
+        fused_commit: bool = True,
+        state: StateSlots | None = None,
     ) -> None:
         self.pool = pool
         self.state = state
@@ -73,9 +78,14 @@ class Scheduler:
         if needed <= num_pages and slots >= 1:
             return
         prompt_only = -(-(request.num_prompt_tokens + 1) // page_size) > num_pages
-        state = "" if self.state is None else (
-            f" and one recurrent-state slot of {self.state.pool.slot_bytes / 2**20:.2f} MiB (the state cache holds "
-            f"{slots}; --state-cache-memory)")
+        state = (
+            ""
+            if self.state is None
+            else (
+                f" and one recurrent-state slot of {self.state.pool.slot_bytes / 2**20:.2f} MiB (the state cache holds "
+                f"{slots}; --state-cache-memory)"
+            )
+        )
         raise ContextLengthExceeded(
             "prompt" if prompt_only else "max_tokens",
             f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({request.params.max_tokens}) need "
@@ -128,8 +138,7 @@ class Scheduler:
             update.num_generated_tokens += max(new, 0)
         return update
 
-    def finish_requests(self, request_ids: list[str], status: RequestStatus, error: str | None = None
-                        ) -> list[Request]:
+    def finish_requests(self, request_ids: list[str], status: RequestStatus, error: str | None = None) -> list[Request]:
         """Gives the unfinished ones among `request_ids` the final `status` (and `error`), frees their pages
         and forgets them. Unknown or already finished ids are skipped. Returns the requests it finished."""
         finished = []
@@ -233,8 +242,11 @@ class Scheduler:
             request = self.waiting[0]
             restore_from = self._match_prefix(request)
             work = self._plan(request, budget)
-            if work is None or not self.pool.can_allocate(self._pages_needed(work)) or (
-                    self.state is not None and not self.state.can_admit(restore_from)):
+            if (
+                work is None
+                or not self.pool.can_allocate(self._pages_needed(work))
+                or (self.state is not None and not self.state.can_admit(restore_from))
+            ):
                 self._release(request)  # drop the prefix pages again; retry next step
                 break
             self.waiting.popleft()

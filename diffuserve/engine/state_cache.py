@@ -69,10 +69,16 @@ class StateCache:
         args = spec.args
         gdn = hybrid_args(args).gdn
         num_gdn = sum(hybrid_args(args).is_gdn(i) for i in range(args.num_layers))
-        conv = [torch.zeros(num_slots, gdn.conv_dim, gdn.conv_kernel - 1, dtype=spec.dtype, device=device)
-                for _ in range(num_gdn)]
-        recurrent = [torch.zeros(num_slots, gdn.num_value_heads, gdn.key_head_dim, gdn.value_head_dim,
-                                 dtype=torch.float32, device=device) for _ in range(num_gdn)]
+        conv = [
+            torch.zeros(num_slots, gdn.conv_dim, gdn.conv_kernel - 1, dtype=spec.dtype, device=device)
+            for _ in range(num_gdn)
+        ]
+        recurrent = [
+            torch.zeros(
+                num_slots, gdn.num_value_heads, gdn.key_head_dim, gdn.value_head_dim, dtype=torch.float32, device=device
+            )
+            for _ in range(num_gdn)
+        ]
         return cls(conv, recurrent, torch.zeros(num_slots, args.hidden_size, dtype=spec.dtype, device=device))
 
     @property

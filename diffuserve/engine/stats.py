@@ -85,18 +85,36 @@ class EngineCounters:
         self.num_generated_tokens += update.num_generated_tokens
 
     def snapshot(
-        self, scheduler: Scheduler, pool: PagePool, experts: ExpertStatsSnapshot | None = None,
-        offload: OffloadStatsSnapshot | None = None, state_pool: StatePool | None = None,
+        self,
+        scheduler: Scheduler,
+        pool: PagePool,
+        experts: ExpertStatsSnapshot | None = None,
+        offload: OffloadStatsSnapshot | None = None,
+        state_pool: StatePool | None = None,
     ) -> EngineStats:
         return EngineStats(
-            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting), kv_usage=pool.usage,
-            prefix_hit_rate=scheduler.prefix_hit_rate, num_preemptions=scheduler.num_preemptions,
-            num_steps=self.num_steps, num_batched_tokens=self.num_batched_tokens,
-            num_generated_tokens=self.num_generated_tokens, num_prefill_tokens=self.num_prefill_tokens,
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            kv_usage=pool.usage,
+            prefix_hit_rate=scheduler.prefix_hit_rate,
+            num_preemptions=scheduler.num_preemptions,
+            num_steps=self.num_steps,
+            num_batched_tokens=self.num_batched_tokens,
+            num_generated_tokens=self.num_generated_tokens,
+            num_prefill_tokens=self.num_prefill_tokens,
             step_time_s=self.step_time_s,
             num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
-            num_prefix_queried_tokens=scheduler.num_prefix_queried_tokens, experts=experts, offload=offload,
-            page_hit_rate=scheduler.page_hit_rate, state=None if state_pool is None else StateStats(
-                state_pool.num_used_slots, state_pool.num_slots, state_pool.num_snapshots, state_pool.slot_bytes,
-                scheduler.prefix_hit_rate),
+            num_prefix_queried_tokens=scheduler.num_prefix_queried_tokens,
+            experts=experts,
+            offload=offload,
+            page_hit_rate=scheduler.page_hit_rate,
+            state=None
+            if state_pool is None
+            else StateStats(
+                state_pool.num_used_slots,
+                state_pool.num_slots,
+                state_pool.num_snapshots,
+                state_pool.slot_bytes,
+                scheduler.prefix_hit_rate,
+            ),
         )

@@ -14,8 +14,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-per-task", type=int, default=100, help="held-out examples per task")
     parser.add_argument("--seed", type=int, default=1234, help="seed that picks the held-out examples")
     parser.add_argument("--tasks", default=None, help="comma-separated subset of tasks (default: all)")
-    parser.add_argument("--thresholds", default="0.5,0.7,0.8,0.9,0.95",
-                        help="comma-separated confidence thresholds for the threshold decoder")
+    parser.add_argument(
+        "--thresholds",
+        default="0.5,0.7,0.8,0.9,0.95",
+        help="comma-separated confidence thresholds for the threshold decoder",
+    )
     parser.add_argument("--default-only", action="store_true", help="score only the model's default decoding")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
@@ -44,10 +47,16 @@ def run(args: argparse.Namespace) -> int:
     examples = heldout_examples(args.num_per_task, args.seed, tasks)
     results = [evaluate(llm, examples, params, label) for label, params in sweep]
     print(format_table(results))
-    print(json.dumps({
-        "model": llm.engine.config.model, "num_examples": len(examples),
-        "defaults": llm.engine.generation_defaults, "results": [r.summary() for r in results],
-    }))
+    print(
+        json.dumps(
+            {
+                "model": llm.engine.config.model,
+                "num_examples": len(examples),
+                "defaults": llm.engine.generation_defaults,
+                "results": [r.summary() for r in results],
+            }
+        )
+    )
     return 0
 
 

@@ -47,7 +47,8 @@ class EvalResult:
     def summary(self) -> dict[str, Any]:
         """The JSON-ready numbers, rounded."""
         return {
-            "decoding": self.label, "accuracy": round(self.accuracy, 4),
+            "decoding": self.label,
+            "accuracy": round(self.accuracy, 4),
             "tokens_per_forward": round(self.tokens_per_forward, 3),
             "nfe_per_example": round(self.forwards_per_example, 3),
             "accuracy_by_task": {task: round(acc, 4) for task, acc in self.accuracy_by_task.items()},
@@ -91,6 +92,8 @@ def format_table(results: Sequence[EvalResult]) -> str:
     rows = [header, "-" * len(header)]
     for r in results:
         per_task = " ".join(f"{100 * r.accuracy_by_task[t]:6.1f}%" for t in tasks)
-        rows.append(f"{r.label:<18} {100 * r.accuracy:5.1f}% {per_task} {r.tokens_per_forward:5.2f} "
-                    f"{r.forwards_per_example:7.2f}")
+        rows.append(
+            f"{r.label:<18} {100 * r.accuracy:5.1f}% {per_task} {r.tokens_per_forward:5.2f} "
+            f"{r.forwards_per_example:7.2f}"
+        )
     return "\n".join(rows)

@@ -66,7 +66,12 @@ def lookup(rng: random.Random) -> tuple[str, str]:
 
 
 TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
-    "add": add, "reverse": reverse, "sort": sort, "copy": copy, "max": maximum, "lookup": lookup,
+    "add": add,
+    "reverse": reverse,
+    "sort": sort,
+    "copy": copy,
+    "max": maximum,
+    "lookup": lookup,
 }
 TRAIN_WEIGHTS = {"add": 3.5, "reverse": 1.0, "sort": 1.0, "copy": 1.0, "max": 1.0, "lookup": 1.5}
 """Training mix: addition (carries) and lookups (position arithmetic) are the slowest to learn, so they are drawn

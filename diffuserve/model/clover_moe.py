@@ -58,11 +58,17 @@ class HybridDecoderLayer(nn.Module):
         else:
             self.self_attn = GatedAttention(args, rotary)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = GatedSharedExpertMoe(args.hidden_size, args.num_experts, args.num_experts_per_tok,
-                                        args.moe_intermediate_size, args.shared_expert_intermediate_size)
+        self.mlp = GatedSharedExpertMoe(
+            args.hidden_size,
+            args.num_experts,
+            args.num_experts_per_tok,
+            args.moe_intermediate_size,
+            args.shared_expert_intermediate_size,
+        )
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, state: LayerState, preview: bool
-                ) -> tuple[torch.Tensor, LayerState]:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, state: LayerState, preview: bool
+    ) -> tuple[torch.Tensor, LayerState]:
         """-> (output, the layer's state after x; the unchanged `state` when previewing)."""
         normed = self.input_layernorm(x)
         mixer = self.linear_attn if self.is_gdn else self.self_attn
@@ -74,8 +80,9 @@ class HybridDecoderLayer(nn.Module):
         h = x + mixed
         return h + self.mlp(self.post_attention_layernorm(h)), new_state
 
-    def step(self, x: torch.Tensor, positions: torch.Tensor, attn: PagedAttentionInputs,
-             recurrent: RecurrentStepInputs) -> torch.Tensor:
+    def step(
+        self, x: torch.Tensor, positions: torch.Tensor, attn: PagedAttentionInputs, recurrent: RecurrentStepInputs
+    ) -> torch.Tensor:
         """Engine step: x [N, H] -> [N, H] (see the module docstring)."""
         normed = self.input_layernorm(x)
         if self.is_gdn:
@@ -110,8 +117,9 @@ class CloverMoeForBlockDiffusion(nn.Module):
     def empty_state(self) -> HybridState:
         return HybridState(0, (None,) * len(self.model.layers))
 
-    def forward_causal(self, input_ids: torch.Tensor, state: HybridState | None = None
-                       ) -> tuple[torch.Tensor, HybridState]:
+    def forward_causal(
+        self, input_ids: torch.Tensor, state: HybridState | None = None
+    ) -> tuple[torch.Tensor, HybridState]:
         """input_ids [B, T] after `state` -> (hidden [B, T, H] before the final norm, state after the T tokens)."""
         return self._run(input_ids, state or self.empty_state(), preview=False)
 
@@ -119,8 +127,13 @@ class CloverMoeForBlockDiffusion(nn.Module):
         """A block input_ids [B, T] right after `state` -> hidden [B, T, H]; `state` is read, never written."""
         return self._run(input_ids, state or self.empty_state(), preview=True)[0]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: PagedAttentionInputs,
-                recurrent: RecurrentStepInputs) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: PagedAttentionInputs,
+        recurrent: RecurrentStepInputs,
+    ) -> torch.Tensor:
         """Engine step: input_ids, positions [N] -> hidden [N, H] before the final norm."""
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:

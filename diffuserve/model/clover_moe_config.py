@@ -20,10 +20,22 @@ NO_MASK_TOKEN = -1
 
 # transformers' Qwen3_5MoeTextConfig defaults (the 35B-A3B shape), used where a config.json omits a field.
 TEXT_DEFAULTS: dict[str, Any] = dict(
-    num_key_value_heads=2, head_dim=256, max_position_embeddings=32768, rms_norm_eps=1e-6,
-    tie_word_embeddings=False, attention_bias=False, linear_conv_kernel_dim=4, linear_key_head_dim=128,
-    linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32, moe_intermediate_size=512,
-    shared_expert_intermediate_size=512, num_experts_per_tok=8, num_experts=256, full_attention_interval=4,
+    num_key_value_heads=2,
+    head_dim=256,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    attention_bias=False,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_num_key_heads=16,
+    linear_num_value_heads=32,
+    moe_intermediate_size=512,
+    shared_expert_intermediate_size=512,
+    num_experts_per_tok=8,
+    num_experts=256,
+    full_attention_interval=4,
     partial_rotary_factor=0.25,
 )
 
@@ -124,8 +136,13 @@ def _gdn_args(fields: dict) -> GdnArgs:
     kernel = int(fields["linear_conv_kernel_dim"])
     if kernel < 2:
         raise ValueError(f"config.json: `linear_conv_kernel_dim` is {kernel}; expected at least 2")
-    return GdnArgs(int(fields["linear_num_key_heads"]), int(fields["linear_num_value_heads"]),
-                   int(fields["linear_key_head_dim"]), int(fields["linear_value_head_dim"]), kernel)
+    return GdnArgs(
+        int(fields["linear_num_key_heads"]),
+        int(fields["linear_num_value_heads"]),
+        int(fields["linear_key_head_dim"]),
+        int(fields["linear_value_head_dim"]),
+        kernel,
+    )
 
 
 def clover_moe_args_from_hf(config: dict, generation_config: dict | None = None) -> ModelArgs:
@@ -139,8 +156,11 @@ def clover_moe_args_from_hf(config: dict, generation_config: dict | None = None)
     if shared < 1:
         raise ValueError(f"config.json: `shared_expert_intermediate_size` is {shared}; expected a positive width")
     mask_token_id = _first(fields, "mask_token_id", default=generation_config.get("mask_token_id"))
-    hybrid = HybridArgs(_layer_types(fields, layers), _gdn_args(fields),
-                        prediction_shift=bool(fields.get("diffusion_prediction_shift", True)))
+    hybrid = HybridArgs(
+        _layer_types(fields, layers),
+        _gdn_args(fields),
+        prediction_shift=bool(fields.get("diffusion_prediction_shift", True)),
+    )
     return ModelArgs(
         architecture=(config.get("architectures") or ["?"])[0],
         vocab_size=int(_require(fields, "vocab_size")),
@@ -172,8 +192,10 @@ def clover_moe_args_from_hf(config: dict, generation_config: dict | None = None)
 def with_diffusion(args: ModelArgs, has_diffusion: bool) -> ModelArgs:
     """args whose HybridArgs say whether the checkpoint carries the block-diffusion tensors."""
     if has_diffusion and args.mask_token_id == NO_MASK_TOKEN:
-        raise ValueError("config.json: missing field `mask_token_id`, which a checkpoint with block-diffusion "
-                         "tensors needs; add the mask token's id to config.json")
+        raise ValueError(
+            "config.json: missing field `mask_token_id`, which a checkpoint with block-diffusion "
+            "tensors needs; add the mask token's id to config.json"
+        )
     return args.replace(extra={**args.extra, "hybrid": replace(hybrid_args(args), has_diffusion=has_diffusion)})
 
 

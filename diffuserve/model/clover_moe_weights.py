@@ -25,8 +25,12 @@ from diffuserve.model.config import ModelArgs
 from diffuserve.model.layers.gdn_preview import DIFFUSION_TENSORS
 from diffuserve.model.weight_names import WeightTarget, qwen3_checkpoint_tensors
 
-PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
-            ("language_model.lm_head.", "lm_head."), ("language_model.", "model."))
+PREFIXES = (
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("language_model.", "model."),
+)
 IGNORED = re.compile(r"(model\.)?visual\..*|mtp\..*|.*rotary_emb\.inv_freq")
 _EXPERT = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
 _SHARED = re.compile(r"(.*\.mlp\.shared_expert)\.(gate|up)_proj\.weight")
@@ -35,7 +39,7 @@ _SHARED = re.compile(r"(.*\.mlp\.shared_expert)\.(gate|up)_proj\.weight")
 def strip_prefix(name: str) -> str:
     for prefix, ours in PREFIXES:
         if name.startswith(prefix):
-            return ours + name[len(prefix):]
+            return ours + name[len(prefix) :]
     return name
 
 
@@ -50,8 +54,9 @@ def clover_moe_weight_target(name: str, args: ModelArgs) -> WeightTarget | None:
         inter = args.moe_intermediate_size
         if m[3] == "down":
             return WeightTarget(f"{m[1]}.down_proj", expert=int(m[2]))
-        return WeightTarget(f"{m[1]}.gate_up_proj", expert=int(m[2]), row_start=0 if m[3] == "gate" else inter,
-                            rows=inter)
+        return WeightTarget(
+            f"{m[1]}.gate_up_proj", expert=int(m[2]), row_start=0 if m[3] == "gate" else inter, rows=inter
+        )
     if m := _SHARED.fullmatch(name):
         inter = args.shared_expert_intermediate_size
         return WeightTarget(f"{m[1]}.gate_up_proj.weight", row_start=0 if m[2] == "gate" else inter, rows=inter)
@@ -63,7 +68,7 @@ def clover_moe_checkpoint_tensors(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Our state dict -> Hub-style checkpoint tensors; `prefix` replaces `model.` (e.g. `model.language_model.`)."""
     for name, tensor in qwen3_checkpoint_tensors(state, args, per_expert):
-        yield (prefix + name[len("model."):] if name.startswith("model.") else name), tensor
+        yield (prefix + name[len("model.") :] if name.startswith("model.") else name), tensor
 
 
 def has_diffusion_tensors(names: Iterable[str]) -> bool:

@@ -112,9 +112,7 @@ def parse_rope(config: dict) -> RopeArgs:
     if rope_type == "su":
         rope_type = "longrope"
     if rope_type not in ROPE_TYPES:
-        raise ValueError(
-            f"config.json: rope type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
-        )
+        raise ValueError(f"config.json: rope type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
     theta = _first(params, "rope_theta", default=_first(config, "rope_theta", default=10000.0))
     partial = _first(params, "partial_rotary_factor", default=_first(config, "partial_rotary_factor", default=1.0))
     original = _first(config, "original_max_position_embeddings")
@@ -212,9 +210,19 @@ def qwen3_args_from_hf(config: dict, generation_config: dict | None = None) -> M
 # Defaults of the reference `LLaDA2MoeConfig` class, which apply when a config.json omits the key. They differ
 # from the released configs (e.g. rms_norm_eps 1e-6 and use_bias false there): always read the JSON.
 LLADA2_CONFIG_DEFAULTS: dict[str, Any] = dict(
-    rms_norm_eps=1e-5, rope_theta=10000.0, partial_rotary_factor=0.5, max_position_embeddings=16384,
-    tie_word_embeddings=False, use_qkv_bias=False, use_qk_norm=True, use_bias=True, num_shared_experts=0,
-    first_k_dense_replace=0, n_group=8, topk_group=4, routed_scaling_factor=2.5,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    partial_rotary_factor=0.5,
+    max_position_embeddings=16384,
+    tie_word_embeddings=False,
+    use_qkv_bias=False,
+    use_qk_norm=True,
+    use_bias=True,
+    num_shared_experts=0,
+    first_k_dense_replace=0,
+    n_group=8,
+    topk_group=4,
+    routed_scaling_factor=2.5,
 )
 
 
@@ -264,6 +272,7 @@ def llada2_args_from_hf(config: dict, generation_config: dict | None = None) -> 
         eos_token_ids=_eos_ids(config, generation_config),
         pad_token_id=config.get("pad_token_id"),
         torch_dtype=_first(config, "torch_dtype", "dtype"),
-        extra={key: config[key] for key in ("use_qk_norm", "use_bias", "n_group", "topk_group",
-                                            "routed_scaling_factor")},
+        extra={
+            key: config[key] for key in ("use_qk_norm", "use_bias", "n_group", "topk_group", "routed_scaling_factor")
+        },
     )

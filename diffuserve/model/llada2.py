@@ -33,10 +33,19 @@ class LLaDA2ForBlockDiffusion(BlockDiffusionLM):
             return SwiGLU(args.hidden_size, args.intermediate_size)
         extra = args.extra
         gate = GroupLimitedRouter(
-            args.num_experts, args.hidden_size, args.num_experts_per_tok, extra["n_group"], extra["topk_group"],
+            args.num_experts,
+            args.hidden_size,
+            args.num_experts_per_tok,
+            extra["n_group"],
+            extra["topk_group"],
             extra["routed_scaling_factor"],
         )
         return SparseMoeBlock(
-            args.hidden_size, args.num_experts, args.num_experts_per_tok, args.moe_intermediate_size,
-            norm_topk_prob=True, shared_intermediate_size=args.shared_expert_intermediate_size, gate=gate,
+            args.hidden_size,
+            args.num_experts,
+            args.num_experts_per_tok,
+            args.moe_intermediate_size,
+            norm_topk_prob=True,
+            shared_intermediate_size=args.shared_expert_intermediate_size,
+            gate=gate,
         )

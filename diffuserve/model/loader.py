@@ -102,8 +102,9 @@ def iter_checkpoint(model_dir: str | Path, progress: bool | None = False) -> Ite
             bar.update(1)
 
 
-def load_weights(model: nn.Module, family: ModelFamily, args: ModelArgs, model_dir: str | Path,
-                 progress: bool | None = False) -> None:
+def load_weights(
+    model: nn.Module, family: ModelFamily, args: ModelArgs, model_dir: str | Path, progress: bool | None = False
+) -> None:
     """Copies every checkpoint tensor into its parameter slice (this rank's part of it); checks full coverage."""
     params = dict(model.named_parameters())
     loaded = dict.fromkeys(params, 0)
@@ -157,8 +158,13 @@ def _local_views(
 
 
 def build_model(
-    family: ModelFamily, args: ModelArgs, max_model_len: int, dtype: torch.dtype, device: str | torch.device,
-    group: ParallelGroup | None = None, expert_device: torch.device | None = None,
+    family: ModelFamily,
+    args: ModelArgs,
+    max_model_len: int,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    group: ParallelGroup | None = None,
+    expert_device: torch.device | None = None,
 ) -> nn.Module:
     """The family's model, this rank's part of it when `group` spans several ranks, allocated once (on the meta
     device first, see materialize); routed experts on `expert_device` if given (expert offload)."""
@@ -176,9 +182,15 @@ def build_model(
 
 
 def load_model(
-    model_dir: str | Path, dtype: str = "auto", device: str = "cpu", max_model_len: int | None = None,
-    args: ModelArgs | None = None, group: ParallelGroup | None = None, expert_device: torch.device | None = None,
-    load_format: str = "auto", seed: int = 0,
+    model_dir: str | Path,
+    dtype: str = "auto",
+    device: str = "cpu",
+    max_model_len: int | None = None,
+    args: ModelArgs | None = None,
+    group: ParallelGroup | None = None,
+    expert_device: torch.device | None = None,
+    load_format: str = "auto",
+    seed: int = 0,
 ) -> tuple[ModelArgs, nn.Module]:
     """Builds the family's model (this rank's part) in the resolved dtype and loads its weights: from the
     checkpoint (`auto`), or seeded random ones (`dummy`, no weights on disk needed)."""
@@ -186,8 +198,15 @@ def load_model(
         raise ValueError(f"load_format: {load_format!r} is not supported; use one of {', '.join(LOAD_FORMATS)}")
     family, parsed = load_args(model_dir)
     args = args or parsed
-    model = build_model(family, args, max_model_len or args.max_position_embeddings, resolve_dtype(dtype, args),
-                        device, group, expert_device)
+    model = build_model(
+        family,
+        args,
+        max_model_len or args.max_position_embeddings,
+        resolve_dtype(dtype, args),
+        device,
+        group,
+        expert_device,
+    )
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:

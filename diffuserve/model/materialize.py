@@ -51,8 +51,9 @@ def pin_host_memory(tensor: torch.Tensor) -> None:
     register = getattr(torch.cuda.cudart(), "cudaHostRegister", None)
     error = int(register(tensor.data_ptr(), nbytes, 0)) if register is not None else -1  # 0 = cudaSuccess
     if error != 0:
-        logger.warning("could not pin %d MiB of expert weights (CUDA error %s); copies will be slower",
-                       nbytes >> 20, error)
+        logger.warning(
+            "could not pin %d MiB of expert weights (CUDA error %s); copies will be slower", nbytes >> 20, error
+        )
 
 
 @torch.no_grad()

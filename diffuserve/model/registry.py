@@ -45,21 +45,28 @@ class ModelFamily:
     family through its recompute path (engine/recompute_runner)."""
 
 
-SDAR = ModelFamily(
-    "sdar", SDARForBlockDiffusion, qwen3_args_from_hf, qwen3_weight_target, qwen3_checkpoint_tensors
-)
+SDAR = ModelFamily("sdar", SDARForBlockDiffusion, qwen3_args_from_hf, qwen3_weight_target, qwen3_checkpoint_tensors)
 
 # LLaDA2.0 and LLaDA2.1 share architecture name and config; 2.1 differs only in decoding (decoder="edit").
 LLADA2 = ModelFamily(
-    "llada2", LLaDA2ForBlockDiffusion, llada2_args_from_hf, llada2_weight_target, llada2_checkpoint_tensors,
+    "llada2",
+    LLaDA2ForBlockDiffusion,
+    llada2_args_from_hf,
+    llada2_weight_target,
+    llada2_checkpoint_tensors,
     special_tokens={"mask_token_id": "<|mask|>", "eos_token_id": "<|endoftext|>"},
     decoding_defaults={"decoder": "threshold", "threshold": 0.95, "temperature": 0.0},
 )
 
 # Clover-35B-A3B-Preview and its Qwen3.5/3.6-MoE base (hybrid GDN / gated attention); see clover_moe.py.
 CLOVER_MOE = ModelFamily(
-    "clover_moe", CloverMoeForBlockDiffusion, clover_moe_args_from_hf, clover_moe_weight_target,
-    clover_moe_checkpoint_tensors, checkpoint_args=clover_moe_checkpoint_args, has_recurrent_state=True,
+    "clover_moe",
+    CloverMoeForBlockDiffusion,
+    clover_moe_args_from_hf,
+    clover_moe_weight_target,
+    clover_moe_checkpoint_tensors,
+    checkpoint_args=clover_moe_checkpoint_args,
+    has_recurrent_state=True,
 )
 
 ARCHITECTURES: dict[str, ModelFamily] = {
@@ -93,9 +100,11 @@ def deprecation_notice(config: dict) -> str | None:
     if not archs or archs[0] not in DEPRECATED_ARCHITECTURES:
         return None
     arch, model_type = sdar_names(config)
-    return (f"config.json: architecture {archs[0]!r} is deprecated (it is the SDAR-shaped family, not Clover, which "
-            f"is 'CloverMoeModelLM'); it loads as before, but set \"architectures\": [\"{arch}\"] and "
-            f"\"model_type\": \"{model_type}\"")
+    return (
+        f"config.json: architecture {archs[0]!r} is deprecated (it is the SDAR-shaped family, not Clover, which "
+        f'is \'CloverMoeModelLM\'); it loads as before, but set "architectures": ["{arch}"] and '
+        f'"model_type": "{model_type}"'
+    )
 
 
 def family_for(config: dict) -> ModelFamily:
@@ -109,7 +118,5 @@ def family_for(config: dict) -> ModelFamily:
             f"diffuserve does not run (no trust_remote_code); supported: {SUPPORTED}"
         )
     if archs[0] not in ARCHITECTURES:
-        raise ValueError(
-            f"config.json: architecture {archs[0]!r} is not supported; supported: {SUPPORTED}"
-        )
+        raise ValueError(f"config.json: architecture {archs[0]!r} is not supported; supported: {SUPPORTED}")
     return ARCHITECTURES[archs[0]]

@@ -26,6 +26,10 @@ class SDARForBlockDiffusion(BlockDiffusionLM):
         if not args.is_moe_layer(layer_id):
             return SwiGLU(args.hidden_size, args.intermediate_size)
         return SparseMoeBlock(
-            args.hidden_size, args.num_experts, args.num_experts_per_tok, args.moe_intermediate_size,
-            args.norm_topk_prob, args.shared_expert_intermediate_size,
+            args.hidden_size,
+            args.num_experts,
+            args.num_experts_per_tok,
+            args.moe_intermediate_size,
+            args.norm_topk_prob,
+            args.shared_expert_intermediate_size,
         )

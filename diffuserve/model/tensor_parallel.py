@@ -23,8 +23,10 @@ def check_parallel_sizes(args: ModelArgs, size: int, expert_parallel: bool) -> N
     """Raises ValueError naming the first model dimension that `size` ranks cannot split evenly."""
     if expert_parallel and not args.is_moe:
         raise ValueError("enable_expert_parallel: the model has no experts; drop --enable-expert-parallel")
-    dims = [("attention heads (num_attention_heads)", args.num_heads),
-            ("KV heads (num_key_value_heads)", args.num_kv_heads)]
+    dims = [
+        ("attention heads (num_attention_heads)", args.num_heads),
+        ("KV heads (num_key_value_heads)", args.num_kv_heads),
+    ]
     if len(args.dense_layer_ids) and args.intermediate_size:
         dims.append(("dense MLP width (intermediate_size)", args.intermediate_size))
     if args.is_moe and expert_parallel:
@@ -44,8 +46,13 @@ def check_parallel_sizes(args: ModelArgs, size: int, expert_parallel: bool) -> N
 
 def apply_tp(model: nn.Module, group: ParallelGroup) -> None:
     """Replaces every shardable layer's parameters by this rank's part (uninitialised, tagged for the loader)."""
-    inside_moe = {id(m) for block in model.modules() if isinstance(block, SparseMoeBlock)
-                  for m in block.modules() if m is not block}
+    inside_moe = {
+        id(m)
+        for block in model.modules()
+        if isinstance(block, SparseMoeBlock)
+        for m in block.modules()
+        if m is not block
+    }
     for module in list(model.modules()):
         if id(module) not in inside_moe and hasattr(module, "shard_"):
             module.shard_(group)

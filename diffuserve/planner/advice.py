@@ -18,8 +18,16 @@ Evaluate = Callable[[Deployment, Workload], tuple[MemoryBreakdown, Capacity]]
 MAX_TENSOR_PARALLEL = 64
 
 
-def not_fit_error(problem: str, spec: ModelSpec, hardware_name: str, deployment: Deployment,
-                  workload: Workload, memory: MemoryBreakdown, capacity: Capacity, evaluate: Evaluate) -> ValueError:
+def not_fit_error(
+    problem: str,
+    spec: ModelSpec,
+    hardware_name: str,
+    deployment: Deployment,
+    workload: Workload,
+    memory: MemoryBreakdown,
+    capacity: Capacity,
+    evaluate: Evaluate,
+) -> ValueError:
     """The error for a plan that does not fit, naming every alternative that would."""
     options = [
         *_more_devices(spec, deployment, workload, evaluate),
@@ -44,18 +52,25 @@ def _more_devices(spec: ModelSpec, deployment: Deployment, workload: Workload, e
     if deployment.weight_dtype in ("fp32", "bf16", "fp16"):
         fp8 = _fewest_devices(spec, replace(deployment, weight_dtype="fp8"), workload, evaluate)
         if fp8 is not None and fp8.num_gpus < found.num_gpus:
-            option += f" (or --num-gpus {fp8.num_gpus} --tensor-parallel-size {fp8.tensor_parallel_size} with " \
-                      "--weight-dtype fp8)"
+            option += (
+                f" (or --num-gpus {fp8.num_gpus} --tensor-parallel-size {fp8.tensor_parallel_size} with "
+                "--weight-dtype fp8)"
+            )
     return [option]
 
 
-def _fewest_devices(spec: ModelSpec, deployment: Deployment, workload: Workload,
-                    evaluate: Evaluate) -> Deployment | None:
+def _fewest_devices(
+    spec: ModelSpec, deployment: Deployment, workload: Workload, evaluate: Evaluate
+) -> Deployment | None:
     """The smallest larger tensor-parallel size (a power of two) that the model's heads allow and that fits."""
     tp = deployment.tensor_parallel_size * 2
     while tp <= MAX_TENSOR_PARALLEL:
-        candidate = replace(deployment, tensor_parallel_size=tp, num_gpus=tp * deployment.num_replicas,
-                            expert_parallel_size=tp if deployment.expert_parallel_size > 1 else 1)
+        candidate = replace(
+            deployment,
+            tensor_parallel_size=tp,
+            num_gpus=tp * deployment.num_replicas,
+            expert_parallel_size=tp if deployment.expert_parallel_size > 1 else 1,
+        )
         try:
             check_fits_model(spec, candidate, workload)
         except ValueError:
@@ -77,8 +92,9 @@ def _cheaper_dtypes(deployment: Deployment, workload: Workload, evaluate: Evalua
     return options
 
 
-def _smaller_workload(spec: ModelSpec, deployment: Deployment, workload: Workload, memory: MemoryBreakdown,
-                      capacity: Capacity) -> list[str]:
+def _smaller_workload(
+    spec: ModelSpec, deployment: Deployment, workload: Workload, memory: MemoryBreakdown, capacity: Capacity
+) -> list[str]:
     if memory.kv_pool_bytes <= 0:
         return []
     options = []

@@ -18,8 +18,16 @@ from diffuserve.planner.inputs import CostInputs, Workload
 from diffuserve.planner.plan import Plan, make_plan
 from diffuserve.planner.units import fmt_time
 
-__all__ = ["REQUIRED_KEYS", "Calibration", "CalibrationCheck", "check_calibration", "load_calibration",
-           "missing_keys", "parse_calibration", "plan_bench_run"]
+__all__ = [
+    "REQUIRED_KEYS",
+    "Calibration",
+    "CalibrationCheck",
+    "check_calibration",
+    "load_calibration",
+    "missing_keys",
+    "parse_calibration",
+    "plan_bench_run",
+]
 
 
 @dataclass(frozen=True)
@@ -54,14 +62,19 @@ def plan_bench_run(calibration: Calibration) -> Plan:
     """The plan of exactly the run the bench measured, using its fitted knobs."""
     workload = Workload(
         context_length=calibration.prompt_tokens + calibration.output_tokens,
-        prompt_tokens=calibration.prompt_tokens, output_tokens=calibration.output_tokens,
-        block_length=calibration.block_length, tpf=calibration.tpf, concurrency=calibration.num_seqs,
+        prompt_tokens=calibration.prompt_tokens,
+        output_tokens=calibration.output_tokens,
+        block_length=calibration.block_length,
+        tpf=calibration.tpf,
+        concurrency=calibration.num_seqs,
         experts_touched_per_block=calibration.experts_touched_per_block,
     )
-    costs = CostInputs(gpu_hour_price=calibration.hardware.cloud_price_per_hour,
-                       capex_per_gpu=calibration.hardware.capex_per_device)
-    return make_plan(calibration.spec, calibration.hardware, calibration.deployment, workload,
-                     calibration.efficiency, costs)
+    costs = CostInputs(
+        gpu_hour_price=calibration.hardware.cloud_price_per_hour, capex_per_gpu=calibration.hardware.capex_per_device
+    )
+    return make_plan(
+        calibration.spec, calibration.hardware, calibration.deployment, workload, calibration.efficiency, costs
+    )
 
 
 def check_calibration(calibration: Calibration) -> CalibrationCheck:
@@ -77,10 +90,13 @@ def check_calibration(calibration: Calibration) -> CalibrationCheck:
         f"decode tokens/s: predicted {predicted:,.1f} vs measured {measured:,.1f} -> error {error:+.1%}",
     ]
     if calibration.measured_forward_time_s is not None:
-        formulas.append(f"forward time: predicted {fmt_time(decode.forward.t_forward)} vs measured "
-                        f"{fmt_time(calibration.measured_forward_time_s)}")
-    return CalibrationCheck(predicted, measured, decode.forward.t_forward, calibration.measured_forward_time_s,
-                            tuple(formulas))
+        formulas.append(
+            f"forward time: predicted {fmt_time(decode.forward.t_forward)} vs measured "
+            f"{fmt_time(calibration.measured_forward_time_s)}"
+        )
+    return CalibrationCheck(
+        predicted, measured, decode.forward.t_forward, calibration.measured_forward_time_s, tuple(formulas)
+    )
 
 
 def _last_json_object(text: str) -> dict[str, Any] | None:

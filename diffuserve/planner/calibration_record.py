@@ -33,11 +33,22 @@ from diffuserve.planner.model_spec import ModelSpec, spec_from_config
 
 SCHEMA_VERSION = 1
 REQUIRED_KEYS = (
-    "model_config", "weight_dtype", "kv_dtype",
-    "hardware.memory_bytes", "hardware.bandwidth_bytes_per_s", "hardware.flops_per_s",
-    "workload.num_seqs", "workload.prompt_tokens", "workload.output_tokens", "workload.block_length",
-    "achieved_bandwidth_fraction", "achieved_flops_fraction", "step_overhead_s", "tpf",
-    "experts_touched_per_block", "measured_decode_tokens_per_s",
+    "model_config",
+    "weight_dtype",
+    "kv_dtype",
+    "hardware.memory_bytes",
+    "hardware.bandwidth_bytes_per_s",
+    "hardware.flops_per_s",
+    "workload.num_seqs",
+    "workload.prompt_tokens",
+    "workload.output_tokens",
+    "workload.block_length",
+    "achieved_bandwidth_fraction",
+    "achieved_flops_fraction",
+    "step_overhead_s",
+    "tpf",
+    "experts_touched_per_block",
+    "measured_decode_tokens_per_s",
 )
 """Dotted paths inside the "calibration" object."""
 NULLABLE_KEYS = ("experts_touched_per_block",)
@@ -79,8 +90,9 @@ class Calibration:
 
     @property
     def hardware(self) -> HardwareSpec:
-        return custom_hardware(self.hardware_memory_bytes, self.hardware_bandwidth_bytes_per_s,
-                               self.hardware_flops_per_s)
+        return custom_hardware(
+            self.hardware_memory_bytes, self.hardware_bandwidth_bytes_per_s, self.hardware_flops_per_s
+        )
 
     @property
     def efficiency(self) -> Efficiency:
@@ -101,11 +113,18 @@ class Calibration:
             "model_config": self.model_config,
             "weight_dtype": self.weight_dtype,
             "kv_dtype": self.kv_dtype,
-            "hardware": {"name": self.hardware_name, "memory_bytes": self.hardware_memory_bytes,
-                         "bandwidth_bytes_per_s": self.hardware_bandwidth_bytes_per_s,
-                         "flops_per_s": self.hardware_flops_per_s},
-            "workload": {"num_seqs": self.num_seqs, "prompt_tokens": self.prompt_tokens,
-                         "output_tokens": self.output_tokens, "block_length": self.block_length},
+            "hardware": {
+                "name": self.hardware_name,
+                "memory_bytes": self.hardware_memory_bytes,
+                "bandwidth_bytes_per_s": self.hardware_bandwidth_bytes_per_s,
+                "flops_per_s": self.hardware_flops_per_s,
+            },
+            "workload": {
+                "num_seqs": self.num_seqs,
+                "prompt_tokens": self.prompt_tokens,
+                "output_tokens": self.output_tokens,
+                "block_length": self.block_length,
+            },
             "achieved_bandwidth_fraction": self.achieved_bandwidth_fraction,
             "achieved_flops_fraction": self.achieved_flops_fraction,
             "step_overhead_s": self.step_overhead_s,
@@ -135,19 +154,25 @@ class Calibration:
         hw, load = data["hardware"], data["workload"]
         try:
             return cls(
-                model_config=data["model_config"], weight_dtype=data["weight_dtype"], kv_dtype=data["kv_dtype"],
+                model_config=data["model_config"],
+                weight_dtype=data["weight_dtype"],
+                kv_dtype=data["kv_dtype"],
                 hardware_memory_bytes=int(hw["memory_bytes"]),
                 hardware_bandwidth_bytes_per_s=float(hw["bandwidth_bytes_per_s"]),
                 hardware_flops_per_s=float(hw["flops_per_s"]),
-                num_seqs=int(load["num_seqs"]), prompt_tokens=int(load["prompt_tokens"]),
-                output_tokens=int(load["output_tokens"]), block_length=int(load["block_length"]),
+                num_seqs=int(load["num_seqs"]),
+                prompt_tokens=int(load["prompt_tokens"]),
+                output_tokens=int(load["output_tokens"]),
+                block_length=int(load["block_length"]),
                 achieved_bandwidth_fraction=float(data["achieved_bandwidth_fraction"]),
                 achieved_flops_fraction=float(data["achieved_flops_fraction"]),
-                step_overhead_s=float(data["step_overhead_s"]), tpf=float(data["tpf"]),
+                step_overhead_s=float(data["step_overhead_s"]),
+                tpf=float(data["tpf"]),
                 experts_touched_per_block=_optional_float(data["experts_touched_per_block"]),
                 measured_decode_tokens_per_s=float(data["measured_decode_tokens_per_s"]),
                 measured_forward_time_s=_optional_float(data.get("measured_forward_time_s")),
-                deployment_fields=dict(data.get("deployment") or {}), fit=dict(data.get("fit") or {}),
+                deployment_fields=dict(data.get("deployment") or {}),
+                fit=dict(data.get("fit") or {}),
                 hardware_name=str(hw.get("name") or "this machine (measured)"),
             )
         except (TypeError, ValueError) as e:

@@ -67,13 +67,18 @@ def sequence_bytes(spec: ModelSpec, deployment: Deployment, context: int, block_
 def full_attention_equivalent(spec: ModelSpec) -> ModelSpec:
     """The same model with every layer full attention, with the heads of its full-attention layers."""
     group = next((g for g in spec.attention if g.window is None), spec.attention[-1])
-    full = AttentionGroup(spec.num_layers, group.num_heads, group.num_kv_heads, group.head_dim,
-                          has_v_proj=group.has_v_proj, output_gate=group.output_gate)
+    full = AttentionGroup(
+        spec.num_layers,
+        group.num_heads,
+        group.num_kv_heads,
+        group.head_dim,
+        has_v_proj=group.has_v_proj,
+        output_gate=group.output_gate,
+    )
     return replace(spec, attention=(full,), linear_attention=None)
 
 
-def max_context(spec: ModelSpec, deployment: Deployment, kv_pool_bytes: float, num_seqs: int,
-                block_length: int) -> int:
+def max_context(spec: ModelSpec, deployment: Deployment, kv_pool_bytes: float, num_seqs: int, block_length: int) -> int:
     """Largest context (a whole number of pages, at most max_position_embeddings) at which `num_seqs`
     sequences fit the pool; 0 when not even one page each fits. KV per sequence grows with the context, so
     a binary search over the page count finds it."""
@@ -90,8 +95,7 @@ def max_context(spec: ModelSpec, deployment: Deployment, kv_pool_bytes: float, n
     return min(low * page, cap)
 
 
-def compute_capacity(spec: ModelSpec, deployment: Deployment, memory: MemoryBreakdown,
-                     workload: Workload) -> Capacity:
+def compute_capacity(spec: ModelSpec, deployment: Deployment, memory: MemoryBreakdown, workload: Workload) -> Capacity:
     """Capacity at the workload's context; the planned concurrency defaults to as many as fit."""
     context, block = workload.context_length, workload.block_length
     kv = kv_bytes_per_sequence(spec, deployment, context, block)
@@ -119,9 +123,16 @@ def compute_capacity(spec: ModelSpec, deployment: Deployment, memory: MemoryBrea
         full_seqs = max_sequences(pool, full_kv)
         formulas.append(_comparison_formula(spec, context, pool, full_kv, full_seqs))
     return Capacity(
-        context_length=context, kv_bytes_per_sequence=kv, state_bytes_per_sequence=state, max_seqs_by_kv=by_kv,
-        max_num_seqs=deployment.max_num_seqs, num_replicas=replicas, concurrency=concurrency,
-        max_context_at_concurrency=longest, formulas=tuple(formulas), full_attention_kv_bytes_per_sequence=full_kv,
+        context_length=context,
+        kv_bytes_per_sequence=kv,
+        state_bytes_per_sequence=state,
+        max_seqs_by_kv=by_kv,
+        max_num_seqs=deployment.max_num_seqs,
+        num_replicas=replicas,
+        concurrency=concurrency,
+        max_context_at_concurrency=longest,
+        formulas=tuple(formulas),
+        full_attention_kv_bytes_per_sequence=full_kv,
         full_attention_max_seqs=full_seqs,
     )
 

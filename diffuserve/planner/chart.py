@@ -32,8 +32,15 @@ def sweep_concurrency(plan: Plan) -> list[SweepPoint]:
     for num_seqs in range(1, top + 1):
         decode = roofline.decode(plan.workload, num_seqs)
         cost = estimate_cost(plan.cost_inputs, plan.deployment.num_gpus, decode.tokens_per_s_total)
-        points.append(SweepPoint(num_seqs, decode.tokens_per_s_total, decode.tokens_per_s_per_seq,
-                                 cost.cloud_per_million, cost.onprem_per_million))
+        points.append(
+            SweepPoint(
+                num_seqs,
+                decode.tokens_per_s_total,
+                decode.tokens_per_s_per_seq,
+                cost.cloud_per_million,
+                cost.onprem_per_million,
+            )
+        )
     return points
 
 
@@ -61,8 +68,10 @@ def write_chart(plan: Plan, path: str | Path) -> Path:
     bottom.set_xlabel("concurrent sequences per replica")
     bottom.set_ylabel("$ per 1M output tokens")
     bottom.legend()
-    figure.suptitle(f"{plan.spec.name} on {plan.deployment.num_gpus} x {plan.hardware.name}, "
-                    f"context {plan.workload.context_length:,}")
+    figure.suptitle(
+        f"{plan.spec.name} on {plan.deployment.num_gpus} x {plan.hardware.name}, "
+        f"context {plan.workload.context_length:,}"
+    )
     figure.tight_layout()
     out = Path(path)
     figure.savefig(out, dpi=120)

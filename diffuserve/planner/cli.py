@@ -64,19 +64,36 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan(args: argparse.Namespace, spec: ModelSpec, preset: ModelPreset | None, hardware: HardwareSpec,
-          calibration: Calibration | None) -> Plan:
+def _plan(
+    args: argparse.Namespace,
+    spec: ModelSpec,
+    preset: ModelPreset | None,
+    hardware: HardwareSpec,
+    calibration: Calibration | None,
+) -> Plan:
     weight_dtype = args.weight_dtype or (calibration.weight_dtype if calibration and not args.model else "bf16")
     deployment = Deployment(
         num_gpus=_pick(args.num_gpus, max(args.tensor_parallel_size, args.expert_parallel_size)),
-        tensor_parallel_size=args.tensor_parallel_size, expert_parallel_size=args.expert_parallel_size,
-        weight_dtype=weight_dtype, kv_dtype=_kv_dtype(args.kv_cache_dtype, weight_dtype),
-        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size,
-        runtime_overhead_bytes=_gib(args.runtime_overhead_gib), activation_bytes=_gib(args.activation_gib),
+        tensor_parallel_size=args.tensor_parallel_size,
+        expert_parallel_size=args.expert_parallel_size,
+        weight_dtype=weight_dtype,
+        kv_dtype=_kv_dtype(args.kv_cache_dtype, weight_dtype),
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        page_size=args.page_size,
+        runtime_overhead_bytes=_gib(args.runtime_overhead_gib),
+        activation_bytes=_gib(args.activation_gib),
     )
-    plan = make_plan(spec, hardware, deployment, _workload(args, spec, preset, calibration),
-                     _efficiency(args, calibration), _cost_inputs(args, hardware), preset)
+    plan = make_plan(
+        spec,
+        hardware,
+        deployment,
+        _workload(args, spec, preset, calibration),
+        _efficiency(args, calibration),
+        _cost_inputs(args, hardware),
+        preset,
+    )
     return replace(plan, calibration=check_calibration(calibration)) if calibration else plan
 
 
@@ -93,8 +110,11 @@ def _hardware(args: argparse.Namespace, calibration: Calibration | None) -> Hard
         value = getattr(args, flag)
         if value is not None and value <= 0:
             raise ValueError(f"--{flag.replace('_', '-')}: must be > 0, got {value}")
-    custom = {"memory_bytes": _gib(args.memory_gib), "bandwidth_bytes_per_s": _scaled(args.bandwidth_tbps, TERA),
-              "bf16_flops_per_s": _scaled(args.tflops, TERA)}
+    custom = {
+        "memory_bytes": _gib(args.memory_gib),
+        "bandwidth_bytes_per_s": _scaled(args.bandwidth_tbps, TERA),
+        "bf16_flops_per_s": _scaled(args.tflops, TERA),
+    }
     if args.hardware:
         return get_hardware(args.hardware).with_overrides(**custom)
     memory, bandwidth, flops = custom.values()
@@ -105,24 +125,33 @@ def _hardware(args: argparse.Namespace, calibration: Calibration | None) -> Hard
     return get_hardware(DEFAULT_HARDWARE).with_overrides(**custom)
 
 
-def _workload(args: argparse.Namespace, spec: ModelSpec, preset: ModelPreset | None,
-              calibration: Calibration | None) -> Workload:
+def _workload(
+    args: argparse.Namespace, spec: ModelSpec, preset: ModelPreset | None, calibration: Calibration | None
+) -> Workload:
     """Flags first; planning the bench's own model defaults to the bench's workload; then generic defaults."""
     bench = calibration if calibration and not args.model else None
-    context = _pick(args.context_length, bench.prompt_tokens + bench.output_tokens if bench else
-                    spec.max_position_embeddings)
+    context = _pick(
+        args.context_length, bench.prompt_tokens + bench.output_tokens if bench else spec.max_position_embeddings
+    )
     output = _pick(args.output_tokens, bench.output_tokens if bench else min(DEFAULT_OUTPUT_TOKENS, context // 2))
     block = _pick(args.block_length, spec.block_length)
     default_tpf = preset.default_tpf if preset and preset.default_tpf else DEFAULT_TPF
     tpf = _pick(args.tpf, calibration.tpf if calibration else min(default_tpf, block))
     touched = None
     if calibration is not None and (calibration.spec.num_experts, calibration.spec.num_experts_per_tok) == (
-            spec.num_experts, spec.num_experts_per_tok):
+        spec.num_experts,
+        spec.num_experts_per_tok,
+    ):
         touched = calibration.experts_touched_per_block
     return Workload(
-        context_length=context, prompt_tokens=_pick(args.prompt_tokens, context - output), output_tokens=output,
-        block_length=block, tpf=tpf, concurrency=_pick(args.concurrency, bench.num_seqs if bench else None),
-        request_rate=args.request_rate, experts_touched_fraction=args.experts_touched_fraction,
+        context_length=context,
+        prompt_tokens=_pick(args.prompt_tokens, context - output),
+        output_tokens=output,
+        block_length=block,
+        tpf=tpf,
+        concurrency=_pick(args.concurrency, bench.num_seqs if bench else None),
+        request_rate=args.request_rate,
+        experts_touched_fraction=args.experts_touched_fraction,
         experts_touched_per_block=touched,
     )
 
@@ -143,7 +172,9 @@ def _cost_inputs(args: argparse.Namespace, hardware: HardwareSpec) -> CostInputs
         capex_per_gpu=_pick(args.capex_per_gpu, hardware.capex_per_device),
         amortization_years=args.years,
         power_watts_per_gpu=_pick(args.power_watts, hardware.power_watts * (1 + HOST_POWER_SHARE)),
-        pue=args.pue, electricity_price_per_kwh=args.electricity_price, utilization=args.utilization,
+        pue=args.pue,
+        electricity_price_per_kwh=args.electricity_price,
+        utilization=args.utilization,
     )
 
 
@@ -171,20 +202,25 @@ def _preset_lines() -> list[str]:
     for preset in MODEL_PRESETS.values():
         spec, _ = load_model(preset.name)
         params = count_parameters(spec)
-        lines.append(f"  {preset.name:<24} {fmt_count(params.total):>8} total (published "
-                     f"{fmt_count(preset.published_total or 0)}), {fmt_count(params.active(spec)):>7} active "
-                     f"(published {fmt_count(preset.published_active or 0)}), max context "
-                     f"{spec.max_position_embeddings:,}, block {spec.block_length}")
+        lines.append(
+            f"  {preset.name:<24} {fmt_count(params.total):>8} total (published "
+            f"{fmt_count(preset.published_total or 0)}), {fmt_count(params.active(spec)):>7} active "
+            f"(published {fmt_count(preset.published_active or 0)}), max context "
+            f"{spec.max_position_embeddings:,}, block {spec.block_length}"
+        )
     lines.append("Hardware (dense FLOP/s; memory as the driver reports it):")
     for hw in HARDWARE_PRESETS.values():
-        lines.append(f"  {hw.name:<14} {fmt_bytes(hw.memory_bytes):>10} {fmt_rate(hw.bandwidth_bytes_per_s):>10} "
-                     f"{hw.bf16_flops_per_s / TERA:7.1f} TFLOP/s bf16  ${hw.cloud_price_per_hour:.2f}/h")
+        lines.append(
+            f"  {hw.name:<14} {fmt_bytes(hw.memory_bytes):>10} {fmt_rate(hw.bandwidth_bytes_per_s):>10} "
+            f"{hw.bf16_flops_per_s / TERA:7.1f} TFLOP/s bf16  ${hw.cloud_price_per_hour:.2f}/h"
+        )
     return lines
 
 
 def _add_hardware_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--hardware", "--gpu",
-                       help=f"preset: {', '.join(HARDWARE_PRESETS)} (default {DEFAULT_HARDWARE})")
+    group.add_argument(
+        "--hardware", "--gpu", help=f"preset: {', '.join(HARDWARE_PRESETS)} (default {DEFAULT_HARDWARE})"
+    )
     group.add_argument("--memory-gib", type=float, help="device memory in GiB (custom device or override)")
     group.add_argument("--bandwidth-tbps", type=float, help="device memory bandwidth in TB/s")
     group.add_argument("--tflops", type=float, help="dense BF16 TFLOP/s of the device")
@@ -218,8 +254,11 @@ def _add_workload_arguments(group: argparse._ArgumentGroup) -> None:
 def _add_efficiency_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--bandwidth-fraction", type=float, help=f"MBU (default {Efficiency.bandwidth_fraction})")
     group.add_argument("--flops-fraction", type=float, help=f"MFU (default {Efficiency.flops_fraction})")
-    group.add_argument("--step-overhead-ms", type=float,
-                       help=f"fixed time per forward (default {Efficiency.step_overhead_s * 1000:g} ms)")
+    group.add_argument(
+        "--step-overhead-ms",
+        type=float,
+        help=f"fixed time per forward (default {Efficiency.step_overhead_s * 1000:g} ms)",
+    )
 
 
 def _add_cost_arguments(group: argparse._ArgumentGroup) -> None:
@@ -228,7 +267,12 @@ def _add_cost_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--years", type=float, default=CostInputs.amortization_years, help="amortization years")
     group.add_argument("--power-watts", type=float, help="wall watts per device incl. host share")
     group.add_argument("--pue", type=float, default=CostInputs.pue)
-    group.add_argument("--electricity-price", type=float, default=CostInputs.electricity_price_per_kwh,
-                       help="$ per kWh")
-    group.add_argument("--utilization", type=float, default=CostInputs.utilization,
-                       help="fraction of hours serving at the planned throughput")
+    group.add_argument(
+        "--electricity-price", type=float, default=CostInputs.electricity_price_per_kwh, help="$ per kWh"
+    )
+    group.add_argument(
+        "--utilization",
+        type=float,
+        default=CostInputs.utilization,
+        help="fraction of hours serving at the planned throughput",
+    )

@@ -64,7 +64,12 @@ def estimate_cost(inputs: CostInputs, num_gpus: int, tokens_per_s: float) -> Cos
         + (f"{utilization:.0%}" if utilization is not None else "never below 100%"),
     )
     return CostEstimate(
-        num_gpus=num_gpus, tokens_per_s=tokens_per_s, onprem_hourly_per_gpu=onprem_hourly,
-        cloud_per_million=cloud, onprem_per_million=onprem, break_even_utilization=utilization,
-        break_even_months=months, formulas=formulas,
+        num_gpus=num_gpus,
+        tokens_per_s=tokens_per_s,
+        onprem_hourly_per_gpu=onprem_hourly,
+        cloud_per_million=cloud,
+        onprem_per_million=onprem,
+        break_even_utilization=utilization,
+        break_even_months=months,
+        formulas=formulas,
     )

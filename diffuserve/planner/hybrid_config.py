@@ -23,16 +23,31 @@ GATED_ATTENTION_TYPES = (*QWEN3_5_MOE_TYPES, "qwen3_next")
 GATED_SHARED_EXPERT_TYPES = (*GATED_ATTENTION_TYPES, "qwen2_moe")
 """Families whose shared expert is scaled by `sigmoid(shared_expert_gate(x))`, a [1, hidden] projection."""
 QWEN3_5_MOE_DEFAULTS: dict[str, Any] = dict(
-    num_key_value_heads=2, head_dim=256, max_position_embeddings=32768, tie_word_embeddings=False,
-    linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
-    linear_num_value_heads=32, moe_intermediate_size=512, shared_expert_intermediate_size=512,
-    num_experts_per_tok=8, num_experts=256, full_attention_interval=4,
+    num_key_value_heads=2,
+    head_dim=256,
+    max_position_embeddings=32768,
+    tie_word_embeddings=False,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_num_key_heads=16,
+    linear_num_value_heads=32,
+    moe_intermediate_size=512,
+    shared_expert_intermediate_size=512,
+    num_experts_per_tok=8,
+    num_experts=256,
+    full_attention_interval=4,
 )
 """transformers 5.x `Qwen3_5MoeTextConfig` defaults; the size-defining fields (hidden, layers, heads, vocab)
 are left out so a config that omits them is an error, not a silent 35B."""
 
-LINEAR_FIELDS = ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads", "linear_value_head_dim",
-                 "linear_conv_kernel_dim")
+LINEAR_FIELDS = (
+    "linear_num_key_heads",
+    "linear_key_head_dim",
+    "linear_num_value_heads",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
 
 
 @dataclass(frozen=True)
@@ -94,8 +109,10 @@ def layer_types(text: dict, num_layers: int) -> list[str]:
     if text.get("full_attention_interval") is not None:
         interval = int(text["full_attention_interval"])
         if interval < 1:
-            raise ValueError(f"config.json: `full_attention_interval` is {interval}; it must be >= 1 (4: 3 "
-                             "linear-attention layers, then 1 full-attention layer)")
+            raise ValueError(
+                f"config.json: `full_attention_interval` is {interval}; it must be >= 1 (4: 3 "
+                "linear-attention layers, then 1 full-attention layer)"
+            )
         return [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
     if text.get("use_sliding_window") and text.get("sliding_window"):
         # Qwen2/Qwen3 semantics: layers from `max_window_layers` on use the sliding window.
@@ -122,8 +139,12 @@ def linear_attention_group(text: dict, num_layers: int) -> LinearAttentionGroup:
     if kernel < 1:
         raise ValueError(f"config.json: `linear_conv_kernel_dim` is {kernel}; it must be >= 1")
     return LinearAttentionGroup(
-        num_layers=num_layers, num_key_heads=key_heads, key_head_dim=int(text["linear_key_head_dim"]),
-        num_value_heads=value_heads, value_head_dim=int(text["linear_value_head_dim"]), conv_kernel=kernel,
+        num_layers=num_layers,
+        num_key_heads=key_heads,
+        key_head_dim=int(text["linear_key_head_dim"]),
+        num_value_heads=value_heads,
+        value_head_dim=int(text["linear_value_head_dim"]),
+        conv_kernel=kernel,
     )
 
 

@@ -11,8 +11,14 @@ from dataclasses import dataclass, fields
 
 from diffuserve.planner.model_spec import ModelSpec
 
-WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0 + 4 / (128 * 128), "int8": 1.0 + 2 / 128,
-                "int4": 0.5 + 2 / 128}
+WEIGHT_BYTES = {
+    "fp32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0 + 4 / (128 * 128),
+    "int8": 1.0 + 2 / 128,
+    "int4": 0.5 + 2 / 128,
+}
 """Bytes per weight, scales included: FP8 one fp32 scale per 128x128 block; INT8/INT4 one bf16 scale per group
 of 128 weights (weight-only quantization)."""
 KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -44,8 +50,14 @@ class Deployment:
     """Override of the activation + logits workspace estimate (e.g. what the engine logs at start-up)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_gpus", "tensor_parallel_size", "expert_parallel_size", "max_num_seqs",
-                     "max_num_batched_tokens", "page_size"):
+        for name in (
+            "num_gpus",
+            "tensor_parallel_size",
+            "expert_parallel_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "page_size",
+        ):
             _positive(name, getattr(self, name))
         _choice("weight_dtype", self.weight_dtype, WEIGHT_BYTES)
         _choice("kv_dtype", self.kv_dtype, KV_BYTES)
@@ -85,8 +97,16 @@ class Workload:
     """Measured distinct experts one block's tokens route to, per MoE layer (from a calibration)."""
 
     def __post_init__(self) -> None:
-        for name in ("context_length", "prompt_tokens", "output_tokens", "block_length", "tpf", "concurrency",
-                     "request_rate", "experts_touched_per_block"):
+        for name in (
+            "context_length",
+            "prompt_tokens",
+            "output_tokens",
+            "block_length",
+            "tpf",
+            "concurrency",
+            "request_rate",
+            "experts_touched_per_block",
+        ):
             _positive(name, getattr(self, name))
         if self.experts_touched_fraction is not None:
             _fraction("experts_touched_fraction", self.experts_touched_fraction)

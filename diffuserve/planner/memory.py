@@ -84,8 +84,14 @@ def kv_bytes_per_sequence(spec: ModelSpec, deployment: Deployment, context: int,
     return total
 
 
-def memory_breakdown(spec: ModelSpec, params: ParamCounts, deployment: Deployment, device_bytes: int,
-                     runtime_overhead_bytes: int, block_length: int) -> MemoryBreakdown:
+def memory_breakdown(
+    spec: ModelSpec,
+    params: ParamCounts,
+    deployment: Deployment,
+    device_bytes: int,
+    runtime_overhead_bytes: int,
+    block_length: int,
+) -> MemoryBreakdown:
     """Weights, workspace and overhead on one device of a replica; the KV pool is what remains."""
     tp, shards = deployment.tensor_parallel_size, deployment.expert_shards
     b_w, dtype = WEIGHT_BYTES[deployment.weight_dtype], deployment.weight_dtype
@@ -111,10 +117,16 @@ def memory_breakdown(spec: ModelSpec, params: ParamCounts, deployment: Deploymen
         *([state_formula(spec, deployment)] if spec.is_hybrid else []),
     )
     return MemoryBreakdown(
-        device_bytes=device_bytes, usable_bytes=usable, dense_weight_bytes=dense * b_w / tp,
-        embedding_bytes=params.embeddings * b_emb / tp, expert_weight_bytes=params.routed_experts * b_w / shards,
-        activation_bytes=activation, overhead_bytes=overhead, kv_bytes_per_token=full_per_token,
-        state_bytes_per_sequence=state_bytes_per_sequence(spec, deployment), formulas=formulas,
+        device_bytes=device_bytes,
+        usable_bytes=usable,
+        dense_weight_bytes=dense * b_w / tp,
+        embedding_bytes=params.embeddings * b_emb / tp,
+        expert_weight_bytes=params.routed_experts * b_w / shards,
+        activation_bytes=activation,
+        overhead_bytes=overhead,
+        kv_bytes_per_token=full_per_token,
+        state_bytes_per_sequence=state_bytes_per_sequence(spec, deployment),
+        formulas=formulas,
     )
 
 
@@ -144,8 +156,10 @@ def _workspace(spec: ModelSpec, deployment: Deployment, block_length: int) -> tu
     if spec.linear_attention is not None:
         gdn = spec.linear_attention
         qkv = max(qkv, gdn.conv_dim + gdn.value_dim + 2 * gdn.num_value_heads)
-    mlp = max(spec.intermediate_size if spec.num_dense_mlp_layers else 0,
-              spec.num_experts_per_tok * spec.moe_intermediate_size + spec.shared_expert_intermediate_size)
+    mlp = max(
+        spec.intermediate_size if spec.num_dense_mlp_layers else 0,
+        spec.num_experts_per_tok * spec.moe_intermediate_size + spec.shared_expert_intermediate_size,
+    )
     per_token = b_act * (4 * spec.hidden_size + (qkv + 2 * mlp) / tp)
     tokens = deployment.max_num_batched_tokens
     logit_tokens = min(tokens, deployment.max_num_seqs * block_length)
@@ -167,7 +181,10 @@ def _kv_formulas(spec: ModelSpec, deployment: Deployment) -> list[str]:
             f"KV/token ({kind}) = 2 x L {group.num_layers} x Hkv {heads}/device x D {group.head_dim} x "
             f"{KV_BYTES[deployment.kv_dtype]} B ({deployment.kv_dtype}) = "
             f"{fmt_bytes(kv_bytes_per_token(deployment, group))}"
-            + (f" ({spec.linear_attention.num_layers} linear-attention layers keep no K/V)"
-               if spec.linear_attention is not None and group.window is None else "")
+            + (
+                f" ({spec.linear_attention.num_layers} linear-attention layers keep no K/V)"
+                if spec.linear_attention is not None and group.window is None
+                else ""
+            )
         )
     return lines

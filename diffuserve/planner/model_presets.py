@@ -39,12 +39,29 @@ class ModelPreset:
 # -> 34.66B total as transformers counts it, 3.45B active (2.44B without embeddings),
 #    20 KiB of K/V per token, 61.4 MiB of GDN state per sequence (bf16).
 _CLOVER = dict(
-    architectures=["CloverMoeModelLM"], model_type="clover_moe", hidden_size=2048, num_hidden_layers=40,
-    full_attention_interval=4, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
-    attn_output_gate=True, partial_rotary_factor=0.25, linear_num_key_heads=16, linear_key_head_dim=128,
-    linear_num_value_heads=32, linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=256,
-    num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512, vocab_size=248320,
-    tie_word_embeddings=False, max_position_embeddings=131072, block_length=32,
+    architectures=["CloverMoeModelLM"],
+    model_type="clover_moe",
+    hidden_size=2048,
+    num_hidden_layers=40,
+    full_attention_interval=4,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    head_dim=256,
+    attn_output_gate=True,
+    partial_rotary_factor=0.25,
+    linear_num_key_heads=16,
+    linear_key_head_dim=128,
+    linear_num_value_heads=32,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    num_experts=256,
+    num_experts_per_tok=8,
+    moe_intermediate_size=512,
+    shared_expert_intermediate_size=512,
+    vocab_size=248320,
+    tie_word_embeddings=False,
+    max_position_embeddings=131072,
+    block_length=32,
 )
 
 # SDAR-30B-A3B(-Chat/-Sci): no SDAR-MoE config.json was readable; lmdeploy, SGLang and JetEngine all implement
@@ -52,20 +69,46 @@ _CLOVER = dict(
 # head_dim 128, 128 experts, top-8, moe_intermediate_size 768, vocab 151936, untied) with SDAR's
 # max_position_embeddings 32768 (SDAR-4B/8B config.json) and block_size 4 (SDAR configs; SGLang DLLM_PARAMS).
 _SDAR_30B = dict(
-    architectures=["SDARMoeForCausalLM"], model_type="sdar_moe", hidden_size=2048, num_hidden_layers=48,
-    num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144, num_experts=128,
-    num_experts_per_tok=8, moe_intermediate_size=768, decoder_sparse_step=1, mlp_only_layers=[],
-    vocab_size=151936, tie_word_embeddings=False, max_position_embeddings=32768, block_size=4,
+    architectures=["SDARMoeForCausalLM"],
+    model_type="sdar_moe",
+    hidden_size=2048,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    intermediate_size=6144,
+    num_experts=128,
+    num_experts_per_tok=8,
+    moe_intermediate_size=768,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    vocab_size=151936,
+    tie_word_embeddings=False,
+    max_position_embeddings=32768,
+    block_size=4,
 )
 
 # LLaDA2.0-mini: huggingface.co/inclusionAI/LLaDA2.0-mini config.json, identical in LLaDA2.1-mini/config.json
 # (read through the Hub pages) and in inclusionAI/dFactory configs/model_configs/llada2_mini/config.json.
 # No block field in the config: block 32 from the tech report and SGLang's DLLM_PARAMS.
 _LLADA2_MINI = dict(
-    architectures=["LLaDA2MoeModelLM"], model_type="llada2_moe", hidden_size=2048, num_hidden_layers=20,
-    num_attention_heads=16, num_key_value_heads=4, head_dim=128, intermediate_size=5120, num_experts=256,
-    num_experts_per_tok=8, num_shared_experts=1, moe_intermediate_size=512, first_k_dense_replace=1,
-    vocab_size=157184, tie_word_embeddings=False, max_position_embeddings=32768, partial_rotary_factor=0.5,
+    architectures=["LLaDA2MoeModelLM"],
+    model_type="llada2_moe",
+    hidden_size=2048,
+    num_hidden_layers=20,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=128,
+    intermediate_size=5120,
+    num_experts=256,
+    num_experts_per_tok=8,
+    num_shared_experts=1,
+    moe_intermediate_size=512,
+    first_k_dense_replace=1,
+    vocab_size=157184,
+    tie_word_embeddings=False,
+    max_position_embeddings=32768,
+    partial_rotary_factor=0.5,
 )
 
 # LLaDA2.0-flash: inclusionAI/dFactory configs/model_configs/llada2_flash/config.json @c29d72c (32 layers,
@@ -73,7 +116,11 @@ _LLADA2_MINI = dict(
 # vocab 157184, untied). That file says max_position_embeddings 16384 (a training setting); we use the
 # LLaDA2.0 family's 32768 (LLaDA2.0-mini / 2.1-mini config.json).
 _LLADA2_FLASH = dict(
-    _LLADA2_MINI, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, intermediate_size=9216,
+    _LLADA2_MINI,
+    hidden_size=4096,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    intermediate_size=9216,
     moe_intermediate_size=1024,
 )
 
@@ -83,36 +130,76 @@ _LLADA2_FLASH = dict(
 # 512 with K reused as V; dense GeGLU 2112 beside 128 experts (top-8, width 704); vocab 262144, tied;
 # 262144 positions; canvas (block) 256. (transformers' class default sliding_window 512 is NOT the checkpoint's.)
 _DIFFUSION_GEMMA = dict(
-    architectures=["DiffusionGemmaForBlockDiffusion"], model_type="diffusion_gemma", canvas_length=256,
+    architectures=["DiffusionGemmaForBlockDiffusion"],
+    model_type="diffusion_gemma",
+    canvas_length=256,
     tie_word_embeddings=True,
     text_config=dict(
-        model_type="diffusion_gemma_text", hidden_size=2816, num_hidden_layers=30, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=256, num_global_key_value_heads=2, global_head_dim=512,
-        attention_k_eq_v=True, intermediate_size=2112, num_experts=128, top_k_experts=8,
-        moe_intermediate_size=704, vocab_size=262144, tie_word_embeddings=True, max_position_embeddings=262144,
-        sliding_window=1024, layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 5,
+        model_type="diffusion_gemma_text",
+        hidden_size=2816,
+        num_hidden_layers=30,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=256,
+        num_global_key_value_heads=2,
+        global_head_dim=512,
+        attention_k_eq_v=True,
+        intermediate_size=2112,
+        num_experts=128,
+        top_k_experts=8,
+        moe_intermediate_size=704,
+        vocab_size=262144,
+        tie_word_embeddings=True,
+        max_position_embeddings=262144,
+        sliding_window=1024,
+        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 5,
     ),
 )
 
 MODEL_PRESETS: dict[str, ModelPreset] = {
-    preset.name: preset for preset in (
-        ModelPreset("Clover-35B-A3B", _CLOVER, 35e9, 3e9,
-                    "DiffuSpace Clover-35B-A3B-Preview (wiki, CMF card, llama.cpp converter): 35B total, ~3B "
-                    "active, 40 layers 30 GDN + 10 attention, 256 experts top-8 + shared, block 32, 131,072 "
-                    "context; trunk dims from transformers' Qwen3_5MoeTextConfig (its base)"),
-        ModelPreset("SDAR-30B-A3B", _SDAR_30B, 30.5e9, 3.3e9,
-                    "Qwen3-30B-A3B config.json dims (SDAR-MoE = Qwen3-MoE); totals from the Qwen3-30B-A3B card"),
-        ModelPreset("LLaDA2.0-mini", _LLADA2_MINI, 16e9, 1.4e9,
-                    "inclusionAI/LLaDA2.0-mini config.json; totals from its model card (16B, 1.4B active, "
-                    "789M non-embedding)"),
-        ModelPreset("LLaDA2.0-flash", _LLADA2_FLASH, 100e9, 6.1e9,
-                    "inclusionAI/dFactory llada2_flash config.json; totals from the model card (100BA6B; "
-                    "6.1B active, 4.8B non-embedding, as Ling-flash-2.0)"),
-        ModelPreset("DiffusionGemma-26B-A4B", _DIFFUSION_GEMMA, 25.2e9, 3.8e9,
-                    "Gemma-4 26B-A4B text_config; totals from the Gemma 4 model details (25.2B total, "
-                    "3.8B active; the name rounds to 26B / 4B)",
-                    # SGLang's renoise sampler stops a 256-token canvas after at most 48 steps: TPF >= 256/48.
-                    default_tpf=256 / 48),
+    preset.name: preset
+    for preset in (
+        ModelPreset(
+            "Clover-35B-A3B",
+            _CLOVER,
+            35e9,
+            3e9,
+            "DiffuSpace Clover-35B-A3B-Preview (wiki, CMF card, llama.cpp converter): 35B total, ~3B "
+            "active, 40 layers 30 GDN + 10 attention, 256 experts top-8 + shared, block 32, 131,072 "
+            "context; trunk dims from transformers' Qwen3_5MoeTextConfig (its base)",
+        ),
+        ModelPreset(
+            "SDAR-30B-A3B",
+            _SDAR_30B,
+            30.5e9,
+            3.3e9,
+            "Qwen3-30B-A3B config.json dims (SDAR-MoE = Qwen3-MoE); totals from the Qwen3-30B-A3B card",
+        ),
+        ModelPreset(
+            "LLaDA2.0-mini",
+            _LLADA2_MINI,
+            16e9,
+            1.4e9,
+            "inclusionAI/LLaDA2.0-mini config.json; totals from its model card (16B, 1.4B active, 789M non-embedding)",
+        ),
+        ModelPreset(
+            "LLaDA2.0-flash",
+            _LLADA2_FLASH,
+            100e9,
+            6.1e9,
+            "inclusionAI/dFactory llada2_flash config.json; totals from the model card (100BA6B; "
+            "6.1B active, 4.8B non-embedding, as Ling-flash-2.0)",
+        ),
+        ModelPreset(
+            "DiffusionGemma-26B-A4B",
+            _DIFFUSION_GEMMA,
+            25.2e9,
+            3.8e9,
+            "Gemma-4 26B-A4B text_config; totals from the Gemma 4 model details (25.2B total, "
+            "3.8B active; the name rounds to 26B / 4B)",
+            # SGLang's renoise sampler stops a 256-token canvas after at most 48 steps: TPF >= 256/48.
+            default_tpf=256 / 48,
+        ),
     )
 }
 

@@ -170,11 +170,14 @@ def _attention_groups(config: dict, text: dict, kinds: Counter[str], hidden: int
         groups.append(AttentionGroup(kinds[SLIDING], heads, kv_heads, head_dim, window=window))
     if kinds[FULL]:
         # Gemma-4 full-attention layers have their own KV heads / head dim and may reuse K as V.
-        groups.append(AttentionGroup(
-            kinds[FULL], heads,
-            int(_first(text, "num_global_key_value_heads", default=kv_heads)),
-            int(_first(text, "global_head_dim", default=head_dim)),
-            has_v_proj=not text.get("attention_k_eq_v", False),
-            output_gate=has_output_gate(config, text),
-        ))
+        groups.append(
+            AttentionGroup(
+                kinds[FULL],
+                heads,
+                int(_first(text, "num_global_key_value_heads", default=kv_heads)),
+                int(_first(text, "global_head_dim", default=head_dim)),
+                has_v_proj=not text.get("attention_k_eq_v", False),
+                output_gate=has_output_gate(config, text),
+            )
+        )
     return tuple(groups)

@@ -46,8 +46,15 @@ class ParamCounts:
     @property
     def non_expert(self) -> int:
         """Everything but the routed experts: what every token uses."""
-        return (self.attention + self.linear_attention + self.dense_mlp + self.shared_experts + self.router
-                + self.embeddings + self.norms)
+        return (
+            self.attention
+            + self.linear_attention
+            + self.dense_mlp
+            + self.shared_experts
+            + self.router
+            + self.embeddings
+            + self.norms
+        )
 
     def active(self, spec: ModelSpec) -> float:
         """Parameters one token uses, embeddings included: non-expert + routed * k / E."""
@@ -96,8 +103,13 @@ def _linear_attention_params(group: LinearAttentionGroup, hidden: int) -> int:
     layer, about 0.74M in all: 0.002%) are not counted: config.json does not say whether a checkpoint has them.
     """
     hv, conv_dim = group.num_value_heads, group.conv_dim
-    per_layer = (hidden * (conv_dim + group.value_dim + 2 * hv) + group.value_dim * hidden
-                 + conv_dim * group.conv_kernel + 2 * hv + group.value_head_dim)
+    per_layer = (
+        hidden * (conv_dim + group.value_dim + 2 * hv)
+        + group.value_dim * hidden
+        + conv_dim * group.conv_kernel
+        + 2 * hv
+        + group.value_head_dim
+    )
     return group.num_layers * per_layer
 
 

@@ -80,16 +80,25 @@ class Plan:
         )
 
 
-def evaluate_memory(spec: ModelSpec, params: ParamCounts, hardware: HardwareSpec, deployment: Deployment,
-                    workload: Workload) -> tuple[MemoryBreakdown, Capacity]:
+def evaluate_memory(
+    spec: ModelSpec, params: ParamCounts, hardware: HardwareSpec, deployment: Deployment, workload: Workload
+) -> tuple[MemoryBreakdown, Capacity]:
     """Memory and capacity of one candidate deployment (also used to search for one that fits)."""
-    memory = memory_breakdown(spec, params, deployment, hardware.memory_bytes, hardware.runtime_overhead_bytes,
-                              workload.block_length)
+    memory = memory_breakdown(
+        spec, params, deployment, hardware.memory_bytes, hardware.runtime_overhead_bytes, workload.block_length
+    )
     return memory, compute_capacity(spec, deployment, memory, workload)
 
 
-def make_plan(spec: ModelSpec, hardware: HardwareSpec, deployment: Deployment, workload: Workload,
-              efficiency: Efficiency, cost_inputs: CostInputs, preset: ModelPreset | None = None) -> Plan:
+def make_plan(
+    spec: ModelSpec,
+    hardware: HardwareSpec,
+    deployment: Deployment,
+    workload: Workload,
+    efficiency: Efficiency,
+    cost_inputs: CostInputs,
+    preset: ModelPreset | None = None,
+) -> Plan:
     """The full plan; raises ValueError for inputs that contradict the model or a plan that does not fit."""
     check_fits_model(spec, deployment, workload)
     if deployment.max_num_batched_tokens < workload.block_length:
@@ -112,10 +121,29 @@ def make_plan(spec: ModelSpec, hardware: HardwareSpec, deployment: Deployment, w
     rate = None
     if workload.request_rate:
         rate = size_for_rate(
-            workload.request_rate, workload.output_tokens, prefill.t_prefill, prefill.first_block_forwards,
-            min(capacity.max_seqs_by_kv, deployment.max_num_seqs), deployment.num_replicas,
-            deployment.tensor_parallel_size, lambda num_seqs: roofline.decode(workload, num_seqs),
+            workload.request_rate,
+            workload.output_tokens,
+            prefill.t_prefill,
+            prefill.first_block_forwards,
+            min(capacity.max_seqs_by_kv, deployment.max_num_seqs),
+            deployment.num_replicas,
+            deployment.tensor_parallel_size,
+            lambda num_seqs: roofline.decode(workload, num_seqs),
         )
     cost = estimate_cost(cost_inputs, deployment.num_gpus, decode.tokens_per_s_total)
-    return Plan(spec, preset, params, hardware, deployment, workload, efficiency, memory, capacity, decode,
-                prefill, cost, cost_inputs, rate)
+    return Plan(
+        spec,
+        preset,
+        params,
+        hardware,
+        deployment,
+        workload,
+        efficiency,
+        memory,
+        capacity,
+        decode,
+        prefill,
+        cost,
+        cost_inputs,
+        rate,
+    )

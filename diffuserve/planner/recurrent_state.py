@@ -48,8 +48,7 @@ def recurrent_flops(spec: ModelSpec, tokens: float) -> float:
     group = spec.linear_attention
     if group is None:
         return 0.0
-    per_token = (RECURRENT_FLOPS_PER_STATE_ELEMENT * group.num_value_heads * group.key_head_dim
-                 * group.value_head_dim)
+    per_token = RECURRENT_FLOPS_PER_STATE_ELEMENT * group.num_value_heads * group.key_head_dim * group.value_head_dim
     return group.num_layers * per_token * tokens
 
 

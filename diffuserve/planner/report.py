@@ -40,12 +40,16 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     p, spec = plan.params, plan.spec
     return {
         "model": {
-            "name": spec.name, "architecture": spec.architecture, "num_layers": spec.num_layers,
+            "name": spec.name,
+            "architecture": spec.architecture,
+            "num_layers": spec.num_layers,
             "attention_layers": spec.num_attention_layers,
             "linear_attention_layers": spec.linear_attention.num_layers if spec.linear_attention else 0,
             "total_params": p.total,
-            "active_params": p.active(spec), "active_params_non_embedding": p.active_non_embedding(spec),
-            "active_definition": ACTIVE_DEFINITION, "routed_expert_params": p.routed_experts,
+            "active_params": p.active(spec),
+            "active_params_non_embedding": p.active_non_embedding(spec),
+            "active_definition": ACTIVE_DEFINITION,
+            "routed_expert_params": p.routed_experts,
             "published_total_params": plan.preset.published_total if plan.preset else None,
             "published_active_params": plan.preset.published_active if plan.preset else None,
         },
@@ -53,19 +57,33 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "deployment": asdict(plan.deployment),
         "workload": asdict(plan.workload),
         "efficiency": asdict(plan.efficiency),
-        "memory_per_device": {**_numbers(plan.memory), "weight_bytes": plan.memory.weight_bytes,
-                              "kv_pool_bytes": plan.memory.kv_pool_bytes},
-        "capacity": {**_numbers(plan.capacity), "bytes_per_sequence": plan.capacity.bytes_per_sequence,
-                     "max_concurrency": plan.capacity.max_concurrency},
-        "decode": {**_numbers(plan.decode), "forward": {**asdict(plan.decode.forward),
-                                                        "bytes": plan.decode.forward.bytes,
-                                                        "t_forward": plan.decode.forward.t_forward,
-                                                        "bound": plan.decode.forward.bound}},
+        "memory_per_device": {
+            **_numbers(plan.memory),
+            "weight_bytes": plan.memory.weight_bytes,
+            "kv_pool_bytes": plan.memory.kv_pool_bytes,
+        },
+        "capacity": {
+            **_numbers(plan.capacity),
+            "bytes_per_sequence": plan.capacity.bytes_per_sequence,
+            "max_concurrency": plan.capacity.max_concurrency,
+        },
+        "decode": {
+            **_numbers(plan.decode),
+            "forward": {
+                **asdict(plan.decode.forward),
+                "bytes": plan.decode.forward.bytes,
+                "t_forward": plan.decode.forward.t_forward,
+                "bound": plan.decode.forward.bound,
+            },
+        },
         "prefill": _numbers(plan.prefill),
         "request_rate": _numbers(plan.rate) if plan.rate else None,
         "cost": {**_numbers(plan.cost), "inputs": asdict(plan.cost_inputs)},
-        "calibration": ({**_numbers(plan.calibration), "relative_error": plan.calibration.relative_error}
-                        if plan.calibration else None),
+        "calibration": (
+            {**_numbers(plan.calibration), "relative_error": plan.calibration.relative_error}
+            if plan.calibration
+            else None
+        ),
     }
 
 
@@ -75,32 +93,49 @@ def _numbers(result: Any) -> dict[str, Any]:
 
 def _parameter_line(plan: Plan) -> str:
     p, spec, preset = plan.params, plan.spec, plan.preset
-    published = (f" (published {fmt_count(preset.published_total)} / {fmt_count(preset.published_active)})"
-                 if preset and preset.published_total and preset.published_active else "")
-    return (f"Parameters  {fmt_count(p.total)} total, {fmt_count(p.active(spec))} active{published}; active "
-            f"includes embeddings + LM head ({fmt_count(p.active_non_embedding(spec))} without)")
+    published = (
+        f" (published {fmt_count(preset.published_total)} / {fmt_count(preset.published_active)})"
+        if preset and preset.published_total and preset.published_active
+        else ""
+    )
+    return (
+        f"Parameters  {fmt_count(p.total)} total, {fmt_count(p.active(spec))} active{published}; active "
+        f"includes embeddings + LM head ({fmt_count(p.active_non_embedding(spec))} without)"
+    )
 
 
 def _memory_lines(plan: Plan) -> list[str]:
     m = plan.memory
-    rows = [("attention/dense weights", m.dense_weight_bytes), ("expert weights", m.expert_weight_bytes),
-            ("embeddings + LM head", m.embedding_bytes), ("activations + logits", m.activation_bytes),
-            ("runtime overhead", m.overhead_bytes), ("KV cache pool", m.kv_pool_bytes)]
+    rows = [
+        ("attention/dense weights", m.dense_weight_bytes),
+        ("expert weights", m.expert_weight_bytes),
+        ("embeddings + LM head", m.embedding_bytes),
+        ("activations + logits", m.activation_bytes),
+        ("runtime overhead", m.overhead_bytes),
+        ("KV cache pool", m.kv_pool_bytes),
+    ]
     return [
         f"Memory per device: {fmt_bytes(m.device_bytes)}, {plan.deployment.gpu_memory_utilization:.0%} usable = "
         f"{fmt_bytes(m.usable_bytes)}",
         *(f"  {name:<26}{fmt_bytes(value):>12}" for name, value in rows),
         f"  KV per token {fmt_bytes(m.kv_bytes_per_token)} (full-attention layers); per "
         f"{plan.capacity.context_length:,}-token sequence {fmt_bytes(plan.capacity.kv_bytes_per_sequence)}"
-        + (f" + recurrent state {fmt_bytes(m.state_bytes_per_sequence)} (constant) = "
-           f"{fmt_bytes(plan.capacity.bytes_per_sequence)}" if plan.spec.is_hybrid else ""),
+        + (
+            f" + recurrent state {fmt_bytes(m.state_bytes_per_sequence)} (constant) = "
+            f"{fmt_bytes(plan.capacity.bytes_per_sequence)}"
+            if plan.spec.is_hybrid
+            else ""
+        ),
     ]
 
 
 def _capacity_lines(plan: Plan) -> list[str]:
     c = plan.capacity
-    engine_cap = (f" (engine max_num_seqs {c.max_num_seqs} caps a step; raise --max-num-seqs)"
-                  if c.max_seqs_by_kv > c.max_num_seqs else "")
+    engine_cap = (
+        f" (engine max_num_seqs {c.max_num_seqs} caps a step; raise --max-num-seqs)"
+        if c.max_seqs_by_kv > c.max_num_seqs
+        else ""
+    )
     return [
         f"Capacity    {c.max_seqs_by_kv * c.num_replicas} sequences fit at {c.context_length:,} tokens{engine_cap}; "
         f"at {c.concurrency} sequences the context can reach {c.max_context_at_concurrency:,} tokens",
@@ -112,8 +147,7 @@ def _hybrid_lines(plan: Plan) -> list[str]:
     spec, c = plan.spec, plan.capacity
     if spec.linear_attention is None or c.full_attention_kv_bytes_per_sequence is None:
         return []
-    fewer = (f"{c.max_seqs_by_kv / c.full_attention_max_seqs:.1f}x fewer" if c.full_attention_max_seqs
-             else "none fit")
+    fewer = f"{c.max_seqs_by_kv / c.full_attention_max_seqs:.1f}x fewer" if c.full_attention_max_seqs else "none fit"
     return [
         f"Hybrid      {spec.num_attention_layers} of {spec.num_layers} layers keep K/V ("
         f"{spec.linear_attention.num_layers} linear-attention layers: a constant state), so "
@@ -139,15 +173,20 @@ def _rate_lines(plan: Plan) -> list[str]:
     if plan.rate is None:
         return []
     r = plan.rate
-    return [f"Rate        {r.request_rate}/s needs {r.concurrency_per_replica} seqs/replica (E2E "
-            f"{fmt_time(r.e2e_latency_s)}) and {r.replicas_needed} replica(s) = {r.gpus_needed} GPU(s)"]
+    return [
+        f"Rate        {r.request_rate}/s needs {r.concurrency_per_replica} seqs/replica (E2E "
+        f"{fmt_time(r.e2e_latency_s)}) and {r.replicas_needed} replica(s) = {r.gpus_needed} GPU(s)"
+    ]
 
 
 def _cost_lines(plan: Plan) -> list[str]:
     c, inputs = plan.cost, plan.cost_inputs
     months = f"{c.break_even_months:.1f} months of 24/7 rental" if c.break_even_months else "never (vs 24/7)"
-    share = (f"above {c.break_even_utilization:.0%} utilization vs on-demand" if c.break_even_utilization
-             else "never vs on-demand")
+    share = (
+        f"above {c.break_even_utilization:.0%} utilization vs on-demand"
+        if c.break_even_utilization
+        else "never vs on-demand"
+    )
     return [
         f"Cost        cloud {fmt_money(c.cloud_per_million)} / 1M output tokens "
         f"({fmt_money(inputs.gpu_hour_price)}/GPU-h); on-prem {fmt_money(c.onprem_per_million)} / 1M "
@@ -160,5 +199,7 @@ def _calibration_lines(plan: Plan) -> list[str]:
     if plan.calibration is None:
         return []
     c = plan.calibration
-    return [f"Calibrated  bench run: predicted {c.predicted_tokens_per_s:,.1f} vs measured "
-            f"{c.measured_tokens_per_s:,.1f} decode tokens/s ({c.relative_error:+.1%})"]
+    return [
+        f"Calibrated  bench run: predicted {c.predicted_tokens_per_s:,.1f} vs measured "
+        f"{c.measured_tokens_per_s:,.1f} decode tokens/s ({c.relative_error:+.1%})"
+    ]

@@ -20,8 +20,9 @@ from diffuserve.planner.recurrent_state import recurrent_flops, state_bytes_per_
 from diffuserve.planner.units import ceil_div, fmt_bytes, fmt_flops, fmt_time
 
 
-def experts_touched_fraction(spec: ModelSpec, num_tokens: float, block_length: int,
-                             per_block: float | None = None) -> float:
+def experts_touched_fraction(
+    spec: ModelSpec, num_tokens: float, block_length: int, per_block: float | None = None
+) -> float:
     """Expected fraction of a MoE layer's experts that `num_tokens` routed tokens touch.
 
     Uniform independent routing: 1 - (1 - k/E)^T. With a measured `per_block` (distinct experts one block of
@@ -103,8 +104,9 @@ class Roofline:
     efficiency: Efficiency
     memory: MemoryBreakdown
 
-    def forward(self, tokens: int, num_seqs: int, visible_context: float, logits_tokens: int,
-                touched: float) -> ForwardCost:
+    def forward(
+        self, tokens: int, num_seqs: int, visible_context: float, logits_tokens: int, touched: float
+    ) -> ForwardCost:
         """Bytes and FLOPs of one forward of `tokens` query tokens from `num_seqs` sequences that each see
         `visible_context` cached tokens, computing logits for `logits_tokens` positions."""
         dep, eff, tp = self.deployment, self.efficiency, self.deployment.tensor_parallel_size
@@ -121,13 +123,23 @@ class Roofline:
         # Weight GEMMs run at the weights' rate (FP8 on FP8 hardware); attention and the recurrence run in the
         # activation dtype.
         activation_dtype = "fp32" if dep.weight_dtype == "fp32" else "bf16"
-        t_compute = (matmul / self.hardware.flops_for(dep.weight_dtype)
-                     + (attention + recurrent) / self.hardware.flops_for(activation_dtype)) / eff.flops_fraction
+        t_compute = (
+            matmul / self.hardware.flops_for(dep.weight_dtype)
+            + (attention + recurrent) / self.hardware.flops_for(activation_dtype)
+        ) / eff.flops_fraction
         return ForwardCost(
-            tokens=tokens, experts_touched=touched, weight_bytes=weights, kv_bytes=kv, state_bytes=state,
-            matmul_flops=matmul, attention_flops=attention, recurrent_flops=recurrent,
+            tokens=tokens,
+            experts_touched=touched,
+            weight_bytes=weights,
+            kv_bytes=kv,
+            state_bytes=state,
+            matmul_flops=matmul,
+            attention_flops=attention,
+            recurrent_flops=recurrent,
             t_memory=(weights + kv + state) / (self.hardware.bandwidth_bytes_per_s * eff.bandwidth_fraction),
-            t_compute=t_compute, t_comm=self._comm_time(tokens), t_overhead=eff.step_overhead_s,
+            t_compute=t_compute,
+            t_comm=self._comm_time(tokens),
+            t_overhead=eff.step_overhead_s,
         )
 
     def decode(self, workload: Workload, concurrency: int) -> DecodeEstimate:
@@ -145,9 +157,14 @@ class Roofline:
             f"total = x {dep.num_replicas} replica(s) = {per_replica * dep.num_replicas:,.1f}",
         )
         return DecodeEstimate(
-            concurrency=concurrency, seqs_per_forward=per_forward, tpf=workload.tpf, forward=cost,
-            tokens_per_s_per_seq=per_replica / concurrency, tokens_per_s_per_replica=per_replica,
-            tokens_per_s_total=per_replica * dep.num_replicas, formulas=formulas,
+            concurrency=concurrency,
+            seqs_per_forward=per_forward,
+            tpf=workload.tpf,
+            forward=cost,
+            tokens_per_s_per_seq=per_replica / concurrency,
+            tokens_per_s_per_replica=per_replica,
+            tokens_per_s_total=per_replica * dep.num_replicas,
+            formulas=formulas,
         )
 
     def prefill(self, workload: Workload, decode: DecodeEstimate) -> PrefillEstimate:
@@ -175,8 +192,9 @@ class Roofline:
             return workload.experts_touched_fraction
         # With EP wider than TP, one expert shard serves the tokens of ep / tp replicas.
         share = max(1, self.deployment.expert_parallel_size // self.deployment.tensor_parallel_size)
-        return experts_touched_fraction(self.spec, tokens * share, workload.block_length,
-                                        workload.experts_touched_per_block)
+        return experts_touched_fraction(
+            self.spec, tokens * share, workload.block_length, workload.experts_touched_per_block
+        )
 
     def _attention_flops(self, queries: int, visible_context: float) -> float:
         """QK^T and PV: 4 FLOPs x Hq x D per (query, visible key) pair per layer."""
@@ -196,26 +214,40 @@ class Roofline:
         if tp > 1:
             moved += 2 * spec.num_layers * 2 * (tp - 1) / tp * tokens * spec.hidden_size * b_act
         if ep > 1:
-            moved += (2 * spec.num_moe_layers * (ep - 1) / ep * tokens * spec.num_experts_per_tok
-                      * spec.hidden_size * b_act)
+            moved += (
+                2 * spec.num_moe_layers * (ep - 1) / ep * tokens * spec.num_experts_per_tok * spec.hidden_size * b_act
+            )
         return moved / link
 
     def _forward_formulas(self, cost: ForwardCost, seqs: int, workload: Workload) -> tuple[str, ...]:
         hw, eff, spec = self.hardware, self.efficiency, self.spec
-        touch = (f"experts touched = {cost.experts_touched:.1%}" if not spec.is_moe else
-                 f"experts touched = 1 - (1 - k {spec.num_experts_per_tok}/E {spec.num_experts})^T "
-                 f"= {cost.experts_touched:.1%}"
-                 + (" (given)" if workload.experts_touched_fraction is not None else "")
-                 + (" (from measured experts per block)" if workload.experts_touched_per_block else ""))
+        touch = (
+            f"experts touched = {cost.experts_touched:.1%}"
+            if not spec.is_moe
+            else f"experts touched = 1 - (1 - k {spec.num_experts_per_tok}/E {spec.num_experts})^T "
+            f"= {cost.experts_touched:.1%}"
+            + (" (given)" if workload.experts_touched_fraction is not None else "")
+            + (" (from measured experts per block)" if workload.experts_touched_per_block else "")
+        )
         weights_dtype = self.deployment.weight_dtype
         act_dtype = "fp32" if weights_dtype == "fp32" else "bf16"
         gdn = spec.linear_attention
-        state = "" if gdn is None else (
-            f" + state (read + write) 2 x {seqs} x {fmt_bytes(cost.state_bytes / max(2 * seqs, 1))} "
-            f"= {fmt_bytes(cost.state_bytes)}")
-        recurrence = "" if gdn is None else (
-            f" + recurrence 7 x L {gdn.num_layers} x Hv {gdn.num_value_heads} x Dk {gdn.key_head_dim} x Dv "
-            f"{gdn.value_head_dim} x T / tp {fmt_flops(cost.recurrent_flops)}")
+        state = (
+            ""
+            if gdn is None
+            else (
+                f" + state (read + write) 2 x {seqs} x {fmt_bytes(cost.state_bytes / max(2 * seqs, 1))} "
+                f"= {fmt_bytes(cost.state_bytes)}"
+            )
+        )
+        recurrence = (
+            ""
+            if gdn is None
+            else (
+                f" + recurrence 7 x L {gdn.num_layers} x Hv {gdn.num_value_heads} x Dk {gdn.key_head_dim} x Dv "
+                f"{gdn.value_head_dim} x T / tp {fmt_flops(cost.recurrent_flops)}"
+            )
+        )
         return (
             f"T = {seqs} seqs x S {workload.block_length} = {cost.tokens} tokens per forward; {touch}",
             f"bytes = dense+LM head + experts x touched = {fmt_bytes(cost.weight_bytes)} "

@@ -25,9 +25,16 @@ class RateSizing:
     formulas: tuple[str, ...]
 
 
-def size_for_rate(request_rate: float, output_tokens: int, t_prefill: float, steps_to_first_block: int,
-                  max_concurrency: int, replicas: int, tensor_parallel_size: int,
-                  decode: Callable[[int], DecodeEstimate]) -> RateSizing:
+def size_for_rate(
+    request_rate: float,
+    output_tokens: int,
+    t_prefill: float,
+    steps_to_first_block: int,
+    max_concurrency: int,
+    replicas: int,
+    tensor_parallel_size: int,
+    decode: Callable[[int], DecodeEstimate],
+) -> RateSizing:
     """Each replica serves B / E2E(B) requests/s, with E2E = TTFT + output / (tokens/s per sequence)."""
 
     def latency(num_seqs: int) -> float:

@@ -58,8 +58,9 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
     metrics = ServerMetrics(model_name, vllm_names=config.metrics_vllm_names)
     bridge = AsyncEngine(engine, config.max_waiting_requests, metrics)
     tokenizer = Tokenizer(engine.config.model) if engine.tokenizer is not None else None
-    rules = PromptRules.build(tokenizer, engine.max_model_len, engine.args.vocab_size, engine.args.mask_token_id,
-                              engine.args.eos_token_ids)
+    rules = PromptRules.build(
+        tokenizer, engine.max_model_len, engine.args.vocab_size, engine.args.mask_token_id, engine.args.eos_token_ids
+    )
     serving = OpenAIServing(bridge, tokenizer, config, model_name, metrics, int(time.time()), rules)
 
     @asynccontextmanager
@@ -71,12 +72,19 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
             serving.close()
             bridge.shutdown()
 
-    app = FastAPI(title="diffuserve", version=__version__, lifespan=lifespan,
-                  description="OpenAI-compatible server for block-diffusion MoE language models.")
+    app = FastAPI(
+        title="diffuserve",
+        version=__version__,
+        lifespan=lifespan,
+        description="OpenAI-compatible server for block-diffusion MoE language models.",
+    )
     app.state.serving = serving
     install_error_handlers(app)
-    app.add_middleware(RequestGuard, api_key=config.api_key,
-                       max_request_bytes=config.max_request_bytes or default_max_request_bytes(engine.max_model_len))
+    app.add_middleware(
+        RequestGuard,
+        api_key=config.api_key,
+        max_request_bytes=config.max_request_bytes or default_max_request_bytes(engine.max_model_len),
+    )
     app.include_router(_public_routes(serving))
     app.include_router(_api_routes(serving), dependencies=[Depends(_bearer)], responses=ERRORS)
     return app

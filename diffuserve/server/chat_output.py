@@ -47,10 +47,12 @@ class ChatOutputFormat:
 
     def message(self, text: str) -> AssistantMessage:
         reasoning, content, calls = self.parse(text)
-        tool_calls = [ToolCallOut(id=call_id(), function=FunctionCallOut(name=c.name, arguments=c.arguments))
-                      for c in calls]
-        return AssistantMessage(content=content or (None if calls else ""), reasoning_content=reasoning,
-                                tool_calls=tool_calls)
+        tool_calls = [
+            ToolCallOut(id=call_id(), function=FunctionCallOut(name=c.name, arguments=c.arguments)) for c in calls
+        ]
+        return AssistantMessage(
+            content=content or (None if calls else ""), reasoning_content=reasoning, tool_calls=tool_calls
+        )
 
     def finish_reason(self, text: str, finish_reason: str | None) -> str | None:
         if finish_reason == "stop" and self.tools and self.parse(text)[2]:
@@ -73,16 +75,21 @@ class ChatDeltas:
         reasoning, content, calls = self.format.parse(text, final)
         new_reasoning = None
         if reasoning is not None and len(reasoning) > self.reasoning_sent:
-            new_reasoning, self.reasoning_sent = reasoning[self.reasoning_sent:], len(reasoning)
+            new_reasoning, self.reasoning_sent = reasoning[self.reasoning_sent :], len(reasoning)
         new_content = None
         if len(content) > self.content_sent:
-            new_content, self.content_sent = content[self.content_sent:], len(content)
+            new_content, self.content_sent = content[self.content_sent :], len(content)
         tool_calls = []
         for index in range(len(self.calls_sent), len(calls)):
             self.calls_sent.append(call_id())
-            tool_calls.append(DeltaToolCall(index=index, id=self.calls_sent[index], type="function",
-                                            function=DeltaFunctionCall(name=calls[index].name,
-                                                                       arguments=calls[index].arguments)))
+            tool_calls.append(
+                DeltaToolCall(
+                    index=index,
+                    id=self.calls_sent[index],
+                    type="function",
+                    function=DeltaFunctionCall(name=calls[index].name, arguments=calls[index].arguments),
+                )
+            )
         if new_reasoning is None and new_content is None and not tool_calls:
             return None
         return DeltaMessage(content=new_content, reasoning_content=new_reasoning, tool_calls=tool_calls or None)

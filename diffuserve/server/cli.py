@@ -76,8 +76,13 @@ class ServerConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                        help="model directory or Hugging Face Hub id (default: the bundled default model)")
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="model directory or Hugging Face Hub id (default: the bundled default model)",
+    )
     add_hub_arguments(parser)
     add_config_arguments(parser, ServerConfig)
     add_config_arguments(parser, EngineConfig, skip=("model",))
@@ -122,13 +127,25 @@ def _serve(args: argparse.Namespace, config: ServerConfig, sock: socket.socket |
     logging.basicConfig(format="%(levelname)-9s %(name)s: %(message)s")
     logging.getLogger("diffuserve").setLevel(logging.INFO)
     engine = LLMEngine(engine_config)
-    logger.info("serving %r from %s: max_model_len %d, %d KV pages of %d tokens", config.served_model_name,
-                model_dir, engine.max_model_len, engine.pool.num_pages, engine.pool.page_size)
+    logger.info(
+        "serving %r from %s: max_model_len %d, %d KV pages of %d tokens",
+        config.served_model_name,
+        model_dir,
+        engine.max_model_len,
+        engine.pool.num_pages,
+        engine.pool.page_size,
+    )
     port = sock.getsockname()[1]
     print(usage_hint(config, port), flush=True)
-    server = _server_class()(uvicorn.Config(
-        build_app(engine, config), host=config.host, port=port, log_level=config.uvicorn_log_level,
-        timeout_graceful_shutdown=config.shutdown_timeout))  # type: ignore[arg-type]
+    server = _server_class()(
+        uvicorn.Config(
+            build_app(engine, config),
+            host=config.host,
+            port=port,
+            log_level=config.uvicorn_log_level,
+            timeout_graceful_shutdown=config.shutdown_timeout,
+        )
+    )  # type: ignore[arg-type]
     # uvicorn re-raises the Ctrl-C it handled once it has shut down; uvicorn.run swallows it too.
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
@@ -145,8 +162,9 @@ def _server_class() -> type:
             await super().startup(sockets)
             if self.started:
                 host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
-                logging.getLogger("uvicorn.error").info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)",
-                                                        host, self.config.port)
+                logging.getLogger("uvicorn.error").info(
+                    "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, self.config.port
+                )
 
     return Server
 
@@ -154,8 +172,9 @@ def _server_class() -> type:
 def bind(host: str, port: int) -> socket.socket:
     """A socket bound to (host, port), not yet listening; ValueError naming the flag if it cannot be bound."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
         sock = socket.socket(family, kind, proto)
     except OSError as e:
         raise ValueError(f"host: cannot listen on {host!r} ({e}); pass --host with a local address") from None
@@ -164,8 +183,10 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as e:
         sock.close()
-        raise ValueError(f"port: cannot listen on {host}:{port} ({e.strerror}); another process may be using "
-                         "it: pick another with --port") from None
+        raise ValueError(
+            f"port: cannot listen on {host}:{port} ({e.strerror}); another process may be using "
+            "it: pick another with --port"
+        ) from None
     return sock
 
 
@@ -177,9 +198,11 @@ def usage_hint(config: ServerConfig, port: int) -> str:
     key = f"os.environ['{API_KEY_ENV}']" if config.api_key else "'unused'"
     messages = [{"role": "user", "content": "What is 27+15?"}]
     body = json.dumps({"model": config.served_model_name, "messages": messages})
-    client = (f"import os; from openai import OpenAI; c = OpenAI(base_url='{base}', api_key={key}); "
-              f"print(c.chat.completions.create(model={config.served_model_name!r}, "
-              f"messages={messages!r}).choices[0].message.content)")
+    client = (
+        f"import os; from openai import OpenAI; c = OpenAI(base_url='{base}', api_key={key}); "
+        f"print(c.chat.completions.create(model={config.served_model_name!r}, "
+        f"messages={messages!r}).choices[0].message.content)"
+    )
     return (
         f"Try it:\n  curl -s {base}/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'\n"
         f'  python -c "{client}"'

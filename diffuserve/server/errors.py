@@ -28,8 +28,16 @@ RETRY_AFTER_S = 1
 class APIError(Exception):
     """An error answered to the client as-is (status, OpenAI error body, optional headers)."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers
@@ -67,21 +75,29 @@ def from_value_error(error: ValueError) -> APIError:
 
 def queue_full(max_waiting_requests: int) -> APIError:
     return APIError(
-        429, f"the server's waiting queue is full ({max_waiting_requests} requests); retry later",
-        type="rate_limit_error", code="rate_limit_exceeded", headers={"Retry-After": str(RETRY_AFTER_S)},
+        429,
+        f"the server's waiting queue is full ({max_waiting_requests} requests); retry later",
+        type="rate_limit_error",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
     )
 
 
 def body_too_large(num_bytes: int | None, limit: int) -> APIError:
     size = f"has {num_bytes} bytes" if num_bytes is not None else "is larger"
-    return APIError(413, f"the request body {size}, more than this server accepts ({limit} bytes, "
-                    "--max-request-bytes); send a shorter prompt or raise the flag", code="request_too_large")
+    return APIError(
+        413,
+        f"the request body {size}, more than this server accepts ({limit} bytes, "
+        "--max-request-bytes); send a shorter prompt or raise the flag",
+        code="request_too_large",
+    )
 
 
 def invalid_body(detail: str) -> APIError:
     """A body the JSON parser could not even read (e.g. bytes that are not UTF-8 text)."""
-    return bad_request(f"the request body is not valid JSON: {detail} (send UTF-8 encoded JSON)", None,
-                       code="invalid_json")
+    return bad_request(
+        f"the request body is not valid JSON: {detail} (send UTF-8 encoded JSON)", None, code="invalid_json"
+    )
 
 
 def engine_unavailable(reason: str) -> APIError:
@@ -89,8 +105,7 @@ def engine_unavailable(reason: str) -> APIError:
 
 
 def engine_failed(message: str) -> APIError:
-    return APIError(500, f"generation failed inside the engine: {message}", type="server_error",
-                    code="engine_error")
+    return APIError(500, f"generation failed inside the engine: {message}", type="server_error", code="engine_error")
 
 
 def _param(loc: list[Any]) -> str | None:
@@ -113,11 +128,17 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None, 
     first = max(errors, key=lambda e: len(e.get("loc", ())))  # the deepest: a union's branches nest deeper
     kind, param = first.get("type", ""), _param(list(first.get("loc", ())))
     if kind == "json_invalid":
-        return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}", None, \
-            "invalid_json"
+        return (
+            f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
+            None,
+            "invalid_json",
+        )
     if param is None:
-        return ("the request body must be a JSON object (sent with Content-Type: application/json)", None,
-                "invalid_json")
+        return (
+            "the request body must be a JSON object (sent with Content-Type: application/json)",
+            None,
+            "invalid_json",
+        )
     # A union field fails once per accepted form: report them together, and count the other fields apart.
     same = [e for e in errors if _param(list(e.get("loc", ()))) == param]
     problem = " or ".join(dict.fromkeys(e["msg"] for e in same))

@@ -20,8 +20,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from diffuserve.server.errors import APIError, APIErrorHTTP, body_too_large
 
-PUBLIC_PATHS = frozenset({"/health", "/version", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc",
-                          "/openapi.json"})
+PUBLIC_PATHS = frozenset(
+    {"/health", "/version", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+)
 
 BYTES_PER_TOKEN = 64
 """Generous bytes of JSON per prompt token for the default body limit: real text averages 3-5 characters per
@@ -41,8 +42,12 @@ def digest(text: str) -> bytes:
 
 
 def invalid_api_key() -> APIError:
-    return APIError(401, "invalid or missing API key: send the header 'Authorization: Bearer <key>'",
-                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    return APIError(
+        401,
+        "invalid or missing API key: send the header 'Authorization: Bearer <key>'",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 class RequestGuard:

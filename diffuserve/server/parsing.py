@@ -47,21 +47,43 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 """Values of unsupported fields that ask for nothing (None is neutral for all of them)."""
 
 UNSUPPORTED_COMMON = (
-    "logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "use_beam_search",
-    "allowed_token_ids", "bad_words", "prompt_logprobs", "truncate_prompt_tokens",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
+    "use_beam_search",
+    "allowed_token_ids",
+    "bad_words",
+    "prompt_logprobs",
+    "truncate_prompt_tokens",
 )
 UNSUPPORTED_COMPLETION = ("logprobs", "suffix")
 UNSUPPORTED_CHAT = (
-    "logprobs", "top_logprobs", "functions", "function_call", "audio", "modalities",
-    "prediction", "reasoning_effort", "web_search_options", "chat_template", "documents", "echo",
+    "logprobs",
+    "top_logprobs",
+    "functions",
+    "function_call",
+    "audio",
+    "modalities",
+    "prediction",
+    "reasoning_effort",
+    "web_search_options",
+    "chat_template",
+    "documents",
+    "echo",
 )
 
 
 def completion_params(request: CompletionRequest, max_n: int) -> SamplingParams:
     _reject_unsupported(request, UNSUPPORTED_COMMON + UNSUPPORTED_COMPLETION)
     if request.best_of is not None and request.best_of != request.n:
-        raise APIError(400, f"best_of: only best_of == n is supported (got best_of={request.best_of!r}, "
-                       f"n={request.n})", param="best_of", code="unsupported_parameter")
+        raise APIError(
+            400,
+            f"best_of: only best_of == n is supported (got best_of={request.best_of!r}, n={request.n})",
+            param="best_of",
+            code="unsupported_parameter",
+        )
     return _sampling_params(request, request.max_tokens, max_n, structured_outputs(request))
 
 
@@ -78,8 +100,9 @@ def chat_max_tokens(request: ChatCompletionRequest) -> int | None:
     return request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
 
 
-def _sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int,
-                     structured: StructuredOutputsParams | None = None) -> SamplingParams:
+def _sampling_params(
+    request: SamplingFields, max_tokens: int | None, max_n: int, structured: StructuredOutputsParams | None = None
+) -> SamplingParams:
     _warn_unknown(request)
     if request.stream_options is not None and not request.stream:
         raise bad_request("stream_options: only allowed when stream is true", "stream_options")
@@ -90,13 +113,24 @@ def _sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int
         temperature = MIN_TEMPERATURE
     try:
         return SamplingParams(
-            n=request.n, temperature=temperature, top_p=request.top_p, top_k=request.top_k, seed=request.seed,
-            max_tokens=max_tokens, min_tokens=request.min_tokens, stop=_stops(request.stop),
-            stop_token_ids=list(request.stop_token_ids or []), ignore_eos=request.ignore_eos,
+            n=request.n,
+            temperature=temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            seed=request.seed,
+            max_tokens=max_tokens,
+            min_tokens=request.min_tokens,
+            stop=_stops(request.stop),
+            stop_token_ids=list(request.stop_token_ids or []),
+            ignore_eos=request.ignore_eos,
             skip_special_tokens=request.skip_special_tokens,
-            include_stop_str_in_output=request.include_stop_str_in_output, decoder=request.decoder,
-            threshold=request.threshold, steps=request.steps, entropy_bound=request.entropy_bound,
-            edit_threshold=request.edit_threshold, max_post_edit_steps=request.max_post_edit_steps,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            decoder=request.decoder,
+            threshold=request.threshold,
+            steps=request.steps,
+            entropy_bound=request.entropy_bound,
+            edit_threshold=request.edit_threshold,
+            max_post_edit_steps=request.max_post_edit_steps,
             structured_outputs=structured,
         )
     except ValueError as e:
@@ -114,8 +148,12 @@ def _reject_unsupported(request: SamplingFields, names: tuple[str, ...]) -> None
         value = getattr(request, name)
         if value is None or any(type(value) is type(n) and value == n for n in NEUTRAL.get(name, ())):
             continue
-        raise APIError(400, f"{name}: not supported by diffuserve (got {value!r:.80}); remove the field",
-                       param=name, code="unsupported_parameter")
+        raise APIError(
+            400,
+            f"{name}: not supported by diffuserve (got {value!r:.80}); remove the field",
+            param=name,
+            code="unsupported_parameter",
+        )
 
 
 def _warn_unknown(request: SamplingFields) -> None:

@@ -34,11 +34,25 @@ from diffuserve.tool_format import template_messages, template_renders_tools
 TEMPLATE_ROLES = {"developer": "system"}
 """Roles the chat template sees under another name (OpenAI's `developer` is its newer name for `system`)."""
 
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
-    "return_assistant_tokens_mask", "tokenizer_kwargs",
-})
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
 """apply_chat_template's own arguments: chat_template_kwargs may only pass variables to the template."""
 
 
@@ -61,8 +75,14 @@ class PromptRules:
     always the mask token."""
 
     @classmethod
-    def build(cls, tokenizer: Tokenizer | None, max_model_len: int, vocab_size: int, mask_token_id: int,
-              eos_token_ids: Iterable[int]) -> PromptRules:
+    def build(
+        cls,
+        tokenizer: Tokenizer | None,
+        max_model_len: int,
+        vocab_size: int,
+        mask_token_id: int,
+        eos_token_ids: Iterable[int],
+    ) -> PromptRules:
         allowed: set[int] = set(eos_token_ids)
         special: set[int] = set()
         if tokenizer is not None:
@@ -85,12 +105,14 @@ def prompt_size(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
 
 def messages_size(messages: list[ChatMessage]) -> int:
     """Characters of message text (an assistant message that only carries tool calls has no content)."""
-    return sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content or ())
-               for m in messages)
+    return sum(
+        len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content or ()) for m in messages
+    )
 
 
-def completion_prompts(tokenizer: Tokenizer | None, prompt: str | list[str] | list[int] | list[list[int]],
-                       rules: PromptRules) -> list[Prompt]:
+def completion_prompts(
+    tokenizer: Tokenizer | None, prompt: str | list[str] | list[int] | list[list[int]], rules: PromptRules
+) -> list[Prompt]:
     is_single = isinstance(prompt, str) or isinstance(prompt[0], int)
     items: list[str] | list[list[int]] = [prompt] if is_single else prompt  # type: ignore[assignment,list-item]
     return [_one_prompt(tokenizer, item, rules) for item in items]
@@ -108,16 +130,16 @@ def _one_prompt(tokenizer: Tokenizer | None, item: str | list[int], rules: Promp
         return Prompt(item, token_ids)
     bad = [t for t in item if not 0 <= t < rules.vocab_size]
     if bad:
-        raise bad_request(f"prompt: {bad[:5]} are not token ids of this model (0 <= id < {rules.vocab_size})",
-                          "prompt")
+        raise bad_request(f"prompt: {bad[:5]} are not token ids of this model (0 <= id < {rules.vocab_size})", "prompt")
     check_special_ids(tokenizer, item, rules.forbidden_ids, rules.mask_token_id, "prompt")
     # The tokenizer may know fewer ids than the model's (padded) vocabulary: those decode to nothing for echo.
     known = tokenizer is not None and all(t < tokenizer.vocab_size for t in item)
     return Prompt(tokenizer.decode(item, skip_special_tokens=False) if known else "", list(item))
 
 
-def check_special_ids(tokenizer: Tokenizer | None, token_ids: list[int], forbidden: frozenset[int],
-                      mask_token_id: int, param: str) -> None:
+def check_special_ids(
+    tokenizer: Tokenizer | None, token_ids: list[int], forbidden: frozenset[int], mask_token_id: int, param: str
+) -> None:
     """400 naming the first forbidden special token in `token_ids`."""
     found = next((t for t in token_ids if t in forbidden), None)
     if found is None:
@@ -127,8 +149,10 @@ def check_special_ids(tokenizer: Tokenizer | None, token_ids: list[int], forbidd
     if found == mask_token_id:
         why = "is the model's mask token, which no prompt may contain"
     else:
-        why = ("is a special token this model's chat template never emits; a prompt may contain only the "
-               "template's special tokens, BOS and EOS")
+        why = (
+            "is a special token this model's chat template never emits; a prompt may contain only the "
+            "template's special tokens, BOS and EOS"
+        )
     raise bad_request(f"{param}: token id {found}{name} {why}; remove it", param)
 
 
@@ -136,33 +160,53 @@ def check_length(tokenizer: Tokenizer, text: str, max_model_len: int, param: str
     """400 for a text too long to fit whatever it encodes to (from its length alone: no tokenizing)."""
     at_least = tokenizer.min_num_tokens(len(text))
     if at_least >= max_model_len:
-        raise bad_request(f"{param}: this model's maximum context length is {max_model_len} tokens and the prompt "
-                          f"has {len(text)} characters, so at least {at_least} tokens; shorten it", param,
-                          code="context_length_exceeded")
+        raise bad_request(
+            f"{param}: this model's maximum context length is {max_model_len} tokens and the prompt "
+            f"has {len(text)} characters, so at least {at_least} tokens; shorten it",
+            param,
+            code="context_length_exceeded",
+        )
 
 
 def chat_prompt(tokenizer: Tokenizer | None, request: ChatCompletionRequest, rules: PromptRules) -> Prompt:
-    return render_chat(tokenizer, request.messages, rules, request.add_generation_prompt,
-                       request.continue_final_message, request.chat_template_kwargs or {}, request.tools)
+    return render_chat(
+        tokenizer,
+        request.messages,
+        rules,
+        request.add_generation_prompt,
+        request.continue_final_message,
+        request.chat_template_kwargs or {},
+        request.tools,
+    )
 
 
-def render_chat(tokenizer: Tokenizer | None, messages: list[ChatMessage], rules: PromptRules,
-                add_generation_prompt: bool = True, continue_final_message: bool = False,
-                template_kwargs: dict[str, Any] | None = None, tools: list[Tool] | None = None) -> Prompt:
+def render_chat(
+    tokenizer: Tokenizer | None,
+    messages: list[ChatMessage],
+    rules: PromptRules,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
+    tools: list[Tool] | None = None,
+) -> Prompt:
     if tokenizer is None:
         raise bad_request("messages: this model directory has no tokenizer (nor chat template)", "messages")
     reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(template_kwargs or {}))
     if reserved:
         raise bad_request(f"chat_template_kwargs: {reserved} are not template variables", "chat_template_kwargs")
     if add_generation_prompt and continue_final_message:
-        raise bad_request("continue_final_message: cannot be combined with add_generation_prompt=true",
-                          "continue_final_message")
+        raise bad_request(
+            "continue_final_message: cannot be combined with add_generation_prompt=true", "continue_final_message"
+        )
     check_messages(messages)
     renders_tools = template_renders_tools(tokenizer.hf.chat_template)
     tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
     conversation = template_messages([_message(m) for m in messages], tool_dicts, renders_tools)
-    options = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message,
-               **(template_kwargs or {})}
+    options = {
+        "add_generation_prompt": add_generation_prompt,
+        "continue_final_message": continue_final_message,
+        **(template_kwargs or {}),
+    }
     if tool_dicts and renders_tools:
         options["tools"] = tool_dicts
     text = _render(tokenizer, conversation, options)
@@ -171,8 +215,9 @@ def render_chat(tokenizer: Tokenizer | None, messages: list[ChatMessage], rules:
         token_ids = encode(tokenizer, text, "messages", add_special_tokens=False)
     else:
         _check_unicode(text, "messages")
-        reference = _render(tokenizer, [{**m, "content": tokenizer.defuse(m["content"] or "")} for m in conversation],
-                            options)
+        reference = _render(
+            tokenizer, [{**m, "content": tokenizer.defuse(m["content"] or "")} for m in conversation], options
+        )
         try:
             token_ids = tokenizer.encode_rendered(text, reference)
         except ValueError as e:
@@ -214,16 +259,21 @@ def _message(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def check_context(prompt: Prompt, max_tokens: int | None, is_explicit: bool, max_model_len: int,
-                  param: str) -> None:
+def check_context(prompt: Prompt, max_tokens: int | None, is_explicit: bool, max_model_len: int, param: str) -> None:
     """400 when the prompt leaves no room to generate, or when an explicit max_tokens would not fit."""
     num = len(prompt.token_ids)
     if num >= max_model_len:
-        raise bad_request(f"{param}: this model's maximum context length is {max_model_len} tokens and the prompt "
-                          f"has {num} tokens, leaving no room to generate; shorten it", param,
-                          code="context_length_exceeded")
+        raise bad_request(
+            f"{param}: this model's maximum context length is {max_model_len} tokens and the prompt "
+            f"has {num} tokens, leaving no room to generate; shorten it",
+            param,
+            code="context_length_exceeded",
+        )
     if is_explicit and max_tokens is not None and num + max_tokens > max_model_len:
-        raise bad_request(f"max_tokens: this model's maximum context length is {max_model_len} tokens, but "
-                          f"{num + max_tokens} were requested ({num} in the prompt, {max_tokens} for the "
-                          f"completion); reduce the prompt or max_tokens", "max_tokens",
-                          code="context_length_exceeded")
+        raise bad_request(
+            f"max_tokens: this model's maximum context length is {max_model_len} tokens, but "
+            f"{num + max_tokens} were requested ({num} in the prompt, {max_tokens} for the "
+            f"completion); reduce the prompt or max_tokens",
+            "max_tokens",
+            code="context_length_exceeded",
+        )

@@ -34,8 +34,11 @@ Text = Annotated[str, Field(min_length=1)]
 
 def unsupported() -> Any:
     """A field diffuserve does not implement: the schema says null; any other value but a neutral one is a 400."""
-    return Field(default=None, json_schema_extra={"type": "null"},
-                 description="Not supported by diffuserve: omit it (a non-neutral value is a 400).")
+    return Field(
+        default=None,
+        json_schema_extra={"type": "null"},
+        description="Not supported by diffuserve: omit it (a non-neutral value is a 400).",
+    )
 
 
 class RequestModel(BaseModel):
@@ -132,8 +135,12 @@ class SamplingFields(RequestModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: (Text | Annotated[list[Text], Field(min_length=1)] | Annotated[list[Int], Field(min_length=1)]
-             | Annotated[list[Annotated[list[Int], Field(min_length=1)]], Field(min_length=1)])
+    prompt: (
+        Text
+        | Annotated[list[Text], Field(min_length=1)]
+        | Annotated[list[Int], Field(min_length=1)]
+        | Annotated[list[Annotated[list[Int], Field(min_length=1)]], Field(min_length=1)]
+    )
     """Text, several texts, token ids, or several token-id lists (one choice group per prompt)."""
     max_tokens: PositiveInt | None = 16
     echo: bool = False

@@ -25,12 +25,12 @@ def split_reasoning(text: str, final: bool = True) -> tuple[str, str]:
     """(reasoning, answer). Unless `final`, a suffix that may begin `</think>` (or `<think>` at the start) is
     held back from the reasoning. Newlines between `</think>` and the answer are dropped."""
     if text.startswith(THINK_START):
-        text = text[len(THINK_START):]
+        text = text[len(THINK_START) :]
     elif not final and THINK_START.startswith(text):
         return "", ""
     end = text.find(THINK_END)
     if end >= 0:
-        return text[:end], text[end + len(THINK_END):].lstrip("\n")
+        return text[:end], text[end + len(THINK_END) :].lstrip("\n")
     if not final:
         for k in range(min(len(THINK_END) - 1, len(text)), 0, -1):
             if THINK_END.startswith(text[-k:]):

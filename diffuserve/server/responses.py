@@ -67,8 +67,10 @@ def usage(outputs: Iterable[RequestOutput]) -> Usage:
     completion_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     num_forwards = sum(o.num_forwards for o in outputs)
     return Usage(
-        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-        total_tokens=prompt_tokens + completion_tokens, num_forwards=num_forwards,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        num_forwards=num_forwards,
         tokens_per_forward=completion_tokens / num_forwards if num_forwards else 0.0,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(o.num_cached_tokens for o in outputs)),
     )
@@ -89,23 +91,32 @@ def _choices(ctx: ResponseContext, outputs: dict[str, RequestOutput]) -> Iterabl
 
 def completion_response(ctx: ResponseContext, outputs: dict[str, RequestOutput], echo: bool) -> CompletionResponse:
     choices = [
-        CompletionChoice(index=i, text=(ctx.prompts[p].text if echo else "") + c.text,
-                         finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+        CompletionChoice(
+            index=i,
+            text=(ctx.prompts[p].text if echo else "") + c.text,
+            finish_reason=c.finish_reason,
+            stop_reason=c.stop_reason,
+        )
         for i, p, c in _choices(ctx, outputs)
     ]
-    return CompletionResponse(id=ctx.response_id, created=ctx.created, model=ctx.model, choices=choices,
-                              usage=usage(outputs.values()))
+    return CompletionResponse(
+        id=ctx.response_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage(outputs.values())
+    )
 
 
 def chat_response(ctx: ResponseContext, outputs: dict[str, RequestOutput]) -> ChatCompletionResponse:
     choices = [
-        ChatChoice(index=i, message=ctx.chat_format.message(c.text),
-                   finish_reason=ctx.chat_format.finish_reason(c.text, c.finish_reason), stop_reason=c.stop_reason)
+        ChatChoice(
+            index=i,
+            message=ctx.chat_format.message(c.text),
+            finish_reason=ctx.chat_format.finish_reason(c.text, c.finish_reason),
+            stop_reason=c.stop_reason,
+        )
         for i, _, c in _choices(ctx, outputs)
     ]
-    return ChatCompletionResponse(id=ctx.response_id, created=ctx.created, model=ctx.model, choices=choices,
-                                  usage=usage(outputs.values()))
-
+    return ChatCompletionResponse(
+        id=ctx.response_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage(outputs.values())
+    )
 
 
 @dataclass
@@ -126,7 +137,7 @@ class _Deltas:
             if index in self.done:
                 continue
             raise_if_failed(completion)
-            text = completion.text[self.sent.get(index, 0):]
+            text = completion.text[self.sent.get(index, 0) :]
             if text or completion.finished:
                 deltas.append((index, text, completion))
             self.sent[index] = len(completion.text)
@@ -154,32 +165,45 @@ async def sse(stream: OutputStream, events: AsyncIterator[BaseModel]) -> AsyncIt
     yield "data: [DONE]\n\n"
 
 
-async def completion_events(stream: OutputStream, ctx: ResponseContext, echo: bool,
-                            options: StreamOptions | None) -> AsyncIterator[CompletionChunk]:
+async def completion_events(
+    stream: OutputStream, ctx: ResponseContext, echo: bool, options: StreamOptions | None
+) -> AsyncIterator[CompletionChunk]:
     deltas = _Deltas(ctx)
 
     def chunk(choices: list[CompletionChoice], final: bool = False) -> CompletionChunk:
-        return CompletionChunk(id=ctx.response_id, created=ctx.created, model=ctx.model, choices=choices,
-                               usage=deltas.usage(options, final))
+        return CompletionChunk(
+            id=ctx.response_id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=choices,
+            usage=deltas.usage(options, final),
+        )
 
     if echo:
         for index in range(len(ctx.prompts) * ctx.n):
             yield chunk([CompletionChoice(index=index, text=ctx.prompts[index // ctx.n].text)])
     async for output in stream:
         for index, text, c in deltas.of(output):
-            yield chunk([CompletionChoice(index=index, text=text, finish_reason=c.finish_reason,
-                                          stop_reason=c.stop_reason)])
+            yield chunk(
+                [CompletionChoice(index=index, text=text, finish_reason=c.finish_reason, stop_reason=c.stop_reason)]
+            )
     if options is not None and options.include_usage:
         yield chunk([], final=True)
 
 
-async def chat_events(stream: OutputStream, ctx: ResponseContext,
-                      options: StreamOptions | None) -> AsyncIterator[ChatCompletionChunk]:
+async def chat_events(
+    stream: OutputStream, ctx: ResponseContext, options: StreamOptions | None
+) -> AsyncIterator[ChatCompletionChunk]:
     deltas = _Deltas(ctx)
 
     def chunk(choices: list[ChatChunkChoice], final: bool = False) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=ctx.response_id, created=ctx.created, model=ctx.model, choices=choices,
-                                   usage=deltas.usage(options, final))
+        return ChatCompletionChunk(
+            id=ctx.response_id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=choices,
+            usage=deltas.usage(options, final),
+        )
 
     # OpenAI's first chunk of each choice announces the role.
     for index in range(len(ctx.prompts) * ctx.n):
@@ -190,8 +214,15 @@ async def chat_events(stream: OutputStream, ctx: ResponseContext,
             delta = states.setdefault(index, ChatDeltas(ctx.chat_format)).delta(c.text, c.finished)
             if delta is None and not c.finished:
                 continue
-            yield chunk([ChatChunkChoice(index=index, delta=delta or DeltaMessage(),
-                                         finish_reason=ctx.chat_format.finish_reason(c.text, c.finish_reason),
-                                         stop_reason=c.stop_reason)])
+            yield chunk(
+                [
+                    ChatChunkChoice(
+                        index=index,
+                        delta=delta or DeltaMessage(),
+                        finish_reason=ctx.chat_format.finish_reason(c.text, c.finish_reason),
+                        stop_reason=c.stop_reason,
+                    )
+                ]
+            )
     if options is not None and options.include_usage:
         yield chunk([], final=True)

@@ -88,7 +88,8 @@ class OpenAIServing:
     created: int
     rules: PromptRules
     executor: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="diffuserve-tokenize"))
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="diffuserve-tokenize")
+    )
     """Where large prompts are tokenized: one thread, so that huge requests queue behind each other rather than
     taking every core from the engine."""
 
@@ -112,16 +113,26 @@ class OpenAIServing:
             raise bad_request(
                 f"prompt: {num_prompts} prompt(s) x n={n} = {num_prompts * n} sequences, more than this server "
                 f"ever queues at once ({limit}, --max-waiting-requests); split the request or raise the flag",
-                "n" if num_prompts == 1 else "prompt", code="request_too_large")
+                "n" if num_prompts == 1 else "prompt",
+                code="request_too_large",
+            )
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise APIError(404, f"model: {model!r} does not exist; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"model: {model!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
 
     def models(self) -> ModelList:
-        card = ModelCard(id=self.model_name, created=self.created, root=str(self.bridge.engine.config.model),
-                         max_model_len=self.max_model_len)
+        card = ModelCard(
+            id=self.model_name,
+            created=self.created,
+            root=str(self.bridge.engine.config.model),
+            max_model_len=self.max_model_len,
+        )
         return ModelList(data=[card])
 
     # ---- generation ----------------------------------------------------------------------------------------
@@ -129,11 +140,13 @@ class OpenAIServing:
         self.check_model(body.model)
         params = completion_params(body, self.config.max_n)
         self.check_admissible(num_prompts(body.prompt), params.n)
-        prompts = await self.off_loop(prompt_size(body.prompt), completion_prompts, self.tokenizer, body.prompt,
-                                      self.rules)
+        prompts = await self.off_loop(
+            prompt_size(body.prompt), completion_prompts, self.tokenizer, body.prompt, self.rules
+        )
         for prompt in prompts:
-            check_context(prompt, params.max_tokens, "max_tokens" in body.model_fields_set, self.max_model_len,
-                          "prompt")
+            check_context(
+                prompt, params.max_tokens, "max_tokens" in body.model_fields_set, self.max_model_len, "prompt"
+            )
         stream, ctx = await self._submit("cmpl", prompts, params)
         if body.stream:
             return _sse_response(sse(stream, completion_events(stream, ctx, body.echo, body.stream_options)))
@@ -146,15 +159,19 @@ class OpenAIServing:
         self.check_admissible(1, params.n)
         prompt = await self.off_loop(messages_size(body.messages), chat_prompt, self.tokenizer, body, self.rules)
         check_context(prompt, params.max_tokens, params.max_tokens is not None, self.max_model_len, "messages")
-        chat_format = ChatOutputFormat(template_thinks(template, body.chat_template_kwargs),
-                                       bool(body.tools) and body.tool_choice != "none", body.parallel_tool_calls)
+        chat_format = ChatOutputFormat(
+            template_thinks(template, body.chat_template_kwargs),
+            bool(body.tools) and body.tool_choice != "none",
+            body.parallel_tool_calls,
+        )
         stream, ctx = await self._submit("chatcmpl", [prompt], params, chat_format)
         if body.stream:
             return _sse_response(sse(stream, chat_events(stream, ctx, body.stream_options)))
         return chat_response(ctx, await _collect(stream, request))
 
-    async def _submit(self, prefix: str, prompts: list[Prompt], params: SamplingParams,
-                      chat_format: ChatOutputFormat | None = None) -> tuple[OutputStream, ResponseContext]:
+    async def _submit(
+        self, prefix: str, prompts: list[Prompt], params: SamplingParams, chat_format: ChatOutputFormat | None = None
+    ) -> tuple[OutputStream, ResponseContext]:
         response_id = f"{prefix}-{uuid.uuid4().hex}"
         request_ids = [f"{response_id}-{i}" for i in range(len(prompts))]
         requests = [EngineRequest(rid, p.token_ids, params) for rid, p in zip(request_ids, prompts)]
@@ -167,8 +184,15 @@ class OpenAIServing:
             raise engine_unavailable(str(e)) from e
         except ValueError as e:
             raise from_value_error(e) from e
-        ctx = ResponseContext(response_id, int(time.time()), self.model_name, prompts, request_ids, params.n,
-                              chat_format or ChatOutputFormat())
+        ctx = ResponseContext(
+            response_id,
+            int(time.time()),
+            self.model_name,
+            prompts,
+            request_ids,
+            params.n,
+            chat_format or ChatOutputFormat(),
+        )
         return stream, ctx
 
     # ---- tokenizer endpoints -------------------------------------------------------------------------------
@@ -178,14 +202,16 @@ class OpenAIServing:
             raise bad_request("prompt, messages: give exactly one of them", "prompt")
         if body.messages is not None:
             size = messages_size(body.messages)
-            prompt = await self.off_loop(size, render_chat, self.tokenizer, body.messages, self.rules,
-                                         body.add_generation_prompt)
+            prompt = await self.off_loop(
+                size, render_chat, self.tokenizer, body.messages, self.rules, body.add_generation_prompt
+            )
             token_ids = prompt.token_ids
         elif self.tokenizer is None:
             raise bad_request("prompt: this model directory has no tokenizer", "prompt")
         else:
-            token_ids = await self.off_loop(len(body.prompt or ""), encode, self.tokenizer, body.prompt or "",
-                                            "prompt", body.add_special_tokens)
+            token_ids = await self.off_loop(
+                len(body.prompt or ""), encode, self.tokenizer, body.prompt or "", "prompt", body.add_special_tokens
+            )
         return TokenizeResponse(count=len(token_ids), max_model_len=self.max_model_len, tokens=token_ids)
 
     async def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
@@ -194,8 +220,9 @@ class OpenAIServing:
             raise bad_request("tokens: this model directory has no tokenizer", "tokens")
         bad = [t for t in body.tokens if not 0 <= t < self.tokenizer.vocab_size]
         if bad:
-            raise bad_request(f"tokens: {bad[:5]} are not token ids of this model "
-                              f"(0 <= id < {self.tokenizer.vocab_size})", "tokens")
+            raise bad_request(
+                f"tokens: {bad[:5]} are not token ids of this model (0 <= id < {self.tokenizer.vocab_size})", "tokens"
+            )
         text = await self.off_loop(len(body.tokens), self.tokenizer.decode, body.tokens, False)
         return DetokenizeResponse(prompt=text)
 

@@ -19,8 +19,9 @@ from diffuserve.structured_outputs import StructuredOutputsParams
 THINK_END = "</think>"
 
 
-def structured_outputs(request: SamplingFields, tool_grammar: str | None = None,
-                       thinking: bool = False) -> StructuredOutputsParams | None:
+def structured_outputs(
+    request: SamplingFields, tool_grammar: str | None = None, thinking: bool = False
+) -> StructuredOutputsParams | None:
     """The request's grammar; `tool_grammar`: the Lark grammar its tool choice forces (if any); `thinking`: the
     chat template thinks, so the grammar starts after THINK_END."""
     given = _given(request)
@@ -46,16 +47,22 @@ def _given(request: SamplingFields) -> list[tuple[str, dict[str, Any]]]:
         given.append(("response_format", {"json_object": True}))
     elif fmt is not None and fmt.type == "json_schema":
         if fmt.json_schema is None:
-            raise bad_request("response_format: type json_schema needs a `json_schema` object "
-                              "({\"name\": ..., \"schema\": {...}})", "response_format")
+            raise bad_request(
+                'response_format: type json_schema needs a `json_schema` object ({"name": ..., "schema": {...}})',
+                "response_format",
+            )
         schema = fmt.json_schema.schema_
         given.append(("response_format", {"json": schema} if schema is not None else {"json_object": True}))
     so = request.structured_outputs
     if so is not None:
         fields = {"json": so.json_, "regex": so.regex, "choice": so.choice, "grammar": so.grammar}
         given.append(("structured_outputs", {k: v for k, v in fields.items() if v is not None}))
-    for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
-                      ("guided_grammar", "grammar")):
+    for name, key in (
+        ("guided_json", "json"),
+        ("guided_regex", "regex"),
+        ("guided_choice", "choice"),
+        ("guided_grammar", "grammar"),
+    ):
         value = getattr(request, name)
         if value is not None:
             given.append((name, {key: value}))

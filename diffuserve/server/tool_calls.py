@@ -16,14 +16,19 @@ def check_messages(messages: list[ChatMessage]) -> None:
     """400 for tool messages without the call they answer, and null content where text is required."""
     for i, m in enumerate(messages):
         if m.role == "tool" and not m.tool_call_id:
-            raise bad_request(f"messages[{i}].tool_call_id: a tool message needs the id of the call it answers",
-                              f"messages[{i}].tool_call_id")
+            raise bad_request(
+                f"messages[{i}].tool_call_id: a tool message needs the id of the call it answers",
+                f"messages[{i}].tool_call_id",
+            )
         if m.content is None and not (m.role == "assistant" and m.tool_calls):
-            raise bad_request(f"messages[{i}].content: null is only allowed in an assistant message with "
-                              "tool_calls", f"messages[{i}].content")
+            raise bad_request(
+                f"messages[{i}].content: null is only allowed in an assistant message with tool_calls",
+                f"messages[{i}].content",
+            )
         if m.tool_calls and m.role != "assistant":
-            raise bad_request(f"messages[{i}].tool_calls: only assistant messages carry tool calls",
-                              f"messages[{i}].tool_calls")
+            raise bad_request(
+                f"messages[{i}].tool_calls: only assistant messages carry tool calls", f"messages[{i}].tool_calls"
+            )
 
 
 def tool_call_grammar(tools: list[Tool] | None, choice: str | NamedToolChoice | None, parallel: bool) -> str | None:
@@ -38,8 +43,9 @@ def tool_call_grammar(tools: list[Tool] | None, choice: str | NamedToolChoice | 
         chosen = [t for t in tools if t.function.name == choice.function.name]
         if not chosen:
             names = [t.function.name for t in tools]
-            raise bad_request(f"tool_choice: function {choice.function.name!r} is not among tools {names}",
-                              "tool_choice")
+            raise bad_request(
+                f"tool_choice: function {choice.function.name!r} is not among tools {names}", "tool_choice"
+            )
     return call_grammar([t.model_dump(exclude_none=True) for t in chosen], parallel)
 
 

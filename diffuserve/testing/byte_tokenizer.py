@@ -25,7 +25,9 @@ def special_token_ids(special_tokens: tuple[str, ...] = SPECIAL_TOKENS) -> dict[
 
 
 def write_byte_tokenizer(
-    out_dir: str | Path, vocab_size: int, special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
+    out_dir: str | Path,
+    vocab_size: int,
+    special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
     tokenizer_config: dict | None = None,
 ) -> dict[str, int]:
     """Writes the tokenizer files; returns the special token ids by name. `tokenizer_config` replaces fields

@@ -77,8 +77,9 @@ class ForwardRecorder:
             self.forwards.append(RecordedForward(context, output[rows].detach().float().clone()))
 
 
-def check_cached_logits(llm: LLM, reference: ReferenceModel, prompts: list[list[int]],
-                        params: list[SamplingParams]) -> CacheCheck:
+def check_cached_logits(
+    llm: LLM, reference: ReferenceModel, prompts: list[list[int]], params: list[SamplingParams]
+) -> CacheCheck:
     """Generates the prompts (one batch) on the engine, recording its forwards; recomputes each on `reference`'s
     model (the same checkpoint, loaded on its own). The engine must not hit its prefix cache on pages written
     before this call (a fresh engine, or prefix caching off)."""

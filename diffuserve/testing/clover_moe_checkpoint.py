@@ -24,18 +24,46 @@ from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
 
 CLOVER_MOE_PRESETS: dict[str, dict[str, Any]] = {
     "clover-moe-bench": dict(
-        hidden_size=512, num_hidden_layers=8, full_attention_interval=4, num_attention_heads=8,
-        num_key_value_heads=2, head_dim=64, partial_rotary_factor=0.25, linear_num_key_heads=4,
-        linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4,
-        num_experts=16, num_experts_per_tok=2, moe_intermediate_size=256, shared_expert_intermediate_size=256,
-        vocab_size=8192, block_length=32, max_position_embeddings=4096,
+        hidden_size=512,
+        num_hidden_layers=8,
+        full_attention_interval=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        partial_rotary_factor=0.25,
+        linear_num_key_heads=4,
+        linear_num_value_heads=8,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        linear_conv_kernel_dim=4,
+        num_experts=16,
+        num_experts_per_tok=2,
+        moe_intermediate_size=256,
+        shared_expert_intermediate_size=256,
+        vocab_size=8192,
+        block_length=32,
+        max_position_embeddings=4096,
     ),
     "clover-moe-tiny": dict(
-        hidden_size=64, num_hidden_layers=4, full_attention_interval=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, partial_rotary_factor=0.25, linear_num_key_heads=2,
-        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
-        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
-        vocab_size=320, block_length=4, max_position_embeddings=1024,
+        hidden_size=64,
+        num_hidden_layers=4,
+        full_attention_interval=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        partial_rotary_factor=0.25,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        vocab_size=320,
+        block_length=4,
+        max_position_embeddings=1024,
     ),
 }
 
@@ -45,15 +73,27 @@ def make_clover_moe_config(preset: str = "clover-moe-tiny", **overrides: Any) ->
     if preset not in CLOVER_MOE_PRESETS:
         raise ValueError(f"preset: {preset!r} is unknown; available: {', '.join(CLOVER_MOE_PRESETS)}")
     config: dict[str, Any] = dict(
-        architectures=["CloverMoeModelLM"], model_type="clover_moe", rms_norm_eps=1e-6, rope_theta=10000.0,
-        tie_word_embeddings=False, attention_bias=False, torch_dtype="float32",
+        architectures=["CloverMoeModelLM"],
+        model_type="clover_moe",
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        torch_dtype="float32",
     )
     return {**config, **CLOVER_MOE_PRESETS[preset], **overrides}
 
 
 def write_clover_moe_checkpoint(
-    out_dir: str | Path, config: dict, seed: int = 0, init_std: float = 0.02, logit_scale: float = 1.0,
-    diffusion: bool = True, per_expert: bool = False, prefix: str = "model.", max_shard_bytes: int | None = None,
+    out_dir: str | Path,
+    config: dict,
+    seed: int = 0,
+    init_std: float = 0.02,
+    logit_scale: float = 1.0,
+    diffusion: bool = True,
+    per_expert: bool = False,
+    prefix: str = "model.",
+    max_shard_bytes: int | None = None,
 ) -> Path:
     """Writes a checkpoint directory with seeded random weights (see `random_state`). Returns the directory."""
     out = Path(out_dir)

@@ -30,13 +30,37 @@ CHAT_TEMPLATE = (
 # LLaDA2.0-mini's config.json (models.md §1.1) shrunk: 3 layers (layer 0 dense), 8 experts in 4 groups, top-2
 # from the 2 best groups, one shared expert, head_dim 16 of which the first 8 dims rotate.
 TINY: dict[str, Any] = dict(
-    architectures=["LLaDA2MoeModelLM"], model_type="llada2_moe", hidden_size=64, num_hidden_layers=3,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96, moe_intermediate_size=32,
-    num_experts=8, num_experts_per_tok=2, num_shared_experts=1, n_group=4, topk_group=2,
-    routed_scaling_factor=2.5, first_k_dense_replace=1, vocab_size=320, max_position_embeddings=1024,
-    rope_theta=600000.0, partial_rotary_factor=0.5, rotary_dim=8, rms_norm_eps=1e-6,
-    use_qk_norm=True, use_qkv_bias=False, use_bias=False, tie_word_embeddings=False, torch_dtype="float32",
-    norm_topk_prob=True, score_function="sigmoid", router_dtype="fp32", moe_router_enable_expert_bias=True,
+    architectures=["LLaDA2MoeModelLM"],
+    model_type="llada2_moe",
+    hidden_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_experts=8,
+    num_experts_per_tok=2,
+    num_shared_experts=1,
+    n_group=4,
+    topk_group=2,
+    routed_scaling_factor=2.5,
+    first_k_dense_replace=1,
+    vocab_size=320,
+    max_position_embeddings=1024,
+    rope_theta=600000.0,
+    partial_rotary_factor=0.5,
+    rotary_dim=8,
+    rms_norm_eps=1e-6,
+    use_qk_norm=True,
+    use_qkv_bias=False,
+    use_bias=False,
+    tie_word_embeddings=False,
+    torch_dtype="float32",
+    norm_topk_prob=True,
+    score_function="sigmoid",
+    router_dtype="fp32",
+    moe_router_enable_expert_bias=True,
 )
 
 
@@ -48,8 +72,13 @@ def write_llada2_tokenizer(out_dir: str | Path, vocab_size: int) -> dict[str, in
 
 
 def write_llada2_checkpoint(
-    out_dir: str | Path, config: dict | None = None, seed: int = 0, init_std: float = 0.02,
-    logit_scale: float = 1.0, max_shard_bytes: int | None = None, generation: dict | None = None,
+    out_dir: str | Path,
+    config: dict | None = None,
+    seed: int = 0,
+    init_std: float = 0.02,
+    logit_scale: float = 1.0,
+    max_shard_bytes: int | None = None,
+    generation: dict | None = None,
 ) -> Path:
     """Writes a LLaDA2 directory (default shape: `TINY`); generation_config.json only if `generation` is
     given. Weights as `write_random_weights`. Returns the directory."""
@@ -59,8 +88,9 @@ def write_llada2_checkpoint(
     specials = write_llada2_tokenizer(out, config["vocab_size"])
     config.setdefault("pad_token_id", specials["<|endoftext|>"])
     args = LLADA2.parse_args({"mask_token_id": specials["<|mask|>"], **config}, {})
-    write_random_weights(out, LLADA2, args, DTYPES[config["torch_dtype"]], seed, init_std, logit_scale,
-                         max_shard_bytes=max_shard_bytes)
+    write_random_weights(
+        out, LLADA2, args, DTYPES[config["torch_dtype"]], seed, init_std, logit_scale, max_shard_bytes=max_shard_bytes
+    )
     (out / "config.json").write_text(json.dumps(config, indent=2))
     if generation is not None:
         (out / "generation_config.json").write_text(json.dumps(generation, indent=2))

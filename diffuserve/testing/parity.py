@@ -24,8 +24,9 @@ class ParityRun:
     """One line per request that differs from the reference (empty: parity)."""
 
 
-def check_parity(llm: LLM, reference: ReferenceModel, prompts: list[list[int]],
-                 params: list[SamplingParams]) -> ParityRun:
+def check_parity(
+    llm: LLM, reference: ReferenceModel, prompts: list[list[int]], params: list[SamplingParams]
+) -> ParityRun:
     """Generates every prompt in one batch on the engine and alone on the reference, greedy or seeded (n = 1: the
     engine seeds a request's generator with its seed, and so does this for the reference's)."""
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
@@ -37,8 +38,9 @@ def check_parity(llm: LLM, reference: ReferenceModel, prompts: list[list[int]],
         if got != expected.token_ids:
             mismatches.append(f"prompt length {len(prompt)}: tokens {got} != reference {expected.token_ids}")
         elif out.num_forwards != expected.forwards_to_answer:
-            mismatches.append(f"prompt length {len(prompt)}: {out.num_forwards} forwards != reference "
-                              f"{expected.forwards_to_answer}")
+            mismatches.append(
+                f"prompt length {len(prompt)}: {out.num_forwards} forwards != reference {expected.forwards_to_answer}"
+            )
         tokens.append(got)
         references.append(expected)
     return ParityRun(tokens, references, mismatches)

@@ -25,14 +25,32 @@ logger = logging.getLogger(__name__)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "sdar-moe-bench": dict(
-        hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
-        num_experts=16, num_experts_per_tok=2, moe_intermediate_size=256, intermediate_size=1024,
-        vocab_size=8192, block_length=32, max_position_embeddings=4096,
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_experts=16,
+        num_experts_per_tok=2,
+        moe_intermediate_size=256,
+        intermediate_size=1024,
+        vocab_size=8192,
+        block_length=32,
+        max_position_embeddings=4096,
     ),
     "sdar-moe-tiny": dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=128,
-        vocab_size=320, block_length=4, max_position_embeddings=1024,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        intermediate_size=128,
+        vocab_size=320,
+        block_length=4,
+        max_position_embeddings=1024,
     ),
 }
 
@@ -44,8 +62,9 @@ DEPRECATED_PRESETS = {"clover-bench": "sdar-moe-bench", "clover-tiny": "sdar-moe
 def resolve_preset(preset: str) -> str:
     """The current name of a preset (an old name logs a one-line deprecation notice); unknown names are an error."""
     if preset in DEPRECATED_PRESETS:
-        logger.warning("preset: %r is deprecated (it is SDAR-MoE shaped, not Clover); use %r", preset,
-                       DEPRECATED_PRESETS[preset])
+        logger.warning(
+            "preset: %r is deprecated (it is SDAR-MoE shaped, not Clover); use %r", preset, DEPRECATED_PRESETS[preset]
+        )
         return DEPRECATED_PRESETS[preset]
     if preset not in PRESETS:
         raise ValueError(f"preset: {preset!r} is unknown; available: {', '.join(PRESETS)}")
@@ -57,9 +76,14 @@ def make_config(preset: str = "sdar-moe-tiny", architecture: str | None = None, 
     `SDARMoeForCausalLM` (model_type `sdar_moe`), or `SDARForCausalLM` (`sdar`) when the overrides leave no experts."""
     preset = resolve_preset(preset)
     config: dict[str, Any] = dict(
-        rms_norm_eps=1e-6, rope_theta=10000.0,
-        norm_topk_prob=True, tie_word_embeddings=False, attention_bias=False, torch_dtype="float32",
-        decoder_sparse_step=1, mlp_only_layers=[],
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        torch_dtype="float32",
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
     )
     config.update(PRESETS[preset])
     config.update(overrides)
@@ -68,8 +92,14 @@ def make_config(preset: str = "sdar-moe-tiny", architecture: str | None = None, 
 
 
 def write_random_checkpoint(
-    out_dir: str | Path, config: dict, seed: int = 0, init_std: float = 0.02, logit_scale: float = 1.0,
-    per_expert: bool = True, max_shard_bytes: int | None = None, generation: dict | None = None,
+    out_dir: str | Path,
+    config: dict,
+    seed: int = 0,
+    init_std: float = 0.02,
+    logit_scale: float = 1.0,
+    per_expert: bool = True,
+    max_shard_bytes: int | None = None,
+    generation: dict | None = None,
 ) -> Path:
     """Writes config, seeded random weights (normal(0, init_std); LM head scaled by `logit_scale` so that
     confidences spread out), tokenizer and generation_config. Returns the directory."""
@@ -78,8 +108,17 @@ def write_random_checkpoint(
     specials = write_byte_tokenizer(out, config["vocab_size"])
     config = {"mask_token_id": specials["<|MASK|>"], "eos_token_id": specials["<|endoftext|>"], **config}
     family = family_for(config)
-    write_random_weights(out, family, family.parse_args(config, {}), _dtype(config), seed, init_std, logit_scale,
-                         per_expert, max_shard_bytes)
+    write_random_weights(
+        out,
+        family,
+        family.parse_args(config, {}),
+        _dtype(config),
+        seed,
+        init_std,
+        logit_scale,
+        per_expert,
+        max_shard_bytes,
+    )
     (out / "config.json").write_text(json.dumps(config, indent=2))
     gen = {"eos_token_id": [specials["<|im_end|>"], specials["<|endoftext|>"]], **(generation or {})}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
@@ -87,8 +126,15 @@ def write_random_checkpoint(
 
 
 def write_random_weights(
-    out: Path, family: ModelFamily, args: ModelArgs, dtype: torch.dtype, seed: int = 0, init_std: float = 0.02,
-    logit_scale: float = 1.0, per_expert: bool = True, max_shard_bytes: int | None = None,
+    out: Path,
+    family: ModelFamily,
+    args: ModelArgs,
+    dtype: torch.dtype,
+    seed: int = 0,
+    init_std: float = 0.02,
+    logit_scale: float = 1.0,
+    per_expert: bool = True,
+    max_shard_bytes: int | None = None,
 ) -> None:
     """Writes the family's seeded random weights under their Hub names (sharded past `max_shard_bytes`): every
     tensor normal(0, init_std), norm weights 1 + that, the LM head times `logit_scale`."""
@@ -107,7 +153,11 @@ def write_random_weights(
 
 
 def save_weights(
-    out: Path, family: ModelFamily, args: ModelArgs, state: dict[str, torch.Tensor], per_expert: bool = True,
+    out: Path,
+    family: ModelFamily,
+    args: ModelArgs,
+    state: dict[str, torch.Tensor],
+    per_expert: bool = True,
     max_shard_bytes: int | None = None,
 ) -> None:
     """Writes a model's state dict as safetensors under the family's Hub names (sharded past `max_shard_bytes`)."""

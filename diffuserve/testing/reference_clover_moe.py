@@ -31,8 +31,9 @@ class ReferenceSettings:
     eos_token_ids: tuple[int, ...] = ()
 
 
-def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+def _pick(
+    logits: torch.Tensor, temperature: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [M, V] fp32 -> (tokens [M], confidences [M])."""
     probs = torch.softmax(logits if temperature == 0 else logits / temperature, dim=-1)
     if temperature == 0:
@@ -63,8 +64,12 @@ def _truncate(generated: list[int], settings: ReferenceSettings) -> list[int]:
     return generated
 
 
-def reference_block_decode(model: CloverMoeForBlockDiffusion, prompt: list[int], settings: ReferenceSettings,
-                           generator: torch.Generator | None = None) -> list[int]:
+def reference_block_decode(
+    model: CloverMoeForBlockDiffusion,
+    prompt: list[int],
+    settings: ReferenceSettings,
+    generator: torch.Generator | None = None,
+) -> list[int]:
     """-> the generated token ids (prompt excluded), up to and including the first EOS."""
     length, mask_id = model.args.block_length, model.args.mask_token_id
     seq = list(prompt)
@@ -81,14 +86,18 @@ def reference_block_decode(model: CloverMoeForBlockDiffusion, prompt: list[int],
             accept[conf.argmax()] = True  # top-1 fallback: every step accepts at least one position
             block = [int(t) if a else b for t, a, b in zip(tokens, accept, block)]
         seq = seq[:start] + block
-        if any(t in settings.eos_token_ids for t in seq[len(prompt):]):
+        if any(t in settings.eos_token_ids for t in seq[len(prompt) :]):
             break
-    return _truncate(seq[len(prompt):], settings)
+    return _truncate(seq[len(prompt) :], settings)
 
 
 @torch.no_grad()
-def reference_ar_decode(model: CloverMoeForBlockDiffusion, prompt: list[int], settings: ReferenceSettings,
-                        generator: torch.Generator | None = None) -> list[int]:
+def reference_ar_decode(
+    model: CloverMoeForBlockDiffusion,
+    prompt: list[int],
+    settings: ReferenceSettings,
+    generator: torch.Generator | None = None,
+) -> list[int]:
     """Next-token decoding through the causal trunk, recomputing the whole sequence for every token."""
     seq = list(prompt)
     while len(seq) - len(prompt) < settings.max_new_tokens:
@@ -97,4 +106,4 @@ def reference_ar_decode(model: CloverMoeForBlockDiffusion, prompt: list[int], se
         seq.append(int(token))
         if seq[-1] in settings.eos_token_ids:
             break
-    return seq[len(prompt):]
+    return seq[len(prompt) :]

@@ -82,8 +82,15 @@ def reference_generate(
     return ReferenceResult(answer, steps_per_block, to_answer, seq.edits)
 
 
-def _decode_block(ref: ReferenceModel, seq: _Sequence, start: int, mask: torch.Tensor, params: SamplingParams,
-                  stop_ids: frozenset[int], generator: torch.Generator | None) -> int:
+def _decode_block(
+    ref: ReferenceModel,
+    seq: _Sequence,
+    start: int,
+    mask: torch.Tensor,
+    params: SamplingParams,
+    stop_ids: frozenset[int],
+    generator: torch.Generator | None,
+) -> int:
     """Denoises seq.tokens[start : start + B] in place; returns its steps. Steps run while masks remain, then
     (decoder=edit) up to the post-edit budget more, the block ending after a step that changed nothing."""
     block, end = ref.block_length, start + ref.block_length
@@ -125,8 +132,9 @@ def _logits(ref: ReferenceModel, tokens: list[int], mask: torch.Tensor, rows: li
     return ref.model.compute_logits(hidden[0, rows])
 
 
-def _suppress_early_stops(logits: torch.Tensor, generated_index: list[int], min_tokens: int,
-                          stop_ids: frozenset[int]) -> None:
+def _suppress_early_stops(
+    logits: torch.Tensor, generated_index: list[int], min_tokens: int, stop_ids: frozenset[int]
+) -> None:
     """min_tokens: in rows of generated positions below min_tokens, no stop id can be proposed."""
     for row, g in enumerate(generated_index):
         if g < min_tokens:

@@ -27,8 +27,9 @@ class BlockProposal:
     """block index -> entropy (nats) of the position's distribution."""
 
 
-def propose(logits: torch.Tensor, read: list[int], block: int, params: SamplingParams,
-            generator: torch.Generator | None) -> BlockProposal:
+def propose(
+    logits: torch.Tensor, read: list[int], block: int, params: SamplingParams, generator: torch.Generator | None
+) -> BlockProposal:
     """logits [M, V] fp32 at block indices `read` [M]. Greedy: the argmax and its softmax probability.
     Sampled: logits / temperature, top-k, top-p, then one draw per row from the renormalised distribution."""
     if is_greedy(params):
@@ -101,8 +102,14 @@ def entropy_positions(proposal: BlockProposal, masked: list[int], bound: float) 
     return accepted
 
 
-def positions_to_write(proposal: BlockProposal, canvas: list[int], masked: list[int], first_generated: int,
-                       step: int, params: SamplingParams) -> list[int]:
+def positions_to_write(
+    proposal: BlockProposal,
+    canvas: list[int],
+    masked: list[int],
+    first_generated: int,
+    step: int,
+    params: SamplingParams,
+) -> list[int]:
     """Block indices whose proposed token is written at this step, by params.decoder (already resolved)."""
     block = len(canvas)
     count = schedule_count(block, params.steps or block, step)
@@ -117,6 +124,9 @@ def positions_to_write(proposal: BlockProposal, canvas: list[int], masked: list[
     if params.decoder == "threshold":
         return fill
     # edit: also rewrite accepted generated tokens whose new proposal differs and is confident enough.
-    edits = [i for i in range(first_generated, block) if i not in masked and proposal.tokens[i] != canvas[i]
-             and bool(proposal.confidence[i] > params.edit_threshold)]
+    edits = [
+        i
+        for i in range(first_generated, block)
+        if i not in masked and proposal.tokens[i] != canvas[i] and bool(proposal.confidence[i] > params.edit_threshold)
+    ]
     return sorted(set(fill) | set(edits))

@@ -22,7 +22,11 @@ from diffuserve.model.loader import load_args, load_model, read_model_config
 from diffuserve.sampling_params import SamplingParams
 
 BUILTIN_DEFAULTS: dict[str, Any] = {
-    "temperature": 0.0, "decoder": "threshold", "threshold": 0.9, "entropy_bound": 0.35, "edit_threshold": 0.5,
+    "temperature": 0.0,
+    "decoder": "threshold",
+    "threshold": 0.9,
+    "entropy_bound": 0.35,
+    "edit_threshold": 0.5,
     "max_post_edit_steps": 16,
 }
 """Documented defaults of the decoding knobs (`steps` unset means block_length steps: one token a step)."""
@@ -77,8 +81,11 @@ def post_edit_budget(params: SamplingParams) -> int:
 
 
 def load_reference(
-    model_dir: str | Path, model: nn.Module | None = None, block_length: int | None = None,
-    max_model_len: int | None = None, dtype: str = "auto",
+    model_dir: str | Path,
+    model: nn.Module | None = None,
+    block_length: int | None = None,
+    max_model_len: int | None = None,
+    dtype: str = "auto",
 ) -> ReferenceModel:
     """The reference for a model directory: loads its own copy of the model (or drives `model`, e.g. the
     transformers one of `bench compare`). `block_length` / `max_model_len` as the engine was configured."""
@@ -92,5 +99,6 @@ def load_reference(
     from_file = {k: generation[k] for k in KNOBS if generation.get(k) is not None}
     defaults = {**BUILTIN_DEFAULTS, **FAMILY_DEFAULTS.get(architecture, {}), **from_file}
     limit = max_model_len or min(args.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
-    return ReferenceModel(model.eval(), block_length or args.block_length, args.mask_token_id,
-                          tuple(args.eos_token_ids), limit, defaults)
+    return ReferenceModel(
+        model.eval(), block_length or args.block_length, args.mask_token_id, tuple(args.eos_token_ids), limit, defaults
+    )

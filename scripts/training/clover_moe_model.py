@@ -19,11 +19,25 @@ from diffuserve.model.config import ModelArgs
 from .diffusion_batch import END_OF_TEXT, MASK
 
 CLOVER_MOE_SHAPE: dict[str, Any] = dict(
-    hidden_size=128, num_hidden_layers=4, full_attention_interval=4, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=32, partial_rotary_factor=0.5, linear_num_key_heads=2, linear_num_value_heads=4,
-    linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4, num_experts=8,
-    num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=128, vocab_size=272,
-    block_length=4, max_position_embeddings=1024,
+    hidden_size=128,
+    num_hidden_layers=4,
+    full_attention_interval=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    partial_rotary_factor=0.5,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=32,
+    linear_value_head_dim=32,
+    linear_conv_kernel_dim=4,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=128,
+    shared_expert_intermediate_size=128,
+    vocab_size=272,
+    block_length=4,
+    max_position_embeddings=1024,
 )
 """Layers 0-2 GDN, layer 3 gated attention (`full_attention_interval` 4, as the published model); a byte-level
 vocabulary (256 bytes, 4 specials, filler to a multiple of 16)."""
@@ -38,9 +52,17 @@ logit starts as PREVIEW_SHARPNESS * cos(q, k)."""
 def clover_moe_config(shape: dict[str, Any]) -> dict[str, Any]:
     """The config.json of a clover_moe model with this shape and the byte tokenizer's special ids."""
     return {
-        "architectures": ["CloverMoeModelLM"], "model_type": "clover_moe", "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0, "tie_word_embeddings": False, "attention_bias": False, "torch_dtype": "float32",
-        "diffusion_prediction_shift": True, "mask_token_id": MASK, "eos_token_id": END_OF_TEXT, **shape,
+        "architectures": ["CloverMoeModelLM"],
+        "model_type": "clover_moe",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "torch_dtype": "float32",
+        "diffusion_prediction_shift": True,
+        "mask_token_id": MASK,
+        "eos_token_id": END_OF_TEXT,
+        **shape,
     }
 
 
@@ -55,7 +77,7 @@ def _special_value(name: str, param: torch.Tensor, args: ModelArgs, generator: t
     if name.endswith("bd_softmax_history_c"):
         return torch.ones(param.shape)  # history weighted by the row's own decay exp(g)
     if name.endswith("bd_softmax_logit_scale"):
-        return torch.full(param.shape, PREVIEW_SHARPNESS * args.extra["hybrid"].gdn.key_head_dim**0.5)
+        return torch.full(param.shape, PREVIEW_SHARPNESS * args.extra["hybrid"].gdn.key_head_dim ** 0.5)
     if name.endswith("A_log"):
         return torch.empty(param.shape).uniform_(1.0, 16.0, generator=generator).log()
     if name.endswith("dt_bias"):

@@ -38,7 +38,13 @@ CLEAN, PAD = 0, -1
 def encode_prompt(user_message: str) -> list[int]:
     """The ChatML prompt of one user turn, as the byte tokenizer encodes the rendered chat template."""
     return [
-        IM_START, *b"user\n", *user_message.encode(), IM_END, *b"\n", IM_START, *b"assistant\n",
+        IM_START,
+        *b"user\n",
+        *user_message.encode(),
+        IM_END,
+        *b"\n",
+        IM_START,
+        *b"assistant\n",
     ]
 
 

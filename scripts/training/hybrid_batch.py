@@ -49,8 +49,10 @@ def build_hybrid_batch(
     noisy, rows, blocks, targets = [], [], [], []
     for row, (ids, num_prompt) in enumerate(encoded):
         if num_prompt < block_length:
-            raise ValueError(f"prompt: {num_prompt} tokens; the first block must be prompt only "
-                             f"(at least {block_length} tokens) so every noisy block has a clean prefix")
+            raise ValueError(
+                f"prompt: {num_prompt} tokens; the first block must be prompt only "
+                f"(at least {block_length} tokens) so every noisy block has a clean prefix"
+            )
         clean[row, : len(ids)] = torch.tensor(ids)
         for _ in range(num_copies):
             copy_ids, positions, copy_targets = noise_answer_blocks(ids, num_prompt, block_length, generator)

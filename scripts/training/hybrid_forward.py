@@ -31,8 +31,9 @@ def prediction_shift(model: CloverMoeForBlockDiffusion) -> bool:
     return hybrid_args(model.args).prediction_shift
 
 
-def _gdn(layer: GatedDeltaNet, clean: torch.Tensor, noisy: torch.Tensor, batch: HybridBatch, block: int
-         ) -> tuple[torch.Tensor, torch.Tensor]:
+def _gdn(
+    layer: GatedDeltaNet, clean: torch.Tensor, noisy: torch.Tensor, batch: HybridBatch, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """clean [B, L, H], noisy [M, T, H] (normed inputs) -> the GDN outputs of both streams."""
     taps = layer.gdn.conv_kernel - 1
     mixed = layer.in_proj_qkv(clean).transpose(1, 2)  # [B, C, L]
@@ -48,16 +49,27 @@ def _gdn(layer: GatedDeltaNet, clean: torch.Tensor, noisy: torch.Tensor, batch: 
     noisy_mixed = layer.in_proj_qkv(noisy).transpose(1, 2)
     # gdn_preview.block_conv's maths: causal taps over [ring | block], right taps over the block's next positions.
     ahead = F.pad(noisy_mixed, (0, taps))[..., 1:]
-    noisy_conv = F.silu(depthwise_conv(torch.cat([rings, noisy_mixed], dim=-1), layer.conv1d.weight[:, 0])
-                        + depthwise_conv(ahead, layer.conv_right_weight))
+    noisy_conv = F.silu(
+        depthwise_conv(torch.cat([rings, noisy_mixed], dim=-1), layer.conv1d.weight[:, 0])
+        + depthwise_conv(ahead, layer.conv_right_weight)
+    )
     q, k, v, g, _ = layer._heads(noisy, noisy_conv.transpose(1, 2))
-    o = preview_mix(q, k, v, g, block_states, layer.bd_softmax_logit_scale, layer.bd_softmax_history_bias,
-                    layer.bd_softmax_history_c)
+    o = preview_mix(
+        q,
+        k,
+        v,
+        g,
+        block_states,
+        layer.bd_softmax_logit_scale,
+        layer.bd_softmax_history_bias,
+        layer.bd_softmax_history_c,
+    )
     return clean_out, layer._output(noisy, o)
 
 
-def _attention(layer: GatedAttention, clean: torch.Tensor, noisy: torch.Tensor, batch: HybridBatch, block: int
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def _attention(
+    layer: GatedAttention, clean: torch.Tensor, noisy: torch.Tensor, batch: HybridBatch, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Clean: causal. Noisy block at block b: the clean row's K/V before b * T, then its own T positions."""
     length = clean.shape[1]
     positions = torch.arange(length)
@@ -73,8 +85,9 @@ def _attention(layer: GatedAttention, clean: torch.Tensor, noisy: torch.Tensor, 
     return clean_out, layer.o_proj(out * torch.sigmoid(gate))
 
 
-def _layer(layer: HybridDecoderLayer, clean: torch.Tensor, noisy: torch.Tensor, batch: HybridBatch, block: int
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+def _layer(
+    layer: HybridDecoderLayer, clean: torch.Tensor, noisy: torch.Tensor, batch: HybridBatch, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """HybridDecoderLayer.forward for both streams; the MoE runs once over all their tokens."""
     normed_clean, normed_noisy = layer.input_layernorm(clean), layer.input_layernorm(noisy)
     mix = _gdn if layer.is_gdn else _attention
@@ -86,8 +99,7 @@ def _layer(layer: HybridDecoderLayer, clean: torch.Tensor, noisy: torch.Tensor, 
     return out[:num_clean].view_as(clean), out[num_clean:].view_as(noisy)
 
 
-def hybrid_training_forward(model: CloverMoeForBlockDiffusion, batch: HybridBatch
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
+def hybrid_training_forward(model: CloverMoeForBlockDiffusion, batch: HybridBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (clean hidden [B, L, H], noisy hidden [M, T, H]), both before the final norm (as forward_causal's)."""
     block = model.args.block_length
     clean, noisy = model.model.embed_tokens(batch.clean_ids), model.model.embed_tokens(batch.noisy_ids)
@@ -96,8 +108,9 @@ def hybrid_training_forward(model: CloverMoeForBlockDiffusion, batch: HybridBatc
     return clean, noisy
 
 
-def predicting_rows(model: CloverMoeForBlockDiffusion, clean_hidden: torch.Tensor, noisy_hidden: torch.Tensor,
-                    batch: HybridBatch) -> torch.Tensor:
+def predicting_rows(
+    model: CloverMoeForBlockDiffusion, clean_hidden: torch.Tensor, noisy_hidden: torch.Tensor, batch: HybridBatch
+) -> torch.Tensor:
     """-> [M, T, H]: the output row that predicts each noisy position. With the prediction shift, position p is
     read from row p - 1: the previewed row before it, or for a block's first position the clean trunk's row at
     the block start - 1 (the committed prefix's last row, as the engine reads it)."""

@@ -18,9 +18,18 @@ from diffuserve.model.registry import family_for
 from .diffusion_batch import END_OF_TEXT, MASK
 
 SDAR_SHAPE: dict[str, Any] = dict(
-    hidden_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, intermediate_size=256,
-    vocab_size=272, block_length=4, max_position_embeddings=1024,
+    hidden_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=128,
+    intermediate_size=256,
+    vocab_size=272,
+    block_length=4,
+    max_position_embeddings=1024,
 )
 """The default model before the tiny Clover: a byte-level vocabulary (256 bytes, 4 specials, filler to 272)."""
 
@@ -28,9 +37,19 @@ SDAR_SHAPE: dict[str, Any] = dict(
 def sdar_config(shape: dict[str, Any]) -> dict[str, Any]:
     """The config.json of an SDAR-MoE-shaped model with this shape and the byte tokenizer's special ids."""
     return dict(
-        architectures=["SDARMoeForCausalLM"], model_type="sdar_moe", rms_norm_eps=1e-6, rope_theta=10000.0,
-        norm_topk_prob=True, tie_word_embeddings=False, attention_bias=False, torch_dtype="float32",
-        decoder_sparse_step=1, mlp_only_layers=[], mask_token_id=MASK, eos_token_id=END_OF_TEXT, **shape,
+        architectures=["SDARMoeForCausalLM"],
+        model_type="sdar_moe",
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        torch_dtype="float32",
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        mask_token_id=MASK,
+        eos_token_id=END_OF_TEXT,
+        **shape,
     )
 
 

@@ -54,8 +54,14 @@ class TrainingFamily:
 
 FAMILIES: dict[str, TrainingFamily] = {
     # Hybrid: causal trunk over the clean conversation, noisy blocks previewed against its state (hybrid_forward).
-    "clover_moe": TrainingFamily(CLOVER_MOE_SHAPE, clover_moe_config, init_clover_moe, build_hybrid_batch,
-                                 hybrid_diffusion_loss, hybrid_masked_token_accuracy),
+    "clover_moe": TrainingFamily(
+        CLOVER_MOE_SHAPE,
+        clover_moe_config,
+        init_clover_moe,
+        build_hybrid_batch,
+        hybrid_diffusion_loss,
+        hybrid_masked_token_accuracy,
+    ),
     # Block-causal attention everywhere: one two-stream row per example (diffusion_batch).
     "sdar": TrainingFamily(SDAR_SHAPE, sdar_config, init_sdar, build_batch, diffusion_loss, masked_token_accuracy),
 }
@@ -120,9 +126,11 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[ModelAr
             model.eval()
             probe_accuracy = family.accuracy(model, probe)
             model.train()
-            log(f"step {step}/{cfg.steps}  loss {running / count:.4f}  balance {balance.item():.3f}  "
+            log(
+                f"step {step}/{cfg.steps}  loss {running / count:.4f}  balance {balance.item():.3f}  "
                 f"held-out masked-token acc {probe_accuracy:.3f}  lr {schedule.get_last_lr()[0]:.2e}  "
-                f"{time.perf_counter() - start:.0f}s")
+                f"{time.perf_counter() - start:.0f}s"
+            )
             running = 0.0
     return args, model.eval()
 

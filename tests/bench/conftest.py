@@ -28,6 +28,7 @@ def bench_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def run_bench(capsys) -> Callable[[list[str]], tuple[int, dict, str]]:
     """Runs `diffuserve bench ARGS`; returns (exit code, the final JSON line parsed, everything before it)."""
+
     def run(argv: list[str]) -> tuple[int, dict, str]:
         code = main(["bench", *argv])
         lines = capsys.readouterr().out.strip().splitlines()

@@ -8,90 +8,199 @@ from typing import Any
 NUMBER = {"type": "number"}
 OPT_NUMBER = {"type": ["number", "null"]}
 COUNT = {"type": "integer", "minimum": 0}
-DISTRIBUTION = {"type": "object", "required": ["mean", "p50", "p90", "p99", "max"],
-                "properties": {k: OPT_NUMBER for k in ("mean", "p50", "p90", "p99", "max")}}
+DISTRIBUTION = {
+    "type": "object",
+    "required": ["mean", "p50", "p90", "p99", "max"],
+    "properties": {k: OPT_NUMBER for k in ("mean", "p50", "p90", "p99", "max")},
+}
 
 ENVIRONMENT = {
-    "type": "object", "required": ["git", "hardware", "python", "load_average_start", "load_average_end"],
+    "type": "object",
+    "required": ["git", "hardware", "python", "load_average_start", "load_average_end"],
     "properties": {
-        "git": {"type": "object", "required": ["sha", "dirty"],
-                "properties": {"sha": {"type": ["string", "null"]}, "dirty": {"type": ["boolean", "null"]}}},
-        "hardware": {"type": "object", "required": ["device", "cpu", "logical_cpus", "memory_bytes"],
-                     "properties": {"memory_bytes": COUNT, "device": {"type": "string"}}},
+        "git": {
+            "type": "object",
+            "required": ["sha", "dirty"],
+            "properties": {"sha": {"type": ["string", "null"]}, "dirty": {"type": ["boolean", "null"]}},
+        },
+        "hardware": {
+            "type": "object",
+            "required": ["device", "cpu", "logical_cpus", "memory_bytes"],
+            "properties": {"memory_bytes": COUNT, "device": {"type": "string"}},
+        },
         "threads": COUNT,
     },
 }
-MACHINE = {"type": "object", "required": ["matmul_flops_per_s", "bandwidth_bytes_per_s", "dtype"],
-           "properties": {"matmul_flops_per_s": NUMBER, "bandwidth_bytes_per_s": NUMBER}}
-EXPERTS = {"type": ["object", "null"],
-           "required": ["num_experts", "experts_touched_per_step", "experts_touched_per_block", "load_imbalance"]}
+MACHINE = {
+    "type": "object",
+    "required": ["matmul_flops_per_s", "bandwidth_bytes_per_s", "dtype"],
+    "properties": {"matmul_flops_per_s": NUMBER, "bandwidth_bytes_per_s": NUMBER},
+}
+EXPERTS = {
+    "type": ["object", "null"],
+    "required": ["num_experts", "experts_touched_per_step", "experts_touched_per_block", "load_imbalance"],
+}
 RUN = {
     "type": "object",
-    "required": ["num_requests", "generated_tokens", "wall_s", "tokens_per_s", "decode_tokens_per_s", "nfe", "tpf",
-                 "num_steps", "latency", "efficiency", "experts"],
+    "required": [
+        "num_requests",
+        "generated_tokens",
+        "wall_s",
+        "tokens_per_s",
+        "decode_tokens_per_s",
+        "nfe",
+        "tpf",
+        "num_steps",
+        "latency",
+        "efficiency",
+        "experts",
+    ],
     "properties": {
-        "generated_tokens": COUNT, "nfe": COUNT, "tokens_per_s": NUMBER, "tpf": NUMBER,
-        "latency": {"type": "object", "required": ["ttft_s", "e2e_s", "tpot_s"],
-                    "properties": {k: DISTRIBUTION for k in ("ttft_s", "e2e_s", "tpot_s")}},
-        "efficiency": {"type": "object", "required": ["flops_per_s", "matmul_fraction", "bytes_per_s",
-                                                      "bandwidth_fraction", "overhead_fraction"]},
+        "generated_tokens": COUNT,
+        "nfe": COUNT,
+        "tokens_per_s": NUMBER,
+        "tpf": NUMBER,
+        "latency": {
+            "type": "object",
+            "required": ["ttft_s", "e2e_s", "tpot_s"],
+            "properties": {k: DISTRIBUTION for k in ("ttft_s", "e2e_s", "tpot_s")},
+        },
+        "efficiency": {
+            "type": "object",
+            "required": ["flops_per_s", "matmul_fraction", "bytes_per_s", "bandwidth_fraction", "overhead_fraction"],
+        },
         "experts": EXPERTS,
     },
 }
 CALIBRATION = {
     "type": "object",
-    "required": ["schema_version", "model_config", "weight_dtype", "kv_dtype", "hardware", "workload",
-                 "achieved_bandwidth_fraction", "achieved_flops_fraction", "step_overhead_s", "tpf",
-                 "experts_touched_per_block", "measured_decode_tokens_per_s"],
+    "required": [
+        "schema_version",
+        "model_config",
+        "weight_dtype",
+        "kv_dtype",
+        "hardware",
+        "workload",
+        "achieved_bandwidth_fraction",
+        "achieved_flops_fraction",
+        "step_overhead_s",
+        "tpf",
+        "experts_touched_per_block",
+        "measured_decode_tokens_per_s",
+    ],
     "properties": {"schema_version": {"enum": [1]}, "achieved_flops_fraction": NUMBER, "step_overhead_s": NUMBER},
 }
 _HEADER = ["bench", "environment", "model", "dtype", "workload"]
-_HEADER_PROPS = {"environment": ENVIRONMENT, "model": {"type": "object", "required": ["path", "name"]},
-                 "dtype": {"type": "string"}}
+_HEADER_PROPS = {
+    "environment": ENVIRONMENT,
+    "model": {"type": "object", "required": ["path", "name"]},
+    "dtype": {"type": "string"},
+}
 
 THROUGHPUT = {
-    "type": "object", "required": [*_HEADER, "machine", "results", "speedups", "peak_memory_bytes", "calibration"],
+    "type": "object",
+    "required": [*_HEADER, "machine", "results", "speedups", "peak_memory_bytes", "calibration"],
     "properties": {
-        **_HEADER_PROPS, "bench": {"enum": ["throughput"]}, "machine": MACHINE, "calibration": CALIBRATION,
-        "results": {"type": "array", "items": {**RUN, "required": [*RUN["required"], "block_length", "concurrency",
-                                                                   "mode"]}},
+        **_HEADER_PROPS,
+        "bench": {"enum": ["throughput"]},
+        "machine": MACHINE,
+        "calibration": CALIBRATION,
+        "results": {
+            "type": "array",
+            "items": {**RUN, "required": [*RUN["required"], "block_length", "concurrency", "mode"]},
+        },
         "speedups": {"type": "array", "items": {"type": "object", "required": ["block_length", "speedup"]}},
         "peak_memory_bytes": COUNT,
     },
 }
 LATENCY = {
-    "type": "object", "required": [*_HEADER, "machine", "batch_latency_s", "result", "peak_memory_bytes",
-                                   "calibration"],
-    "properties": {**_HEADER_PROPS, "bench": {"enum": ["latency"]}, "machine": MACHINE, "result": RUN,
-                   "batch_latency_s": DISTRIBUTION, "calibration": CALIBRATION, "peak_memory_bytes": COUNT},
-}
-VARIANT = {"type": "object", "required": ["generated_tokens", "wall_s", "tokens_per_s", "nfe", "tpf"],
-           "properties": {"generated_tokens": COUNT, "nfe": COUNT, "tokens_per_s": NUMBER}}
-COMPARE = {
-    "type": "object", "required": [*_HEADER, "results", "targets", "peak_memory_bytes"],
+    "type": "object",
+    "required": [*_HEADER, "machine", "batch_latency_s", "result", "peak_memory_bytes", "calibration"],
     "properties": {
-        **_HEADER_PROPS, "bench": {"enum": ["compare"]},
-        "results": {"type": "array", "items": {
-            "type": "object", "required": ["block_length", "variants", "ratios", "identical_tokens"],
-            "properties": {"variants": {"type": "object", "properties": {
-                k: VARIANT for k in ("engine", "engine-batched", "baseline", "reference", "transformers-kv",
-                                     "separate-commit", "ar")}},
-                "identical_tokens": {"type": ["boolean", "null"]}}}},
+        **_HEADER_PROPS,
+        "bench": {"enum": ["latency"]},
+        "machine": MACHINE,
+        "result": RUN,
+        "batch_latency_s": DISTRIBUTION,
+        "calibration": CALIBRATION,
+        "peak_memory_bytes": COUNT,
+    },
+}
+VARIANT = {
+    "type": "object",
+    "required": ["generated_tokens", "wall_s", "tokens_per_s", "nfe", "tpf"],
+    "properties": {"generated_tokens": COUNT, "nfe": COUNT, "tokens_per_s": NUMBER},
+}
+COMPARE = {
+    "type": "object",
+    "required": [*_HEADER, "results", "targets", "peak_memory_bytes"],
+    "properties": {
+        **_HEADER_PROPS,
+        "bench": {"enum": ["compare"]},
+        "results": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["block_length", "variants", "ratios", "identical_tokens"],
+                "properties": {
+                    "variants": {
+                        "type": "object",
+                        "properties": {
+                            k: VARIANT
+                            for k in (
+                                "engine",
+                                "engine-batched",
+                                "baseline",
+                                "reference",
+                                "transformers-kv",
+                                "separate-commit",
+                                "ar",
+                            )
+                        },
+                    },
+                    "identical_tokens": {"type": ["boolean", "null"]},
+                },
+            },
+        },
     },
 }
 SERVE_POINT = {
     "type": "object",
-    "required": ["load", "concurrency", "request_rate", "num_requests", "completed", "errors", "duration_s",
-                 "request_throughput", "output_tokens_per_s", "goodput_requests_per_s", "ttft_s", "tpot_s",
-                 "itl_chunk_s", "itl_token_s", "e2e_s", "tokens_per_chunk", "chunk_token_counts"],
-    "properties": {**{k: DISTRIBUTION for k in ("ttft_s", "tpot_s", "itl_chunk_s", "itl_token_s", "e2e_s")},
-                   "errors": COUNT, "completed": COUNT, "chunk_token_counts": {"enum": ["usage", "estimated"]}},
+    "required": [
+        "load",
+        "concurrency",
+        "request_rate",
+        "num_requests",
+        "completed",
+        "errors",
+        "duration_s",
+        "request_throughput",
+        "output_tokens_per_s",
+        "goodput_requests_per_s",
+        "ttft_s",
+        "tpot_s",
+        "itl_chunk_s",
+        "itl_token_s",
+        "e2e_s",
+        "tokens_per_chunk",
+        "chunk_token_counts",
+    ],
+    "properties": {
+        **{k: DISTRIBUTION for k in ("ttft_s", "tpot_s", "itl_chunk_s", "itl_token_s", "e2e_s")},
+        "errors": COUNT,
+        "completed": COUNT,
+        "chunk_token_counts": {"enum": ["usage", "estimated"]},
+    },
 }
 SERVE = {
-    "type": "object", "required": ["bench", "environment", "server", "workload", "results"],
-    "properties": {"bench": {"enum": ["serve"]}, "environment": ENVIRONMENT,
-                   "server": {"type": "object", "required": ["base_url", "endpoint", "model"]},
-                   "results": {"type": "array", "items": SERVE_POINT}},
+    "type": "object",
+    "required": ["bench", "environment", "server", "workload", "results"],
+    "properties": {
+        "bench": {"enum": ["serve"]},
+        "environment": ENVIRONMENT,
+        "server": {"type": "object", "required": ["base_url", "endpoint", "model"]},
+        "results": {"type": "array", "items": SERVE_POINT},
+    },
 }
 
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}

@@ -14,10 +14,26 @@ pytest.importorskip("transformers")
 
 
 def test_compare_variants_agree(bench_model_dir, run_bench, tmp_path):
-    code, result, text = run_bench([
-        "compare", "--model", str(bench_model_dir), "--block-lengths", "4", "8", "--prompt-tokens", "6",
-        "--output-tokens", "12", "--num-prompts", "2", "--repeats", "2", *FAST, *plot_args(tmp_path),
-    ])
+    code, result, text = run_bench(
+        [
+            "compare",
+            "--model",
+            str(bench_model_dir),
+            "--block-lengths",
+            "4",
+            "8",
+            "--prompt-tokens",
+            "6",
+            "--output-tokens",
+            "12",
+            "--num-prompts",
+            "2",
+            "--repeats",
+            "2",
+            *FAST,
+            *plot_args(tmp_path),
+        ]
+    )
     assert code == 0
     assert validate(result, COMPARE) == []
     assert [r["block_length"] for r in result["results"]] == [4, 8]

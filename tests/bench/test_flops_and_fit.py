@@ -37,10 +37,10 @@ def test_sdar_moe_bench_cost():
 
 def test_fit_recovers_overhead_and_flops_fraction():
     """Steps timed as 10 ms + max(bytes / 1 GB/s, FLOPs / (10 GFLOP/s x 0.4)) give back 0.4 and 10 ms."""
-    rates = MachineRates(flops_per_s=1e10, matmul_size=1024, bandwidth_bytes_per_s=1e9,
-                         bandwidth_buffer_bytes=1 << 28, dtype="float32")
-    samples = [StepSample(flops, 2e7, 0.01 + max(2e7 / 1e9, flops / 4e9))
-               for flops in (1e8, 4e8, 1e9, 2e9, 5e9)]
+    rates = MachineRates(
+        flops_per_s=1e10, matmul_size=1024, bandwidth_bytes_per_s=1e9, bandwidth_buffer_bytes=1 << 28, dtype="float32"
+    )
+    samples = [StepSample(flops, 2e7, 0.01 + max(2e7 / 1e9, flops / 4e9)) for flops in (1e8, 4e8, 1e9, 2e9, 5e9)]
     fitted = fit_efficiency(samples, rates)
     assert fitted.flops_fraction == pytest.approx(0.4)
     assert fitted.step_overhead_s == pytest.approx(0.01, abs=1e-6)

@@ -9,8 +9,24 @@ from diffuserve.cli import main
 
 
 def test_bench_moe_tiny_run(capsys):
-    code = main(["bench", "moe", "--preset", "sdar-moe-tiny", "--num-requests", "2", "--block-length", "4",
-                 "--repeats", "1", "--max-tokens", "8", "--steps-per-block", "2"])
+    code = main(
+        [
+            "bench",
+            "moe",
+            "--preset",
+            "sdar-moe-tiny",
+            "--num-requests",
+            "2",
+            "--block-length",
+            "4",
+            "--repeats",
+            "1",
+            "--max-tokens",
+            "8",
+            "--steps-per-block",
+            "2",
+        ]
+    )
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["bench"] == "moe" and result["model"] == "sdar-moe-tiny"

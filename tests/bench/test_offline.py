@@ -12,11 +12,28 @@ from tests.bench.json_schema import LATENCY, THROUGHPUT, validate
 
 def test_throughput_json_and_calibration(bench_model_dir, run_bench, tmp_path, capsys):
     out = tmp_path / "throughput.json"
-    code, result, text = run_bench([
-        "throughput", "--model", str(bench_model_dir), "--concurrency", "1", "3", "--block-lengths", "4",
-        "--sequential", "3", "--prompt-tokens", "6", "--output-tokens", "8", "--json-out", str(out), *FAST,
-        *plot_args(tmp_path / "plots"),
-    ])
+    code, result, text = run_bench(
+        [
+            "throughput",
+            "--model",
+            str(bench_model_dir),
+            "--concurrency",
+            "1",
+            "3",
+            "--block-lengths",
+            "4",
+            "--sequential",
+            "3",
+            "--prompt-tokens",
+            "6",
+            "--output-tokens",
+            "8",
+            "--json-out",
+            str(out),
+            *FAST,
+            *plot_args(tmp_path / "plots"),
+        ]
+    )
     assert code == 0
     assert validate(result, THROUGHPUT) == []
     assert "tok/s" in text and "sequential" in text  # the human table came first
@@ -39,10 +56,23 @@ def test_throughput_json_and_calibration(bench_model_dir, run_bench, tmp_path, c
 
 
 def test_latency_json(bench_model_dir, run_bench, tmp_path):
-    code, result, text = run_bench([
-        "latency", "--model", str(bench_model_dir), "--batch-size", "2", "--num-iters", "2",
-        "--prompt-tokens", "5", "--output-tokens", "6", *FAST, *plot_args(tmp_path),
-    ])
+    code, result, text = run_bench(
+        [
+            "latency",
+            "--model",
+            str(bench_model_dir),
+            "--batch-size",
+            "2",
+            "--num-iters",
+            "2",
+            "--prompt-tokens",
+            "5",
+            "--output-tokens",
+            "6",
+            *FAST,
+            *plot_args(tmp_path),
+        ]
+    )
     assert code == 0
     assert validate(result, LATENCY) == []
     assert len(result["batch_latency_s"]["iterations"]) == 2

@@ -17,8 +17,13 @@ def test_percentile_interpolates_like_numpy():
 
 
 def test_distribution():
-    assert distribution([1.0, 3.0], scale=1000) == {"mean": 2000.0, "p50": 2000.0, "p90": 2800.0,
-                                                     "p99": 2980.0, "max": 3000.0}
+    assert distribution([1.0, 3.0], scale=1000) == {
+        "mean": 2000.0,
+        "p50": 2000.0,
+        "p90": 2800.0,
+        "p99": 2980.0,
+        "max": 3000.0,
+    }
     assert distribution([]) == {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
 
 

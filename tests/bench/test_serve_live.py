@@ -19,8 +19,19 @@ pytest.importorskip("httpx")
 
 @pytest.fixture(scope="module")
 def server_url(bench_model_dir) -> Iterator[str]:
-    command = [sys.executable, "-m", "diffuserve", "serve", str(bench_model_dir), "--port", "0",
-               "--max-model-len", "256", "--device", "cpu"]
+    command = [
+        sys.executable,
+        "-m",
+        "diffuserve",
+        "serve",
+        str(bench_model_dir),
+        "--port",
+        "0",
+        "--max-model-len",
+        "256",
+        "--device",
+        "cpu",
+    ]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     deadline, url = time.monotonic() + 120, None
     log = []
@@ -41,14 +52,36 @@ def server_url(bench_model_dir) -> Iterator[str]:
 
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
 def test_serve_sweep(server_url, run_bench, endpoint, tmp_path):
-    code, result, text = run_bench([
-        "serve", "--base-url", server_url, "--endpoint", endpoint, "--num-prompts", "4", "--prompt-words", "3",
-        "--output-tokens", "10", "--concurrency", "1", "3", "--request-rate", "inf", "20", *plot_args(tmp_path),
-    ])
+    code, result, text = run_bench(
+        [
+            "serve",
+            "--base-url",
+            server_url,
+            "--endpoint",
+            endpoint,
+            "--num-prompts",
+            "4",
+            "--prompt-words",
+            "3",
+            "--output-tokens",
+            "10",
+            "--concurrency",
+            "1",
+            "3",
+            "--request-rate",
+            "inf",
+            "20",
+            *plot_args(tmp_path),
+        ]
+    )
     assert code == 0
     assert validate(result, SERVE) == []
     assert [(r["load"], r["concurrency"], r["request_rate"]) for r in result["results"]] == [
-        ("concurrency", 1, None), ("concurrency", 3, None), ("poisson", None, "inf"), ("poisson", None, 20.0)]
+        ("concurrency", 1, None),
+        ("concurrency", 3, None),
+        ("poisson", None, "inf"),
+        ("poisson", None, 20.0),
+    ]
     for point in result["results"]:
         assert point["errors"] == 0 and point["completed"] == 4
         assert point["output_tokens"] == 4 * 10  # ignore_eos was honoured

@@ -18,14 +18,27 @@ from diffuserve.bench.serve_metrics import RequestTrace, meets_slos, parse_slos,
 
 
 def trace_a(usage: bool = True) -> RequestTrace:
-    return RequestTrace(sent_at=0.0, chunk_times=[1.0, 1.5, 2.5], chunk_chars=[8, 8, 4],
-                        chunk_usage_tokens=[4, 8, 10] if usage else [None, None, None], done_at=2.6,
-                        output_tokens=10, prompt_tokens=7)
+    return RequestTrace(
+        sent_at=0.0,
+        chunk_times=[1.0, 1.5, 2.5],
+        chunk_chars=[8, 8, 4],
+        chunk_usage_tokens=[4, 8, 10] if usage else [None, None, None],
+        done_at=2.6,
+        output_tokens=10,
+        prompt_tokens=7,
+    )
 
 
 def trace_b() -> RequestTrace:
-    return RequestTrace(sent_at=0.5, chunk_times=[2.5], chunk_chars=[5], chunk_usage_tokens=[3], done_at=2.7,
-                        output_tokens=3, prompt_tokens=7)
+    return RequestTrace(
+        sent_at=0.5,
+        chunk_times=[2.5],
+        chunk_chars=[5],
+        chunk_usage_tokens=[3],
+        done_at=2.7,
+        output_tokens=3,
+        prompt_tokens=7,
+    )
 
 
 @pytest.mark.parametrize("usage", [True, False])

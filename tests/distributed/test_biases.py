@@ -38,8 +38,9 @@ def _scale_biases(model_dir: Path) -> Path:
 def biased_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("biased")
     sdar = tiny_checkpoint(root, "sdar-bias", attention_bias=True)
-    llada2 = write_llada2_checkpoint(root / "llada2-bias", {"use_qkv_bias": True, "use_bias": True}, seed=2,
-                                     logit_scale=40.0)
+    llada2 = write_llada2_checkpoint(
+        root / "llada2-bias", {"use_qkv_bias": True, "use_bias": True}, seed=2, logit_scale=40.0
+    )
     return {"sdar": _scale_biases(sdar), "llada2": _scale_biases(llada2)}
 
 

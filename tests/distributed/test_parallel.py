@@ -33,11 +33,14 @@ def test_two_processes_give_the_same_tokens_as_one(request, family, expert_paral
     assert len(workers) == 1 and all(not p.is_alive() and p.exitcode == 0 for p in workers)
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    (dict(tensor_parallel_size=3), "tensor_parallel_size: 3 does not divide the model's 4 attention heads"),
-    (dict(tensor_parallel_size=4), "does not divide the model's 2 KV heads"),
-    (dict(tensor_parallel_size=3, enable_expert_parallel=True), "3 does not divide the model's 4 attention"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(tensor_parallel_size=3), "tensor_parallel_size: 3 does not divide the model's 4 attention heads"),
+        (dict(tensor_parallel_size=4), "does not divide the model's 2 KV heads"),
+        (dict(tensor_parallel_size=3, enable_expert_parallel=True), "3 does not divide the model's 4 attention"),
+    ],
+)
 def test_sizes_that_do_not_divide_the_model_are_refused(tiny_model_dir, options, message):
     with pytest.raises(ValueError, match=message):
         LLM(str(tiny_model_dir), num_pages=16, **options)

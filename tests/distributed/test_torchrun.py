@@ -28,7 +28,11 @@ def test_torchrun_ranks_give_the_same_tokens_as_one_process(tiny_model_dir):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [torchrun, "--standalone", "--nproc-per-node", "2", str(SCRIPT), str(tiny_model_dir), "ep"],
-        capture_output=True, text=True, timeout=240, env=env, check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == expected

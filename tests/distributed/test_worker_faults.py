@@ -62,10 +62,13 @@ def test_a_worker_that_fails_to_start_fails_the_engine_start_with_its_error(tiny
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize(("target", "message"), [
-    (_raise_mid_run, r"(?s)worker rank 1 failed:.*injected forward fault"),
-    (_die_mid_run, "worker rank 1 exited with code 3"),
-])
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        (_raise_mid_run, r"(?s)worker rank 1 failed:.*injected forward fault"),
+        (_die_mid_run, "worker rank 1 exited with code 3"),
+    ],
+)
 def test_a_worker_that_fails_mid_run_fails_the_step_with_its_error(tiny_model_dir, monkeypatch, target, message):
     llm = _parallel_llm(tiny_model_dir, monkeypatch, target)
     try:

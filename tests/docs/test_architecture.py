@@ -90,8 +90,13 @@ def test_torch_free_list_is_measured():
     exceptions = re.search(r"`engine/` \(except ([^)]*)\)", boundaries)
     assert exceptions, "docs/architecture.md: the Boundaries paragraph must say `engine/` (except ...)"
     documented = {f"diffuserve.engine.{name}" for name in re.findall(r"`(\w+)`", exceptions[1])}
-    result = subprocess.run([sys.executable, "-c", TORCH_PROBE], capture_output=True, text=True, check=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        [sys.executable, "-c", TORCH_PROBE],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     measured = set(json.loads(result.stdout))
     planner = {m for m in measured if m.startswith("diffuserve.planner")}
     assert not planner, f"planner modules that need torch: {sorted(planner)}"

@@ -23,7 +23,8 @@ RESULTS = sorted(render_docs.RESULTS.glob("*.json"))
 @pytest.mark.parametrize("doc", sorted(DOCS))
 def test_doc_tables_equal_their_results(doc):
     assert render_docs.render(DOCS[doc]) == DOCS[doc], (
-        f"docs/{doc} differs from docs/results: run `python scripts/render_docs.py` (never edit a table by hand)")
+        f"docs/{doc} differs from docs/results: run `python scripts/render_docs.py` (never edit a table by hand)"
+    )
 
 
 def test_a_changed_result_changes_the_doc():

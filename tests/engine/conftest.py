@@ -25,5 +25,7 @@ def saturated_model_dirs(tmp_path_factory) -> dict[int, Path]:
 def low_scale_dirs(tmp_path_factory) -> dict[str, Path]:
     """An sdar-moe-tiny and a tiny LLaDA2 with logit scale 1: confidences near 1 / vocab, every logit a small number."""
     root = tmp_path_factory.mktemp("low-logit-scale")
-    return {"sdar": tiny_checkpoint(root, "sdar", block_length=4, logit_scale=1.0),
-            "llada2": write_llada2_checkpoint(root / "llada2", seed=1, logit_scale=1.0)}
+    return {
+        "sdar": tiny_checkpoint(root, "sdar", block_length=4, logit_scale=1.0),
+        "llada2": write_llada2_checkpoint(root / "llada2", seed=1, logit_scale=1.0),
+    }

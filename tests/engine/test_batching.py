@@ -14,8 +14,14 @@ def _prompts(n: int) -> list[list[int]]:
 
 def _params(n: int, temperature: float) -> list[SamplingParams]:
     return [
-        SamplingParams(max_tokens=6 + (i * 5) % 30, threshold=(0.5, 0.7, 0.9, 0.99)[i % 4], temperature=temperature,
-                       seed=1000 + i, decoder=("threshold", "fixed", "entropy")[i % 3], steps=2)
+        SamplingParams(
+            max_tokens=6 + (i * 5) % 30,
+            threshold=(0.5, 0.7, 0.9, 0.99)[i % 4],
+            temperature=temperature,
+            seed=1000 + i,
+            decoder=("threshold", "fixed", "entropy")[i % 3],
+            steps=2,
+        )
         for i in range(n)
     ]
 
@@ -86,10 +92,12 @@ def test_a_stop_string_finishes_the_request_through_the_scheduler(tiny_model_dir
     llm = LLM(str(tiny_model_dir), num_pages=64, enable_prefix_caching=False)
     free = llm.generate("abc", SamplingParams(max_tokens=24, ignore_eos=True))[0].outputs[0]
     text = free.text
-    stop = next(text[i : i + 2] for i in range(len(text) // 3, len(text) - 1)
-                if "\ufffd" not in text[i : i + 2] and text[i : i + 2].strip())
+    stop = next(
+        text[i : i + 2]
+        for i in range(len(text) // 3, len(text) - 1)
+        if "\ufffd" not in text[i : i + 2] and text[i : i + 2].strip()
+    )
     out = llm.generate("abc", SamplingParams(max_tokens=24, ignore_eos=True, stop=[stop]))[0].outputs[0]
     assert (out.text, out.finish_reason, out.stop_reason) == (text[: text.find(stop)], "stop", stop)
     engine = llm.engine
     assert not engine.scheduler.requests and engine.pool.num_free_pages == 64
-

@@ -17,8 +17,9 @@ PROMPTS = [[72, 101, 108, 108, 111, 44, 32], [87, 111, 114, 108, 100, 33, 10], [
 @pytest.fixture(scope="module")
 def ar_dir(tmp_path_factory):
     config = make_clover_moe_config(block_length=4, num_hidden_layers=4)
-    return write_clover_moe_checkpoint(tmp_path_factory.mktemp("engine") / "ar", config, seed=11, init_std=0.1,
-                                       logit_scale=10.0, diffusion=False)
+    return write_clover_moe_checkpoint(
+        tmp_path_factory.mktemp("engine") / "ar", config, seed=11, init_std=0.1, logit_scale=10.0, diffusion=False
+    )
 
 
 def _llm(model_dir):
@@ -39,10 +40,15 @@ def test_generate_equals_transformers_greedy(ar_dir):
     single = llm.generate(PROMPTS[0], _greedy(11))[0].outputs[0].token_ids
     batched = [out.outputs[0].token_ids for out in llm.generate(PROMPTS, _greedy(11))]
     with torch.no_grad():
-        expected = [hf.generate(torch.tensor([p]), max_new_tokens=11, do_sample=False, eos_token_id=None,
-                                pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
-        same_length = hf.generate(torch.tensor(PROMPTS[:2]), max_new_tokens=11, do_sample=False,
-                                  eos_token_id=None, pad_token_id=0)[:, 7:].tolist()
+        expected = [
+            hf.generate(torch.tensor([p]), max_new_tokens=11, do_sample=False, eos_token_id=None, pad_token_id=0)[
+                0, len(p) :
+            ].tolist()
+            for p in PROMPTS
+        ]
+        same_length = hf.generate(
+            torch.tensor(PROMPTS[:2]), max_new_tokens=11, do_sample=False, eos_token_id=None, pad_token_id=0
+        )[:, 7:].tolist()
     assert list(single) == expected[0]
     assert [list(t) for t in batched] == expected
     assert same_length == expected[:2]
@@ -56,13 +62,14 @@ def test_block_diffusion_matches_the_reference_decoder(tmp_path):
     params = SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True, decoder="threshold", threshold=0.5)
     got = [list(out.outputs[0].token_ids) for out in _llm(model_dir).generate(PROMPTS, params)]
     _, model = load_model(model_dir)
-    expected = [reference_block_decode(model, p, ReferenceSettings(max_new_tokens=9, threshold=0.5))
-                for p in PROMPTS]
+    expected = [reference_block_decode(model, p, ReferenceSettings(max_new_tokens=9, threshold=0.5)) for p in PROMPTS]
     assert got == expected
 
 
-@pytest.mark.parametrize("kwargs, field", [(dict(tensor_parallel_size=2), "tensor_parallel_size"),
-                                           (dict(expert_offload=True), "expert_offload")])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [(dict(tensor_parallel_size=2), "tensor_parallel_size"), (dict(expert_offload=True), "expert_offload")],
+)
 def test_recompute_path_refuses_what_it_cannot_do(ar_dir, kwargs, field):
     with pytest.raises(ValueError, match=f"^{field}: .*recurrent layers"):
         LLM(str(ar_dir), device="cpu", max_model_len=256, **kwargs)

@@ -18,10 +18,15 @@ def test_default_compiles_on_cuda_only_and_the_flag_decides_otherwise():
     assert (should_compile(True, cuda), should_compile(False, cpu)) == (False, True)
 
 
-@pytest.mark.parametrize(("argv", "expected"), [
-    ([], None), (["--enforce-eager"], True), (["--enforce-eager", "false"], False),
-    (["--moe-backend", "bmm", "--enforce-eager", "true"], True),
-])
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], None),
+        (["--enforce-eager"], True),
+        (["--enforce-eager", "false"], False),
+        (["--moe-backend", "bmm", "--enforce-eager", "true"], True),
+    ],
+)
 def test_engine_cli_flags(argv, expected):
     parser = argparse.ArgumentParser()
     add_config_arguments(parser, EngineConfig, skip=("model",))

@@ -26,18 +26,24 @@ def accepted(decoder: str, prop: Proposal, step: int = 0, **params) -> list[int]
 def test_every_decoder_name_has_its_policy():
     assert tuple(DECODERS) == DECODER_NAMES
     assert [type(d).__name__ for d in DECODERS.values()] == [
-        "ThresholdDecoder", "FixedStepsDecoder", "EntropyBoundDecoder", "EditDecoder"]
+        "ThresholdDecoder",
+        "FixedStepsDecoder",
+        "EntropyBoundDecoder",
+        "EditDecoder",
+    ]
 
 
 def test_with_defaults_resolves_every_knob():
     model = {"threshold": 0.95, "steps": 8}
     resolved = SamplingParams(max_tokens=None, stop_token_ids=[7]).with_defaults(
-        model, max_tokens_limit=40, eos_token_ids=[2])
+        model, max_tokens_limit=40, eos_token_ids=[2]
+    )
     assert (resolved.decoder, resolved.threshold, resolved.steps, resolved.temperature) == ("threshold", 0.95, 8, 0.0)
     assert (resolved.entropy_bound, resolved.edit_threshold, resolved.max_post_edit_steps) == (0.35, 0.5, 16)
     assert resolved.max_tokens == 40 and resolved.stop_ids == {2, 7}
     capped = SamplingParams(max_tokens=100, ignore_eos=True, decoder="edit", threshold=0.5).with_defaults(
-        model, max_tokens_limit=40, eos_token_ids=[2])
+        model, max_tokens_limit=40, eos_token_ids=[2]
+    )
     assert (capped.max_tokens, capped.stop_ids, capped.threshold, capped.post_edit_budget) == (40, set(), 0.5, 16)
     assert SamplingParams().with_defaults({}).steps is None  # block_length steps: the run's block length
 

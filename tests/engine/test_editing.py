@@ -95,8 +95,10 @@ def test_editing_engine_matches_the_recompute_reference(llm, reference):
         assert out.num_forwards == expected.num_forwards == expected.forwards_to_answer  # post-edit steps, fused
         edits += expected.num_edits
         stop = p.replace(stop_token_ids=[expected.token_ids[len(expected.token_ids) // 2]], ignore_eos=False)
-        assert llm.generate({"prompt_token_ids": prompt}, stop)[0].outputs[0].token_ids == reference_generate(
-            reference, prompt, stop).token_ids
+        assert (
+            llm.generate({"prompt_token_ids": prompt}, stop)[0].outputs[0].token_ids
+            == reference_generate(reference, prompt, stop).token_ids
+        )
     assert edits > 0
 
 

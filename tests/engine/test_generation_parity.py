@@ -37,8 +37,10 @@ def test_engine_matches_recompute_reference(request, block, decoder):
     free_running = check_parity(llm, reference, prompts, params)
     assert not free_running.mismatches, "\n".join(free_running.mismatches)
     # Stop ids taken from the middle of each free-running answer, so that stops really happen.
-    stopping = [p.replace(stop_token_ids=[out[len(out) // 2]], ignore_eos=False)
-                for p, out in zip(params, free_running.engine_tokens)]
+    stopping = [
+        p.replace(stop_token_ids=[out[len(out) // 2]], ignore_eos=False)
+        for p, out in zip(params, free_running.engine_tokens)
+    ]
     stopped = check_parity(llm, reference, prompts, stopping)
     assert not stopped.mismatches, "\n".join(stopped.mismatches)
     assert sum(len(a) < len(b) for a, b in zip(stopped.engine_tokens, free_running.engine_tokens)) >= len(prompts) // 2
@@ -95,7 +97,11 @@ def test_default_decoding_matches_the_reference_defaults(tiny_model_dir):
     run = check_parity(llm, reference, prompts, [SamplingParams()] * len(prompts))
     assert not run.mismatches, run.mismatches
     capped = LLM(str(tiny_model_dir), num_pages=256, max_model_len=48)
-    run = check_parity(capped, load_reference(tiny_model_dir, max_model_len=48), prompts,
-                       [SamplingParams(max_tokens=None, ignore_eos=True)] * len(prompts))
+    run = check_parity(
+        capped,
+        load_reference(tiny_model_dir, max_model_len=48),
+        prompts,
+        [SamplingParams(max_tokens=None, ignore_eos=True)] * len(prompts),
+    )
     assert not run.mismatches, run.mismatches
     assert [len(t) for t in run.engine_tokens] == [48 - len(p) for p in prompts]

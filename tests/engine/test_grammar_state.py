@@ -34,8 +34,9 @@ def _allowed_text(state: GrammarState) -> set[int]:
 
 def test_grammar_starts_after_the_marker(tokenizer, compiler):
     spec = StructuredOutputsParams(regex="[0-9]{2}", start_after="</think>")
-    state = GrammarState(compiler.matcher(spec), VOCAB, tokenizer.encode("</think>", add_special_tokens=False),
-                         frozenset({EOS}))
+    state = GrammarState(
+        compiler.matcher(spec), VOCAB, tokenizer.encode("</think>", add_special_tokens=False), frozenset({EOS})
+    )
     for token in tokenizer.encode("<think>any text, even </thin", add_special_tokens=False):
         assert state.allowed() is None  # reasoning: unconstrained
         state.push(token)
@@ -54,8 +55,9 @@ def test_grammar_starts_after_the_marker(tokenizer, compiler):
 
 
 def test_sync_rolls_back_and_forward(tokenizer, compiler):
-    spec = StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "integer"}},
-                                         "additionalProperties": False})
+    spec = StructuredOutputsParams(
+        json={"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False}
+    )
     state = GrammarState(compiler.matcher(spec), VOCAB, None, frozenset({EOS}))
     first = tokenizer.encode('{"a": 12}', add_special_tokens=False)
     state.sync([*first, EOS])
@@ -76,10 +78,15 @@ def test_compilation_is_cached_and_errors_name_the_field(compiler):
         compiler.compile(StructuredOutputsParams(grammar="start: nope"))
 
 
-@pytest.mark.parametrize(("spec", "text"), [
-    (dict(regex="a/b"), "\n\na/b"), (dict(choice=['say "hi"', "no"]), ' say "hi"'),
-    (dict(json={"type": "array", "maxItems": 1}), "\n[]"), (dict(json_object=True), '{"k": 1}'),
-])
+@pytest.mark.parametrize(
+    ("spec", "text"),
+    [
+        (dict(regex="a/b"), "\n\na/b"),
+        (dict(choice=['say "hi"', "no"]), ' say "hi"'),
+        (dict(json={"type": "array", "maxItems": 1}), "\n[]"),
+        (dict(json_object=True), '{"k": 1}'),
+    ],
+)
 def test_after_a_marker_the_answer_may_start_with_whitespace(tokenizer, compiler, spec, text):
     with_marker = StructuredOutputsParams(**spec, start_after="</think>")
     assert compiler.compile(with_marker) != compiler.compile(StructuredOutputsParams(**spec))

@@ -35,8 +35,14 @@ print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1
 
 def _measure(model_dir: Path, context: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    done = subprocess.run([sys.executable, "-c", RUN, str(model_dir), str(context)], capture_output=True, text=True,
-                          env=env, timeout=600, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", RUN, str(model_dir), str(context)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

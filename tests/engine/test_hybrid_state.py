@@ -25,8 +25,12 @@ def _prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> dict[int, object]:
     root = tmp_path_factory.mktemp("hybrid")
-    return {block: write_clover_moe_checkpoint(root / f"b{block}", make_clover_moe_config(block_length=block),
-                                               seed=12, init_std=0.1, logit_scale=20.0) for block in (4, 32)}
+    return {
+        block: write_clover_moe_checkpoint(
+            root / f"b{block}", make_clover_moe_config(block_length=block), seed=12, init_std=0.1, logit_scale=20.0
+        )
+        for block in (4, 32)
+    }
 
 
 def _llm(model_dir, **kwargs) -> LLM:
@@ -155,8 +159,11 @@ def test_a_request_that_cannot_fit_alone_is_refused_with_the_numbers(model_dirs)
     from diffuserve.engine.errors import ContextLengthExceeded
 
     llm = _llm(model_dirs[4], num_pages=2)
-    with pytest.raises(ContextLengthExceeded, match=r"need 3 KV pages of 16 tokens and one recurrent-state slot of "
-                                                    r"[0-9.]+ MiB .*--state-cache-memory.*--kv-cache-memory"):
+    with pytest.raises(
+        ContextLengthExceeded,
+        match=r"need 3 KV pages of 16 tokens and one recurrent-state slot of "
+        r"[0-9.]+ MiB .*--state-cache-memory.*--kv-cache-memory",
+    ):
         llm.engine.add_request("big", [5] * 30, _params(10))
 
 

@@ -19,8 +19,9 @@ PROMPT_LENGTHS = [1, 5, 31, 32, 33, 40, 64, 70]
 
 @pytest.fixture(scope="module")
 def llada2_dir(tmp_path_factory) -> Path:
-    return write_llada2_checkpoint(tmp_path_factory.mktemp("llada2") / "tiny", seed=1, logit_scale=40.0,
-                                   max_shard_bytes=100_000)
+    return write_llada2_checkpoint(
+        tmp_path_factory.mktemp("llada2") / "tiny", seed=1, logit_scale=40.0, max_shard_bytes=100_000
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +38,9 @@ def _prompt(length: int, seed: int) -> list[int]:
     return [(seed * 131 + i * 17) % 250 + 1 for i in range(length)]
 
 
-def _check(llm: LLM, reference: ReferenceModel, prompts: list[list[int]],
-           params: list[SamplingParams]) -> list[list[int]]:
+def _check(
+    llm: LLM, reference: ReferenceModel, prompts: list[list[int]], params: list[SamplingParams]
+) -> list[list[int]]:
     run = check_parity(llm, reference, prompts, params)
     assert not run.mismatches, "\n".join(run.mismatches)
     return run.engine_tokens
@@ -48,7 +50,11 @@ def test_llada2_defaults_are_the_reference_decoding(llm, reference):
     engine = llm.engine
     resolved = SamplingParams().with_defaults(engine.generation_defaults)
     assert (engine.args.block_length, resolved.decoder, resolved.threshold, resolved.temperature) == (
-        32, "threshold", 0.95, 0.0)
+        32,
+        "threshold",
+        0.95,
+        0.0,
+    )
     assert resolved.steps is None  # the fallback accepts block_length // block_length = 1 token per step
     ours = reference.resolve(SamplingParams())
     assert reference.block_length == 32 and all(getattr(ours, k) == getattr(resolved, k) for k in KNOBS)
@@ -59,7 +65,8 @@ def test_engine_matches_the_llada2_reference(llm, reference):
     params = [SamplingParams(max_tokens=8 + (i * 11) % 36, ignore_eos=True) for i in range(len(prompts))]
     free_running = _check(llm, reference, prompts, params)
     # Stop tokens taken from the middle of each free-running answer: the stop path is the EOS path.
-    stopping = [p.replace(stop_token_ids=[out[len(out) // 2]], ignore_eos=False)
-                for p, out in zip(params, free_running)]
+    stopping = [
+        p.replace(stop_token_ids=[out[len(out) // 2]], ignore_eos=False) for p, out in zip(params, free_running)
+    ]
     stopped = _check(llm, reference, prompts, stopping)
     assert sum(len(a) < len(b) for a, b in zip(stopped, free_running)) >= len(prompts) // 2

@@ -116,12 +116,16 @@ def test_step_results_finish_requests_on_stop_ids_and_length():
     finished = []
     while scheduler.has_unfinished:
         out = scheduler.schedule()
-        accepted = {w.request.request_id: [(i, 7 if w.request is stopping else 9) for i in
-                                           w.request.masked_indices()] for w in out.scheduled}
+        accepted = {
+            w.request.request_id: [(i, 7 if w.request is stopping else 9) for i in w.request.masked_indices()]
+            for w in out.scheduled
+        }
         update = scheduler.update_from_output(out, accepted)
         finished += [(r.request_id, r.status, r.output_token_ids, r.stop_reason) for r in update.finished]
-    assert finished == [("stop", RequestStatus.FINISHED_STOPPED, [7], 7),
-                        ("long", RequestStatus.FINISHED_LENGTH, [9] * 6, None)]
+    assert finished == [
+        ("stop", RequestStatus.FINISHED_STOPPED, [7], 7),
+        ("long", RequestStatus.FINISHED_LENGTH, [9] * 6, None),
+    ]
     assert scheduler.pool.num_free_pages == scheduler.pool.num_pages
 
 
@@ -153,10 +157,12 @@ def test_abort_frees_pages_at_once():
 @pytest.mark.parametrize("seed", range(4))
 def test_random_workloads_never_deadlock_or_leak(seed):
     rng = random.Random(seed)
-    scheduler = make_scheduler(num_pages=rng.randint(10, 30), page_size=4, budget=rng.choice([8, 16, 64]),
-                               max_num_seqs=rng.randint(1, 6))
-    requests = [make_request(str(i), rng.randint(1, 20), rng.randint(1, 16), first_token=rng.randint(0, 3))
-                for i in range(20)]
+    scheduler = make_scheduler(
+        num_pages=rng.randint(10, 30), page_size=4, budget=rng.choice([8, 16, 64]), max_num_seqs=rng.randint(1, 6)
+    )
+    requests = [
+        make_request(str(i), rng.randint(1, 20), rng.randint(1, 16), first_token=rng.randint(0, 3)) for i in range(20)
+    ]
     for r in requests:
         scheduler.add(r)
     drain(scheduler, max_steps=2000)

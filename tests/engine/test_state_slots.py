@@ -70,12 +70,29 @@ def test_metrics_show_state_slots_and_both_hit_rates():
     from diffuserve.server.metrics import ServerMetrics
 
     metrics = ServerMetrics("m")
-    stats = EngineStats(1, 0, 0.5, 0.25, 0, 3, 10, 4, 8, 0.1, 8, 32, page_hit_rate=0.5,
-                        state=StateStats(slots_used=1, slots_total=8, num_snapshots=2, slot_bytes=64, hit_rate=0.25))
+    stats = EngineStats(
+        1,
+        0,
+        0.5,
+        0.25,
+        0,
+        3,
+        10,
+        4,
+        8,
+        0.1,
+        8,
+        32,
+        page_hit_rate=0.5,
+        state=StateStats(slots_used=1, slots_total=8, num_snapshots=2, slot_bytes=64, hit_rate=0.25),
+    )
     metrics.engine_stats(stats)
     text = metrics.render().decode()
-    for line in ('diffuserve:state_slots_used{model_name="m"} 1.0', 'diffuserve:state_slots_total{model_name="m"} 8.0',
-                 'diffuserve:prefix_cache_page_hit_rate{model_name="m"} 0.5',
-                 'diffuserve:prefix_cache_state_hit_rate{model_name="m"} 0.25',
-                 'diffuserve:state_prefix_snapshots{model_name="m"} 2.0'):
+    for line in (
+        'diffuserve:state_slots_used{model_name="m"} 1.0',
+        'diffuserve:state_slots_total{model_name="m"} 8.0',
+        'diffuserve:prefix_cache_page_hit_rate{model_name="m"} 0.5',
+        'diffuserve:prefix_cache_state_hit_rate{model_name="m"} 0.25',
+        'diffuserve:state_prefix_snapshots{model_name="m"} 2.0',
+    ):
         assert line in text

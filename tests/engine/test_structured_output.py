@@ -19,14 +19,28 @@ from diffuserve.tool_format import call_grammar, parse_calls
 
 SCHEMAS = [
     {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False},
-    {"type": "object", "additionalProperties": False, "required": ["name", "size", "inner"], "properties": {
-        "name": {"type": "string", "maxLength": 3},
-        "size": {"type": "integer", "minimum": 2, "maximum": 7},
-        "inner": {"type": "object", "properties": {"kind": {"enum": ["a", "bc", 3]}}, "required": ["kind"],
-                  "additionalProperties": False}}},
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "size", "inner"],
+        "properties": {
+            "name": {"type": "string", "maxLength": 3},
+            "size": {"type": "integer", "minimum": 2, "maximum": 7},
+            "inner": {
+                "type": "object",
+                "properties": {"kind": {"enum": ["a", "bc", 3]}},
+                "required": ["kind"],
+                "additionalProperties": False,
+            },
+        },
+    },
     {"type": "array", "items": {"type": "integer", "minimum": -3, "maximum": 3}, "minItems": 1, "maxItems": 3},
-    {"type": "object", "additionalProperties": False, "required": ["v"],
-     "properties": {"v": {"type": "array", "maxItems": 2, "items": {"enum": ["x", "y"]}}}},
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["v"],
+        "properties": {"v": {"type": "array", "maxItems": 2, "items": {"enum": ["x", "y"]}}},
+    },
 ]
 REGEXES = [r"[a-c]{2,4}", r"(yes|no)-\d"]
 CHOICES = [["red", "green", "blue"], ["A", "B"]]
@@ -34,8 +48,11 @@ MAX_TOKENS = 64
 
 
 def _specs() -> list[StructuredOutputsParams]:
-    return ([StructuredOutputsParams(json=s) for s in SCHEMAS] + [StructuredOutputsParams(regex=r) for r in REGEXES]
-            + [StructuredOutputsParams(choice=c) for c in CHOICES])
+    return (
+        [StructuredOutputsParams(json=s) for s in SCHEMAS]
+        + [StructuredOutputsParams(regex=r) for r in REGEXES]
+        + [StructuredOutputsParams(choice=c) for c in CHOICES]
+    )
 
 
 def _matches(spec: StructuredOutputsParams, text: str) -> bool:
@@ -58,11 +75,19 @@ def test_constrained_outputs_match_and_leave_neighbours_unchanged(tiny_model_dir
     llm = LLM(str(tiny_model_dir if block == 4 else tiny_model_dir_b32), num_pages=512, max_num_seqs=64)
     specs = _specs()
     prompts = _prompts(2 * len(specs))
-    free = [SamplingParams(max_tokens=12, threshold=0.5, temperature=0.8 * (i % 2), seed=i)
-            for i in range(len(specs))]
-    constrained = [SamplingParams(max_tokens=MAX_TOKENS, threshold=0.5, temperature=0.8 * (i % 2), seed=i,
-                                  decoder=("threshold", "fixed", "entropy")[i % 3], steps=2, structured_outputs=s)
-                   for i, s in enumerate(specs)]
+    free = [SamplingParams(max_tokens=12, threshold=0.5, temperature=0.8 * (i % 2), seed=i) for i in range(len(specs))]
+    constrained = [
+        SamplingParams(
+            max_tokens=MAX_TOKENS,
+            threshold=0.5,
+            temperature=0.8 * (i % 2),
+            seed=i,
+            decoder=("threshold", "fixed", "entropy")[i % 3],
+            steps=2,
+            structured_outputs=s,
+        )
+        for i, s in enumerate(specs)
+    ]
     # constrained and free requests interleaved, so every step batches both
     mixed = [p for pair in zip(constrained, free) for p in pair]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], mixed)
@@ -93,11 +118,14 @@ def test_several_tokens_per_forward_under_a_forced_grammar(tiny_model_dir_b32):
     assert completion.num_forwards <= 3
 
 
-@pytest.mark.parametrize(("spec", "field"), [
-    (dict(json={"type": "frobnicate"}), "structured_outputs.json"),
-    (dict(regex="[a-"), "structured_outputs.regex"),
-    (dict(grammar="start: undefined_rule"), "structured_outputs.grammar"),
-])
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (dict(json={"type": "frobnicate"}), "structured_outputs.json"),
+        (dict(regex="[a-"), "structured_outputs.regex"),
+        (dict(grammar="start: undefined_rule"), "structured_outputs.grammar"),
+    ],
+)
 def test_a_grammar_that_does_not_compile_is_a_request_error_naming_it(tiny_model_dir, spec, field):
     llm = LLM(str(tiny_model_dir), num_pages=64)
     with pytest.raises(RequestError, match=re.escape(field)):
@@ -113,13 +141,25 @@ def test_params_shape_is_checked():
 
 
 def test_offline_chat_with_tools_and_a_forced_call(tiny_model_dir):
-    tools = [{"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object", "additionalProperties": False, "required": ["a"],
-        "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "parameters": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["a"],
+                    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
+                },
+            },
+        }
+    ]
     llm = LLM(str(tiny_model_dir), num_pages=256)
     spec = StructuredOutputsParams(grammar=call_grammar(tools, parallel=False))
-    out = llm.chat([{"role": "user", "content": "add"}], SamplingParams(max_tokens=64, structured_outputs=spec),
-                   tools=tools)
+    out = llm.chat(
+        [{"role": "user", "content": "add"}], SamplingParams(max_tokens=64, structured_outputs=spec), tools=tools
+    )
     content, calls = parse_calls(out.outputs[0].text)
     assert content == "" and [c.name for c in calls] == ["add"]
     assert 0 <= json.loads(calls[0].arguments)["a"] <= 99
@@ -131,8 +171,9 @@ def test_ignore_eos_never_feeds_eos_to_the_grammar_as_text(tiny_model_dir):
     request runs on (unconstrained) to max_tokens."""
     llm = LLM(str(tiny_model_dir), num_pages=256)
     spec = StructuredOutputsParams(choice=["ab", "cd"])
-    out = llm.generate({"prompt_token_ids": [5, 6, 7]},
-                       SamplingParams(max_tokens=12, ignore_eos=True, structured_outputs=spec))[0].outputs[0]
+    out = llm.generate(
+        {"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=12, ignore_eos=True, structured_outputs=spec)
+    )[0].outputs[0]
     assert out.finish_reason == "length" and len(out.token_ids) == 12
     assert out.text[:2] in ("ab", "cd")
 
@@ -140,8 +181,9 @@ def test_ignore_eos_never_feeds_eos_to_the_grammar_as_text(tiny_model_dir):
 def test_min_tokens_past_the_grammar_end_yields_to_the_grammar(tiny_model_dir):
     llm = LLM(str(tiny_model_dir), num_pages=256)
     spec = StructuredOutputsParams(choice=["ab"])
-    out = llm.generate({"prompt_token_ids": [5, 6, 7]},
-                       SamplingParams(max_tokens=8, min_tokens=4, structured_outputs=spec))[0].outputs[0]
+    out = llm.generate(
+        {"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=8, min_tokens=4, structured_outputs=spec)
+    )[0].outputs[0]
     assert out.text.startswith("ab") and len(out.token_ids) >= 4
 
 
@@ -155,8 +197,10 @@ def test_a_failing_grammar_fails_its_request_only(tiny_model_dir, monkeypatch):
 
     monkeypatch.setattr(GrammarState, "allowed", fail)
     spec = StructuredOutputsParams(regex="[a-z]+")
-    outs = llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9, 8, 7]}],
-                        [SamplingParams(max_tokens=8, structured_outputs=spec), free])
+    outs = llm.generate(
+        [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9, 8, 7]}],
+        [SamplingParams(max_tokens=8, structured_outputs=spec), free],
+    )
     assert outs[0].outputs[0].finish_reason == "error" and "parser too complex" in outs[0].outputs[0].error
     assert outs[1].outputs[0].token_ids == expected
 
@@ -164,10 +208,17 @@ def test_a_failing_grammar_fails_its_request_only(tiny_model_dir, monkeypatch):
 def test_preemption_keeps_the_grammar_in_step(tiny_model_dir):
     """A page budget that holds three requests at once: the others are preempted and recomputed, and their
     matchers follow the decided tokens back and forth; every output still matches, and equals a roomy run's."""
-    long_array = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 12,
-                  "maxItems": 12}
-    specs = [StructuredOutputsParams(regex=r"[a-c]{40}"), StructuredOutputsParams(regex=r"(ab|cd){20}"),
-             StructuredOutputsParams(json=long_array)] * 3
+    long_array = {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0, "maximum": 9},
+        "minItems": 12,
+        "maxItems": 12,
+    }
+    specs = [
+        StructuredOutputsParams(regex=r"[a-c]{40}"),
+        StructuredOutputsParams(regex=r"(ab|cd){20}"),
+        StructuredOutputsParams(json=long_array),
+    ] * 3
     prompts = [[(i * 7 + j) % 250 + 1 for j in range(30 + i % 7)] for i in range(len(specs))]
     params = [SamplingParams(max_tokens=MAX_TOKENS, threshold=0.7, structured_outputs=s) for s in specs]
     roomy = LLM(str(tiny_model_dir), num_pages=1024, max_num_seqs=32)
@@ -191,17 +242,21 @@ def test_the_schedule_count_is_kept_under_a_grammar(tiny_model_dir_b32):
     assert out.num_forwards == 2
 
 
-@pytest.mark.parametrize(("decoder", "steps", "threshold"), [("threshold", None, 0.5), ("threshold", 2, 0.99),
-                                                              ("fixed", 4, 0.9)])
-def test_the_early_stopped_walk_accepts_what_the_decoders_rule_accepts(tiny_model_dir_b32, monkeypatch, decoder,
-                                                                        steps, threshold):
+@pytest.mark.parametrize(
+    ("decoder", "steps", "threshold"), [("threshold", None, 0.5), ("threshold", 2, 0.99), ("fixed", 4, 0.9)]
+)
+def test_the_early_stopped_walk_accepts_what_the_decoders_rule_accepts(
+    tiny_model_dir_b32, monkeypatch, decoder, steps, threshold
+):
     """Threshold and fixed stop walking once no later position can be accepted; walking every position and
     asking the decoder (the general path) gives the same tokens and forwards at temperature 0."""
     llm = LLM(str(tiny_model_dir_b32), num_pages=512, max_num_seqs=64)
     specs = _specs()
     prompts = [{"prompt_token_ids": p} for p in _prompts(len(specs))]
-    params = [SamplingParams(max_tokens=MAX_TOKENS, decoder=decoder, steps=steps, threshold=threshold,
-                             structured_outputs=s) for s in specs]
+    params = [
+        SamplingParams(max_tokens=MAX_TOKENS, decoder=decoder, steps=steps, threshold=threshold, structured_outputs=s)
+        for s in specs
+    ]
 
     def run() -> list:
         return [(o.outputs[0].token_ids, o.outputs[0].num_forwards) for o in llm.generate(prompts, params)]

@@ -16,8 +16,13 @@ ACCURACY_FLOOR = 0.8
 
 def test_bundled_model_is_complete_and_small():
     files = {p.name: p.stat().st_size for p in DEFAULT_MODEL_DIR.iterdir()}
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "generation_config.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ):
         assert name in files, name
     assert sum(files.values()) <= 25 * 2**20
     assert json.loads((DEFAULT_MODEL_DIR / "tokenizer_config.json").read_text())["chat_template"]

@@ -14,12 +14,24 @@ from scripts.training.diffusion_batch import MASK, build_batch, encode_example, 
 from scripts.training.sdar_model import init_sdar, sdar_config
 
 TINY = dict(
-    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4,
-    num_experts_per_tok=2, moe_intermediate_size=16, intermediate_size=32, vocab_size=272, block_length=4,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=16,
+    intermediate_size=32,
+    vocab_size=272,
+    block_length=4,
     max_position_embeddings=256,
 )
-EXAMPLES = [Example("t", "Copy abcdefghij", "abcdefghij"), Example("t", "What is 1+2?", "3"),
-            Example("t", "Sort 3 1 2", "1 2 3")]
+EXAMPLES = [
+    Example("t", "Copy abcdefghij", "abcdefghij"),
+    Example("t", "What is 1+2?", "3"),
+    Example("t", "Sort 3 1 2", "1 2 3"),
+]
 
 
 def test_prompt_encoding_matches_the_chat_template(tmp_path):

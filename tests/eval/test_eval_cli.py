@@ -15,8 +15,16 @@ def test_eval_sweeps_decoders_on_the_bundled_model(capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(lines[-1])
     labels = [r["decoding"] for r in summary["results"]]
-    assert labels == ["default", "threshold 0.5", "threshold 0.9", "fixed 1/step", "fixed 2/step",
-                      "entropy 0.1", "entropy 0.35", "entropy 1"]
+    assert labels == [
+        "default",
+        "threshold 0.5",
+        "threshold 0.9",
+        "fixed 1/step",
+        "fixed 2/step",
+        "entropy 0.1",
+        "entropy 0.35",
+        "entropy 1",
+    ]
     assert summary["num_examples"] == 8
     assert summary["defaults"]["decoder"] == "threshold"
     for result in summary["results"]:
@@ -29,12 +37,15 @@ def test_eval_sweeps_decoders_on_the_bundled_model(capsys):
     assert all(label in "\n".join(lines) for label in labels)
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--tasks", "add,poetry"], "tasks: unknown poetry"),
-    (["--thresholds", "0.5,high"], "thresholds: 'high' is not a number"),
-    (["--thresholds", "1.5"], "thresholds: got 1.5, each must be in (0, 1]"),
-    (["--num-per-task", "0"], "num_per_task: got 0, must be >= 1"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--tasks", "add,poetry"], "tasks: unknown poetry"),
+        (["--thresholds", "0.5,high"], "thresholds: 'high' is not a number"),
+        (["--thresholds", "1.5"], "thresholds: got 1.5, each must be in (0, 1]"),
+        (["--num-per-task", "0"], "num_per_task: got 0, must be >= 1"),
+    ],
+)
 def test_bad_flags_give_one_line_errors(capsys, flags, message):
     assert main(["eval", *flags]) == 2
     err = capsys.readouterr().err.strip()

@@ -15,14 +15,31 @@ from scripts.training.hybrid_batch import build_hybrid_batch
 from scripts.training.hybrid_forward import hybrid_training_forward, predicting_rows
 
 TINY_HYBRID = dict(
-    hidden_size=32, num_hidden_layers=4, full_attention_interval=4, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=8, partial_rotary_factor=0.5, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
-    linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
-    moe_intermediate_size=16, shared_expert_intermediate_size=16, vocab_size=272, block_length=4,
+    hidden_size=32,
+    num_hidden_layers=4,
+    full_attention_interval=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    partial_rotary_factor=0.5,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=16,
+    shared_expert_intermediate_size=16,
+    vocab_size=272,
+    block_length=4,
     max_position_embeddings=256,
 )
-EXAMPLES = [Example("t", "Copy abcdefghij", "abcdefghij"), Example("t", "What is 1+2?", "3"),
-            Example("t", "Sort 3 1 2", "1 2 3")]
+EXAMPLES = [
+    Example("t", "Copy abcdefghij", "abcdefghij"),
+    Example("t", "What is 1+2?", "3"),
+    Example("t", "Sort 3 1 2", "1 2 3"),
+]
 
 
 def _perturbed_model(shift: bool):

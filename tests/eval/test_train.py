@@ -21,8 +21,9 @@ SHAPES = {"clover_moe": TINY_HYBRID, "sdar": TINY}
 
 def _fixed_batch_loss(family: str, model: torch.nn.Module) -> float:
     examples = itertools.islice(training_stream(99), 32)
-    batch = FAMILIES[family].build_batch([encode_example(e, 4) for e in examples], 4, torch.Generator().manual_seed(0),
-                                         1)
+    batch = FAMILIES[family].build_batch(
+        [encode_example(e, 4) for e in examples], 4, torch.Generator().manual_seed(0), 1
+    )
     with torch.no_grad():
         return FAMILIES[family].loss(model, batch).item()
 

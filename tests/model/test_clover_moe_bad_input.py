@@ -46,15 +46,17 @@ def test_layer_types_length(tmp_path):
 
 def test_unknown_layer_type(tmp_path):
     model_dir = _write(tmp_path)
-    _edit_config(model_dir, layer_types=["linear_attention", "sliding_attention", "linear_attention",
-                                         "full_attention"])
+    _edit_config(model_dir, layer_types=["linear_attention", "sliding_attention", "linear_attention", "full_attention"])
     assert "['sliding_attention']" in _error(model_dir)
 
 
-@pytest.mark.parametrize("field, value, other", [
-    ("num_key_value_heads", 3, "`num_attention_heads` = 4 is not a multiple of `num_key_value_heads` = 3"),
-    ("linear_num_key_heads", 3, "`linear_num_value_heads` = 4 is not a multiple of `linear_num_key_heads` = 3"),
-])
+@pytest.mark.parametrize(
+    "field, value, other",
+    [
+        ("num_key_value_heads", 3, "`num_attention_heads` = 4 is not a multiple of `num_key_value_heads` = 3"),
+        ("linear_num_key_heads", 3, "`linear_num_value_heads` = 4 is not a multiple of `linear_num_key_heads` = 3"),
+    ],
+)
 def test_head_counts_must_divide(tmp_path, field, value, other):
     model_dir = _write(tmp_path)
     _edit_config(model_dir, **{field: value})
@@ -91,8 +93,11 @@ def test_diffusion_needs_a_mask_token(tmp_path):
 
 def test_remote_code_we_do_not_run(tmp_path):
     model_dir = _write(tmp_path, diffusion=False)
-    _edit_config(model_dir, architectures=["CloverMoeV2ModelLM"],
-                 auto_map={"AutoModelForCausalLM": "modeling_clover_moe_v2.CloverMoeV2ModelLM"})
+    _edit_config(
+        model_dir,
+        architectures=["CloverMoeV2ModelLM"],
+        auto_map={"AutoModelForCausalLM": "modeling_clover_moe_v2.CloverMoeV2ModelLM"},
+    )
     message = _error(model_dir)
     assert "'CloverMoeV2ModelLM'" in message and "modeling_clover_moe_v2.CloverMoeV2ModelLM" in message
     assert "trust_remote_code" in message

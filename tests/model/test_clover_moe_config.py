@@ -12,8 +12,15 @@ from diffuserve.model.clover_moe_config import (
     state_bytes_per_sequence,
 )
 
-REAL_SHAPE = dict(architectures=["CloverMoeModelLM"], model_type="clover_moe", vocab_size=248320, hidden_size=2048,
-                  num_hidden_layers=40, num_attention_heads=16, mask_token_id=248319)
+REAL_SHAPE = dict(
+    architectures=["CloverMoeModelLM"],
+    model_type="clover_moe",
+    vocab_size=248320,
+    hidden_size=2048,
+    num_hidden_layers=40,
+    num_attention_heads=16,
+    mask_token_id=248319,
+)
 
 
 def test_defaults_are_the_35b_a3b_shape():
@@ -38,12 +45,19 @@ def test_state_sizes_of_the_real_model():
 
 
 def test_text_config_and_mrope():
-    rope = {"rope_type": "mrope", "rope_theta": 1e7, "mrope_section": [11, 11, 10], "mrope_interleaved": True,
-            "partial_rotary_factor": 0.25}
-    text = {**{k: v for k, v in REAL_SHAPE.items() if k != "architectures"}, "rope_parameters": rope,
-            "full_attention_interval": 2}
-    config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
-              "text_config": text}
+    rope = {
+        "rope_type": "mrope",
+        "rope_theta": 1e7,
+        "mrope_section": [11, 11, 10],
+        "mrope_interleaved": True,
+        "partial_rotary_factor": 0.25,
+    }
+    text = {
+        **{k: v for k, v in REAL_SHAPE.items() if k != "architectures"},
+        "rope_parameters": rope,
+        "full_attention_interval": 2,
+    }
+    config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe", "text_config": text}
     args = clover_moe_args_from_hf(config)
     assert args.rope.rope_type == "default" and args.rope.theta == 1e7
     assert hybrid_args(args).layer_types[:2] == (LINEAR_ATTENTION, FULL_ATTENTION)

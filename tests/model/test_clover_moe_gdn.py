@@ -18,8 +18,7 @@ LAYER_ATOL = 1e-4  # a layer adds fp32 projections and norms around the rule
 
 def _rule_inputs(length: int, heads: int = 3, dk: int = 8, dv: int = 6, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
-    q, k = (torch.nn.functional.normalize(torch.randn(2, heads, length, dk, generator=gen), dim=-1)
-            for _ in range(2))
+    q, k = (torch.nn.functional.normalize(torch.randn(2, heads, length, dk, generator=gen), dim=-1) for _ in range(2))
     v = torch.randn(2, heads, length, dv, generator=gen)
     g = -torch.rand(2, heads, length, generator=gen) * 0.5
     beta = torch.rand(2, heads, length, generator=gen)
@@ -77,8 +76,9 @@ def test_forward_never_modifies_its_input_state():
 
 
 def test_model_prefix_split_equals_whole(tmp_path):
-    model_dir = write_clover_moe_checkpoint(tmp_path / "m", make_clover_moe_config(num_hidden_layers=8), seed=2,
-                                            init_std=0.1, diffusion=False)
+    model_dir = write_clover_moe_checkpoint(
+        tmp_path / "m", make_clover_moe_config(num_hidden_layers=8), seed=2, init_std=0.1, diffusion=False
+    )
     _, model = load_model(model_dir)
     ids = torch.randint(0, 300, (2, 90), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():

@@ -49,12 +49,15 @@ def _max_diff(model_dir, length: int, batch: int = 2, dtype: str = "float32") ->
 CASES = {
     "3:1 pattern, fused experts": (dict(num_hidden_layers=8), dict()),
     "explicit layer_types, per-expert, multimodal prefix": (
-        dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention", "linear_attention",
-                                               "full_attention"]),
+        dict(
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        ),
         dict(per_expert=True, prefix="model.language_model."),
     ),
     "partial rotary 0.5, GQA 8:1": (
-        dict(num_attention_heads=8, num_key_value_heads=1, partial_rotary_factor=0.5, linear_num_key_heads=1), {}
+        dict(num_attention_heads=8, num_key_value_heads=1, partial_rotary_factor=0.5, linear_num_key_heads=1),
+        {},
     ),
     "sharded, per-expert": (dict(), dict(per_expert=True, max_shard_bytes=60_000)),
     "attention bias, tied head": (dict(attention_bias=True, tie_word_embeddings=True), {}),
@@ -72,8 +75,9 @@ def test_logits_match_transformers(tmp_path, case):
 
 
 def test_long_prompt_crosses_several_chunks(tmp_path):
-    model_dir = write_clover_moe_checkpoint(tmp_path / "m", make_clover_moe_config(), seed=4, init_std=0.1,
-                                            diffusion=False)
+    model_dir = write_clover_moe_checkpoint(
+        tmp_path / "m", make_clover_moe_config(), seed=4, init_std=0.1, diffusion=False
+    )
     assert _max_diff(model_dir, length=200, batch=1) < ATOL
 
 
@@ -98,10 +102,21 @@ def test_directory_written_by_transformers(tmp_path):
     """A `Qwen3_5MoeForCausalLM.save_pretrained` directory (its config.json spelling: rope_parameters, layer_types,
     dtype) loads as the autoregressive clover_moe model."""
     config = transformers.Qwen3_5MoeTextConfig(
-        vocab_size=300, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-        linear_value_head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=48, full_attention_interval=2,
+        vocab_size=300,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        full_attention_interval=2,
     )
     torch.manual_seed(0)
     hf = transformers.Qwen3_5MoeForCausalLM(config).eval()

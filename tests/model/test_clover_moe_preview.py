@@ -86,8 +86,13 @@ def test_without_history_it_is_block_softmax_attention():
     q, k, v, g, state = _mix_inputs()
     scale = torch.tensor([3.0, 5.0])
     got = preview_mix(q, k, v, g, state, scale, torch.full((2,), float("-inf")), torch.tensor([0.7, -1.0]))
-    expected = torch.cat([F.scaled_dot_product_attention(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1],
-                                                         scale=float(scale[h])) for h in range(2)], dim=1)
+    expected = torch.cat(
+        [
+            F.scaled_dot_product_attention(q[:, h : h + 1], k[:, h : h + 1], v[:, h : h + 1], scale=float(scale[h]))
+            for h in range(2)
+        ],
+        dim=1,
+    )
     torch.testing.assert_close(got, expected)
 
 
@@ -129,11 +134,17 @@ def test_neutral_layer_is_causal_conv_then_block_attention():
         window = torch.cat([state.conv, layer.in_proj_qkv(block).transpose(1, 2)], dim=-1)
         conv = F.silu(F.conv1d(window, layer.conv1d.weight, groups=gdn.conv_dim)).transpose(1, 2)
         q, k, v = conv.split([gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
-        q, k = (F.normalize(t.view(1, 5, 2, 16), dim=-1, eps=0).repeat_interleave(2, dim=2).transpose(1, 2)
-                for t in (q, k))
+        q, k = (
+            F.normalize(t.view(1, 5, 2, 16), dim=-1, eps=0).repeat_interleave(2, dim=2).transpose(1, 2) for t in (q, k)
+        )
         v = v.view(1, 5, 4, 16).transpose(1, 2)
-        o = torch.cat([F.scaled_dot_product_attention(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1],
-                                                      scale=(2.0 + h) / 4) for h in range(4)], dim=1)
+        o = torch.cat(
+            [
+                F.scaled_dot_product_attention(q[:, h : h + 1], k[:, h : h + 1], v[:, h : h + 1], scale=(2.0 + h) / 4)
+                for h in range(4)
+            ],
+            dim=1,
+        )
         z = layer.in_proj_z(block).view(1, 5, 4, 16)
         expected = layer.out_proj(layer.norm(o.transpose(1, 2), z).reshape(1, 5, 64))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)

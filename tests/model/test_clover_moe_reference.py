@@ -20,8 +20,9 @@ PROMPT = [72, 101, 108, 108, 111, 44]  # 6 tokens: the first block (length 4) is
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     config = make_clover_moe_config(block_length=4)
-    return write_clover_moe_checkpoint(tmp_path_factory.mktemp("ref") / "m", config, seed=7, init_std=0.1,
-                                       logit_scale=20.0)
+    return write_clover_moe_checkpoint(
+        tmp_path_factory.mktemp("ref") / "m", config, seed=7, init_std=0.1, logit_scale=20.0
+    )
 
 
 def _with_shift(model, shift: bool) -> None:
@@ -90,6 +91,7 @@ def test_ar_decode_equals_transformers_greedy(model_dir):
     ours = reference_ar_decode(model, PROMPT, ReferenceSettings(max_new_tokens=12))
     assert ours == reference_ar_decode(model, PROMPT, ReferenceSettings(max_new_tokens=12))
     hf = _hf_model(model_dir)
-    expected = hf.generate(torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False, eos_token_id=None,
-                           pad_token_id=0)
-    assert transformers is not None and ours == expected[0, len(PROMPT):].tolist()
+    expected = hf.generate(
+        torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    assert transformers is not None and ours == expected[0, len(PROMPT) :].tolist()

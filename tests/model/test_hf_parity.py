@@ -16,8 +16,16 @@ pytestmark = pytest.mark.hf
 
 BLOCK = 4
 SHAPE = dict(
-    vocab_size=96, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-    intermediate_size=96, max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    vocab_size=96,
+    hidden_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=96,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
 )
 
 
@@ -25,8 +33,14 @@ def _hf_model(kind: str, **extra):
     torch.manual_seed(0)
     if kind == "moe":
         config = transformers.Qwen3MoeConfig(
-            **SHAPE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
-            decoder_sparse_step=1, mlp_only_layers=[1], **extra,
+            **SHAPE,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+            **extra,
         )
         model = transformers.Qwen3MoeForCausalLM(config)
     else:
@@ -72,8 +86,13 @@ def test_logits_match_transformers(tmp_path, kind, architecture):
     [
         {"rope_type": "linear", "factor": 2.0},
         {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
-        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-         "original_max_position_embeddings": 64},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
     ],
 )
 def test_rope_scaling_matches_transformers(tmp_path, scaling):

@@ -57,7 +57,10 @@ def test_dynamic_ntk_matches_transformers_at_max_model_len(max_model_len):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     config = transformers.Qwen3Config(
-        hidden_size=64, num_attention_heads=4, head_dim=16, max_position_embeddings=64,
+        hidden_size=64,
+        num_attention_heads=4,
+        head_dim=16,
+        max_position_embeddings=64,
         rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0},
     )
     expected, _ = ROPE_INIT_FUNCTIONS["dynamic"](config, "cpu", seq_len=max_model_len)

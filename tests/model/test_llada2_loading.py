@@ -27,10 +27,16 @@ def sharded(tmp_path_factory):
 def test_sharded_hub_layout_loads_with_ids_from_the_tokenizer(sharded, tmp_path):
     index = json.loads((sharded / "model.safetensors.index.json").read_text())["weight_map"]
     assert len(set(index.values())) > 1
-    assert {"model.word_embeddings.weight", "model.layers.1.attention.query_key_value.weight",
-            "model.layers.1.attention.dense.weight", "model.layers.1.attention.query_layernorm.weight",
-            "model.layers.1.mlp.gate.expert_bias", "model.layers.1.mlp.experts.7.down_proj.weight",
-            "model.layers.1.mlp.shared_experts.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"} <= set(index)
+    assert {
+        "model.word_embeddings.weight",
+        "model.layers.1.attention.query_key_value.weight",
+        "model.layers.1.attention.dense.weight",
+        "model.layers.1.attention.query_layernorm.weight",
+        "model.layers.1.mlp.gate.expert_bias",
+        "model.layers.1.mlp.experts.7.down_proj.weight",
+        "model.layers.1.mlp.shared_experts.gate_proj.weight",
+        "model.layers.0.mlp.up_proj.weight",
+    } <= set(index)
     config = json.loads((sharded / "config.json").read_text())
     assert "mask_token_id" not in config and "eos_token_id" not in config  # as the released configs
     args, model = load_model(sharded)
@@ -59,20 +65,37 @@ def test_chat_template_renders_llada2_turns(sharded):
     text = tokenizer.apply_chat_template(
         [{"role": "system", "content": "detailed thinking off"}, {"role": "user", "content": "hi"}]
     )
-    assert text == ("<role>SYSTEM</role>detailed thinking off<|role_end|>"
-                    "<role>HUMAN</role>hi<|role_end|><role>ASSISTANT</role>")
+    assert text == (
+        "<role>SYSTEM</role>detailed thinking off<|role_end|><role>HUMAN</role>hi<|role_end|><role>ASSISTANT</role>"
+    )
     ids = tokenizer.encode("ok<|role_end|><|endoftext|>", add_special_tokens=False)
     assert tokenizer.decode(ids) == "ok"  # the turn markers are special tokens
 
 
 def test_absent_keys_take_the_reference_config_class_defaults():
-    minimal = {k: TINY[k] for k in ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                                    "num_experts", "num_experts_per_tok", "moe_intermediate_size", "vocab_size")}
+    minimal = {
+        k: TINY[k]
+        for k in (
+            "architectures",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "vocab_size",
+        )
+    }
     args = llada2_args_from_hf({**minimal, "mask_token_id": 1, "num_key_value_heads": 0})
     assert args.num_kv_heads == args.num_heads and args.head_dim == 16
     assert args.rms_norm_eps == 1e-5 and args.rope.partial_rotary_factor == 0.5 and args.rope.theta == 10000.0
-    assert args.extra == {"use_qk_norm": True, "use_bias": True, "n_group": 8, "topk_group": 4,
-                          "routed_scaling_factor": 2.5}
+    assert args.extra == {
+        "use_qk_norm": True,
+        "use_bias": True,
+        "n_group": 8,
+        "topk_group": 4,
+        "routed_scaling_factor": 2.5,
+    }
     assert args.dense_layer_ids == frozenset() and args.shared_expert_intermediate_size == 0
     assert args.block_length == 32 and args.max_position_embeddings == 16384
 

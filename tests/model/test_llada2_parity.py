@@ -30,17 +30,30 @@ BLOCK = 8
 
 def _glm4_moe(config: dict) -> nn.Module:
     hf_config = transformers.Glm4MoeConfig(
-        vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
-        intermediate_size=config["intermediate_size"], num_hidden_layers=config["num_hidden_layers"],
-        num_attention_heads=config["num_attention_heads"], num_key_value_heads=config["num_key_value_heads"],
-        max_position_embeddings=config["max_position_embeddings"], rms_norm_eps=config["rms_norm_eps"],
-        rope_parameters={"rope_type": "default", "rope_theta": config["rope_theta"],
-                         "partial_rotary_factor": config["partial_rotary_factor"]},
-        attention_bias=config["use_qkv_bias"], moe_intermediate_size=config["moe_intermediate_size"],
-        num_experts_per_tok=config["num_experts_per_tok"], n_shared_experts=config["num_shared_experts"],
-        n_routed_experts=config["num_experts"], routed_scaling_factor=config["routed_scaling_factor"],
-        n_group=config["n_group"], topk_group=config["topk_group"],
-        first_k_dense_replace=config["first_k_dense_replace"], norm_topk_prob=True, use_qk_norm=True,
+        vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"],
+        intermediate_size=config["intermediate_size"],
+        num_hidden_layers=config["num_hidden_layers"],
+        num_attention_heads=config["num_attention_heads"],
+        num_key_value_heads=config["num_key_value_heads"],
+        max_position_embeddings=config["max_position_embeddings"],
+        rms_norm_eps=config["rms_norm_eps"],
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": config["rope_theta"],
+            "partial_rotary_factor": config["partial_rotary_factor"],
+        },
+        attention_bias=config["use_qkv_bias"],
+        moe_intermediate_size=config["moe_intermediate_size"],
+        num_experts_per_tok=config["num_experts_per_tok"],
+        n_shared_experts=config["num_shared_experts"],
+        n_routed_experts=config["num_experts"],
+        routed_scaling_factor=config["routed_scaling_factor"],
+        n_group=config["n_group"],
+        topk_group=config["topk_group"],
+        first_k_dense_replace=config["first_k_dense_replace"],
+        norm_topk_prob=True,
+        use_qk_norm=True,
         tie_word_embeddings=False,
     )
     torch.manual_seed(0)
@@ -68,11 +81,11 @@ def _to_llada2_names(state: dict[str, torch.Tensor], config: dict) -> dict[str, 
         name = name.replace(".k_norm.", ".key_layernorm.").replace(".e_score_correction_bias", ".expert_bias")
         if name.endswith("experts.gate_up_proj"):
             for e, fused in enumerate(tensor):
-                out[f"{name[:-len('gate_up_proj')]}{e}.gate_proj.weight"] = fused[:inter]
-                out[f"{name[:-len('gate_up_proj')]}{e}.up_proj.weight"] = fused[inter:]
+                out[f"{name[: -len('gate_up_proj')]}{e}.gate_proj.weight"] = fused[:inter]
+                out[f"{name[: -len('gate_up_proj')]}{e}.up_proj.weight"] = fused[inter:]
         elif name.endswith("experts.down_proj"):
             for e, down in enumerate(tensor):
-                out[f"{name[:-len('down_proj')]}{e}.down_proj.weight"] = down
+                out[f"{name[: -len('down_proj')]}{e}.down_proj.weight"] = down
         elif ".attention.q_proj." in name:  # rows [Q | K | V]
             hf_name = name.replace(".attention.", ".self_attn.")
             parts = [state[hf_name.replace("q_proj", proj)] for proj in ("q_proj", "k_proj", "v_proj")]

@@ -25,8 +25,10 @@ def _case(num_tokens: int, experts: int, top_k: int, dtype: torch.dtype, idle: i
     return x, weights.to(dtype), ids, gate_up, down
 
 
-@pytest.mark.parametrize(("num_tokens", "experts", "top_k", "idle"),
-                         [(1, 4, 2, 0), (37, 6, 2, 1), (64, 8, 3, 0), (128, 16, 2, 5), (5, 16, 4, 0)])
+@pytest.mark.parametrize(
+    ("num_tokens", "experts", "top_k", "idle"),
+    [(1, 4, 2, 0), (37, 6, 2, 1), (64, 8, 3, 0), (128, 16, 2, 5), (5, 16, 4, 0)],
+)
 def test_bmm_matches_the_loop_in_fp32(num_tokens, experts, top_k, idle):
     case = _case(num_tokens, experts, top_k, torch.float32, idle)
     loop = run_experts("loop", *case)

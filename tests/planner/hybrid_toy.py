@@ -10,11 +10,26 @@ from __future__ import annotations
 from diffuserve.planner.model_spec import ModelSpec, spec_from_config
 
 HYBRID_TOY_CONFIG = dict(
-    architectures=["CloverMoeModelLM"], model_type="clover_moe", hidden_size=512, num_hidden_layers=4,
-    full_attention_interval=4, num_attention_heads=4, num_key_value_heads=1, head_dim=128,
-    linear_num_key_heads=2, linear_key_head_dim=64, linear_num_value_heads=4, linear_value_head_dim=64,
-    linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
-    shared_expert_intermediate_size=128, vocab_size=1000, tie_word_embeddings=False, max_position_embeddings=8192,
+    architectures=["CloverMoeModelLM"],
+    model_type="clover_moe",
+    hidden_size=512,
+    num_hidden_layers=4,
+    full_attention_interval=4,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=128,
+    linear_num_key_heads=2,
+    linear_key_head_dim=64,
+    linear_num_value_heads=4,
+    linear_value_head_dim=64,
+    linear_conv_kernel_dim=4,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=128,
+    shared_expert_intermediate_size=128,
+    vocab_size=1000,
+    tie_word_embeddings=False,
+    max_position_embeddings=8192,
     block_length=16,
 )
 

@@ -41,8 +41,7 @@ def test_prediction_of_the_bench_run_is_within_25_percent():
     """The planner re-plans exactly the measured run with the run's knobs and compares decode tokens/s."""
     check = check_calibration(load_calibration(FIXTURE))
     assert check.measured_tokens_per_s == 6.273
-    assert check.relative_error == pytest.approx(
-        (check.predicted_tokens_per_s - 6.273) / 6.273)
+    assert check.relative_error == pytest.approx((check.predicted_tokens_per_s - 6.273) / 6.273)
     assert abs(check.relative_error) < 0.25
     assert check.predicted_forward_s == pytest.approx(1.699, rel=0.25)
     assert any("error" in line for line in check.formulas)
@@ -98,14 +97,41 @@ def test_the_bench_writes_what_the_planner_reads():
     from diffuserve.bench.probes import MachineRates
 
     data = _calibration_object()
-    rates = MachineRates(flops_per_s=2.56e10, matmul_size=1024, bandwidth_bytes_per_s=5.55e9,
-                         bandwidth_buffer_bytes=1 << 28, dtype="float32")
+    rates = MachineRates(
+        flops_per_s=2.56e10,
+        matmul_size=1024,
+        bandwidth_bytes_per_s=5.55e9,
+        bandwidth_buffer_bytes=1 << 28,
+        dtype="float32",
+    )
     deployment = {"tensor_parallel_size": 1, "max_num_seqs": 8, "max_num_batched_tokens": 4096}
-    written = calibration_object(data["model_config"], "float32", rates, 8 << 30, data["workload"],
-                                 FittedEfficiency(0.5, 1.271, 40, 0.1), 1.333, 15.6, 6.273, 1.699, deployment)
+    written = calibration_object(
+        data["model_config"],
+        "float32",
+        rates,
+        8 << 30,
+        data["workload"],
+        FittedEfficiency(0.5, 1.271, 40, 0.1),
+        1.333,
+        15.6,
+        6.273,
+        1.699,
+        deployment,
+    )
     calibration = Calibration.from_json(written)
     assert (calibration.efficiency.flops_fraction, calibration.deployment.max_num_seqs) == (0.5, 8)
     assert written["fit"] == {"num_decode_steps": 40, "rms_relative_error": 0.1}
     with pytest.raises(ValueError, match="flops_fraction"):
-        calibration_object(data["model_config"], "float32", rates, 8 << 30, data["workload"],
-                           FittedEfficiency(1.5, 0.0, 1, 0.0), 1.0, None, 1.0, 1.0, deployment)
+        calibration_object(
+            data["model_config"],
+            "float32",
+            rates,
+            8 << 30,
+            data["workload"],
+            FittedEfficiency(1.5, 0.0, 1, 0.0),
+            1.0,
+            None,
+            1.0,
+            1.0,
+            deployment,
+        )

@@ -16,13 +16,20 @@ COSTS = CostInputs(gpu_hour_price=2.0, capex_per_gpu=10_000)
 
 
 def _deployment(**changes):
-    return Deployment(**{"gpu_memory_utilization": 0.5, "activation_bytes": 50_331_648,
-                         "runtime_overhead_bytes": 0, **changes})
+    return Deployment(
+        **{"gpu_memory_utilization": 0.5, "activation_bytes": 50_331_648, "runtime_overhead_bytes": 0, **changes}
+    )
 
 
 def _plan(context=4096, concurrency=None, spec=None, hardware=HW, **deployment):
-    workload = Workload(context_length=context, prompt_tokens=context // 2, output_tokens=context // 4,
-                        block_length=16, tpf=2.0, concurrency=concurrency)
+    workload = Workload(
+        context_length=context,
+        prompt_tokens=context // 2,
+        output_tokens=context // 4,
+        block_length=16,
+        tpf=2.0,
+        concurrency=concurrency,
+    )
     return make_plan(spec or toy_spec(), hardware, _deployment(**deployment), workload, Efficiency(), COSTS)
 
 
@@ -71,24 +78,30 @@ def test_model_that_does_not_fit_suggests_more_gpus_and_fp8():
     assert "--num-gpus 4 --tensor-parallel-size 4" in message and "--num-gpus 2" in message
 
 
-@pytest.mark.parametrize("changes, match", [
-    (dict(context_length=0), "context_length: must be > 0"),
-    (dict(tpf=-1.0), "tpf: must be > 0"),
-    (dict(tpf=17.0), "exceeds the block length 16"),
-    (dict(prompt_tokens=5000), "exceeds context_length 4096"),
-    (dict(experts_touched_fraction=1.5), r"experts_touched_fraction: must be in \(0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        (dict(context_length=0), "context_length: must be > 0"),
+        (dict(tpf=-1.0), "tpf: must be > 0"),
+        (dict(tpf=17.0), "exceeds the block length 16"),
+        (dict(prompt_tokens=5000), "exceeds context_length 4096"),
+        (dict(experts_touched_fraction=1.5), r"experts_touched_fraction: must be in \(0, 1\]"),
+    ],
+)
 def test_bad_workload_values(changes, match):
     values = dict(context_length=4096, prompt_tokens=2048, output_tokens=1024, block_length=16)
     with pytest.raises(ValueError, match=match):
         Workload(**{**values, **changes})
 
 
-@pytest.mark.parametrize("changes, match", [
-    (dict(num_gpus=0), "num_gpus: must be > 0"),
-    (dict(gpu_memory_utilization=1.2), "gpu_memory_utilization"),
-    (dict(weight_dtype="int3"), "weight_dtype: 'int3' is not one of"),
-])
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        (dict(num_gpus=0), "num_gpus: must be > 0"),
+        (dict(gpu_memory_utilization=1.2), "gpu_memory_utilization"),
+        (dict(weight_dtype="int3"), "weight_dtype: 'int3' is not one of"),
+    ],
+)
 def test_bad_deployment_values(changes, match):
     with pytest.raises(ValueError, match=match):
         Deployment(**changes)
@@ -99,12 +112,15 @@ def test_context_above_model_maximum():
         _plan(context=16384)
 
 
-@pytest.mark.parametrize("deployment, match", [
-    (dict(num_gpus=3, tensor_parallel_size=3), "does not divide the 8 attention heads"),
-    (dict(num_gpus=6, expert_parallel_size=6), "does not divide the 8 experts"),
-    (dict(num_gpus=4, tensor_parallel_size=2), None),
-    (dict(num_gpus=2, tensor_parallel_size=4), "tensor_parallel_size: 4 does not divide num_gpus 2"),
-])
+@pytest.mark.parametrize(
+    "deployment, match",
+    [
+        (dict(num_gpus=3, tensor_parallel_size=3), "does not divide the 8 attention heads"),
+        (dict(num_gpus=6, expert_parallel_size=6), "does not divide the 8 experts"),
+        (dict(num_gpus=4, tensor_parallel_size=2), None),
+        (dict(num_gpus=2, tensor_parallel_size=4), "tensor_parallel_size: 4 does not divide num_gpus 2"),
+    ],
+)
 def test_parallel_sizes_must_divide_heads_and_experts(deployment, match):
     if match is None:
         assert _plan(**deployment).capacity.num_replicas == 2

@@ -43,8 +43,22 @@ def test_explain_prints_formulas_with_numbers(capsys):
 
 
 def test_json_is_one_document_with_every_section(capsys):
-    document = json.loads(_run(capsys, "LLaDA2.0-mini", "--hardware", "L40S", "--context-length", "16384",
-                               "--weight-dtype", "fp8", "--kv-cache-dtype", "fp8", "--json", "--explain"))
+    document = json.loads(
+        _run(
+            capsys,
+            "LLaDA2.0-mini",
+            "--hardware",
+            "L40S",
+            "--context-length",
+            "16384",
+            "--weight-dtype",
+            "fp8",
+            "--kv-cache-dtype",
+            "fp8",
+            "--json",
+            "--explain",
+        )
+    )
     assert document["model"]["active_definition"].startswith("active = parameters one token uses")
     assert document["deployment"]["weight_dtype"] == "fp8"
     assert document["capacity"]["max_seqs_by_kv"] > 0
@@ -53,8 +67,20 @@ def test_json_is_one_document_with_every_section(capsys):
 
 
 def test_custom_hardware_and_request_rate(capsys):
-    out = _run(capsys, "LLaDA2.0-mini", "--memory-gib", "48", "--bandwidth-tbps", "1", "--tflops", "200",
-               "--context-length", "8192", "--request-rate", "2")
+    out = _run(
+        capsys,
+        "LLaDA2.0-mini",
+        "--memory-gib",
+        "48",
+        "--bandwidth-tbps",
+        "1",
+        "--tflops",
+        "200",
+        "--context-length",
+        "8192",
+        "--request-rate",
+        "2",
+    )
     assert "on 1 x custom" in out and "Rate        2.0/s needs" in out
 
 
@@ -65,8 +91,18 @@ def test_calibrate_alone_replans_the_bench_run(capsys):
 
 
 def test_flags_override_calibration(capsys):
-    out = _run(capsys, "Clover-35B-A3B", "--context-length", "8192", "--calibrate", str(FIXTURE),
-               "--step-overhead-ms", "2", "--tpf", "3")
+    out = _run(
+        capsys,
+        "Clover-35B-A3B",
+        "--context-length",
+        "8192",
+        "--calibrate",
+        str(FIXTURE),
+        "--step-overhead-ms",
+        "2",
+        "--tpf",
+        "3",
+    )
     assert "step overhead 2.0 ms, TPF 3.0" in out and "MBU 1.0" in out
 
 
@@ -100,13 +136,16 @@ def test_chart_is_a_png(capsys, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--concurrency", "0"], "concurrency: must be > 0, got 0"),
-    (["--context-length", "-1"], "context_length: must be > 0"),
-    (["--memory-gib", "0"], "--memory-gib: must be > 0"),
-    (["--tensor-parallel-size", "0"], "tensor_parallel_size: must be > 0"),
-    (["--utilization", "0"], "utilization: must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--concurrency", "0"], "concurrency: must be > 0, got 0"),
+        (["--context-length", "-1"], "context_length: must be > 0"),
+        (["--memory-gib", "0"], "--memory-gib: must be > 0"),
+        (["--tensor-parallel-size", "0"], "tensor_parallel_size: must be > 0"),
+        (["--utilization", "0"], "utilization: must be in (0, 1]"),
+    ],
+)
 def test_non_positive_flags_are_rejected_not_defaulted(capsys, flags, message):
     assert main(["plan", "LLaDA2.0-mini", *flags]) == 2
     assert message in capsys.readouterr().err

@@ -66,17 +66,23 @@ def test_text_states_the_sequences_and_the_full_attention_comparison(capsys):
     assert "34.66B total, 3.45B active (published 35.00B / 3.00B)" in out and "(2.44B without)" in out
     assert "KV per token 20.00 KiB" in out and "recurrent state 61.41 MiB (constant) = 2.56 GiB" in out
     assert "21 sequences fit at 131,072 tokens" in out
-    assert ("Hybrid      10 of 40 layers keep K/V (30 linear-attention layers: a constant state), so 21 sequences "
-            "fit; with full attention in all 40 layers (same heads) a 131,072-token sequence would need 10.00 GiB "
-            "and 5 would fit (4.2x fewer)") in out
+    assert (
+        "Hybrid      10 of 40 layers keep K/V (30 linear-attention layers: a constant state), so 21 sequences "
+        "fit; with full attention in all 40 layers (same heads) a 131,072-token sequence would need 10.00 GiB "
+        "and 5 would fit (4.2x fewer)"
+    ) in out
 
 
 def test_explain_shows_both_memory_terms_and_the_gdn_roofline(capsys):
     out = _run(capsys, "Clover-35B-A3B", "--context-length", "131072", "--explain")
-    assert ("KV/token (full attention) = 2 x L 10 x Hkv 2/device x D 256 x 2 B (bf16) = 20.00 KiB (30 "
-            "linear-attention layers keep no K/V)") in out
-    assert ("state/sequence (Gated DeltaNet) = L 30 x (S: Hv 32 x Dk 128 x Dv 128 x 4 B (fp32) 2.00 MiB + conv "
-            "ring: (k-1) 3 x conv_dim 8192 x 2 B 48.00 KiB) / tp 1 = 61.41 MiB") in out
+    assert (
+        "KV/token (full attention) = 2 x L 10 x Hkv 2/device x D 256 x 2 B (bf16) = 20.00 KiB (30 "
+        "linear-attention layers keep no K/V)"
+    ) in out
+    assert (
+        "state/sequence (Gated DeltaNet) = L 30 x (S: Hv 32 x Dk 128 x Dv 128 x 4 B (fp32) 2.00 MiB + conv "
+        "ring: (k-1) 3 x conv_dim 8192 x 2 B 48.00 KiB) / tp 1 = 61.41 MiB"
+    ) in out
     assert "linear attention (GDN) 1.01B" in out
     assert "state (read + write) 2 x 21 x 61.41 MiB" in out and "recurrence 7 x L 30 x Hv 32" in out
 

@@ -14,9 +14,17 @@ from diffuserve.model.config import BLOCK_LENGTH_KEYS, llada2_args_from_hf, qwen
 from diffuserve.planner.model_spec import spec_from_config
 
 SDAR = {
-    "architectures": ["SDARMoeForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 8, "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32, "intermediate_size": 128, "vocab_size": 300, "mask_token_id": 299,
+    "architectures": ["SDARMoeForCausalLM"],
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "intermediate_size": 128,
+    "vocab_size": 300,
+    "mask_token_id": 299,
 }
 LLADA2 = {**SDAR, "architectures": ["LLaDA2MoeModelLM"], "first_k_dense_replace": 1}
 
@@ -43,8 +51,9 @@ def test_a_bad_block_length_names_the_field():
         spec_from_config({**SDAR, "bd_size": 0})
 
 
-@pytest.mark.parametrize("dense_keys", [{"first_k_dense_replace": 1}, {"mlp_only_layers": [0, 3]},
-                                        {"decoder_sparse_step": 2}])
+@pytest.mark.parametrize(
+    "dense_keys", [{"first_k_dense_replace": 1}, {"mlp_only_layers": [0, 3]}, {"decoder_sparse_step": 2}]
+)
 def test_dense_layers_agree(dense_keys):
     config = {**SDAR, **dense_keys}
     args = qwen3_args_from_hf(config)

@@ -30,8 +30,11 @@ def test_layer_pattern_from_full_attention_interval_and_layer_types():
 
 def test_text_fields_under_text_config_read_like_top_level():
     """A multimodal Qwen3.5-MoE config.json nests the text model under `text_config`."""
-    nested = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
-              "text_config": {**HYBRID_TOY_CONFIG, "model_type": "qwen3_5_moe_text"}}
+    nested = {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "model_type": "qwen3_5_moe",
+        "text_config": {**HYBRID_TOY_CONFIG, "model_type": "qwen3_5_moe_text"},
+    }
     assert count_parameters(spec_from_config(nested)).total == count_parameters(hybrid_toy_spec()).total
 
 
@@ -69,8 +72,7 @@ def test_capacity_counts_kv_and_state_and_compares_with_full_attention():
     forgotten). All 4 layers full attention: 4096 x 2048 = 8,388,608 -> 59."""
     workload = Workload(context_length=4096, prompt_tokens=2048, output_tokens=1024, block_length=16)
     deployment = Deployment(gpu_memory_utilization=0.5, activation_bytes=15_602_512, runtime_overhead_bytes=0)
-    plan = make_plan(hybrid_toy_spec(), custom_hardware(GiB, 1e12, 1e14), deployment, workload, Efficiency(),
-                     COSTS)
+    plan = make_plan(hybrid_toy_spec(), custom_hardware(GiB, 1e12, 1e14), deployment, workload, Efficiency(), COSTS)
     capacity = plan.capacity
     assert plan.memory.kv_pool_bytes == 500_000_000
     assert (capacity.kv_bytes_per_sequence, capacity.state_bytes_per_sequence) == (2_097_152, 205_824)
@@ -80,12 +82,11 @@ def test_capacity_counts_kv_and_state_and_compares_with_full_attention():
 
 def test_max_context_leaves_room_for_the_state():
     """217 sequences: (500,000,000 / 217 - 205,824) / 512 = 4098.0 tokens -> 256 pages of 16 = 4096."""
-    workload = Workload(context_length=4096, prompt_tokens=2048, output_tokens=1024, block_length=16,
-                        concurrency=217)
-    deployment = Deployment(gpu_memory_utilization=0.5, activation_bytes=15_602_512, runtime_overhead_bytes=0,
-                            max_num_seqs=256)
-    plan = make_plan(hybrid_toy_spec(), custom_hardware(GiB, 1e12, 1e14), deployment, workload, Efficiency(),
-                     COSTS)
+    workload = Workload(context_length=4096, prompt_tokens=2048, output_tokens=1024, block_length=16, concurrency=217)
+    deployment = Deployment(
+        gpu_memory_utilization=0.5, activation_bytes=15_602_512, runtime_overhead_bytes=0, max_num_seqs=256
+    )
+    plan = make_plan(hybrid_toy_spec(), custom_hardware(GiB, 1e12, 1e14), deployment, workload, Efficiency(), COSTS)
     assert plan.capacity.max_context_at_concurrency == 4096
 
 
@@ -95,10 +96,23 @@ def test_decode_forward_reads_and_writes_the_state():
     KV 4 x 1008 x 512 = 2,064,384; state read + write 2 x 4 x 205,824 = 1,646,592.
     Recurrence FLOPs: 7 x 3 layers x 4 heads x 64 x 64 x 64 tokens = 22,020,096; attention
     4 x 1 layer x 4 heads x 128 x 64 x 1000 = 131,072,000."""
-    workload = Workload(context_length=2048, prompt_tokens=976, output_tokens=48, block_length=16, tpf=2.0,
-                        concurrency=4, experts_touched_fraction=0.5)
-    plan = make_plan(hybrid_toy_spec(), custom_hardware(8 * GiB, 1e12, 100e12), Deployment(), workload,
-                     Efficiency(1.0, 1.0, 0.0), COSTS)
+    workload = Workload(
+        context_length=2048,
+        prompt_tokens=976,
+        output_tokens=48,
+        block_length=16,
+        tpf=2.0,
+        concurrency=4,
+        experts_touched_fraction=0.5,
+    )
+    plan = make_plan(
+        hybrid_toy_spec(),
+        custom_hardware(8 * GiB, 1e12, 100e12),
+        Deployment(),
+        workload,
+        Efficiency(1.0, 1.0, 0.0),
+        COSTS,
+    )
     forward = plan.decode.forward
     assert (forward.weight_bytes, forward.kv_bytes, forward.state_bytes) == (13_952_944, 2_064_384, 1_646_592)
     assert (forward.recurrent_flops, forward.attention_flops) == (22_020_096, 131_072_000)
@@ -110,14 +124,17 @@ def test_models_without_linear_layers_have_no_state():
     assert spec.linear_attention is None and state_bytes_per_sequence(spec, Deployment()) == 0
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(linear_num_value_heads=None, model_type="hybrid"), "`linear_num_value_heads` is missing"),
-    (dict(linear_num_value_heads=3), "not a multiple of `linear_num_key_heads` 2"),
-    (dict(layer_types=["linear_attention"] * 3), "`layer_types` lists 3 layers but num_hidden_layers is 4"),
-    (dict(layer_types=["mamba"] * 4), "['mamba'] are not modelled by the planner"),
-    (dict(full_attention_interval=0), "`full_attention_interval` is 0"),
-    (dict(full_attention_interval=8), "no layer is full or sliding-window attention"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(linear_num_value_heads=None, model_type="hybrid"), "`linear_num_value_heads` is missing"),
+        (dict(linear_num_value_heads=3), "not a multiple of `linear_num_key_heads` 2"),
+        (dict(layer_types=["linear_attention"] * 3), "`layer_types` lists 3 layers but num_hidden_layers is 4"),
+        (dict(layer_types=["mamba"] * 4), "['mamba'] are not modelled by the planner"),
+        (dict(full_attention_interval=0), "`full_attention_interval` is 0"),
+        (dict(full_attention_interval=8), "no layer is full or sliding-window attention"),
+    ],
+)
 def test_bad_hybrid_configs_name_the_field(changes, message):
     with pytest.raises(ValueError) as error:
         hybrid_toy_spec(**changes)
@@ -127,5 +144,11 @@ def test_bad_hybrid_configs_name_the_field(changes, message):
 def test_tensor_parallel_must_divide_the_gdn_key_heads():
     workload = Workload(context_length=2048, prompt_tokens=976, output_tokens=48, block_length=16)
     with pytest.raises(ValueError, match="does not divide the 2 linear-attention key heads"):
-        make_plan(hybrid_toy_spec(), custom_hardware(8 * GiB, 1e12, 1e14),
-                  Deployment(num_gpus=4, tensor_parallel_size=4), workload, Efficiency(), COSTS)
+        make_plan(
+            hybrid_toy_spec(),
+            custom_hardware(8 * GiB, 1e12, 1e14),
+            Deployment(num_gpus=4, tensor_parallel_size=4),
+            workload,
+            Efficiency(),
+            COSTS,
+        )

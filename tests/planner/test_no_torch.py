@@ -7,8 +7,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PLANNER_MODULES = ("diffuserve.planner", "diffuserve.planner.cli", "diffuserve.planner.calibrate",
-                   "diffuserve.planner.chart", "diffuserve.planner.report")
+PLANNER_MODULES = (
+    "diffuserve.planner",
+    "diffuserve.planner.cli",
+    "diffuserve.planner.calibrate",
+    "diffuserve.planner.chart",
+    "diffuserve.planner.report",
+)
 
 
 def _python(code: str) -> subprocess.CompletedProcess:

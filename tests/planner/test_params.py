@@ -43,14 +43,30 @@ def test_gemma_style_k_eq_v_full_layers_have_no_v_projection():
     """One sliding layer (16 heads x 64, 4 KV heads) and one full layer (2 KV heads x 128, K reused as V),
     hidden 512: sliding 512*(1024 + 256 + 256) + 1024*512 + 128 = 1,310,848; full q 512*2048 + k 512*256 +
     o 2048*512 + 256 = 2,228,480. Dense GeGLU runs beside the experts on both layers: 2 * 3 * 512 * 256."""
-    spec = spec_from_config({
-        "model_type": "diffusion_gemma", "text_config": {
-            "model_type": "diffusion_gemma_text", "hidden_size": 512, "num_hidden_layers": 2,
-            "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64, "num_global_key_value_heads": 2,
-            "global_head_dim": 128, "attention_k_eq_v": True, "intermediate_size": 256, "num_experts": 4,
-            "top_k_experts": 2, "moe_intermediate_size": 128, "vocab_size": 100, "sliding_window": 64,
-            "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": True},
-    })
+    spec = spec_from_config(
+        {
+            "model_type": "diffusion_gemma",
+            "text_config": {
+                "model_type": "diffusion_gemma_text",
+                "hidden_size": 512,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 4,
+                "head_dim": 64,
+                "num_global_key_value_heads": 2,
+                "global_head_dim": 128,
+                "attention_k_eq_v": True,
+                "intermediate_size": 256,
+                "num_experts": 4,
+                "top_k_experts": 2,
+                "moe_intermediate_size": 128,
+                "vocab_size": 100,
+                "sliding_window": 64,
+                "layer_types": ["sliding_attention", "full_attention"],
+                "tie_word_embeddings": True,
+            },
+        }
+    )
     counts = count_parameters(spec)
     assert counts.attention == 1_310_848 + 2_228_480
     assert counts.dense_mlp == 2 * 3 * 512 * 256

@@ -25,8 +25,9 @@ fp8_kv = st.booleans()
 
 def _capacity(name: str, memory: int, context: int, kv_fp8: bool) -> int:
     spec = SPECS[name]
-    workload = Workload(context_length=context, prompt_tokens=context // 2, output_tokens=context // 4,
-                        block_length=spec.block_length)
+    workload = Workload(
+        context_length=context, prompt_tokens=context // 2, output_tokens=context // 4, block_length=spec.block_length
+    )
     deployment = Deployment(kv_dtype="fp8" if kv_fp8 else "bf16")
     hardware = custom_hardware(memory, 1e12, 1e14)
     _, capacity = evaluate_memory(spec, count_parameters(spec), hardware, deployment, workload)
@@ -48,15 +49,25 @@ def test_longer_context_never_raises_capacity(name, memory, context_a, context_b
 
 
 @settings(max_examples=60, deadline=None)
-@given(spec_names, st.floats(min_value=0.1, max_value=16.0), st.floats(min_value=0.1, max_value=16.0),
-       st.integers(min_value=1, max_value=64), contexts)
+@given(
+    spec_names,
+    st.floats(min_value=0.1, max_value=16.0),
+    st.floats(min_value=0.1, max_value=16.0),
+    st.integers(min_value=1, max_value=64),
+    contexts,
+)
 def test_more_tpf_never_lowers_throughput(name, tpf_a, tpf_b, concurrency, context):
     spec = SPECS[name]
     low, high = sorted((min(tpf_a, spec.block_length), min(tpf_b, spec.block_length)))
     params = count_parameters(spec)
     hardware = custom_hardware(400 * GiB, 1e12, 1e14)
-    base = Workload(context_length=context, prompt_tokens=context // 2, output_tokens=context // 4,
-                    block_length=spec.block_length, tpf=low)
+    base = Workload(
+        context_length=context,
+        prompt_tokens=context // 2,
+        output_tokens=context // 4,
+        block_length=spec.block_length,
+        tpf=low,
+    )
     memory, _ = evaluate_memory(spec, params, hardware, Deployment(), base)
     roofline = Roofline(spec, params, hardware, Deployment(), Efficiency(), memory)
     slow = roofline.decode(base, concurrency)

@@ -39,10 +39,23 @@ def test_decode_forward_by_hand():
     2 x 23,111,680 x 64 = 2,958,295,040; LM head 2 x 1,024,000 x 64 = 131,072,000; attention
     4 x 4 layers x 8 heads x 128 x 64 x 1000 = 1,048,576,000 -> 4,137,943,040 / 100 TFLOP/s = 41.4 us.
     Memory-bound: 89.95 us per forward; 4 x TPF 2 / 89.95 us = 88,936 tokens/s."""
-    workload = Workload(context_length=2048, prompt_tokens=976, output_tokens=48, block_length=16, tpf=2.0,
-                        concurrency=4, experts_touched_fraction=0.5)
-    plan = make_plan(toy_spec(), custom_hardware(8 * GiB, 1e12, 100e12), Deployment(), workload,
-                     Efficiency(1.0, 1.0, 0.0), CostInputs(gpu_hour_price=1.0, capex_per_gpu=1.0))
+    workload = Workload(
+        context_length=2048,
+        prompt_tokens=976,
+        output_tokens=48,
+        block_length=16,
+        tpf=2.0,
+        concurrency=4,
+        experts_touched_fraction=0.5,
+    )
+    plan = make_plan(
+        toy_spec(),
+        custom_hardware(8 * GiB, 1e12, 100e12),
+        Deployment(),
+        workload,
+        Efficiency(1.0, 1.0, 0.0),
+        CostInputs(gpu_hour_price=1.0, capex_per_gpu=1.0),
+    )
     forward = plan.decode.forward
     assert forward.tokens == 64
     assert forward.weight_bytes == 73_437_184
@@ -57,8 +70,14 @@ def test_decode_forward_by_hand():
 def test_token_budget_limits_sequences_per_forward():
     """max_num_batched_tokens 32 holds 2 blocks of 16: 4 sequences take turns, 2 per forward."""
     workload = Workload(context_length=2048, prompt_tokens=976, output_tokens=48, block_length=16, concurrency=4)
-    plan = make_plan(toy_spec(), custom_hardware(8 * GiB, 1e12, 100e12), Deployment(max_num_batched_tokens=32),
-                     workload, Efficiency(), CostInputs(gpu_hour_price=1.0, capex_per_gpu=1.0))
+    plan = make_plan(
+        toy_spec(),
+        custom_hardware(8 * GiB, 1e12, 100e12),
+        Deployment(max_num_batched_tokens=32),
+        workload,
+        Efficiency(),
+        CostInputs(gpu_hour_price=1.0, capex_per_gpu=1.0),
+    )
     assert plan.decode.seqs_per_forward == 2 and plan.decode.forward.tokens == 32
     assert plan.decode.tokens_per_s_per_seq == pytest.approx(plan.decode.tokens_per_s_total / 4)
 
@@ -66,8 +85,14 @@ def test_token_budget_limits_sequences_per_forward():
 def test_ttft_is_prefill_plus_forwards_to_first_block():
     """TTFT = prefill + ceil(S 16 / TPF 2) = 8 decode forwards."""
     workload = Workload(context_length=8192, prompt_tokens=6000, output_tokens=1000, block_length=16, tpf=2.0)
-    plan = make_plan(toy_spec(), custom_hardware(8 * GiB, 1e12, 100e12), Deployment(), workload, Efficiency(),
-                     CostInputs(gpu_hour_price=1.0, capex_per_gpu=1.0))
+    plan = make_plan(
+        toy_spec(),
+        custom_hardware(8 * GiB, 1e12, 100e12),
+        Deployment(),
+        workload,
+        Efficiency(),
+        CostInputs(gpu_hour_price=1.0, capex_per_gpu=1.0),
+    )
     assert plan.prefill.num_chunks == 2
     assert plan.prefill.ttft == pytest.approx(plan.prefill.t_prefill + 8 * plan.decode.forward.t_forward)
 
@@ -75,7 +100,12 @@ def test_ttft_is_prefill_plus_forwards_to_first_block():
 def test_tensor_parallel_adds_all_reduce_time():
     """tp 2: 2 all-reduces x 4 layers x 2 (tp-1)/tp x 64 tokens x 1024 x 2 B = 1,048,576 B over 32 GB/s."""
     workload = Workload(context_length=2048, prompt_tokens=976, output_tokens=48, block_length=16, concurrency=4)
-    plan = make_plan(toy_spec(), custom_hardware(8 * GiB, 1e12, 100e12),
-                     Deployment(num_gpus=2, tensor_parallel_size=2), workload, Efficiency(),
-                     CostInputs(gpu_hour_price=1.0, capex_per_gpu=1.0))
+    plan = make_plan(
+        toy_spec(),
+        custom_hardware(8 * GiB, 1e12, 100e12),
+        Deployment(num_gpus=2, tensor_parallel_size=2),
+        workload,
+        Efficiency(),
+        CostInputs(gpu_hour_price=1.0, capex_per_gpu=1.0),
+    )
     assert plan.decode.forward.t_comm == pytest.approx(1_048_576 / 32e9)

@@ -19,8 +19,11 @@ pytestmark = pytest.mark.hf
 torch = pytest.importorskip("torch")
 qwen3_5_moe = pytest.importorskip("transformers.models.qwen3_5_moe")
 
-TOY_FIELDS = {k: v for k, v in HYBRID_TOY_CONFIG.items()
-              if k not in ("architectures", "model_type", "full_attention_interval", "block_length")}
+TOY_FIELDS = {
+    k: v
+    for k, v in HYBRID_TOY_CONFIG.items()
+    if k not in ("architectures", "model_type", "full_attention_interval", "block_length")
+}
 
 
 def _reference_counts(config) -> tuple[int, float]:

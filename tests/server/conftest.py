@@ -116,5 +116,5 @@ def sse_events(response: httpx.Response) -> Iterator[dict[str, Any] | str]:
     """The JSON payloads of an SSE response (and the final "[DONE]")."""
     for line in response.iter_lines():
         if line.startswith("data: "):
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             yield data if data == "[DONE]" else json.loads(data)

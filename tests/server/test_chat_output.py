@@ -39,8 +39,9 @@ def _streamed(fmt: ChatOutputFormat, text: str, cuts: list[int]) -> tuple[str, s
 
 
 @pytest.mark.parametrize("text", REPLIES)
-@pytest.mark.parametrize("fmt", [ChatOutputFormat(thinking=True, tools=True), ChatOutputFormat(tools=True),
-                                 ChatOutputFormat(thinking=True)])
+@pytest.mark.parametrize(
+    "fmt", [ChatOutputFormat(thinking=True, tools=True), ChatOutputFormat(tools=True), ChatOutputFormat(thinking=True)]
+)
 def test_streamed_deltas_add_up_to_the_whole_message(fmt, text):
     reasoning, content, calls = fmt.parse(text)
     whole = [(c.name, c.arguments) for c in calls]
@@ -76,13 +77,21 @@ def test_held_back_partial_call_is_content_at_the_end():
 
 def test_fallback_rendering_of_tools_calls_and_results():
     tool = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
-                {"role": "tool", "tool_call_id": "1", "content": "42"}]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}],
+        },
+        {"role": "tool", "tool_call_id": "1", "content": "42"},
+    ]
     out = template_messages(messages, [tool.model_dump(exclude_none=True)], renders_tools=False)
-    assert out[0]["content"].startswith("be brief\n\n# Tools") and json.dumps(tool.model_dump(exclude_none=True)) in \
-        out[0]["content"]
+    assert (
+        out[0]["content"].startswith("be brief\n\n# Tools")
+        and json.dumps(tool.model_dump(exclude_none=True)) in out[0]["content"]
+    )
     assert out[2] == {"role": "assistant", "content": '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'}
     assert out[3] == {"role": "user", "content": "<tool_response>\n42\n</tool_response>"}
     native = template_messages(messages, [tool.model_dump(exclude_none=True)], renders_tools=True)

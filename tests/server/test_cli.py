@@ -37,9 +37,25 @@ def _wait_for_port(process: subprocess.Popen, timeout_s: float = 120) -> int:
 
 def test_serve_subprocess(tiny_model_dir: Path):
     env = {**os.environ, "DIFFUSERVE_API_KEY": "env-key", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "diffuserve", "serve", str(tiny_model_dir), "--port", "0", "--device", "cpu",
-               "--num-pages", "64", "--max-model-len", "64", "--served-model-name", "cli-tiny",
-               "--uvicorn-log-level", "info"]
+    command = [
+        sys.executable,
+        "-m",
+        "diffuserve",
+        "serve",
+        str(tiny_model_dir),
+        "--port",
+        "0",
+        "--device",
+        "cpu",
+        "--num-pages",
+        "64",
+        "--max-model-len",
+        "64",
+        "--served-model-name",
+        "cli-tiny",
+        "--uvicorn-log-level",
+        "info",
+    ]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     try:
         port = _wait_for_port(process)
@@ -85,20 +101,43 @@ def test_usage_hint_is_self_contained():
     assert "os.environ['DIFFUSERVE_API_KEY']" in hint
 
 
-def test_serve_a_hub_id_offline_and_sigterm_drains_for_at_most_the_shutdown_timeout(tmp_path: Path,
-                                                                                    tiny_model_dir: Path):
+def test_serve_a_hub_id_offline_and_sigterm_drains_for_at_most_the_shutdown_timeout(
+    tmp_path: Path, tiny_model_dir: Path
+):
     populate_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "OMP_NUM_THREADS": "1"}
     env.pop("DIFFUSERVE_API_KEY", None)
-    command = [sys.executable, "-m", "diffuserve", "serve", "org/tiny", "--port", "0", "--device", "cpu",
-               "--num-pages", "80", "--max-model-len", "1024", "--shutdown-timeout", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "diffuserve",
+        "serve",
+        "org/tiny",
+        "--port",
+        "0",
+        "--device",
+        "cpu",
+        "--num-pages",
+        "80",
+        "--max-model-len",
+        "1024",
+        "--shutdown-timeout",
+        "1",
+    ]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     try:
         port = _wait_for_port(process)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["org/tiny"]
-        long = {"model": "org/tiny", "prompt": "Once upon 4", "max_tokens": 1000, "ignore_eos": True,
-                "decoder": "fixed", "steps": 4, "stream": True}
+        long = {
+            "model": "org/tiny",
+            "prompt": "Once upon 4",
+            "max_tokens": 1000,
+            "ignore_eos": True,
+            "decoder": "fixed",
+            "steps": 4,
+            "stream": True,
+        }
         with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=long, timeout=60) as response:
             lines = response.iter_lines()
             assert next(lines).startswith("data: ")

@@ -22,10 +22,14 @@ from diffuserve.server.cli import ServerConfig
 from tests.server.conftest import LiveServer
 
 EXAMPLES = {
-    ("/v1/completions", GenerationMode.POSITIVE): 25, ("/v1/completions", GenerationMode.NEGATIVE): 15,
-    ("/v1/chat/completions", GenerationMode.POSITIVE): 25, ("/v1/chat/completions", GenerationMode.NEGATIVE): 15,
-    ("/tokenize", GenerationMode.POSITIVE): 5, ("/tokenize", GenerationMode.NEGATIVE): 5,
-    ("/detokenize", GenerationMode.POSITIVE): 5, ("/detokenize", GenerationMode.NEGATIVE): 5,
+    ("/v1/completions", GenerationMode.POSITIVE): 25,
+    ("/v1/completions", GenerationMode.NEGATIVE): 15,
+    ("/v1/chat/completions", GenerationMode.POSITIVE): 25,
+    ("/v1/chat/completions", GenerationMode.NEGATIVE): 15,
+    ("/tokenize", GenerationMode.POSITIVE): 5,
+    ("/tokenize", GenerationMode.NEGATIVE): 5,
+    ("/detokenize", GenerationMode.POSITIVE): 5,
+    ("/detokenize", GenerationMode.NEGATIVE): 5,
 }
 
 
@@ -52,8 +56,13 @@ def _check(response: schemathesis.Response) -> None:
 def test_fuzzed_requests_never_get_a_5xx(fuzz_server: LiveServer, path: str, mode: GenerationMode):
     operation = schemathesis.openapi.from_dict(fuzz_server.app.openapi())[path]["POST"]
 
-    @settings(max_examples=EXAMPLES[path, mode], deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES[path, mode],
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=operation.as_strategy(generation_mode=mode))
     def fuzz(case) -> None:
         _check(case.call(base_url=fuzz_server.url, timeout=60))

@@ -17,8 +17,13 @@ from tests.server.conftest import LiveServer
 
 @pytest.fixture(scope="module")
 def hybrid_dir(tmp_path_factory) -> Path:
-    return write_clover_moe_checkpoint(tmp_path_factory.mktemp("hybrid-serve") / "m",
-                                       make_clover_moe_config(block_length=4), seed=12, init_std=0.1, logit_scale=20.0)
+    return write_clover_moe_checkpoint(
+        tmp_path_factory.mktemp("hybrid-serve") / "m",
+        make_clover_moe_config(block_length=4),
+        seed=12,
+        init_std=0.1,
+        logit_scale=20.0,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +36,12 @@ def server(hybrid_dir, single_threaded_torch):
 def test_completions_equal_the_offline_api_and_metrics_show_the_slots(server, hybrid_dir):
     body = {"model": "hybrid", "prompt": "Hello, world", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
     text = server.post("/v1/completions", body).json()["choices"][0]["text"]
-    offline = LLM(str(hybrid_dir), device="cpu", max_model_len=512).generate(
-        "Hello, world", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[0].outputs[0].text
+    offline = (
+        LLM(str(hybrid_dir), device="cpu", max_model_len=512)
+        .generate("Hello, world", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[0]
+        .outputs[0]
+        .text
+    )
     assert text == offline
     assert server.metric("state_slots_total") == server.engine.state_pool.num_slots > 0
     assert server.metric("state_slots_used") == 0
@@ -41,8 +50,14 @@ def test_completions_equal_the_offline_api_and_metrics_show_the_slots(server, hy
 def test_a_client_disconnect_frees_the_state_slot_and_pages(server):
     engine = server.engine
     free_slots, free_pages = engine.state_pool.num_free_slots, engine.pool.num_free_pages
-    body = {"model": "hybrid", "prompt": "abc " * 20, "max_tokens": 400, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+    body = {
+        "model": "hybrid",
+        "prompt": "abc " * 20,
+        "max_tokens": 400,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
         for _ in response.iter_lines():
             if engine.state_pool.num_used_slots:

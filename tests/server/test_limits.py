@@ -19,8 +19,14 @@ from tests.server.conftest import API_KEY, MODEL_NAME, LiveServer, sse_events
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 # One token per forward and long: a steady stream of frames for as long as the test needs.
-STREAM = {"model": MODEL_NAME, "prompt": "Once upon 4", "ignore_eos": True, "decoder": "fixed", "steps": 4,
-          "stream": True}
+STREAM = {
+    "model": MODEL_NAME,
+    "prompt": "Once upon 4",
+    "ignore_eos": True,
+    "decoder": "fixed",
+    "steps": 4,
+    "stream": True,
+}
 TEN_MB = 10_000_000
 
 
@@ -45,8 +51,9 @@ class FrameGaps:
 
     def _run(self) -> None:
         body = {**STREAM, "max_tokens": self.server.serving.max_model_len - 16}
-        with httpx.stream("POST", f"{self.server.url}/v1/completions", json=body, headers=AUTH,
-                          timeout=120) as response:
+        with httpx.stream(
+            "POST", f"{self.server.url}/v1/completions", json=body, headers=AUTH, timeout=120
+        ) as response:
             for event in sse_events(response):
                 self.times.append(time.monotonic())
                 self.started.set()
@@ -129,8 +136,12 @@ def test_chunked_body_over_the_limit_is_a_413(live_server: LiveServer):
             yield b"x" * 65536
         yield b'"}'
 
-    response = httpx.post(f"{live_server.url}/v1/completions", content=chunks(), headers={
-        **AUTH, "Content-Type": "application/json"}, timeout=60)
+    response = httpx.post(
+        f"{live_server.url}/v1/completions",
+        content=chunks(),
+        headers={**AUTH, "Content-Type": "application/json"},
+        timeout=60,
+    )
     assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
 
 
@@ -165,8 +176,9 @@ def test_more_sequences_than_the_queue_holds_is_a_400(live_server: LiveServer):
 @pytest.fixture()
 def few_pages_server(tiny_model_dir: Path, single_threaded_torch: None) -> Iterator[LiveServer]:
     """A KV cache of 4 pages (64 tokens) under a 192-token context."""
-    server = LiveServer(tiny_model_dir, ServerConfig(served_model_name=MODEL_NAME), num_pages=4, page_size=16,
-                        max_model_len=192).start()
+    server = LiveServer(
+        tiny_model_dir, ServerConfig(served_model_name=MODEL_NAME), num_pages=4, page_size=16, max_model_len=192
+    ).start()
     yield server
     server.stop()
 

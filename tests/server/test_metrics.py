@@ -10,33 +10,53 @@ import httpx
 from diffuserve.server.metrics import VLLM_SERIES, ServerMetrics
 from tests.server.conftest import API_KEY, MODEL_NAME, LiveServer, sse_events
 
-LONG = {"model": MODEL_NAME, "prompt": "Once upon 4", "max_tokens": 150, "ignore_eos": True, "decoder": "fixed",
-        "steps": 4}
+LONG = {
+    "model": MODEL_NAME,
+    "prompt": "Once upon 4",
+    "max_tokens": 150,
+    "ignore_eos": True,
+    "decoder": "fixed",
+    "steps": 4,
+}
 
 
 def _names(text: str) -> set[str]:
     """Metric names as declared (`# TYPE <name> <kind>`, counters without `_total`), labelled ones without
     samples too."""
-    return {name.removesuffix("_total") if kind == "counter" else name
-            for name, kind in re.findall(r"^# TYPE (\S+) (\S+)", text, re.M)}
+    return {
+        name.removesuffix("_total") if kind == "counter" else name
+        for name, kind in re.findall(r"^# TYPE (\S+) (\S+)", text, re.M)
+    }
 
 
 def test_process_series_are_exported(live_server: LiveServer):
     text = httpx.get(f"{live_server.url}/metrics", timeout=30).text
-    for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds",
-                 "python_gc_objects_collected_total", "python_info"):
+    for name in (
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "python_gc_objects_collected_total",
+        "python_info",
+    ):
         assert re.search(rf"^{name}[{{ ]", text, re.M), name
 
 
 def test_vllm_series_count_what_happened(live_server: LiveServer):
-    names = ("request_prefill_time_seconds_count", "request_decode_time_seconds_count",
-             "request_inference_time_seconds_count", "request_time_per_output_token_seconds_count",
-             "request_params_n_count", "request_params_max_tokens_count", "e2e_request_latency_seconds_count")
+    names = (
+        "request_prefill_time_seconds_count",
+        "request_decode_time_seconds_count",
+        "request_inference_time_seconds_count",
+        "request_time_per_output_token_seconds_count",
+        "request_params_n_count",
+        "request_params_max_tokens_count",
+        "e2e_request_latency_seconds_count",
+    )
     before = {name: live_server.metric(name) for name in names}
     tpot_before = live_server.metric("time_per_output_token_seconds_count")
     itl_before = live_server.metric("inter_token_latency_seconds_count")
-    response = live_server.client().completions.create(model=MODEL_NAME, prompt="count me", max_tokens=12, n=2,
-                                                       extra_body={"ignore_eos": True})
+    response = live_server.client().completions.create(
+        model=MODEL_NAME, prompt="count me", max_tokens=12, n=2, extra_body={"ignore_eos": True}
+    )
     assert [c.finish_reason for c in response.choices] == ["length", "length"]
     for name in names:
         assert live_server.metric(name) == before[name] + 1, name
@@ -51,8 +71,13 @@ def test_vllm_series_count_what_happened(live_server: LiveServer):
 
 def test_aborted_n4_request_counts_four_aborts(live_server: LiveServer):
     aborted = live_server.metric("request_success_total", finished_reason="abort")
-    with httpx.stream("POST", f"{live_server.url}/v1/completions", json={**LONG, "n": 4, "stream": True},
-                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as response:
+    with httpx.stream(
+        "POST",
+        f"{live_server.url}/v1/completions",
+        json={**LONG, "n": 4, "stream": True},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=60,
+    ) as response:
         events = sse_events(response)
         assert next(events)["choices"]
     live_server.wait_for(lambda: live_server.metric("num_requests_running") == 0)

@@ -62,9 +62,12 @@ def test_streamed_completion_equals_non_streamed(live_server: LiveServer, prompt
 
 def test_streamed_chat_equals_non_streamed(live_server: LiveServer):
     client = live_server.client()
-    args = {"model": MODEL_NAME, "messages": [{"role": "system", "content": "Be brief."},
-                                              {"role": "user", "content": "Tell me a story"}],
-            "max_completion_tokens": 16, "extra_body": FREE}
+    args = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story"}],
+        "max_completion_tokens": 16,
+        "extra_body": FREE,
+    }
     whole = client.chat.completions.create(**args)
     assert whole.choices[0].message.role == "assistant" and whole.choices[0].finish_reason == "length"
     chunks = list(client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))
@@ -76,8 +79,14 @@ def test_streamed_chat_equals_non_streamed(live_server: LiveServer):
 
 def test_n_and_seed(live_server: LiveServer):
     client = live_server.client()
-    args = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "n": 3, "temperature": 5.0,
-            "max_tokens": 8, "extra_body": FREE}
+    args = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "hi"}],
+        "n": 3,
+        "temperature": 5.0,
+        "max_tokens": 8,
+        "extra_body": FREE,
+    }
     first = client.chat.completions.create(**args, seed=1234)
     again = client.chat.completions.create(**args, seed=1234)
     other = client.chat.completions.create(**args, seed=4321)
@@ -98,8 +107,7 @@ def _stop_across_a_block_boundary(client) -> tuple[str, str, str]:
     """(prompt, free-running text, stop string) where the stop string's first occurrence straddles two deltas
     of the free-running stream, i.e. two committed blocks."""
     for prompt in PROMPTS:
-        stream = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=24, extra_body=FREE,
-                                           stream=True)
+        stream = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=24, extra_body=FREE, stream=True)
         parts = [c.choices[0].text for c in stream]
         full = "".join(parts)
         for k in range(1, len(parts)):
@@ -127,7 +135,8 @@ def test_stop_string_across_block_boundary(live_server: LiveServer):
 @pytest.mark.parametrize("decoder", DECODERS)
 def test_every_decoder_is_served(live_server: LiveServer, decoder: str):
     response = live_server.client().completions.create(
-        model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=8, extra_body={**FREE, "decoder": decoder})
+        model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=8, extra_body={**FREE, "decoder": decoder}
+    )
     assert response.usage.completion_tokens == 8 and response.usage.num_forwards >= 2
 
 
@@ -136,8 +145,9 @@ def test_diffusion_knobs_reach_the_engine(live_server: LiveServer):
     client = live_server.client()
 
     def usage(steps: int):
-        return client.completions.create(model=MODEL_NAME, prompt="abcd", max_tokens=16, extra_body={
-            **FREE, "decoder": "fixed", "steps": steps}).usage
+        return client.completions.create(
+            model=MODEL_NAME, prompt="abcd", max_tokens=16, extra_body={**FREE, "decoder": "fixed", "steps": steps}
+        ).usage
 
     assert (usage(1).num_forwards, usage(1).tokens_per_forward) == (16 // BLOCK_LENGTH, BLOCK_LENGTH)
     assert (usage(4).num_forwards, usage(4).tokens_per_forward) == (16, 1.0)
@@ -153,8 +163,9 @@ def test_echo_several_prompts_and_token_ids(live_server: LiveServer):
     by_ids = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=4)
     assert by_ids.choices[0].text == by_text.choices[0].text == response.choices[0].text[2:]
     streamed = ["", "", "", ""]
-    for chunk in client.completions.create(model=MODEL_NAME, prompt=["ab", "cd"], echo=True, n=2, max_tokens=4,
-                                           stream=True):
+    for chunk in client.completions.create(
+        model=MODEL_NAME, prompt=["ab", "cd"], echo=True, n=2, max_tokens=4, stream=True
+    ):
         streamed[chunk.choices[0].index] += chunk.choices[0].text
     assert streamed == [c.text for c in response.choices]
 
@@ -171,12 +182,18 @@ def test_tokenize_detokenize(live_server: LiveServer):
 def test_api_key_is_required_except_on_public_routes(live_server: LiveServer):
     for path in ("/v1/models", "/tokenize"):
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
-            response = httpx.request("GET" if path == "/v1/models" else "POST", live_server.url + path,
-                                     json={"prompt": "x"}, headers=headers)
+            response = httpx.request(
+                "GET" if path == "/v1/models" else "POST", live_server.url + path, json={"prompt": "x"}, headers=headers
+            )
             assert response.status_code == 401
-            assert response.json() == {"error": {
-                "message": "invalid or missing API key: send the header 'Authorization: Bearer <key>'",
-                "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
+            assert response.json() == {
+                "error": {
+                    "message": "invalid or missing API key: send the header 'Authorization: Bearer <key>'",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "invalid_api_key",
+                }
+            }
     for path in ("/health", "/version", "/metrics", "/openapi.json"):
         assert httpx.get(live_server.url + path).status_code == 200
     assert live_server.client().models.list().data
@@ -185,13 +202,28 @@ def test_api_key_is_required_except_on_public_routes(live_server: LiveServer):
 def test_metrics_expose_the_diffuserve_names(live_server: LiveServer):
     live_server.client().completions.create(model=MODEL_NAME, prompt="metrics", max_tokens=8)
     text = httpx.get(f"{live_server.url}/metrics").text
-    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prefix_cache_hit_rate",
-                 "prefix_cache_queries_total", "prefix_cache_hits_total", "num_preemptions_total",
-                 "prompt_tokens_total", "generation_tokens_total", "engine_steps_total", "request_success_total",
-                 "time_to_first_token_seconds_bucket", "inter_token_latency_seconds_bucket",
-                 "e2e_request_latency_seconds_bucket", "request_queue_time_seconds_bucket",
-                 "request_prompt_tokens_bucket", "request_generation_tokens_bucket", "request_num_forwards_bucket",
-                 "tokens_per_forward_bucket", "requests_rejected_total"):
+    for name in (
+        "num_requests_running",
+        "num_requests_waiting",
+        "kv_cache_usage_perc",
+        "prefix_cache_hit_rate",
+        "prefix_cache_queries_total",
+        "prefix_cache_hits_total",
+        "num_preemptions_total",
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "engine_steps_total",
+        "request_success_total",
+        "time_to_first_token_seconds_bucket",
+        "inter_token_latency_seconds_bucket",
+        "e2e_request_latency_seconds_bucket",
+        "request_queue_time_seconds_bucket",
+        "request_prompt_tokens_bucket",
+        "request_generation_tokens_bucket",
+        "request_num_forwards_bucket",
+        "tokens_per_forward_bucket",
+        "requests_rejected_total",
+    ):
         assert f"diffuserve:{name}" in text, name
     assert live_server.metric("generation_tokens_total") >= 8
     assert live_server.metric("tokens_per_forward_count") >= 1

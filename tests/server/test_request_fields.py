@@ -22,8 +22,7 @@ HI = [{"role": "user", "content": "hi"}]
 def _chat_matches_prompt(server: LiveServer, messages: list[dict], expected_prompt: str, **fields) -> None:
     """The chat answer equals the completion of `expected_prompt`, rendered by hand."""
     client = server.client()
-    chat = client.chat.completions.create(model=MODEL_NAME, messages=messages, **GREEDY,
-                                          extra_body={**FREE, **fields})
+    chat = client.chat.completions.create(model=MODEL_NAME, messages=messages, **GREEDY, extra_body={**FREE, **fields})
     token_ids = server.serving.tokenizer.encode(expected_prompt, add_special_tokens=False)
     completion = client.completions.create(model=MODEL_NAME, prompt=token_ids, **GREEDY, extra_body=FREE)
     assert chat.usage.prompt_tokens == len(token_ids), "the server rendered another prompt"
@@ -37,8 +36,13 @@ def test_add_generation_prompt_false_leaves_out_the_assistant_header(live_server
 
 def test_continue_final_message_extends_the_last_assistant_turn(live_server: LiveServer):
     messages = [*HI, {"role": "assistant", "content": "Once upon"}]
-    _chat_matches_prompt(live_server, messages, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nOnce upon",
-                         add_generation_prompt=False, continue_final_message=True)
+    _chat_matches_prompt(
+        live_server,
+        messages,
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nOnce upon",
+        add_generation_prompt=False,
+        continue_final_message=True,
+    )
 
 
 def test_chat_template_kwargs_reach_the_template(live_server: LiveServer, monkeypatch):
@@ -46,14 +50,19 @@ def test_chat_template_kwargs_reach_the_template(live_server: LiveServer, monkey
     template = "{% if persona %}<|im_start|>system\nYou are a {{ persona }}.<|im_end|>\n{% endif %}" + CHATML_TEMPLATE
     monkeypatch.setattr(live_server.serving.tokenizer.hf, "chat_template", template)
     header = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    _chat_matches_prompt(live_server, HI, "<|im_start|>system\nYou are a pirate.<|im_end|>\n" + header,
-                         chat_template_kwargs={"persona": "pirate"})
+    _chat_matches_prompt(
+        live_server,
+        HI,
+        "<|im_start|>system\nYou are a pirate.<|im_end|>\n" + header,
+        chat_template_kwargs={"persona": "pirate"},
+    )
     _chat_matches_prompt(live_server, HI, header)
 
 
 def _completion_texts(server: LiveServer, extra: dict | None = None, **fields) -> list[str]:
-    response = server.client().completions.create(model=MODEL_NAME, prompt="hi", max_tokens=32, temperature=5.0,
-                                                  extra_body={**FREE, **(extra or {})}, **fields)
+    response = server.client().completions.create(
+        model=MODEL_NAME, prompt="hi", max_tokens=32, temperature=5.0, extra_body={**FREE, **(extra or {})}, **fields
+    )
     return [c.text for c in response.choices]
 
 

@@ -56,8 +56,9 @@ def test_spelled_special_tokens_in_messages_are_plain_text(live_server: LiveServ
     assert response.status_code == 200, response.text
     expected = [IM_START, *b"user\n", *content.encode(), IM_END, *b"\n", IM_START, *b"assistant\n"]
     assert response.json()["tokens"] == expected
-    chat = live_server.client().chat.completions.create(model=MODEL_NAME, max_tokens=4, messages=[
-        {"role": "user", "content": content}])
+    chat = live_server.client().chat.completions.create(
+        model=MODEL_NAME, max_tokens=4, messages=[{"role": "user", "content": content}]
+    )
     assert chat.usage.prompt_tokens == len(expected)
 
 

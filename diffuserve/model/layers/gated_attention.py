@@ -52,8 +52,9 @@ class GatedAttention(nn.Module):
         self.k_norm = ZeroCenteredRMSNorm(self.head_dim, args.rms_norm_eps)
         self.rotary = rotary
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, state: KVState | None = None
-                ) -> tuple[torch.Tensor, KVState]:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, state: KVState | None = None
+    ) -> tuple[torch.Tensor, KVState]:
         """Causal: x [B, T, H] at `positions` [T] (right after the state's L positions) -> (out, state + T)."""
         q, gate, state = self._project(x, positions, state)
         length, total = x.shape[1], state.k.shape[1]
@@ -67,8 +68,9 @@ class GatedAttention(nn.Module):
         mask = torch.ones(x.shape[1], full.k.shape[1], dtype=torch.bool, device=x.device)
         return self._attend(q, gate, full, mask)
 
-    def forward_paged(self, x: torch.Tensor, positions: torch.Tensor, attn: PagedAttentionInputs, cache_index: int
-                      ) -> torch.Tensor:
+    def forward_paged(
+        self, x: torch.Tensor, positions: torch.Tensor, attn: PagedAttentionInputs, cache_index: int
+    ) -> torch.Tensor:
         """Engine step: x [N, H] at `positions` [N] -> [N, H]; writes the tokens' K/V into cache `cache_index`
         (this layer's among the attention layers) before attending, as every paged family does."""
         length = x.shape[0]
@@ -79,8 +81,9 @@ class GatedAttention(nn.Module):
         out = paged_attention(q, k, v, attn, cache_index, self.head_dim**-0.5)  # [N, Hq * D]
         return self.o_proj(out * torch.sigmoid(gate.reshape(length, -1)))
 
-    def _project(self, x: torch.Tensor, positions: torch.Tensor, state: KVState | None
-                 ) -> tuple[torch.Tensor, torch.Tensor, KVState]:
+    def _project(
+        self, x: torch.Tensor, positions: torch.Tensor, state: KVState | None
+    ) -> tuple[torch.Tensor, torch.Tensor, KVState]:
         """-> q [B, T, Hq, D] (normed, rotated), gate [B, T, Hq * D], and the state with this x's K/V appended."""
         batch, length = x.shape[:2]
         q, gate = self.q_proj(x).view(batch, length, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)

@@ -73,21 +73,31 @@ class GatedDeltaNet(nn.Module):
         q, k, v, g, beta = self._heads(x, conv.transpose(1, 2))
         rule = recurrent_delta_rule if x.shape[1] == 1 else chunked_delta_rule
         o, recurrent = rule(q, k, v, g, beta, state.recurrent)
-        ring = window[..., window.shape[-1] - (self.gdn.conv_kernel - 1):]
+        ring = window[..., window.shape[-1] - (self.gdn.conv_kernel - 1) :]
         return self._output(x, o), GdnState(ring, recurrent)
 
     def preview(self, x: torch.Tensor, state: GdnState | None = None) -> torch.Tensor:
         """Block diffusion: x [B, T, H] is a whole block after `state`, which is read and not advanced; every
         position may depend on every other position of the block (see gdn_preview)."""
         if not self.has_diffusion:
-            raise ValueError("GatedDeltaNet.preview: this checkpoint has no block-diffusion tensors "
-                             "(conv_right_weight, bd_softmax_*); run it autoregressively")
+            raise ValueError(
+                "GatedDeltaNet.preview: this checkpoint has no block-diffusion tensors "
+                "(conv_right_weight, bd_softmax_*); run it autoregressively"
+            )
         state = state or self.empty_state(x.shape[0], x.dtype, x.device)
         mixed = self.in_proj_qkv(x).transpose(1, 2)
         conv = F.silu(block_conv(mixed, state.conv, self.conv1d.weight, self.conv_right_weight))
         q, k, v, g, _ = self._heads(x, conv.transpose(1, 2))
-        o = preview_mix(q, k, v, g, state.recurrent, self.bd_softmax_logit_scale, self.bd_softmax_history_bias,
-                        self.bd_softmax_history_c)
+        o = preview_mix(
+            q,
+            k,
+            v,
+            g,
+            state.recurrent,
+            self.bd_softmax_logit_scale,
+            self.bd_softmax_history_bias,
+            self.bd_softmax_history_c,
+        )
         return self._output(x, o)
 
     def _heads(self, x: torch.Tensor, conv: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -96,8 +106,10 @@ class GatedDeltaNet(nn.Module):
         batch, length = x.shape[:2]
         q, k, v = conv.split([gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
         repeat = gdn.num_value_heads // gdn.num_key_heads  # value head j reads key head j // repeat
-        q, k = (t.reshape(batch, length, gdn.num_key_heads, gdn.key_head_dim).repeat_interleave(repeat, dim=2)
-                for t in (q, k))
+        q, k = (
+            t.reshape(batch, length, gdn.num_key_heads, gdn.key_head_dim).repeat_interleave(repeat, dim=2)
+            for t in (q, k)
+        )
         v = v.reshape(batch, length, gdn.num_value_heads, gdn.value_head_dim)
         q, k, v = (t.transpose(1, 2).float() for t in (q, k, v))
         q = l2_normalize(q) * gdn.key_head_dim**-0.5

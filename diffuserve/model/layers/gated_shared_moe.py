@@ -17,8 +17,9 @@ from diffuserve.model.layers.moe.layer import SparseMoeBlock
 
 
 class GatedSharedExpertMoe(SparseMoeBlock):
-    def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int,
-                 shared_intermediate_size: int) -> None:
+    def __init__(
+        self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, shared_intermediate_size: int
+    ) -> None:
         super().__init__(hidden_size, num_experts, top_k, intermediate_size, norm_topk_prob=True)
         self.shared_expert = SwiGLU(hidden_size, shared_intermediate_size)
         self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)

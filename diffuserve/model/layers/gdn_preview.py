@@ -32,8 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-DIFFUSION_TENSORS = ("conv_right_weight", "bd_softmax_logit_scale", "bd_softmax_history_bias",
-                     "bd_softmax_history_c")
+DIFFUSION_TENSORS = ("conv_right_weight", "bd_softmax_logit_scale", "bd_softmax_history_bias", "bd_softmax_history_c")
 
 
 def add_diffusion_parameters(layer: nn.Module, conv_dim: int, conv_kernel: int, num_value_heads: int) -> None:
@@ -58,8 +57,14 @@ def _per_head(t: torch.Tensor) -> torch.Tensor:
 
 
 def preview_mix(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, state: torch.Tensor,
-    logit_scale: torch.Tensor, history_bias: torch.Tensor, history_c: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    state: torch.Tensor,
+    logit_scale: torch.Tensor,
+    history_bias: torch.Tensor,
+    history_c: torch.Tensor,
 ) -> torch.Tensor:
     """q, k [B, Hv, T, Dk], v [B, Hv, T, Dv], g [B, Hv, T] (fp32, as the causal path computes them), state S
     [B, Hv, Dk, Dv] (read only), the three bd_softmax tensors [Hv] -> o [B, Hv, T, Dv] fp32 (module docstring)."""

@@ -61,8 +61,13 @@ def sharded_parameter(shape: list[int], like: torch.Tensor, spec: ShardSpec) -> 
 def column_parallel(linear: nn.Linear, segments: tuple[int, ...], group: ParallelGroup) -> nn.Linear:
     """A copy of `linear`'s shape holding only this rank's output rows of each segment."""
     spec = ShardSpec(0, segments, group.rank, group.size)
-    local = nn.Linear(linear.in_features, spec.full_size // group.size, bias=linear.bias is not None,
-                      device=linear.weight.device, dtype=linear.weight.dtype)
+    local = nn.Linear(
+        linear.in_features,
+        spec.full_size // group.size,
+        bias=linear.bias is not None,
+        device=linear.weight.device,
+        dtype=linear.weight.dtype,
+    )
     local.weight = sharded_parameter(list(local.weight.shape), linear.weight, spec)
     if linear.bias is not None:
         local.bias = sharded_parameter(list(local.bias.shape), linear.bias, spec)
@@ -74,8 +79,7 @@ class RowParallelLinear(nn.Module):
     input features (the output of a column-parallel layer). `reduce=False` returns the partial sum (without the
     bias) so that a caller can add other partials first and reduce once."""
 
-    def __init__(self, linear: nn.Linear, segments: tuple[int, ...], group: ParallelGroup,
-                 reduce: bool = True) -> None:
+    def __init__(self, linear: nn.Linear, segments: tuple[int, ...], group: ParallelGroup, reduce: bool = True) -> None:
         super().__init__()
         spec = ShardSpec(1, segments, group.rank, group.size)
         self.group, self.reduce = group, reduce

@@ -40,8 +40,9 @@ BMM_MAX_PADDING = 2.0
 
 def prefers_bmm(num_experts: int, touched: int, longest: int, assignments: int, on_cuda: bool) -> bool:
     """auto's rule where bmm can pay (see the module docstring); the padding guard applies on CUDA only."""
-    return (touched >= BMM_MIN_TOUCHED_FRACTION * num_experts
-            and (not on_cuda or num_experts * longest <= BMM_MAX_PADDING * assignments))
+    return touched >= BMM_MIN_TOUCHED_FRACTION * num_experts and (
+        not on_cuda or num_experts * longest <= BMM_MAX_PADDING * assignments
+    )
 
 
 def check_backend(backend: str) -> str:
@@ -50,8 +51,9 @@ def check_backend(backend: str) -> str:
     return backend
 
 
-def run_experts(backend: str, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
-                down: torch.Tensor) -> torch.Tensor:
+def run_experts(
+    backend: str, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
+) -> torch.Tensor:
     """x [N, H], weights/ids [N, K], gate_up [E, 2I, H], down [E, H, I] -> [N, H] with the chosen backend."""
     if backend == "loop" or (backend == "auto" and not x.is_cuda and x.dtype == torch.float32):
         return grouped_experts(x, weights, ids, gate_up, down, allow_grouped_mm=False)
@@ -65,8 +67,15 @@ def run_experts(backend: str, x: torch.Tensor, weights: torch.Tensor, ids: torch
     return padded_bmm_experts(x, weights, ids, gate_up, down, counts, longest)
 
 
-def padded_bmm_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
-                       down: torch.Tensor, counts: torch.Tensor, rows: int) -> torch.Tensor:
+def padded_bmm_experts(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    counts: torch.Tensor,
+    rows: int,
+) -> torch.Tensor:
     """The bmm backend. counts [E]: tokens per expert; rows >= max(counts): the padded run length R.
 
     Sorted position p (expert e, r-th token of e's run) lives at padded row e * R + r; padding rows are zero and

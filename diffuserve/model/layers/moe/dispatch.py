@@ -64,8 +64,9 @@ def run_expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> to
     return F.linear(F.silu(gate) * up, down)
 
 
-def combine(sorted_out: torch.Tensor, weights: torch.Tensor, groups: ExpertGroups, out_dtype: torch.dtype,
-            num_tokens: int) -> torch.Tensor:
+def combine(
+    sorted_out: torch.Tensor, weights: torch.Tensor, groups: ExpertGroups, out_dtype: torch.dtype, num_tokens: int
+) -> torch.Tensor:
     """sorted_out [A, H] (expert outputs in sorted order), weights [N, K] -> [N, H] in `out_dtype`."""
     weighted = sorted_out.to(weights.dtype) * weights.reshape(-1, 1).index_select(0, groups.order)
     out = weighted.new_zeros(num_tokens, weighted.shape[1])
@@ -82,12 +83,17 @@ def grouped_mm_supported(x: torch.Tensor, gate_up: torch.Tensor) -> bool:
     if not (_grouped_mm_state["usable"] and x.is_cuda and gate_up.is_cuda):
         return False
     aligned = x.shape[-1] % 8 == 0 and gate_up.shape[1] % 16 == 0
-    return (x.dtype == gate_up.dtype == torch.bfloat16 and aligned
-            and torch.cuda.get_device_capability(x.device) >= (9, 0))
+    return (
+        x.dtype == gate_up.dtype == torch.bfloat16 and aligned and torch.cuda.get_device_capability(x.device) >= (9, 0)
+    )
 
 
 def grouped_experts(
-    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
     allow_grouped_mm: bool = True,
 ) -> torch.Tensor:
     """x [N, H], weights/ids [N, K], gate_up [E, 2I, H], down [E, H, I] -> [N, H]. `allow_grouped_mm=False`:

@@ -50,8 +50,15 @@ class ExpertCache:
     """`num_slots` device slots for one layer's experts. Host weights: gate_up [E, 2I, H], down [E, H, I] for
     global expert ids [expert_offset, expert_offset + E)."""
 
-    def __init__(self, host_gate_up: torch.Tensor, host_down: torch.Tensor, num_slots: int, device: torch.device,
-                 counters: OffloadCounters, expert_offset: int = 0) -> None:
+    def __init__(
+        self,
+        host_gate_up: torch.Tensor,
+        host_down: torch.Tensor,
+        num_slots: int,
+        device: torch.device,
+        counters: OffloadCounters,
+        expert_offset: int = 0,
+    ) -> None:
         self.host_gate_up, self.host_down = host_gate_up, host_down
         self.device, self.counters, self.expert_offset = device, counters, expert_offset
         self.num_slots = num_slots

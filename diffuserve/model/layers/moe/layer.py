@@ -85,8 +85,14 @@ class SparseMoeBlock(nn.Module):
     expert ids [N, K]), e.g. LLaDA2's group-limited sigmoid router (top_k and norm_topk_prob are then its own)."""
 
     def __init__(
-        self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int,
-        norm_topk_prob: bool, shared_intermediate_size: int = 0, gate: nn.Module | None = None,
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        intermediate_size: int,
+        norm_topk_prob: bool,
+        shared_intermediate_size: int = 0,
+        gate: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.num_experts = num_experts

@@ -49,7 +49,11 @@ def _top_indices(values: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def group_limited_topk(
-    logits: torch.Tensor, expert_bias: torch.Tensor, top_k: int, num_groups: int, topk_groups: int,
+    logits: torch.Tensor,
+    expert_bias: torch.Tensor,
+    top_k: int,
+    num_groups: int,
+    topk_groups: int,
     scaling_factor: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [N, E] -> (weights [N, K] fp32, expert ids [N, K]). Config flags in brackets.
@@ -85,7 +89,12 @@ class GroupLimitedRouter(nn.Module):
     Returns (weights [N, K] fp32, expert ids [N, K]) for hidden states [N, H] of any dtype."""
 
     def __init__(
-        self, num_experts: int, hidden_size: int, top_k: int, num_groups: int, topk_groups: int,
+        self,
+        num_experts: int,
+        hidden_size: int,
+        top_k: int,
+        num_groups: int,
+        topk_groups: int,
         scaling_factor: float,
     ) -> None:
         super().__init__()
