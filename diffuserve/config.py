@@ -127,6 +127,10 @@ class EngineConfig:
     """Run the model forward eagerly instead of through torch.compile (vLLM's flag). Default: compiled on CUDA
     (CUDA graphs), eager on CPU, where compiling took about 2 minutes and ran fp32 slower (docs/benchmarks.md);
     false compiles on CPU too."""
+    expert_stats: bool | None = None
+    """Keep MoE routing statistics (experts touched per step and per block, load imbalance: /metrics and
+    `bench`). Each step copies every MoE layer's routing to the host, so the default is on where they are
+    reported (`diffuserve serve`, `bench`) and off in the offline `LLM`."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)

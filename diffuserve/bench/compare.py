@@ -37,7 +37,7 @@ from diffuserve.bench.environment import load_average, peak_memory_bytes
 from diffuserve.bench.hf_reference import load_transformers_model
 from diffuserve.bench.report import finish, format_table
 from diffuserve.engine.llm_engine import LLMEngine
-from diffuserve.model.layers.attention_backend import DenseAttentionInputs, block_causal_mask
+from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.testing.reference_decode import reference_generate
 from diffuserve.testing.reference_model import load_reference

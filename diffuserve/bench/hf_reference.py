@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from diffuserve.model.layers.attention_backend import DenseAttentionInputs
+from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.loader import load_model, read_model_config
 
 # config.json keys that name our checkpoint, not the transformers architecture it is built as.

@@ -106,7 +106,7 @@ def build_components(config: EngineConfig) -> EngineComponents:
         pool, sched.max_num_seqs, sched.max_num_batched_tokens, args.block_length, sched.fused_commit, state
     )
     runner_cls = ModelRunner if not family.has_recurrent_state else RecomputeRunner if recompute else HybridRunner
-    runner = runner_cls(executor, args.block_length, config.seed)
+    runner = runner_cls(executor, args.block_length, config.seed, bool(config.expert_stats))
     _, generation = read_model_config(config.model)
     from_file = {k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None}
     defaults = {**family.decoding_defaults, **from_file}

@@ -23,19 +23,18 @@ from typing import cast
 
 import torch
 
+from diffuserve.engine.decoders import propose
 from diffuserve.engine.executor import ModelExecutor, StatePlan
 from diffuserve.engine.model_runner import BlockRows, ModelRunner, StepBatch
-from diffuserve.engine.request import Request
-from diffuserve.engine.sampling import propose
-from diffuserve.engine.scheduler_output import ScheduledRequest
+from diffuserve.engine.request import Request, ScheduledRequest
 from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.layers.gdn_step import RowGroup
 
 
 class HybridRunner(ModelRunner):
-    def __init__(self, executor: ModelExecutor, block_length: int, seed: int = 0) -> None:
-        super().__init__(executor, block_length, seed)
+    def __init__(self, executor: ModelExecutor, block_length: int, seed: int = 0, expert_stats: bool = False) -> None:
+        super().__init__(executor, block_length, seed, expert_stats)
         hybrid = hybrid_args(cast(ModelArgs, self.model.args))
         self.preview = hybrid.has_diffusion
         self.shift = hybrid.prediction_shift or not self.preview  # next-token decoding reads the previous row

@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from diffuserve.config import EngineConfig
 from diffuserve.engine.llm_engine import LLMEngine
-from diffuserve.engine.outputs import RequestOutput
+from diffuserve.engine.output_processor import RequestOutput
 from diffuserve.hub import resolve_model
-from diffuserve.progress import progress_bar
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.tool_format import template_messages, template_renders_tools
 
@@ -51,7 +52,9 @@ class LLM:
     def _run(self, ids: list[str], use_tqdm: bool | None) -> list[RequestOutput]:
         """Steps until every request in `ids` finished."""
         finished: dict[str, RequestOutput] = {}
-        with progress_bar(len(ids), "Processed prompts", "prompt", use_tqdm) as bar:
+        # disable=None is tqdm's own "only on a terminal" (vLLM's use_tqdm, when not given)
+        disable = None if use_tqdm is None else not use_tqdm
+        with tqdm(total=len(ids), desc="Processed prompts", unit="prompt", disable=disable, dynamic_ncols=True) as bar:
             while len(finished) < len(ids):
                 for out in self.engine.step():
                     if out.finished:

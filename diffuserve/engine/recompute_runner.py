@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 
 from diffuserve.config import EngineConfig
-from diffuserve.engine.decoders import DECODERS
+from diffuserve.engine.decoders import DECODERS, propose
 from diffuserve.engine.model_runner import BlockRows, ModelRunner
-from diffuserve.engine.sampling import propose
 from diffuserve.engine.scheduler import ScheduledRequest
 from diffuserve.model.clover_moe_config import hybrid_args
 

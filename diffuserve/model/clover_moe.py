@@ -10,7 +10,7 @@ of the same committed length):
     forward_preview(ids, state) -> hidden of a block, state unchanged         (block diffusion denoising step)
 
 The engine calls `forward(ids, positions, attn, recurrent)` instead: one flattened step batch of many sequences,
-the attention layers over the engine's paged K/V (attention_backend), the GDN layers over its state pool
+the attention layers over the engine's paged K/V (layers/attention), the GDN layers over its state pool
 (gdn_step: each sequence advances its own slot over its commit tokens, then runs its block against it).
 Knows nothing of requests; the engine builds the step's inputs.
 """
@@ -24,13 +24,12 @@ from torch import nn
 
 from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.layers.attention_backend import PagedAttentionInputs
+from diffuserve.model.layers.attention import PagedAttentionInputs, RotaryEmbedding
 from diffuserve.model.layers.gated_attention import GatedAttention, KVState
 from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnState
 from diffuserve.model.layers.gated_shared_moe import GatedSharedExpertMoe
 from diffuserve.model.layers.gdn_step import RecurrentStepInputs, gdn_step
 from diffuserve.model.layers.hybrid_norm import ZeroCenteredRMSNorm
-from diffuserve.model.layers.rotary import RotaryEmbedding
 
 LayerState = GdnState | KVState | None
 

@@ -15,9 +15,8 @@ import torch
 from torch import nn
 
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.layers.attention_backend import AttentionInputs
+from diffuserve.model.layers.attention import AttentionInputs, RotaryEmbedding
 from diffuserve.model.layers.norm import RMSNorm
-from diffuserve.model.layers.rotary import RotaryEmbedding
 
 
 class DecoderLayer(nn.Module):

@@ -112,6 +112,8 @@ def _serve(args: argparse.Namespace, config: ServerConfig, sock: socket.socket |
     model_dir = resolve_model(args.model, args.revision, args.download_dir)
     config = server_config_from_args(args, args.model, model_dir)
     engine_config = engine_config_from_args(model_dir, args)
+    if engine_config.expert_stats is None:  # /metrics reports them
+        engine_config = dataclasses.replace(engine_config, expert_stats=True)
 
     from diffuserve.engine.engine_setup import run_if_torchrun_worker
 

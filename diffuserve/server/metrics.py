@@ -35,8 +35,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from diffuserve.engine.outputs import RequestOutput
-from diffuserve.engine.stats import EngineStats
+from diffuserve.engine.llm_engine import EngineStats
+from diffuserve.engine.output_processor import RequestOutput
 from diffuserve.server.bridge import EngineRequest
 
 LATENCY_BUCKETS = (

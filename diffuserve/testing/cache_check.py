@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from diffuserve import LLM
-from diffuserve.model.layers.attention_backend import DenseAttentionInputs, PagedAttentionInputs
+from diffuserve.model.layers.attention import DenseAttentionInputs, PagedAttentionInputs
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.testing.reference_decode import block_causal_mask
 from diffuserve.testing.reference_model import ReferenceModel
