@@ -18,6 +18,9 @@ from diffuserve.engine.errors import RequestError
 from diffuserve.structured_outputs import StructuredOutputsParams
 
 GREEDY_BELOW = 1e-5
+MAX_LOGPROBS = 20
+"""The most top alternatives a request may ask for per token (`logprobs`, `prompt_logprobs`), as vLLM's default
+`max_logprobs`."""
 DECODER_NAMES = ("threshold", "fixed", "entropy", "edit")
 """The decoders, by name: the one list that validation, the engine's policies and the server's schema use."""
 DECODERS = DECODER_NAMES
@@ -55,7 +58,8 @@ class SamplingParams:
     """0 or -1 = no top-k filtering."""
     seed: int | None = None
     max_tokens: int | None = 16
-    """Generated tokens at most; None = up to the engine's max_model_len."""
+    """Generated tokens at most; None = up to the engine's max_model_len. 0: nothing is generated (the prompt is
+    only prefilled, and scored with prompt_logprobs)."""
     min_tokens: int = 0
     """Stop tokens are suppressed (their logits set to -inf) before this many generated tokens."""
     stop: list[str] = field(default_factory=list)
@@ -83,6 +87,9 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     """Constrain the output to a JSON schema, regex, choice list or grammar (docs/server.md, "Structured
     output"): every committed token sequence is then a valid prefix of it."""
+    prompt_logprobs: int | None = None
+    """Score the prompt: each prompt token's log-probability under the block chain rule (docs/server.md, "Prompt
+    scoring"; the first token has none) with this many top alternatives (0 .. MAX_LOGPROBS); None = not scored."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -91,7 +98,7 @@ class SamplingParams:
         _check(self.temperature is None or self.temperature >= 0, "temperature", self.temperature, ">= 0")
         _check(0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
         _check(self.top_k >= -1, "top_k", self.top_k, ">= -1 (0 or -1 disable it)")
-        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", self.max_tokens, ">= 1")
+        _check(self.max_tokens is None or self.max_tokens >= 0, "max_tokens", self.max_tokens, ">= 0")
         _check(self.min_tokens >= 0, "min_tokens", self.min_tokens, ">= 0")
         _check(
             self.max_tokens is None or self.min_tokens <= self.max_tokens,
@@ -125,6 +132,13 @@ class SamplingParams:
             "non-negative token ids",
         )
         _check(
+            self.prompt_logprobs is None
+            or (type(self.prompt_logprobs) is int and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+            "prompt_logprobs",
+            self.prompt_logprobs,
+            f"an integer in [0, {MAX_LOGPROBS}] (the top alternatives returned per prompt token), or None",
+        )
+        _check(
             self.structured_outputs is None or self.decoder != "edit",
             "decoder",
             self.decoder,
@@ -144,7 +158,7 @@ class SamplingParams:
             if value is None:
                 knobs[name] = defaults.get(name, BUILTIN_DEFAULTS.get(name))
         if max_tokens_limit is not None:
-            max_tokens = min(self.max_tokens or max_tokens_limit, max_tokens_limit)
+            max_tokens = min(max_tokens_limit if self.max_tokens is None else self.max_tokens, max_tokens_limit)
         elif self.max_tokens is not None:
             max_tokens = self.max_tokens
         else:
@@ -164,6 +178,7 @@ class SamplingParams:
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             structured_outputs=self.structured_outputs,
+            prompt_logprobs=self.prompt_logprobs,
             **knobs,
         )
 
@@ -200,6 +215,8 @@ class ResolvedSamplingParams:
     edit_threshold: float
     max_post_edit_steps: int
     structured_outputs: StructuredOutputsParams | None = None
+    prompt_logprobs: int | None = None
+    """Top alternatives per scored prompt token; None = the prompt is not scored (SamplingParams.prompt_logprobs)."""
 
     @property
     def is_greedy(self) -> bool:

@@ -36,3 +36,9 @@ class DuplicateRequestId(RequestError):
     """A request id that is already in use."""
 
     code = "duplicate_request_id"
+
+
+class UnsupportedParameter(RequestError):
+    """A field this model or engine configuration cannot honour (e.g. prompt_logprobs on a hybrid model)."""
+
+    code = "unsupported_parameter"

@@ -33,6 +33,8 @@ from diffuserve.model.layers.gdn_step import RowGroup
 
 
 class HybridRunner(ModelRunner):
+    supports_prompt_scoring = False  # a block's variants would need the GDN state after each earlier block
+
     def __init__(self, executor: ModelExecutor, block_length: int, seed: int = 0, expert_stats: bool = False) -> None:
         super().__init__(executor, block_length, seed, expert_stats)
         hybrid = hybrid_args(cast(ModelArgs, self.model.args))
@@ -42,6 +44,8 @@ class HybridRunner(ModelRunner):
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[tuple[int, int]]]:
         batch = self.build_batch(scheduled)
+        if not batch.forward.input_ids.numel():
+            return {}  # only requests with nothing left to compute (max_tokens 0)
         hidden = self.executor.execute(batch.forward)  # [N, H]
         if not batch.blocks:
             return {}

@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING
 
 from diffuserve.config import EngineConfig
 from diffuserve.engine.engine_setup import build_components
-from diffuserve.engine.errors import ContextLengthExceeded, DuplicateRequestId, InvalidTokenIds, RequestError
+from diffuserve.engine.errors import (
+    ContextLengthExceeded,
+    DuplicateRequestId,
+    InvalidTokenIds,
+    RequestError,
+    UnsupportedParameter,
+)
 from diffuserve.engine.grammar_decoding import StructuredDecoding
 from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest, RequestOutput
 from diffuserve.engine.request import Request, RequestStatus, SchedulerOutput, StepUpdate
@@ -76,10 +82,13 @@ class LLMEngine:
             prompt if isinstance(prompt, str) else None,
             token_ids,
             [Completion(i, resolved) for i in range(resolved.n)],
+            prompt_logprobs=None if resolved.prompt_logprobs is None else [None] * len(token_ids),
         )
         children = []
         for i in range(resolved.n):
             child_params = resolved if resolved.seed is None else resolved.replace(seed=resolved.seed + i)
+            if i > 0:
+                child_params = child_params.replace(prompt_logprobs=None)  # the first completion scores the prompt
             children.append(
                 Request(parent.child_id(i), token_ids, child_params, self.args.block_length, self.args.mask_token_id)
             )
@@ -92,14 +101,19 @@ class LLMEngine:
         """What a prompt of `num_prompt_tokens` tokens is decoded with: the model's defaults applied, max_tokens
         capped to max_model_len, EOS among the stop ids. Raises ContextLengthExceeded if the prompt leaves no
         room to generate, InvalidTokenIds for stop token ids outside the vocabulary."""
+        params = params or SamplingParams()
         room = self.max_model_len - num_prompt_tokens
-        if room < 1:
+        if room < (0 if params.max_tokens == 0 else 1):
             raise ContextLengthExceeded(
                 "prompt",
                 f"{num_prompt_tokens} tokens leave no room to generate within max_model_len "
                 f"{self.max_model_len}; shorten the prompt or raise --max-model-len",
             )
-        params = params or SamplingParams()
+        if params.prompt_logprobs is not None and not self.runner.supports_prompt_scoring:
+            raise UnsupportedParameter(
+                "prompt_logprobs",
+                "prompt scoring is not supported for models with recurrent layers (clover_moe) yet; remove the field",
+            )
         vocab = self.args.vocab_size
         bad = [t for t in params.stop_token_ids if t >= vocab]
         if bad:
@@ -128,8 +142,10 @@ class LLMEngine:
             return self._fail_step(output, f"{type(e).__name__}: {e}")
         seconds = time.perf_counter() - started
         update = self.scheduler.update_from_output(output, results)
-        self.counters.record_step(output.num_batched_tokens, seconds, update)
+        if output.num_batched_tokens:  # a step of requests with nothing left to compute ran no forward
+            self.counters.record_step(output.num_batched_tokens, seconds, update)
         self._release(update)
+        self.output_processor.add_prompt_scores(self.runner.prompt_scores)
         if self.runner.structured is not None and self.runner.structured.failures:  # fails its request only
             for request_id, error in self.runner.structured.take_failures().items():
                 self._finish_requests([request_id], RequestStatus.FINISHED_ERROR, error)

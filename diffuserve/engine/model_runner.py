@@ -12,6 +12,9 @@ Batch layout for a step (N query tokens, requests one after another):
     positions  absolute positions of those tokens                                    [N]
     logit rows the positions each block's decoder reads (its masked ones; the edit   [M]
                decoder also its accepted generated ones)
+
+Requests scoring their prompt (prompt_logprobs) add their variants after every request's own queries
+(engine/prompt_scoring.py); the step's prompt scores are left in `prompt_scores` for the engine.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from diffuserve.engine.decoders import DECODERS, propose
 from diffuserve.engine.executor import ForwardInputs, ModelExecutor
 from diffuserve.engine.experts import ExpertOffload, ExpertTracker
 from diffuserve.engine.grammar_decoding import StructuredDecoding
+from diffuserve.engine.output_processor import TokenLogprobs
+from diffuserve.engine.prompt_scoring import ScoringRows, prompt_logprobs
 from diffuserve.engine.request import Request
 from diffuserve.engine.scheduler import ScheduledRequest
 from diffuserve.model.layers.attention import SequenceSlice, block_causal_mask
@@ -49,6 +54,7 @@ class StepBatch:
     forward: ForwardInputs
     logit_rows: torch.Tensor
     blocks: list[BlockRows]
+    scoring: ScoringRows | None = None
 
 
 class ModelRunner:
@@ -62,6 +68,11 @@ class ModelRunner:
         self.structured: StructuredDecoding | None = None
         """Grammar-constrained decoding of requests with structured_outputs (set by the engine if it has a
         tokenizer)."""
+        self.prompt_scores: dict[str, list[tuple[int, TokenLogprobs]]] = {}
+        """The last step's prompt scores: per request id, (prompt position, logprobs) (engine/prompt_scoring)."""
+
+    supports_prompt_scoring = True
+    """Whether prompt_logprobs can be computed (the hybrid runners cannot preview against past states yet)."""
 
     @property
     def model(self) -> nn.Module:
@@ -74,11 +85,18 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[tuple[int, int]]]:
         """Runs the step; returns {request_id: [(canvas index, token), ...]} for requests with a block."""
+        self.prompt_scores = {}
         batch = self.build_batch(scheduled)
+        if not batch.forward.input_ids.numel():
+            return {}  # only requests with nothing left to compute (max_tokens 0)
         hidden = self.executor.execute(batch.forward)  # [N, H]
         if self.experts is not None and self.experts.enabled:
             rows = [(b.work.request.request_id, b.token_start, self.block_length) for b in batch.blocks]
             self.experts.record_step(rows)
+        if batch.scoring is not None and batch.scoring.requests:
+            score_rows = torch.tensor(batch.scoring.logit_rows, dtype=torch.long, device=self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, score_rows))
+            self.prompt_scores = prompt_logprobs(logits, batch.scoring.requests)
         if not batch.blocks:
             return {}
         logits = self.model.compute_logits(hidden.index_select(0, batch.logit_rows))  # [M, V]
@@ -109,6 +127,8 @@ class ModelRunner:
         blocks: list[BlockRows] = []
         logit_rows: list[int] = []
         for work in scheduled:
+            if not work.num_tokens:
+                continue  # a request that only scores this step
             request = work.request
             start = len(ids)
             ids += request.known_tokens(work.commit_start, work.commit_end)
@@ -121,15 +141,23 @@ class ModelRunner:
             key_slots = self._key_slots(request.page_ids, work.query_end)
             slot_mapping.append(key_slots[work.query_start :])
             sequences.append(SequenceSlice(start, work.num_tokens, key_slots, self._mask(work)))
+        scoring = ScoringRows()
+        for work in scheduled:
+            if work.score_end > work.score_start:
+                scoring.add(work, len(ids), self._key_slots)
+        ids += scoring.input_ids
+        positions += scoring.positions
+        slot_mapping += scoring.slot_mapping
+        sequences += scoring.sequences
         offload = self._offload_context(blocks) if self.executor.offload is not None else None
         forward = ForwardInputs(
             torch.tensor(ids, device=self.device),
             torch.tensor(positions, device=self.device),
-            torch.cat(slot_mapping),
+            torch.cat(slot_mapping) if slot_mapping else torch.zeros(0, dtype=torch.long, device=self.device),
             tuple(sequences),
             offload,
         )
-        return StepBatch(forward, torch.tensor(logit_rows, dtype=torch.long, device=self.device), blocks)
+        return StepBatch(forward, torch.tensor(logit_rows, dtype=torch.long, device=self.device), blocks, scoring)
 
     def _read_positions(self, request: Request) -> list[int]:
         """Canvas indices of the request's block whose logits its decoder reads."""

@@ -9,12 +9,16 @@ step it refreshes the completions of the step's requests and snapshots their use
 text reaches a stop string is reported finished ("stop") and its request id returned in `reqs_to_abort`: the
 processor never finishes a request itself, the engine does so through the scheduler.
 
+It also names the prompt scores the engine computes (`prompt_logprobs`, filled position by position; a
+request's output carries them once every prompt position is scored, which is before its first token).
+
 It also owns what the engine hands back to callers (`RequestOutput`, `CompletionOutput`, `RequestMetrics`:
 vLLM's shapes, plus the diffusion counters).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -79,6 +83,9 @@ class RequestOutput:
     """Prompt tokens served from the prefix cache."""
     new_token_counts: list[int] = field(default_factory=list)
     """Per completion, tokens that became final in the step that produced this output."""
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    """With SamplingParams.prompt_logprobs: per prompt position, the token's logprob and top alternatives
+    (None at position 0, which has no score); None until the whole prompt is scored."""
 
     @property
     def finished(self) -> bool:
@@ -179,6 +186,9 @@ class ParentRequest:
     completions: list[Completion]
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
     num_cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    """With prompt_logprobs: one entry per prompt position, filled as the engine scores them."""
+    num_scored: int = 0
 
     def child_id(self, index: int) -> str:
         """The engine request id of completion `index`."""
@@ -193,6 +203,7 @@ class ParentRequest:
             self.metrics,
             self.num_cached_tokens,
             new_token_counts,
+            self.prompt_logprobs if self.num_scored >= len(self.prompt_token_ids) - 1 else None,
         )
 
 
@@ -225,6 +236,21 @@ class OutputProcessor:
             return []
         self._forget(parent)
         return [parent.child_id(c.index) for c in parent.completions]
+
+    def add_prompt_scores(self, scores: dict[str, list[tuple[int, TokenLogprobs]]]) -> None:
+        """Records a step's prompt scores (engine request id -> (prompt position, logprobs)), naming the tokens."""
+        for request_id, entries in scores.items():
+            parent, _ = self._children[request_id]
+            assert parent.prompt_logprobs is not None, "scores for a request that does not score its prompt"
+            for position, entry in entries:
+                parent.prompt_logprobs[position] = {
+                    token: dataclasses.replace(logprob, decoded_token=self._token_text(token))
+                    for token, logprob in entry.items()
+                }
+            parent.num_scored += len(entries)
+
+    def _token_text(self, token: int) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode([token], skip_special_tokens=False)
 
     def process_outputs(self, requests: list[Request], new_token_counts: dict[str, int]) -> ProcessedOutputs:
         """Refreshes the completions of `requests` (a step's) and snapshots their user requests; a finished

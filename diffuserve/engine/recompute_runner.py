@@ -39,6 +39,8 @@ def check_recompute_config(config: EngineConfig) -> None:
 class RecomputeRunner(ModelRunner):
     """A ModelRunner whose `execute` recomputes instead of reading the paged cache (see the module docstring)."""
 
+    supports_prompt_scoring = False
+
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[tuple[int, int]]]:
         return {work.request.request_id: self._step(work) for work in scheduled if work.has_block}

@@ -91,6 +91,10 @@ class Request:
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache at the request's first admission."""
     last_scheduled_step: int = -1
+    score_cursor: int = 1
+    """With params.prompt_logprobs: the next prompt position to score (position 0 has no score)."""
+    score_page_ids: list[int] = field(default_factory=list)
+    """Pages lent to this step's scoring variants for their K/V (scratch, never cached); freed with the step."""
     stop_reason: int | str | None = None
     error: str | None = None
 
@@ -110,6 +114,21 @@ class Request:
     @property
     def block_end(self) -> int:
         return self.block_start + self.block_length
+
+    @property
+    def num_unscored(self) -> int:
+        """Prompt positions still to score (0 when the request does not score its prompt)."""
+        if self.params.prompt_logprobs is None:
+            return 0
+        return max(0, self.num_prompt_tokens - self.score_cursor)
+
+    @property
+    def commit_target(self) -> int:
+        """Where commits run to: the current block; with max_tokens 0 (no block) only the blocks that prompt
+        scoring reads, those before the last prompt position's block."""
+        if self.params.max_tokens > 0:
+            return self.block_start
+        return (self.num_prompt_tokens - 1) // self.block_length * self.block_length if self.num_unscored else 0
 
     def known_tokens(self, start: int, end: int) -> list[int]:
         """Final tokens at positions [start, end) < block_start (prompt, then finished blocks)."""
@@ -203,6 +222,10 @@ class ScheduledRequest:
     """Hybrid models: the prefix snapshot slot whose state the request's slot starts from (a prefix-cache hit)."""
     snapshot: StateSnapshot | None = None
     """Hybrid models: a prefix snapshot this step takes of the request's state."""
+    score_start: int = 0
+    score_end: int = 0
+    """Prompt positions [score_start, score_end) this step scores, each by a variant of its block (B tokens
+    beside the request's own queries; engine/prompt_scoring.py)."""
 
     @property
     def query_start(self) -> int:
@@ -214,7 +237,13 @@ class ScheduledRequest:
 
     @property
     def num_tokens(self) -> int:
+        """The request's own query tokens (commits and block)."""
         return self.query_end - self.query_start
+
+    @property
+    def num_score_tokens(self) -> int:
+        """Query tokens of this step's scoring variants."""
+        return (self.score_end - self.score_start) * self.request.block_length
 
 
 @dataclass(frozen=True)
@@ -225,7 +254,7 @@ class SchedulerOutput:
     """Query tokens of the step, counted when it is scheduled (applying its results moves the blocks on)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "num_batched_tokens", sum(s.num_tokens for s in self.scheduled))
+        object.__setattr__(self, "num_batched_tokens", sum(s.num_tokens + s.num_score_tokens for s in self.scheduled))
 
     @property
     def is_empty(self) -> bool:

@@ -72,7 +72,7 @@ class Scheduler:
         """Raises ContextLengthExceeded if the request's whole life needs more pages than the cache has; it names
         the prompt when even one generated token would not fit."""
         page_size, num_pages = self.pool.page_size, self.pool.num_pages
-        needed = -(-request.total_tokens_needed() // page_size)
+        needed = -(-request.total_tokens_needed() // page_size) + (1 if request.num_unscored else 0)  # + scratch
         slots = self.state.pool.num_slots if self.state else 1
         if needed <= num_pages and slots >= 1:
             return
@@ -128,6 +128,7 @@ class Scheduler:
             self._commit(work)
             if self.state is not None:
                 self.state.apply(work)
+            self._end_scoring(work, update)
             update.num_prefill_tokens += max(0, min(work.commit_end, request.num_prefill_positions) - work.commit_start)
             new = self._apply_block(work, accepted.get(request.request_id, []), update) if work.has_block else 0
             if not work.has_block and work.commit_end > request.num_prefill_positions:
@@ -183,6 +184,17 @@ class Scheduler:
             update.finished_blocks.append(request.request_id)
         return len(request.output_token_ids) - before
 
+    def _end_scoring(self, work: ScheduledRequest, update: StepUpdate) -> None:
+        """After the forward: the scored positions advance the cursor and the scratch pages go back; a request
+        with max_tokens 0 finishes (length, no tokens) once its prompt is scored."""
+        request = work.request
+        request.score_cursor = max(request.score_cursor, work.score_end)
+        self.pool.free(request.score_page_ids)
+        request.score_page_ids = []
+        if request.params.max_tokens == 0 and not request.num_unscored:
+            self._finish(request, RequestStatus.FINISHED_LENGTH)
+            update.finished.append(request)
+
     def _commit(self, work: ScheduledRequest) -> None:
         """After the forward: the commit range's K/V are final; full pages join the prefix cache."""
         request = work.request
@@ -207,19 +219,46 @@ class Scheduler:
 
     # ---- planning ------------------------------------------------------------------------------------------
     def _plan(self, request: Request, budget: int) -> ScheduledRequest | None:
-        """The largest piece of work that fits the budget: all pending commits plus the block, or a chunk of
-        whole blocks of commits. With fused_commit off, a finished block's commit runs as its own forward."""
-        start, pending = request.num_computed_tokens, request.block_start - request.num_computed_tokens
-        is_block_commit = request.block_start > request.num_prefill_positions
-        if pending + self.block_length <= budget and not (pending and is_block_commit and not self.fused_commit):
-            return ScheduledRequest(request, start, request.block_start, has_block=True)
+        """The largest piece of work that fits the budget: pending commits (all, or a chunk of whole blocks), the
+        prompt positions those commits let it score (prompt_logprobs), then the block once nothing is left to
+        commit or score. With fused_commit off, a finished block's commit runs as its own forward. A request with
+        max_tokens 0 has no block: once scored it gets an empty piece of work, which finishes it."""
+        start = request.num_computed_tokens
+        pending = max(0, request.commit_target - start)
         chunk = min(pending, budget // self.block_length * self.block_length)
-        if chunk <= 0:
+        score_start, score_end = self._plan_scoring(request, start + chunk, budget - chunk)
+        left = budget - chunk - (score_end - score_start) * self.block_length
+        is_block_commit = request.block_start > request.num_prefill_positions
+        has_block = (
+            chunk == pending
+            and self.block_length <= left
+            and request.params.max_tokens > 0
+            and score_end - score_start == request.num_unscored
+            and not (pending and is_block_commit and not self.fused_commit)
+        )
+        if not (chunk or score_end > score_start or has_block or request.params.max_tokens == 0):
             return None
-        return ScheduledRequest(request, start, start + chunk, has_block=False)
+        return ScheduledRequest(request, start, start + chunk, has_block, score_start=score_start, score_end=score_end)
+
+    def _plan_scoring(self, request: Request, commit_end: int, budget: int) -> tuple[int, int]:
+        """Prompt positions to score this step: the next ones whose earlier blocks are committed by `commit_end`
+        (the variants read those K/V in the same forward, as a fused commit's block does), B tokens each."""
+        cursor = request.score_cursor
+        if not request.num_unscored:
+            return cursor, cursor
+        ready = min(request.num_prompt_tokens, commit_end + self.block_length)  # commit_end is block-aligned
+        return cursor, cursor + max(0, min(ready - cursor, budget // self.block_length))
 
     def _pages_needed(self, work: ScheduledRequest) -> int:
-        return -(-work.query_end // self.pool.page_size) - len(work.request.page_ids)
+        """The request's new pages up to the work's last query, plus scratch pages for its scoring variants."""
+        own = -(-work.query_end // self.pool.page_size) - len(work.request.page_ids)
+        return max(own, 0) + -(-work.num_score_tokens // self.pool.page_size)
+
+    def _allocate(self, work: ScheduledRequest) -> None:
+        pages = self.pool.allocate(self._pages_needed(work))
+        num_scratch = -(-work.num_score_tokens // self.pool.page_size)
+        work.request.page_ids += pages[: len(pages) - num_scratch]
+        work.request.score_page_ids = pages[len(pages) - num_scratch :]
 
     def _reserve_pages(self, work: ScheduledRequest, scheduled: list, preempted: list[Request]) -> bool:
         """Allocates the pages `work` needs, preempting the youngest unscheduled running requests if the pool
@@ -233,7 +272,7 @@ class Scheduler:
             preempted.append(victim)
             if victim is work.request:
                 return False
-        work.request.page_ids += self.pool.allocate(needed)
+        self._allocate(work)
         return True
 
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
@@ -249,7 +288,7 @@ class Scheduler:
                 self._release(request)  # drop the prefix pages again; retry next step
                 break
             self.waiting.popleft()
-            request.page_ids += self.pool.allocate(self._pages_needed(work))
+            self._allocate(work)
             if self.state is not None:
                 self.state.admit(request, restore_from)
                 work = self.state.with_snapshot(dataclasses.replace(work, restore_from=restore_from))
@@ -295,6 +334,6 @@ class Scheduler:
     def _release(self, request: Request) -> None:
         if self.state is not None:
             self.state.release(request)
-        self.pool.free(request.page_ids)
-        request.page_ids, request.page_hashes = [], []
+        self.pool.free(request.page_ids + request.score_page_ids)
+        request.page_ids, request.page_hashes, request.score_page_ids = [], [], []
         request.num_computed_tokens = 0

@@ -168,3 +168,47 @@ def test_random_workloads_never_deadlock_or_leak(seed):
     drain(scheduler, max_steps=2000)
     assert all(r.status.is_finished for r in requests)
     assert scheduler.pool.num_free_pages == scheduler.pool.num_pages
+
+
+def test_prompt_scoring_rides_with_the_commits_it_needs_and_the_block_waits_for_it():
+    """A 13-token prompt (positions 1..12 scored, 4 tokens a variant) under a budget of 16: each step commits
+    what its variants read (a variant of block b needs blocks < b committed by that forward), scratch pages are
+    lent for the step only, and the block starts once the whole prompt is scored."""
+    scheduler = make_scheduler(budget=16)
+    prompt = list(range(13))
+    request = Request("a", prompt, SamplingParams(max_tokens=4, prompt_logprobs=1).with_defaults({}), 4, MASK)
+    scheduler.add(request)
+    plans = []
+    while request.status is not RequestStatus.FINISHED_LENGTH:
+        out = scheduler.schedule()
+        work = out.scheduled[0]
+        plans.append((work.commit_start, work.commit_end, work.score_start, work.score_end, work.has_block))
+        assert len(request.score_page_ids) == -(-work.num_score_tokens // 4)
+        assert out.num_batched_tokens == work.num_tokens + work.num_score_tokens <= 16
+        scheduler.update_from_output(out, {"a": [(i, 7) for i in request.masked_indices()]} if work.has_block else {})
+        assert request.score_page_ids == []
+        scheduler.pool.check_invariants()
+    assert plans == [
+        (0, 12, 1, 2, False),  # three prompt blocks committed, one variant in the 4 tokens left
+        (12, 12, 2, 6, False),
+        (12, 12, 6, 10, False),
+        (12, 12, 10, 13, True),  # the last variants, and the block in the same forward
+        (12, 16, 13, 13, True),
+    ]
+    assert scheduler.pool.num_free_pages == scheduler.pool.num_pages
+
+
+def test_max_tokens_zero_commits_only_what_scoring_reads_and_finishes_without_a_block():
+    scheduler = make_scheduler(budget=64)
+    scored = Request("s", list(range(12)), SamplingParams(max_tokens=0, prompt_logprobs=0).with_defaults({}), 4, MASK)
+    plain = Request("p", list(range(12)), SamplingParams(max_tokens=0).with_defaults({}), 4, MASK)
+    scheduler.add(scored)
+    scheduler.add(plain)
+    out = scheduler.schedule()
+    assert [(w.commit_end, w.score_start, w.score_end, w.has_block) for w in out.scheduled] == [
+        (8, 1, 12, False),
+        (0, 1, 1, False),
+    ]
+    update = scheduler.update_from_output(out, {})
+    assert update.finished == [scored, plain] and scored.output_token_ids == plain.output_token_ids == []
+    assert not scheduler.has_unfinished

@@ -1,0 +1,121 @@
+"""Prompt scoring (`prompt_logprobs`): the block chain rule's variants as extra queries of a step's forward, and
+their logits turned into each prompt token's `Logprob` and top alternatives (docs/server.md, "Prompt scoring").
+
+A block-diffusion model has no left-to-right likelihood; the engine scores a prompt x with the chain rule inside
+each block. Position p (p >= 1) of block b = p // B is scored by its *variant*: block b with the prompt tokens
+before p revealed and the rest masked, at the block's positions, attending to the committed K/V of blocks < b
+and to itself, exactly as a denoising step previews a block. The row at p (these families predict a position
+from its own row) gives log p(x_p | x_<bB committed, x_bB..x_p-1 revealed):
+
+    log p(x) = sum_{p >= 1} log_softmax(logits of the variant of p, at row p)[x_p]
+
+Layout: the scheduler hands a step positions [score_start, score_end) of a request whose earlier blocks are
+committed by that forward. Their variants follow the requests' own queries in the flattened batch, one sequence
+per block: queries the block's variants one after another, keys the committed prefix then the variants'
+own K/V, which go to scratch pages the scheduler lends for the step (`Request.score_page_ids`) and never join
+the prefix cache. The mask lets each variant see the prefix and itself only. The variants read the prefix in the
+same forward that commits it (the K/V are written before any query attends), as a fused commit's block does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from diffuserve.engine.output_processor import Logprob, TokenLogprobs
+from diffuserve.engine.request import ScheduledRequest
+from diffuserve.model.layers.attention import SequenceSlice
+
+KeySlots = Callable[[list[int], int], torch.Tensor]
+"""(page ids, length) -> [length] long: the cache slots of positions 0 .. length-1 of those pages."""
+
+
+def variant(prompt: list[int], position: int, block_length: int, mask_token_id: int) -> list[int]:
+    """The block of `position` as its score reads it: the prompt tokens before `position` revealed, the rest
+    masked (B tokens)."""
+    tail = prompt[position // block_length * block_length : position]
+    return tail + [mask_token_id] * (block_length - len(tail))
+
+
+@dataclass(frozen=True)
+class ScoredPositions:
+    """One request's positions scored this step, and their rows among the step's scoring logits."""
+
+    request_id: str
+    positions: list[int]
+    token_ids: list[int]
+    """The prompt tokens at `positions`."""
+    num_top: int
+    """Top alternatives wanted per position (the request's prompt_logprobs)."""
+
+
+@dataclass
+class ScoringRows:
+    """The scoring queries of a step, appended after the requests' own queries."""
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slot_mapping: list[torch.Tensor] = field(default_factory=list)
+    sequences: list[SequenceSlice] = field(default_factory=list)
+    logit_rows: list[int] = field(default_factory=list)
+    """Batch row of each scored position (in `requests` order)."""
+    requests: list[ScoredPositions] = field(default_factory=list)
+
+    def add(self, work: ScheduledRequest, first_row: int, key_slots: KeySlots) -> None:
+        """Appends `work`'s variants; `first_row`: the batch row the scoring queries start at."""
+        request, block = work.request, work.request.block_length
+        positions = list(range(work.score_start, work.score_end))
+        scratch = key_slots(request.score_page_ids, len(positions) * block)
+        start = 0
+        for b in sorted({p // block for p in positions}):
+            group = [p for p in positions if p // block == b]
+            rows = first_row + len(self.input_ids)
+            for i, p in enumerate(group):
+                self.input_ids += variant(request.prompt_token_ids, p, block, request.mask_token_id)
+                self.positions += range(b * block, (b + 1) * block)
+                self.logit_rows.append(rows + i * block + p % block)
+            slots = scratch[start : start + len(group) * block]
+            start += len(group) * block
+            self.slot_mapping.append(slots)
+            keys = torch.cat([key_slots(request.page_ids, b * block), slots])
+            mask = variant_mask(len(group), block, b, keys.device)
+            self.sequences.append(SequenceSlice(rows, len(group) * block, keys, mask))
+        tokens = [request.prompt_token_ids[p] for p in positions]
+        self.requests.append(ScoredPositions(request.request_id, positions, tokens, request.params.prompt_logprobs))
+
+
+def variant_mask(num_variants: int, block_length: int, block_index: int, device: torch.device) -> torch.Tensor | None:
+    """[V * B, b * B + V * B] bool for V variants of block b: every variant sees the committed prefix and itself,
+    never another variant. None when one variant sees every key."""
+    if num_variants == 1:
+        return None
+    variant_of = torch.arange(num_variants * block_length, device=device) // block_length
+    own = variant_of[:, None] == variant_of[None, :]
+    prefix = torch.ones(num_variants * block_length, block_index * block_length, dtype=torch.bool, device=device)
+    return torch.cat([prefix, own], dim=1)
+
+
+def prompt_logprobs(logits: torch.Tensor, scored: list[ScoredPositions]) -> dict[str, list[tuple[int, TokenLogprobs]]]:
+    """logits [M, V] fp32 at the scored rows (in `scored` order) -> per request id, (position, TokenLogprobs):
+    the prompt token first, then the top alternatives by rank. A rank is 1 + the tokens strictly more likely."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    tokens = torch.tensor([t for s in scored for t in s.token_ids], dtype=torch.long, device=logits.device)
+    chosen = log_probs.gather(-1, tokens[:, None])  # [M, 1]
+    ranks = ((log_probs > chosen).sum(-1) + 1).tolist()
+    k = min(max(s.num_top for s in scored), log_probs.shape[-1])
+    top_values, top_ids = torch.topk(log_probs, k, dim=-1)
+    chosen_values, top_values_list, top_ids_list = chosen[:, 0].tolist(), top_values.tolist(), top_ids.tolist()
+    out: dict[str, list[tuple[int, TokenLogprobs]]] = {}
+    row = 0
+    for s in scored:
+        entries = out.setdefault(s.request_id, [])
+        for position, token in zip(s.positions, s.token_ids):
+            values = top_values_list[row][: s.num_top]
+            entry = {token: Logprob(chosen_values[row], ranks[row])}
+            for top_id, value in zip(top_ids_list[row], values):
+                entry.setdefault(top_id, Logprob(value, 1 + sum(v > value for v in values)))
+            entries.append((position, entry))
+            row += 1
+    return out
