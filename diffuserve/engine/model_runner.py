@@ -20,7 +20,6 @@ import random
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from diffuserve.engine.decoders import DECODERS, propose
 from diffuserve.engine.executor import ForwardInputs, ModelExecutor
@@ -28,6 +27,7 @@ from diffuserve.engine.experts import ExpertOffload, ExpertTracker
 from diffuserve.engine.grammar_decoding import StructuredDecoding
 from diffuserve.engine.request import Request
 from diffuserve.engine.scheduler import ScheduledRequest
+from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.attention import SequenceSlice, block_causal_mask
 from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext
 
@@ -64,7 +64,7 @@ class ModelRunner:
         tokenizer)."""
 
     @property
-    def model(self) -> nn.Module:
+    def model(self) -> DiffusionModel:
         return self.executor.model
 
     @property
