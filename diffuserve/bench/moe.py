@@ -157,10 +157,11 @@ def _dense_operands(assignments: int, hidden: int, width: int) -> tuple[torch.Te
     )
 
 
-def _dense_matmuls(x: torch.Tensor, gate_up: torch.Tensor, act: torch.Tensor, down: torch.Tensor) -> None:
-    """The experts' FLOPs as two dense matmuls (every assignment through one shared expert)."""
+def _dense_matmuls(x: torch.Tensor, gate_up: torch.Tensor, act: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """The experts' FLOPs as two dense matmuls (every assignment through one shared expert); returns the second's
+    output, as the other paths return theirs."""
     F.linear(x, gate_up)
-    F.linear(act, down)
+    return F.linear(act, down)
 
 
 def _time_interleaved(paths: dict[str, Any], repeats: int) -> dict[str, float]:

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from diffuserve.config import EngineConfig
 from diffuserve.distributed.group import agree_min
@@ -25,6 +24,7 @@ from diffuserve.engine.experts import ExpertOffload
 from diffuserve.engine.kv_cache import allocate_kv_cache, num_pages_for, resolve_page_size, spec_for
 from diffuserve.engine.state_cache import StateCache, StateCacheSpec, has_recurrent_state, num_slots_for
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice
 from diffuserve.model.layers.gdn_step import RecurrentStepInputs, RowGroup
 from diffuserve.model.layers.moe.layer import set_moe_backend
@@ -50,7 +50,7 @@ class CompiledForward:
     cover, is not counted; padded shape buckets that would rule those out are not built yet).
     """
 
-    def __init__(self, model: nn.Module, compiled: bool, device: torch.device) -> None:
+    def __init__(self, model: DiffusionModel, compiled: bool, device: torch.device) -> None:
         self.compiled = compiled
         self.compile_s = 0.0
         self._first_call = compiled
@@ -123,7 +123,7 @@ class ModelExecutor:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: DiffusionModel,
         k_caches: list[torch.Tensor],
         v_caches: list[torch.Tensor],
         offload: ExpertOffload | None,

@@ -23,7 +23,6 @@ import random
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from diffuserve.engine.decoders import DECODERS, propose
 from diffuserve.engine.executor import ForwardInputs, ModelExecutor
@@ -33,6 +32,7 @@ from diffuserve.engine.output_processor import TokenLogprobs
 from diffuserve.engine.prompt_scoring import ScoringRows, prompt_logprobs
 from diffuserve.engine.request import Request
 from diffuserve.engine.scheduler import ScheduledRequest
+from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.attention import SequenceSlice, block_causal_mask
 from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext
 
@@ -75,7 +75,7 @@ class ModelRunner:
     """Whether prompt_logprobs can be computed (the hybrid runners cannot preview against past states yet)."""
 
     @property
-    def model(self) -> nn.Module:
+    def model(self) -> DiffusionModel:
         return self.executor.model
 
     @property

@@ -17,13 +17,16 @@ Knows nothing of requests; the engine builds the step's inputs.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
 
 from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.attention import PagedAttentionInputs, RotaryEmbedding
 from diffuserve.model.layers.gated_attention import GatedAttention, KVState
 from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnState
@@ -99,7 +102,7 @@ class HybridModel(nn.Module):
         self.norm = ZeroCenteredRMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
-class CloverMoeForBlockDiffusion(nn.Module):
+class CloverMoeForBlockDiffusion(DiffusionModel):
     def __init__(self, args: ModelArgs, max_model_len: int) -> None:
         super().__init__()
         self.args = args
@@ -135,7 +138,8 @@ class CloverMoeForBlockDiffusion(nn.Module):
     ) -> torch.Tensor:
         """Engine step: input_ids, positions [N] -> hidden [N, H] before the final norm."""
         x = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
+        # nn.ModuleList is typed as holding plain nn.Modules; HybridModel fills it with HybridDecoderLayers only.
+        for layer in cast("Iterable[HybridDecoderLayer]", self.model.layers):
             x = layer.step(x, positions, attn, recurrent)
         return x
 

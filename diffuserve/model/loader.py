@@ -21,6 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.materialize import init_dummy_weights, materialize
 from diffuserve.model.registry import ModelFamily, deprecation_notice, family_for
 from diffuserve.model.special_tokens import fill_special_token_ids
@@ -166,7 +167,7 @@ def build_model(
     device: str | torch.device,
     group: ParallelGroup | None = None,
     expert_device: torch.device | None = None,
-) -> nn.Module:
+) -> DiffusionModel:
     """The family's model, this rank's part of it when `group` spans several ranks, allocated once (on the meta
     device first, see materialize); routed experts on `expert_device` if given (expert offload)."""
     previous = torch.get_default_dtype()
@@ -192,7 +193,7 @@ def load_model(
     expert_device: torch.device | None = None,
     load_format: str = "auto",
     seed: int = 0,
-) -> tuple[ModelArgs, nn.Module]:
+) -> tuple[ModelArgs, DiffusionModel]:
     """Builds the family's model (this rank's part) in the resolved dtype and loads its weights: from the
     checkpoint (`auto`), or seeded random ones (`dummy`, no weights on disk needed)."""
     if load_format not in LOAD_FORMATS:

@@ -9,12 +9,13 @@ parameter names, is the same for all: `model.embed_tokens`, `model.layers.{i}.se
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 
 import torch
 from torch import nn
 
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.attention import AttentionInputs, RotaryEmbedding
 from diffuserve.model.layers.norm import RMSNorm
 
@@ -48,7 +49,7 @@ class TransformerModel(nn.Module):
         return x
 
 
-class BlockDiffusionLM(nn.Module, ABC):
+class BlockDiffusionLM(DiffusionModel):
     """A family's model. `forward` returns the last hidden states (pre-norm); `compute_logits` maps chosen rows
     to fp32 logits, so the LM head runs only over the positions a decoder needs."""
 

@@ -145,9 +145,10 @@ def _serve(args: argparse.Namespace, config: ServerConfig, sock: socket.socket |
             host=config.host,
             port=port,
             log_level=config.uvicorn_log_level,
-            timeout_graceful_shutdown=config.shutdown_timeout,
+            # uvicorn annotates this int, but only ever passes it to asyncio.wait_for as a timeout (float seconds)
+            timeout_graceful_shutdown=config.shutdown_timeout,  # type: ignore[arg-type]
         )
-    )  # type: ignore[arg-type]
+    )
     # uvicorn re-raises the Ctrl-C it handled once it has shut down; uvicorn.run swallows it too.
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
