@@ -83,7 +83,8 @@ class ScoringRows:
             mask = variant_mask(len(group), block, b, keys.device)
             self.sequences.append(SequenceSlice(rows, len(group) * block, keys, mask))
         tokens = [request.prompt_token_ids[p] for p in positions]
-        self.requests.append(ScoredPositions(request.request_id, positions, tokens, request.params.prompt_logprobs))
+        num_top = request.params.prompt_logprobs or 0  # set: the scheduler scores only requests that ask
+        self.requests.append(ScoredPositions(request.request_id, positions, tokens, num_top))
 
 
 def variant_mask(num_variants: int, block_length: int, block_index: int, device: torch.device) -> torch.Tensor | None:
