@@ -3,6 +3,8 @@
 Sampling params, and the policy for fields diffuserve lacks:
 - Fields OpenAI or vLLM define but diffuserve does not implement (logprobs, penalties, ...) are rejected with
   a 400 naming the field unless they carry their neutral value: never silently ignored.
+- Prompt scoring: completions' `prompt_logprobs`, and `logprobs` with `echo` (the prompt's logprobs, lm-eval's
+  loglikelihood request), become `SamplingParams.prompt_logprobs`.
 - Structured output and tool choice become the request's grammar (server/structured.py, server/tool_calls.py).
 - Unknown fields are ignored with a logged warning, as vLLM does: clients and harnesses send vendor extras, and
   failing on them would break them for no benefit.
@@ -55,11 +57,11 @@ UNSUPPORTED_COMMON = (
     "use_beam_search",
     "allowed_token_ids",
     "bad_words",
-    "prompt_logprobs",
     "truncate_prompt_tokens",
 )
-UNSUPPORTED_COMPLETION = ("logprobs", "suffix")
+UNSUPPORTED_COMPLETION = ("suffix",)
 UNSUPPORTED_CHAT = (
+    "prompt_logprobs",
     "logprobs",
     "top_logprobs",
     "functions",
@@ -84,7 +86,26 @@ def completion_params(request: CompletionRequest, max_n: int) -> SamplingParams:
             param="best_of",
             code="unsupported_parameter",
         )
-    return _sampling_params(request, request.max_tokens, max_n, structured_outputs(request))
+    scored = completion_prompt_logprobs(request)
+    return _sampling_params(request, request.max_tokens, max_n, structured_outputs(request)).replace(
+        prompt_logprobs=scored
+    )
+
+
+def completion_prompt_logprobs(request: CompletionRequest) -> int | None:
+    """Top alternatives to compute per prompt token: `prompt_logprobs`, or `logprobs` when `echo` returns the
+    prompt (the larger when both are set); None when the prompt is not scored. `logprobs` of generated tokens
+    are not computed: only an echo that generates nothing (max_tokens 0) may ask for logprobs."""
+    if request.logprobs is not None and not (request.echo and request.max_tokens == 0):
+        raise APIError(
+            400,
+            f"logprobs: got {request.logprobs}; only the prompt's logprobs are supported, with echo: true and "
+            "max_tokens: 0 (or use prompt_logprobs)",
+            param="logprobs",
+            code="unsupported_parameter",
+        )
+    wanted = [k for k in (request.prompt_logprobs, request.logprobs if request.echo else None) if k is not None]
+    return max(wanted) if wanted else None
 
 
 def chat_params(request: ChatCompletionRequest, max_n: int, chat_template: Any = None) -> SamplingParams:

@@ -265,9 +265,10 @@ def _message(message: ChatMessage) -> dict[str, Any]:
 
 
 def check_context(prompt: Prompt, max_tokens: int | None, is_explicit: bool, max_model_len: int, param: str) -> None:
-    """400 when the prompt leaves no room to generate, or when an explicit max_tokens would not fit."""
+    """400 when the prompt leaves no room to generate, or when an explicit max_tokens would not fit. A prompt
+    that generates nothing (max_tokens 0: scoring) may fill the context."""
     num = len(prompt.token_ids)
-    if num >= max_model_len:
+    if num > max_model_len or (num == max_model_len and max_tokens != 0):
         raise bad_request(
             f"{param}: this model's maximum context length is {max_model_len} tokens and the prompt "
             f"has {num} tokens, leaving no room to generate; shorten it",

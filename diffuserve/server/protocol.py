@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from diffuserve.sampling_params import DECODERS
+from diffuserve.sampling_params import DECODERS, MAX_LOGPROBS
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -29,6 +29,7 @@ PositiveInt = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
 NonNegativeInt = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
 TopK = Annotated[int, Field(ge=-1), BeforeValidator(_integral)]
 Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX), BeforeValidator(_integral)]
+NumLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS), BeforeValidator(_integral)]
 Text = Annotated[str, Field(min_length=1)]
 
 
@@ -120,7 +121,6 @@ class SamplingFields(RequestModel):
     use_beam_search: Any = unsupported()
     allowed_token_ids: Any = unsupported()
     bad_words: Any = unsupported()
-    prompt_logprobs: Any = unsupported()
     truncate_prompt_tokens: Any = unsupported()
     # Structured output (docs/server.md, "Structured output"): at most one of these.
     response_format: ResponseFormat | None = None
@@ -142,9 +142,13 @@ class CompletionRequest(SamplingFields):
         | Annotated[list[Annotated[list[Int], Field(min_length=1)]], Field(min_length=1)]
     )
     """Text, several texts, token ids, or several token-id lists (one choice group per prompt)."""
-    max_tokens: PositiveInt | None = 16
+    max_tokens: NonNegativeInt | None = 16
+    """0: nothing is generated (with echo and logprobs, the prompt is only scored)."""
     echo: bool = False
-    logprobs: Any = unsupported()
+    logprobs: NumLogprobs | None = None
+    """With echo: the prompt tokens' logprobs and this many top alternatives (docs/server.md, "Prompt scoring")."""
+    prompt_logprobs: NumLogprobs | None = None
+    """vLLM's: the prompt tokens' logprobs with this many top alternatives, as `choices[i].prompt_logprobs`."""
     suffix: Any = unsupported()
     best_of: Any = unsupported()
 
@@ -208,6 +212,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    prompt_logprobs: Any = unsupported()
     logprobs: Any = unsupported()
     top_logprobs: Any = unsupported()
     tools: list[Tool] | None = None
@@ -258,11 +263,29 @@ class Usage(ResponseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class CompletionLogprobs(ResponseModel):
+    """OpenAI's legacy completions shape: parallel lists, one entry per token."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+    """Character offset of each token in the choice's text."""
+
+
+class PromptLogprob(ResponseModel):
+    """vLLM's shape of one token's entry in `prompt_logprobs`."""
+
+    logprob: float
+    rank: int
+    """1 + the tokens strictly more likely at this position."""
+    decoded_token: str | None = None
+
+
 class ChoiceFields(ResponseModel):
     """What every choice carries, whole or streamed."""
 
     index: int
-    logprobs: None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -278,6 +301,9 @@ class ResponseFields(ResponseModel):
 
 class CompletionChoice(ChoiceFields):
     text: str
+    logprobs: CompletionLogprobs | None = None
+    prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
+    """With the request's prompt_logprobs: per prompt position (None at the first), token id -> its entry."""
 
 
 class CompletionResponse(ResponseFields):
@@ -307,6 +333,7 @@ class AssistantMessage(ResponseModel):
 
 class ChatChoice(ChoiceFields):
     message: AssistantMessage
+    logprobs: None = None
 
 
 class ChatCompletionResponse(ResponseFields):
@@ -336,6 +363,7 @@ class DeltaMessage(ResponseModel):
 
 class ChatChunkChoice(ChoiceFields):
     delta: DeltaMessage
+    logprobs: None = None
 
 
 class ChatCompletionChunk(ResponseFields):

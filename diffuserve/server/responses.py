@@ -8,7 +8,9 @@ Streaming sends one delta per committed block. The engine's outputs are cumulati
 blocks, stop strings applied, a suffix that may still grow into a stop string held back), so a choice's delta is
 simply the text past what was already sent. Frames are `data: <json>\\n\\n`, ending with `data: [DONE]\\n\\n`;
 `stream_options.include_usage` adds a last chunk with `usage` and no choices, `continuous_usage_stats` puts the
-usage so far on every chunk. An engine failure becomes a `data: {"error": {...}}` frame before `[DONE]`. Closing
+usage so far on every chunk. A request that scores its prompt (echo with logprobs, prompt_logprobs) sends each
+choice's first chunk (the echoed prompt and its scores) once the engine has scored the prompt, which is before
+its first token. An engine failure becomes a `data: {"error": {...}}` frame before `[DONE]`. Closing
 the stream (client gone) aborts the unfinished requests.
 
 Knows nothing of routes or of the engine's internals.
@@ -26,6 +28,7 @@ from diffuserve.engine.output_processor import CompletionOutput, RequestOutput
 from diffuserve.server.bridge import EngineDeadError, OutputStream
 from diffuserve.server.chat_output import ChatDeltas, ChatOutputFormat
 from diffuserve.server.errors import APIError, engine_failed, engine_unavailable
+from diffuserve.server.prompt_logprobs import PromptScoring
 from diffuserve.server.prompts import Prompt
 from diffuserve.server.protocol import (
     ChatChoice,
@@ -56,6 +59,8 @@ class ResponseContext:
     n: int
     chat_format: ChatOutputFormat = field(default_factory=ChatOutputFormat)
     """How chat replies split into reasoning, content and tool calls."""
+    scoring: PromptScoring = field(default_factory=PromptScoring)
+    """Which prompt scores completions choices carry."""
 
     def choice_index(self, request_id: str, completion_index: int) -> int:
         return self.request_ids.index(request_id) * self.n + completion_index
@@ -96,6 +101,8 @@ def completion_response(ctx: ResponseContext, outputs: dict[str, RequestOutput],
             text=(ctx.prompts[p].text if echo else "") + c.text,
             finish_reason=c.finish_reason,
             stop_reason=c.stop_reason,
+            logprobs=ctx.scoring.echo_logprobs(p, outputs[ctx.request_ids[p]]),
+            prompt_logprobs=ctx.scoring.prompt_logprobs(outputs[ctx.request_ids[p]]),
         )
         for i, p, c in _choices(ctx, outputs)
     ]
@@ -179,16 +186,34 @@ async def completion_events(
             usage=deltas.usage(options, final),
         )
 
-    if echo:
+    unscored = {ctx.request_ids[p] for p in range(len(ctx.prompts))} if ctx.scoring.asks else set()
+    if echo and not unscored:
         for index in range(len(ctx.prompts) * ctx.n):
             yield chunk([CompletionChoice(index=index, text=ctx.prompts[index // ctx.n].text)])
     async for output in stream:
+        if output.request_id in unscored and output.prompt_logprobs is not None:
+            unscored.discard(output.request_id)
+            yield chunk(_scored_prompt_choices(ctx, output, echo))
         for index, text, c in deltas.of(output):
             yield chunk(
                 [CompletionChoice(index=index, text=text, finish_reason=c.finish_reason, stop_reason=c.stop_reason)]
             )
     if options is not None and options.include_usage:
         yield chunk([], final=True)
+
+
+def _scored_prompt_choices(ctx: ResponseContext, output: RequestOutput, echo: bool) -> list[CompletionChoice]:
+    """The first chunk's choices of a prompt the engine has scored: its echo (if asked) and its scores."""
+    p = ctx.request_ids.index(output.request_id)
+    return [
+        CompletionChoice(
+            index=ctx.choice_index(output.request_id, i),
+            text=ctx.prompts[p].text if echo else "",
+            logprobs=ctx.scoring.echo_logprobs(p, output),
+            prompt_logprobs=ctx.scoring.prompt_logprobs(output),
+        )
+        for i in range(ctx.n)
+    ]
 
 
 async def chat_events(

@@ -34,6 +34,7 @@ from diffuserve.server.cli import ServerConfig
 from diffuserve.server.errors import APIError, bad_request, engine_unavailable, from_value_error, queue_full
 from diffuserve.server.metrics import ServerMetrics
 from diffuserve.server.parsing import chat_params, completion_params
+from diffuserve.server.prompt_logprobs import PromptScoring
 from diffuserve.server.prompts import (
     Prompt,
     PromptRules,
@@ -147,7 +148,7 @@ class OpenAIServing:
             check_context(
                 prompt, params.max_tokens, "max_tokens" in body.model_fields_set, self.max_model_len, "prompt"
             )
-        stream, ctx = await self._submit("cmpl", prompts, params)
+        stream, ctx = await self._submit("cmpl", prompts, params, scoring=self._prompt_scoring(body, prompts))
         if body.stream:
             return _sse_response(sse(stream, completion_events(stream, ctx, body.echo, body.stream_options)))
         return completion_response(ctx, await _collect(stream, request), body.echo)
@@ -169,8 +170,23 @@ class OpenAIServing:
             return _sse_response(sse(stream, chat_events(stream, ctx, body.stream_options)))
         return chat_response(ctx, await _collect(stream, request))
 
+    def _prompt_scoring(self, body: CompletionRequest, prompts: list[Prompt]) -> PromptScoring:
+        """Which prompt scores the choices show (the scores come from the engine, with the first token's text)."""
+        echo_top = body.logprobs if body.echo else None
+        if echo_top is None:
+            return PromptScoring(vllm=body.prompt_logprobs is not None)
+        tokenizer = self.tokenizer
+        first = [p.token_ids[0] for p in prompts]
+        texts = [tokenizer.decode([t], False) if tokenizer is not None else f"token_id:{t}" for t in first]
+        return PromptScoring(echo_top, body.prompt_logprobs is not None, tuple(texts))
+
     async def _submit(
-        self, prefix: str, prompts: list[Prompt], params: SamplingParams, chat_format: ChatOutputFormat | None = None
+        self,
+        prefix: str,
+        prompts: list[Prompt],
+        params: SamplingParams,
+        chat_format: ChatOutputFormat | None = None,
+        scoring: PromptScoring | None = None,
     ) -> tuple[OutputStream, ResponseContext]:
         response_id = f"{prefix}-{uuid.uuid4().hex}"
         request_ids = [f"{response_id}-{i}" for i in range(len(prompts))]
@@ -192,6 +208,7 @@ class OpenAIServing:
             request_ids,
             params.n,
             chat_format or ChatOutputFormat(),
+            scoring=scoring or PromptScoring(),
         )
         return stream, ctx
 

@@ -27,7 +27,7 @@ CASES = [
         "context_length_exceeded",
         ["192", "200", "100"],
     ),
-    ("/v1/completions", {**COMPLETION, "max_tokens": 0}, 400, "max_tokens", "invalid_value", ["greater than"]),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": 0}, 400, "max_tokens", "invalid_value", ["greater than"]),
     ("/v1/completions", {**COMPLETION, "max_tokens": -5}, 400, "max_tokens", "invalid_value", ["-5"]),
     ("/v1/completions", {**COMPLETION, "max_tokens": "5"}, 400, "max_tokens", "invalid_type", ["integer"]),
     ("/v1/completions", {**COMPLETION, "max_tokens": 2.5}, 400, "max_tokens", "invalid_type", ["integer"]),
@@ -64,7 +64,7 @@ CASES = [
         "invalid_value",
         ["stream"],
     ),
-    ("/v1/completions", {**COMPLETION, "logprobs": 1}, 400, "logprobs", "unsupported_parameter", ["not supported"]),
+    ("/v1/completions", {**COMPLETION, "logprobs": 1}, 400, "logprobs", "unsupported_parameter", ["echo"]),
     ("/v1/completions", {**COMPLETION, "suffix": "end"}, 400, "suffix", "unsupported_parameter", ["not supported"]),
     ("/v1/completions", {**COMPLETION, "best_of": 3}, 400, "best_of", "unsupported_parameter", ["best_of"]),
     (
