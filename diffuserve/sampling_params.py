@@ -87,6 +87,9 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     """Constrain the output to a JSON schema, regex, choice list or grammar (docs/server.md, "Structured
     output"): every committed token sequence is then a valid prefix of it."""
+    logprobs: int | None = None
+    """Per generated token, its log-probability and this many top alternatives (0 .. MAX_LOGPROBS), under the
+    distribution the decoder accepted it from (docs/server.md, "Logprobs"); None = none computed."""
     prompt_logprobs: int | None = None
     """Score the prompt: each prompt token's log-probability under the block chain rule (docs/server.md, "Prompt
     scoring"; the first token has none) with this many top alternatives (0 .. MAX_LOGPROBS); None = not scored."""
@@ -130,6 +133,12 @@ class SamplingParams:
             "stop_token_ids",
             self.stop_token_ids,
             "non-negative token ids",
+        )
+        _check(
+            self.logprobs is None or (type(self.logprobs) is int and 0 <= self.logprobs <= MAX_LOGPROBS),
+            "logprobs",
+            self.logprobs,
+            f"an integer in [0, {MAX_LOGPROBS}] (the top alternatives returned per token), or None",
         )
         _check(
             self.prompt_logprobs is None
@@ -178,6 +187,7 @@ class SamplingParams:
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             structured_outputs=self.structured_outputs,
+            logprobs=self.logprobs,
             prompt_logprobs=self.prompt_logprobs,
             **knobs,
         )
@@ -215,6 +225,8 @@ class ResolvedSamplingParams:
     edit_threshold: float
     max_post_edit_steps: int
     structured_outputs: StructuredOutputsParams | None = None
+    logprobs: int | None = None
+    """Top alternatives per generated token; None = no logprobs computed (SamplingParams.logprobs)."""
     prompt_logprobs: int | None = None
     """Top alternatives per scored prompt token; None = the prompt is not scored (SamplingParams.prompt_logprobs)."""
 

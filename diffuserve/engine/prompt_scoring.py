@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diffuserve.engine.output_processor import Logprob, TokenLogprobs
+from diffuserve.engine.logprobs import logprob_rows, token_logprobs
+from diffuserve.engine.output_processor import TokenLogprobs
 from diffuserve.engine.request import ScheduledRequest
 from diffuserve.model.layers.attention import SequenceSlice
 
@@ -100,23 +101,14 @@ def variant_mask(num_variants: int, block_length: int, block_index: int, device:
 
 def prompt_logprobs(logits: torch.Tensor, scored: list[ScoredPositions]) -> dict[str, list[tuple[int, TokenLogprobs]]]:
     """logits [M, V] fp32 at the scored rows (in `scored` order) -> per request id, (position, TokenLogprobs):
-    the prompt token first, then the top alternatives by rank. A rank is 1 + the tokens strictly more likely."""
+    the prompt token first, then its top alternatives by rank, as for generated tokens (engine/logprobs.py)."""
     log_probs = torch.log_softmax(logits, dim=-1)
-    tokens = torch.tensor([t for s in scored for t in s.token_ids], dtype=torch.long, device=logits.device)
-    chosen = log_probs.gather(-1, tokens[:, None])  # [M, 1]
-    ranks = ((log_probs > chosen).sum(-1) + 1).tolist()
-    k = min(max(s.num_top for s in scored), log_probs.shape[-1])
-    top_values, top_ids = torch.topk(log_probs, k, dim=-1)
-    chosen_values, top_values_list, top_ids_list = chosen[:, 0].tolist(), top_values.tolist(), top_ids.tolist()
     out: dict[str, list[tuple[int, TokenLogprobs]]] = {}
     row = 0
     for s in scored:
-        entries = out.setdefault(s.request_id, [])
-        for position, token in zip(s.positions, s.token_ids):
-            values = top_values_list[row][: s.num_top]
-            entry = {token: Logprob(chosen_values[row], ranks[row])}
-            for top_id, value in zip(top_ids_list[row], values):
-                entry.setdefault(top_id, Logprob(value, 1 + sum(v > value for v in values)))
-            entries.append((position, entry))
-            row += 1
+        rows = torch.arange(len(s.positions), device=logits.device)
+        tokens = torch.tensor(s.token_ids, dtype=torch.long, device=logits.device)
+        values = logprob_rows(log_probs[row : row + len(rows)], tokens, rows, len(rows), s.num_top)
+        out[s.request_id] = list(zip(s.positions, token_logprobs(values, tokens, rows)))
+        row += len(rows)
     return out

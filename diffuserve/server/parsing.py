@@ -1,10 +1,11 @@
 """From an OpenAI request to what the engine takes: `SamplingParams` (prompts are `prompts`' business).
 
 Sampling params, and the policy for fields diffuserve lacks:
-- Fields OpenAI or vLLM define but diffuserve does not implement (logprobs, penalties, ...) are rejected with
-  a 400 naming the field unless they carry their neutral value: never silently ignored.
-- Prompt scoring: completions' `prompt_logprobs`, and `logprobs` with `echo` (the prompt's logprobs, lm-eval's
-  loglikelihood request), become `SamplingParams.prompt_logprobs`.
+- Fields OpenAI or vLLM define but diffuserve does not implement (penalties, ...) are rejected with a 400
+  naming the field unless they carry their neutral value: never silently ignored.
+- Logprobs: chat's `logprobs` + `top_logprobs` and completions' `logprobs` become `SamplingParams.logprobs`.
+- Prompt scoring: completions' `prompt_logprobs`, and `logprobs` with `echo` (the echoed prompt's logprobs,
+  lm-eval's loglikelihood request), become `SamplingParams.prompt_logprobs`.
 - Structured output and tool choice become the request's grammar (server/structured.py, server/tool_calls.py).
 - Unknown fields are ignored with a logged warning, as vLLM does: clients and harnesses send vendor extras, and
   failing on them would break them for no benefit.
@@ -39,8 +40,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "min_p": (0, 0.0),
     "use_beam_search": (False,),
     "bad_words": ([],),
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "functions": ([],),
     "modalities": (["text"],),
     "echo": (False,),
@@ -62,8 +61,6 @@ UNSUPPORTED_COMMON = (
 UNSUPPORTED_COMPLETION = ("suffix",)
 UNSUPPORTED_CHAT = (
     "prompt_logprobs",
-    "logprobs",
-    "top_logprobs",
     "functions",
     "function_call",
     "audio",
@@ -86,24 +83,13 @@ def completion_params(request: CompletionRequest, max_n: int) -> SamplingParams:
             param="best_of",
             code="unsupported_parameter",
         )
-    scored = completion_prompt_logprobs(request)
-    return _sampling_params(request, request.max_tokens, max_n, structured_outputs(request)).replace(
-        prompt_logprobs=scored
-    )
+    params = _sampling_params(request, request.max_tokens, max_n, structured_outputs(request), request.logprobs)
+    return params.replace(prompt_logprobs=completion_prompt_logprobs(request))
 
 
 def completion_prompt_logprobs(request: CompletionRequest) -> int | None:
     """Top alternatives to compute per prompt token: `prompt_logprobs`, or `logprobs` when `echo` returns the
-    prompt (the larger when both are set); None when the prompt is not scored. `logprobs` of generated tokens
-    are not computed: only an echo that generates nothing (max_tokens 0) may ask for logprobs."""
-    if request.logprobs is not None and not (request.echo and request.max_tokens == 0):
-        raise APIError(
-            400,
-            f"logprobs: got {request.logprobs}; only the prompt's logprobs are supported, with echo: true and "
-            "max_tokens: 0 (or use prompt_logprobs)",
-            param="logprobs",
-            code="unsupported_parameter",
-        )
+    prompt (the larger when both are set); None when the prompt is not scored."""
     wanted = [k for k in (request.prompt_logprobs, request.logprobs if request.echo else None) if k is not None]
     return max(wanted) if wanted else None
 
@@ -113,7 +99,17 @@ def chat_params(request: ChatCompletionRequest, max_n: int, chat_template: Any =
     _reject_unsupported(request, UNSUPPORTED_COMMON + UNSUPPORTED_CHAT)
     tool_grammar = tool_call_grammar(request.tools, request.tool_choice, request.parallel_tool_calls)
     structured = structured_outputs(request, tool_grammar, template_thinks(chat_template, request.chat_template_kwargs))
-    return _sampling_params(request, chat_max_tokens(request), max_n, structured)
+    return _sampling_params(request, chat_max_tokens(request), max_n, structured, chat_logprobs(request))
+
+
+def chat_logprobs(request: ChatCompletionRequest) -> int | None:
+    """The top alternatives per token chat asks for (`top_logprobs`, which needs `logprobs: true`); None for no
+    logprobs."""
+    if request.top_logprobs and not request.logprobs:
+        raise bad_request(
+            f"top_logprobs: got {request.top_logprobs}, which needs logprobs: true; set logprobs", "top_logprobs"
+        )
+    return (request.top_logprobs or 0) if request.logprobs else None
 
 
 def chat_max_tokens(request: ChatCompletionRequest) -> int | None:
@@ -122,7 +118,11 @@ def chat_max_tokens(request: ChatCompletionRequest) -> int | None:
 
 
 def _sampling_params(
-    request: SamplingFields, max_tokens: int | None, max_n: int, structured: StructuredOutputsParams | None = None
+    request: SamplingFields,
+    max_tokens: int | None,
+    max_n: int,
+    structured: StructuredOutputsParams | None = None,
+    logprobs: int | None = None,
 ) -> SamplingParams:
     _warn_unknown(request)
     if request.stream_options is not None and not request.stream:
@@ -153,6 +153,7 @@ def _sampling_params(
             edit_threshold=request.edit_threshold,
             max_post_edit_steps=request.max_post_edit_steps,
             structured_outputs=structured,
+            logprobs=logprobs,
         )
     except ValueError as e:
         raise from_value_error(e) from e

@@ -43,6 +43,25 @@ def echo_logprobs(token_ids: list[int], scores: list[TokenLogprobs | None], k: i
     return out
 
 
+def end_offset(logprobs: CompletionLogprobs | None) -> int:
+    """The text offset just past the last token (0 for none)."""
+    if logprobs is None or not logprobs.tokens:
+        return 0
+    return logprobs.text_offset[-1] + len(logprobs.tokens[-1])
+
+
+def concat_logprobs(first: CompletionLogprobs | None, then: CompletionLogprobs | None) -> CompletionLogprobs | None:
+    """`first`'s tokens followed by `then`'s (whose text offsets already continue `first`'s)."""
+    if first is None or then is None:
+        return then if first is None else first
+    return CompletionLogprobs(
+        tokens=first.tokens + then.tokens,
+        token_logprobs=first.token_logprobs + then.token_logprobs,
+        top_logprobs=first.top_logprobs + then.top_logprobs,
+        text_offset=first.text_offset + then.text_offset,
+    )
+
+
 def vllm_prompt_logprobs(scores: list[TokenLogprobs | None]) -> list[dict[int, PromptLogprob] | None]:
     """vLLM's `prompt_logprobs`: per position, token id -> {logprob, rank, decoded_token} (None at position 0)."""
     return [

@@ -146,7 +146,8 @@ class CompletionRequest(SamplingFields):
     """0: nothing is generated (with echo and logprobs, the prompt is only scored)."""
     echo: bool = False
     logprobs: NumLogprobs | None = None
-    """With echo: the prompt tokens' logprobs and this many top alternatives (docs/server.md, "Prompt scoring")."""
+    """Per token, its logprob and this many top alternatives: the generated tokens' (docs/server.md, "Logprobs"),
+    and with echo the prompt's first (docs/server.md, "Prompt scoring")."""
     prompt_logprobs: NumLogprobs | None = None
     """vLLM's: the prompt tokens' logprobs with this many top alternatives, as `choices[i].prompt_logprobs`."""
     suffix: Any = unsupported()
@@ -212,9 +213,11 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    """true: return each generated token's logprob (docs/server.md, "Logprobs")."""
+    top_logprobs: NumLogprobs | None = None
+    """With logprobs: this many top alternatives per token."""
     prompt_logprobs: Any = unsupported()
-    logprobs: Any = unsupported()
-    top_logprobs: Any = unsupported()
     tools: list[Tool] | None = None
     """Functions the model may call (rendered through the chat template; docs/server.md, "Tool calling")."""
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -261,6 +264,23 @@ class Usage(ResponseModel):
     tokens_per_forward: float
     """TPF: completion_tokens / num_forwards."""
     prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class TopLogprob(ResponseModel):
+    """A token and its logprob (OpenAI's chat shape). `bytes`: the UTF-8 bytes of `token`."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+    """The most probable tokens at this position, most probable first."""
+
+
+class ChatLogprobs(ResponseModel):
+    content: list[TokenLogprob] | None = None
 
 
 class CompletionLogprobs(ResponseModel):
@@ -333,7 +353,7 @@ class AssistantMessage(ResponseModel):
 
 class ChatChoice(ChoiceFields):
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(ResponseFields):
@@ -363,7 +383,7 @@ class DeltaMessage(ResponseModel):
 
 class ChatChunkChoice(ChoiceFields):
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(ResponseFields):

@@ -208,6 +208,7 @@ class OpenAIServing:
             request_ids,
             params.n,
             chat_format or ChatOutputFormat(),
+            params.logprobs,
             scoring=scoring or PromptScoring(),
         )
         return stream, ctx

@@ -64,7 +64,8 @@ CASES = [
         "invalid_value",
         ["stream"],
     ),
-    ("/v1/completions", {**COMPLETION, "logprobs": 1}, 400, "logprobs", "unsupported_parameter", ["echo"]),
+    ("/v1/completions", {**COMPLETION, "logprobs": 21}, 400, "logprobs", "invalid_value", ["less than or equal", "20"]),
+    ("/v1/completions", {**COMPLETION, "logprobs": True}, 400, "logprobs", "invalid_type", ["integer"]),
     ("/v1/completions", {**COMPLETION, "suffix": "end"}, 400, "suffix", "unsupported_parameter", ["not supported"]),
     ("/v1/completions", {**COMPLETION, "best_of": 3}, 400, "best_of", "unsupported_parameter", ["best_of"]),
     (
@@ -149,8 +150,16 @@ CASES = [
         "invalid_value",
         ["null"],
     ),
-    ("/v1/chat/completions", {**CHAT, "logprobs": True}, 400, "logprobs", "unsupported_parameter", ["logprobs"]),
-    ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs", "unsupported_parameter", ["2"]),
+    ("/v1/chat/completions", {**CHAT, "logprobs": 1}, 400, "logprobs", "invalid_type", ["boolean"]),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs", "invalid_value", ["logprobs: true"]),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "logprobs": True, "top_logprobs": 21},
+        400,
+        "top_logprobs",
+        "invalid_value",
+        ["20"],
+    ),
     (
         "/v1/chat/completions",
         {**CHAT, "tool_choice": "required"},

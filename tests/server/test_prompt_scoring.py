@@ -1,7 +1,8 @@
-"""Prompt scoring through the server, as lm-eval-harness's `local-completions` asks for it (`echo`, `logprobs`,
-`max_tokens: 0` on token ids of context + continuation, with the openai client): the continuation's summed
-logprobs equal the block chain rule computed by the naive reference, one dense forward per token; vLLM's
-`prompt_logprobs` field; the streamed echo; and the requests that are refused."""
+"""Prompt scoring through the server, as lm-eval-harness's `local-completions` asks for it (`echo`, `logprobs: 1`,
+`max_tokens: 1`, temperature 0, on token ids of context + continuation, with the openai client): the
+continuation's summed logprobs (`token_logprobs[ctxlen:-1]`, the last entry being the generated token's) equal the
+block chain rule computed by the naive reference, one dense forward per token; `max_tokens: 0` scores only;
+vLLM's `prompt_logprobs` field; the streamed echo; and the requests that are refused."""
 
 from __future__ import annotations
 
@@ -24,21 +25,23 @@ def reference(tiny_model_dir):
     return load_reference(tiny_model_dir, block_length=4, max_model_len=192)
 
 
-def test_echo_scoring_of_a_continuation_equals_the_chain_rule(live_server: LiveServer, reference):
+@pytest.mark.parametrize("max_tokens", [1, 0], ids=["lm-eval", "score-only"])
+def test_echo_scoring_of_a_continuation_equals_the_chain_rule(live_server: LiveServer, reference, max_tokens):
     prompts = [c + x for c, x in zip(CONTEXTS, CONTINUATIONS)]
     response = live_server.client().completions.create(
-        model=MODEL_NAME, prompt=prompts, echo=True, logprobs=1, max_tokens=0, temperature=0, seed=1234
+        model=MODEL_NAME, prompt=prompts, echo=True, logprobs=1, max_tokens=max_tokens, temperature=0, seed=1234
     )
-    assert response.usage.completion_tokens == 0
+    assert response.usage.completion_tokens == max_tokens * len(prompts)
     for choice, prompt, context in zip(sorted(response.choices, key=lambda c: c.index), prompts, CONTEXTS):
         logprobs = choice.logprobs
-        assert choice.finish_reason == "length" and len(logprobs.tokens) == len(prompt)
+        assert choice.finish_reason == "length" and len(logprobs.tokens) == len(prompt) + max_tokens
         assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
         expected = reference_prompt_log_probs(reference, prompt)
         continuation = sum(float(expected[p][prompt[p]]) for p in range(len(context), len(prompt)))
-        assert sum(logprobs.token_logprobs[len(context) :]) == pytest.approx(continuation, abs=1e-4)
+        scored = logprobs.token_logprobs[len(context) : len(prompt)]  # lm-eval: [ctxlen:-1]
+        assert sum(scored) == pytest.approx(continuation, abs=1e-4)
         assert choice.text == "".join(logprobs.tokens)  # byte tokens: each token's text is one character
-        assert logprobs.text_offset == list(range(len(prompt)))
+        assert logprobs.text_offset == list(range(len(prompt) + max_tokens))
         for p in range(1, len(prompt)):
             top = logprobs.top_logprobs[p]
             assert logprobs.tokens[p] in top and len(top) <= 2
@@ -63,16 +66,20 @@ def test_prompt_logprobs_field_and_generation(live_server: LiveServer, reference
 
 
 def test_streamed_echo_sends_the_scored_prompt_first(live_server: LiveServer):
+    """The first chunk is the echoed prompt with its scores; the generated tokens' logprobs follow in later
+    chunks with text offsets past the prompt's; joined, they are the whole answer's."""
     prompt = CONTEXTS[1] + CONTINUATIONS[1]
-    body = {"model": MODEL_NAME, "prompt": prompt, "echo": True, "logprobs": 0, "max_tokens": 0, "stream": True}
+    body = {"model": MODEL_NAME, "prompt": prompt, "echo": True, "logprobs": 0, "max_tokens": 6, "stream": True}
+    body.update(temperature=0, ignore_eos=True)
     whole = live_server.post("/v1/completions", {**body, "stream": False}).json()["choices"][0]
     headers = {"Authorization": f"Bearer {live_server.config.api_key}"}
     with httpx.stream("POST", f"{live_server.url}/v1/completions", json=body, headers=headers, timeout=60) as r:
-        events = list(sse_events(r))
-    first, last = events[0]["choices"][0], events[-2]["choices"][0]
-    assert events[-1] == "[DONE]" and first["text"] == whole["text"] and first["logprobs"] == whole["logprobs"]
-    assert last["finish_reason"] == "length"
-    assert all(len(top) == 1 for top in first["logprobs"]["top_logprobs"][1:])  # k = 0: the token itself
+        choices = [event["choices"][0] for event in sse_events(r) if event != "[DONE]"]
+    assert choices[0]["text"] == live_server.engine.tokenizer.decode(prompt, False)
+    assert len(choices[0]["logprobs"]["tokens"]) == len(prompt) and choices[-1]["finish_reason"] == "length"
+    joined = {key: [v for c in choices if c["logprobs"] for v in c["logprobs"][key]] for key in whole["logprobs"]}
+    assert "".join(c["text"] for c in choices) == whole["text"] and joined == whole["logprobs"]
+    assert all(len(top) == 1 for top in joined["top_logprobs"][1:])  # k = 0: the token itself
 
 
 def test_a_prompt_that_fills_the_context_can_be_scored(live_server: LiveServer):
@@ -88,8 +95,6 @@ def test_a_prompt_that_fills_the_context_can_be_scored(live_server: LiveServer):
 @pytest.mark.parametrize(
     ("fields", "param", "code"),
     [
-        ({"logprobs": 1}, "logprobs", "unsupported_parameter"),
-        ({"logprobs": 1, "echo": True, "max_tokens": 2}, "logprobs", "unsupported_parameter"),
         ({"logprobs": 21, "echo": True, "max_tokens": 0}, "logprobs", "invalid_value"),
         ({"prompt_logprobs": -1}, "prompt_logprobs", "invalid_value"),
         ({"prompt_logprobs": True}, "prompt_logprobs", "invalid_type"),

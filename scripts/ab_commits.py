@@ -1,0 +1,86 @@
+"""One `diffuserve bench` command at two git revisions, interleaved, as ratios (new / old).
+
+    python scripts/ab_commits.py --old e5e42ab --new HEAD --rounds 2 -- compare --threads 1 --block-lengths 32
+
+Each revision is checked out once (a detached `git worktree` under --work-dir) and the bench command runs with
+that checkout first on PYTHONPATH, in a fresh process, in the order old, new, new, old, old, ... so that a drift
+in the machine's load falls on both sides alike. Every run's final JSON line is read back; each row's tokens/s
+(`bench compare`: per block length and variant; `bench throughput`: per block length, mode and concurrency) is
+reduced to the median over rounds, and the table prints old, new and new / old. The last line is JSON.
+
+Knows nothing of the engine: it only runs the CLI and reads its JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def checkout(rev: str, work_dir: Path) -> Path:
+    """A detached worktree of `rev` (reused if it is already there)."""
+    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, text=True, capture_output=True, check=True)
+    path = work_dir / sha.stdout.strip()
+    if not path.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=REPO, check=True)
+    return path
+
+
+def run_bench(tree: Path, bench_args: list[str]) -> dict:
+    """The bench's final JSON, run from `tree`'s code."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        command = [sys.executable, "-m", "diffuserve", "bench", *bench_args, "--json-out", out.name]
+        subprocess.run(command, cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
+        return json.loads(Path(out.name).read_text())
+
+
+def rows(result: dict) -> dict[str, float]:
+    """tokens/s per row of a `bench compare` or `bench throughput` result."""
+    found = {}
+    for row in result["results"]:
+        if "variants" in row:
+            for variant, numbers in row["variants"].items():
+                found[f"block {row['block_length']} {variant}"] = numbers["tokens_per_s"]
+        else:
+            found[f"block {row['block_length']} {row['mode']} x{row['concurrency']}"] = row["tokens_per_s"]
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--old", required=True)
+    parser.add_argument("--new", default="HEAD")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "diffuserve-ab")
+    parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="-- then the `diffuserve bench` arguments")
+    args = parser.parse_args()
+    bench_args = [a for a in args.bench_args if a != "--"]
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    trees = {"old": checkout(args.old, args.work_dir), "new": checkout(args.new, args.work_dir)}
+    samples: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
+    for i in range(args.rounds):
+        for side in ("old", "new") if i % 2 == 0 else ("new", "old"):
+            for name, value in rows(run_bench(trees[side], bench_args)).items():
+                samples[side].setdefault(name, []).append(value)
+    table = []
+    print(f"{'row':32} {'old tok/s':>10} {'new tok/s':>10} {'new/old':>8}")
+    for name in samples["old"]:
+        old, new = (statistics.median(samples[s][name]) for s in ("old", "new"))
+        table.append({"row": name, "old": old, "new": new, "ratio": round(new / old, 3)})
+        print(f"{name:32} {old:10.2f} {new:10.2f} {new / old:8.3f}")
+    revs = {side: tree.name for side, tree in trees.items()}
+    print(json.dumps({"bench": bench_args, "revisions": revs, "rounds": args.rounds, "rows": table}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
