@@ -59,7 +59,7 @@ def test_prompt_longer_than_max_model_len(tiny_model_dir):
     [
         ("temperature", -0.5, "temperature: got -0.5, must be >= 0"),
         ("top_p", 0.0, "top_p: got 0.0"),
-        ("max_tokens", 0, "max_tokens: got 0, must be >= 1"),
+        ("max_tokens", -1, "max_tokens: got -1, must be >= 0"),
         ("decoder", "beam", "decoder: got 'beam'"),
         ("threshold", 1.5, "threshold: got 1.5"),
         ("n", 0, "n: got 0"),

@@ -187,7 +187,8 @@ def test_prompt_scoring_rides_with_the_commits_it_needs_and_the_block_waits_for_
         plans.append((work.commit_start, work.commit_end, work.score_start, work.score_end, work.has_block))
         assert len(request.score_page_ids) == -(-work.num_score_tokens // 4)
         assert out.num_batched_tokens == work.num_tokens + work.num_score_tokens <= 16
-        scheduler.update_from_output(out, {"a": [(i, 7) for i in request.masked_indices()]} if work.has_block else {})
+        written = BlockWrite([(i, 7) for i in request.masked_indices()])
+        scheduler.update_from_output(out, {"a": written} if work.has_block else {})
         assert request.score_page_ids == []
         scheduler.pool.check_invariants()
     assert plans == [
