@@ -58,6 +58,8 @@ class EngineComponents:
     """Hybrid models: the recurrent-state slots (None for models without GDN layers)."""
     max_model_len: int
     generation_defaults: dict[str, Any]
+    steps_capped_by_max_tokens: bool
+    """The family's reference caps denoising steps at max_tokens (ModelFamily)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -111,7 +113,15 @@ def build_components(config: EngineConfig) -> EngineComponents:
     from_file = {k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None}
     defaults = {**family.decoding_defaults, **from_file}
     return EngineComponents(
-        args, _tokenizer(config.model), runner, scheduler, pool, state_pool, max_model_len, defaults
+        args,
+        _tokenizer(config.model),
+        runner,
+        scheduler,
+        pool,
+        state_pool,
+        max_model_len,
+        defaults,
+        family.steps_capped_by_max_tokens,
     )
 
 
