@@ -13,6 +13,7 @@ import ast
 import dataclasses
 import inspect
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -128,6 +129,10 @@ class EngineConfig:
     """Run the model forward eagerly instead of through torch.compile (vLLM's flag). Default: compiled on CUDA
     (CUDA graphs), eager on CPU, where compiling took about 2 minutes and ran fp32 slower (docs/benchmarks.md);
     false compiles on CPU too."""
+    expert_stats: bool | None = None
+    """Keep MoE routing statistics (experts touched per step and per block, load imbalance: /metrics and
+    `bench`). Each step copies every MoE layer's routing to the host, so the default is on where they are
+    reported (`diffuserve serve`, `bench`) and off in the offline `LLM`."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -185,12 +190,14 @@ def _flat_field_names() -> list[str]:
 @cache
 def field_docs(cls: type) -> dict[str, str]:
     """{field name: the docstring written beneath it} (read from the class source)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    class_def = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+    assert isinstance(class_def, ast.ClassDef), "the source of a class is one class definition"
+    body = class_def.body
     docs = {}
     for node, nxt in zip(body, body[1:]):
         if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = " ".join(str(nxt.value.value).split())  # type: ignore[union-attr]
+            assert isinstance(node.target, ast.Name), "an annotated name in a class body is a field"
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
     return docs
 
 
@@ -216,7 +223,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple
         is_list = type_name.startswith("list[")
         if is_list:
             type_name = type_name[len("list[") :]
-        kind = {"bool": parse_bool, "int": int, "float": float}.get(type_name.split(" ")[0].rstrip("]"), str)
+        parsers: dict[str, Callable[[str], Any]] = {"bool": parse_bool, "int": int, "float": float}
+        kind = parsers.get(type_name.split(" ")[0].rstrip("]"), str)
         # A bare boolean flag means true (`--enforce-eager`, as vLLM spells it); `--flag false` still works.
         shape: dict[str, Any] = (
             {"nargs": "?", "const": True} if kind is parse_bool else {"nargs": "+" if is_list else None}

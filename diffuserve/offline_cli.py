@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, Any
 
 from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
 from diffuserve.hub import add_hub_arguments, resolve_model
 from diffuserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from diffuserve.engine.llm import LLM
 
 SAMPLING_SKIP = ("n", "seed")  # one completion each; seeding is the engine's --seed
 
@@ -35,7 +39,7 @@ def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(**{k: v for k, v in vars(args).items() if k in names})
 
 
-def build_llm(args: argparse.Namespace):
+def build_llm(args: argparse.Namespace) -> LLM:
     from diffuserve.engine.llm import LLM
 
     config = engine_config_from_args(resolve_model(args.model, args.revision, args.download_dir), args)
@@ -46,8 +50,11 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_params_from_args(args)
     prompts = [sys.stdin.read() if p == "-" else p for p in args.prompts]
     llm = build_llm(args)
+    inputs: list[str] | list[dict[str, Any]]
     if args.chat:
         tokenizer = llm.engine.tokenizer
+        if tokenizer is None:
+            raise ValueError("--chat: this model directory has no tokenizer")
         inputs = [{"prompt_token_ids": tokenizer.encode_chat([{"role": "user", "content": p}])} for p in prompts]
     else:
         inputs = list(prompts)

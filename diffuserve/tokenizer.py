@@ -20,7 +20,7 @@ import math
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from diffuserve.tokenizer_bounds import chars_per_token_bound
 
@@ -79,7 +79,8 @@ class Tokenizer:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        # transformers types decode for a batch too (-> list[str]); one list of ids decodes to one string
+        return cast(str, self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens))
 
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **template_kwargs: Any
@@ -90,9 +91,11 @@ class Tokenizer:
                 "messages: this model has no chat template (tokenizer_config.json `chat_template`); "
                 "use the completions API with a plain prompt"
             )
-        return self.hf.apply_chat_template(
+        # transformers types every form of the result; with tokenize=False it is the rendered string
+        rendered = self.hf.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
         )
+        return cast(str, rendered)
 
     def encode_chat(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> list[int]:
         return self.encode(self.apply_chat_template(messages, **template_kwargs), add_special_tokens=False)
@@ -121,9 +124,9 @@ class Tokenizer:
 
     @cached_property
     def _special_pattern(self) -> re.Pattern[str] | None:
-        strings = sorted(
-            {self.hf.convert_ids_to_tokens(i) for i in self.special_ids} - {None, ""}, key=len, reverse=True
-        )
+        # One id converts to one token (None for an id outside the vocabulary); transformers types the list form too.
+        tokens = {cast("str | None", self.hf.convert_ids_to_tokens(i)) for i in self.special_ids}
+        strings = sorted((t for t in tokens if t), key=len, reverse=True)
         return re.compile("|".join(map(re.escape, strings))) if strings else None
 
     def spells_special(self, text: str) -> bool:

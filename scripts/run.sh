@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a virtual environment in .venv (idempotent) and runs one job in it.
 #   bash scripts/run.sh serve [ARGS...]   start the OpenAI-compatible server on the bundled default model
-#   bash scripts/run.sh test  [ARGS...]   run the lint and the test suite
+#   bash scripts/run.sh test  [ARGS...]   run the lint, the type check and the test suite
 # On a machine without an NVIDIA GPU the CPU build of PyTorch is installed first, so that the package's
 # `torch>=2.4` requirement does not pull a multi-GB CUDA build.
 set -euo pipefail
@@ -29,6 +29,7 @@ case "$job" in
   test)
     .venv/bin/ruff check .
     .venv/bin/ruff format --check .
+    .venv/bin/mypy diffuserve
     exec "$VPY" -m pytest -q "$@"
     ;;
   *)

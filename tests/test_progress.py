@@ -7,7 +7,6 @@ from pathlib import Path
 
 from diffuserve.engine.llm import LLM
 from diffuserve.model.loader import iter_checkpoint
-from diffuserve.progress import show_progress
 from diffuserve.sampling_params import SamplingParams
 
 
@@ -31,10 +30,22 @@ def test_weight_loading_progress_bar(tiny_model_dir: Path, capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_default_follows_the_terminal(monkeypatch):
+def test_default_follows_the_terminal(tiny_model_dir: Path, monkeypatch):
     class Terminal:
+        def __init__(self) -> None:
+            self.text = ""
+
         def isatty(self) -> bool:
             return True
 
-    monkeypatch.setattr("sys.stderr", Terminal())
-    assert show_progress() and not show_progress(False)
+        def write(self, text: str) -> None:
+            self.text += text
+
+        def flush(self) -> None:
+            pass
+
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    llm = LLM(str(tiny_model_dir), device="cpu", num_pages=32, max_model_len=64)
+    llm.generate(["a", "b"], SamplingParams(max_tokens=4))
+    assert "Processed prompts" in terminal.text and "2/2" in terminal.text

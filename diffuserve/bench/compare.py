@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,10 +40,13 @@ from diffuserve.bench.environment import load_average, peak_memory_bytes
 from diffuserve.bench.hf_reference import load_transformers_model
 from diffuserve.bench.report import finish, format_table
 from diffuserve.engine.llm_engine import LLMEngine
-from diffuserve.model.layers.attention_backend import DenseAttentionInputs, block_causal_mask
+from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.testing.reference_decode import reference_generate
 from diffuserve.testing.reference_model import load_reference
+
+if TYPE_CHECKING:
+    from diffuserve.model.clover_moe import HybridState
 
 VARIANT_ORDER = (
     "engine",
@@ -205,9 +208,9 @@ class _CountingModel:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
 
-    def forward_preview(self, *args: Any) -> Any:
+    def forward_preview(self, input_ids: torch.Tensor, state: HybridState | None = None) -> torch.Tensor:
         self.num_forwards += 1
-        return self.model.forward_preview(*args)
+        return self.model.forward_preview(input_ids, state)
 
 
 def _dense_mask(length: int, block: int) -> DenseAttentionInputs:
@@ -267,7 +270,7 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for block, fast, variant, minimum in TARGETS:
         row = next((r for r in results if r["block_length"] == block), None)
         ratio = row["ratios"].get(f"{fast}_vs_{variant}") if row else None
-        if ratio is not None:
+        if row is not None and ratio is not None:
             met.append(
                 {
                     "block_length": block,

@@ -60,7 +60,7 @@ class BenchContext:
             max_model_len=max_model_len,
             seed=self.seed,
             num_pages=num_pages,
-            **(self.engine_options | options),
+            **({"expert_stats": True} | self.engine_options | options),
         )
         return LLMEngine(config)
 

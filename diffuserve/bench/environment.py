@@ -80,7 +80,7 @@ def load_average() -> list[float] | None:
 
 def environment(device: torch.device | None = None) -> dict[str, Any]:
     """The block every JSON line carries; with a device also torch's version and thread count."""
-    info = {
+    info: dict[str, Any] = {
         "git": git_revision(),
         "hardware": hardware(device),
         "python": platform.python_version(),

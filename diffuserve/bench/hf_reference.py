@@ -14,23 +14,26 @@ copied under transformers' names. Knows nothing of timing.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
-from diffuserve.model.layers.attention_backend import DenseAttentionInputs
+from diffuserve.model.interface import DiffusionModel
+from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.loader import load_model, read_model_config
+
+if TYPE_CHECKING:  # transformers is imported only when a reference is built
+    from transformers import Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
 # config.json keys that name our checkpoint, not the transformers architecture it is built as.
 _NOT_CONFIG = ("architectures", "model_type", "torch_dtype", "auto_map")
 
 
-class TransformersBlockDiffusion(nn.Module):
+class TransformersBlockDiffusion(DiffusionModel):
     """transformers' CausalLM behind our `forward(input_ids, positions, attn) -> hidden` and
     `compute_logits(hidden) -> fp32 logits`."""
 
-    def __init__(self, hf_model: nn.Module) -> None:
+    def __init__(self, hf_model: Qwen3ForCausalLM | Qwen3MoeForCausalLM) -> None:
         super().__init__()
         self.hf = hf_model
 
@@ -51,7 +54,7 @@ class SdarCachedTransformers(TransformersBlockDiffusion):
     (a new request) starts a fresh cache. Returns hidden states only for the current block's rows; the earlier
     rows are NaN, so a caller that read them would fail the benchmark's token check instead of passing silently."""
 
-    def __init__(self, hf_model: nn.Module, block_length: int) -> None:
+    def __init__(self, hf_model: Qwen3ForCausalLM | Qwen3MoeForCausalLM, block_length: int) -> None:
         super().__init__(hf_model)
         self.block_length = block_length
         self.cache: Any = None
@@ -110,13 +113,18 @@ def load_transformers_model(
         )
     args, ours = load_model(model_dir, dtype=dtype)
     fields = {k: v for k, v in config.items() if k not in _NOT_CONFIG}
+    hf_model: Qwen3ForCausalLM | Qwen3MoeForCausalLM
     if args.is_moe:
-        hf_config, cls = transformers.Qwen3MoeConfig(**fields), transformers.Qwen3MoeForCausalLM
+        moe_config = transformers.Qwen3MoeConfig(**fields)
+        moe_config._attn_implementation = "sdpa"
+        hf_model = transformers.Qwen3MoeForCausalLM(moe_config)
     else:
-        hf_config, cls = transformers.Qwen3Config(**fields), transformers.Qwen3ForCausalLM
-    hf_config._attn_implementation = "sdpa"
+        dense_config = transformers.Qwen3Config(**fields)
+        dense_config._attn_implementation = "sdpa"
+        hf_model = transformers.Qwen3ForCausalLM(dense_config)
     state = dict(family_for(config).checkpoint_tensors(ours.state_dict(), args, per_expert=False))
-    hf_model = cls(hf_config).to(ours.lm_head.weight.dtype)
+    # transformers declares `to` through functools.wraps(nn.Module.to), typed as the unbound function (self first)
+    hf_model = hf_model.to(ours.get_parameter("lm_head.weight").dtype)  # type: ignore[arg-type]
     hf_model.load_state_dict(state, strict=not args.tie_word_embeddings)
     if args.tie_word_embeddings:
         hf_model.tie_weights()

@@ -26,9 +26,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from diffuserve.model.layers.attention_backend import DenseAttentionInputs, block_causal_mask
-from diffuserve.model.layers.moe.backends import run_experts
-from diffuserve.model.layers.moe.dispatch import grouped_experts, looped_experts
+from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
+from diffuserve.model.layers.moe.dispatch import grouped_experts, looped_experts, run_experts
 from diffuserve.model.layers.moe.layer import SparseMoeBlock
 from diffuserve.model.loader import load_model
 from diffuserve.testing.random_checkpoint import make_config, resolve_preset, write_random_checkpoint
@@ -158,10 +157,11 @@ def _dense_operands(assignments: int, hidden: int, width: int) -> tuple[torch.Te
     )
 
 
-def _dense_matmuls(x: torch.Tensor, gate_up: torch.Tensor, act: torch.Tensor, down: torch.Tensor) -> None:
-    """The experts' FLOPs as two dense matmuls (every assignment through one shared expert)."""
+def _dense_matmuls(x: torch.Tensor, gate_up: torch.Tensor, act: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """The experts' FLOPs as two dense matmuls (every assignment through one shared expert); returns the second's
+    output, as the other paths return theirs."""
     F.linear(x, gate_up)
-    F.linear(act, down)
+    return F.linear(act, down)
 
 
 def _time_interleaved(paths: dict[str, Any], repeats: int) -> dict[str, float]:
@@ -194,6 +194,7 @@ def bench_offload(model_dir: Path, args: argparse.Namespace) -> list[dict[str, A
         num_pages=args.num_requests * (args.max_tokens // args.block_length + 3),
         max_num_seqs=args.num_requests,
         max_num_batched_tokens=4 * args.num_requests * args.block_length,
+        expert_stats=True,
     )
     rows, reference = [], None
     configs = [(None, "none")] + [(f, r) for f in CACHE_FRACTIONS for r in ("block", "step")]

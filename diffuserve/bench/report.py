@@ -30,7 +30,7 @@ def distribution(values: Sequence[float], scale: float = 1.0) -> dict[str, float
     """{"mean", "p50", "p90", "p99", "max"} of `values` x `scale` (None when there are no values)."""
     if not values:
         return {"mean": None, **{f"p{q}": None for q in PERCENTILES}, "max": None}
-    stats = {"mean": sum(values) / len(values) * scale}
+    stats: dict[str, float | None] = {"mean": sum(values) / len(values) * scale}
     stats |= {f"p{q}": percentile(values, q) * scale for q in PERCENTILES}
     stats["max"] = max(values) * scale
     return stats

@@ -59,7 +59,7 @@ class RequestTrace:
     def chunk_tokens(self) -> list[float]:
         """Tokens in each content chunk: running-usage deltas, else characters pro rata."""
         if self.tokens_exact:
-            counts = [float(u) for u in self.chunk_usage_tokens]  # type: ignore[arg-type]
+            counts = [float(u) for u in self.chunk_usage_tokens if u is not None]  # all are, see tokens_exact
             return [counts[0]] + [b - a for a, b in zip(counts, counts[1:])]
         chars = sum(self.chunk_chars) or 1
         return [self.num_output_tokens * c / chars for c in self.chunk_chars]

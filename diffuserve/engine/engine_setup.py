@@ -120,10 +120,11 @@ def _runner(
 ) -> ModelRunner:
     """The model runner of the family and, for hybrid models, of --recurrent-state."""
     mode = config.cache.recurrent_state if hybrid else None
+    stats = bool(config.expert_stats)
     if mode == "rescan":  # the history covers the last block, which may reach past max_model_len
-        return RescanRunner(executor, block_length, max_model_len + block_length, config.seed)
+        return RescanRunner(executor, block_length, max_model_len + block_length, config.seed, stats)
     runner_cls = {None: ModelRunner, "keep": HybridRunner, "recompute": RecomputeRunner}[mode]
-    return runner_cls(executor, block_length, config.seed)
+    return runner_cls(executor, block_length, config.seed, stats)
 
 
 def _state_slots(config: EngineConfig, executor: ModelExecutor) -> tuple[StatePool, StateSlots]:

@@ -3,31 +3,70 @@ its KV heads, the recurrent-state pool of a hybrid model, expert offload), and t
 runs this same class: rank 0's executor is called by the model runner and first sends the step's inputs to the
 other ranks; a worker rank's executor sits in `loop()`, running each forward rank 0 sends until told to stop.
 Knows nothing of requests, decoders or scheduling; the inputs are plain picklable tensors built by the model
-runner on rank 0.
+runner on rank 0. Also owns whether the forward runs compiled (`CompiledForward`, `--enforce-eager`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch import nn
 
 from diffuserve.config import EngineConfig
 from diffuserve.distributed.group import agree_min
 from diffuserve.distributed.launcher import ParallelRuntime
-from diffuserve.engine.compiled_forward import CompiledForward, should_compile
 from diffuserve.engine.experts import ExpertOffload
 from diffuserve.engine.kv_cache import allocate_kv_cache, num_pages_for, resolve_page_size, spec_for
 from diffuserve.engine.state_cache import StateCache, StateCacheSpec, has_recurrent_state, num_slots_for
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.layers.attention_backend import PagedAttentionInputs, SequenceSlice
+from diffuserve.model.interface import DiffusionModel
+from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice
 from diffuserve.model.layers.gdn_rescan import GdnRescan
 from diffuserve.model.layers.gdn_step import RecurrentStepInputs, RowGroup
 from diffuserve.model.layers.moe.layer import set_moe_backend
 from diffuserve.model.layers.moe.offload_context import OffloadContext, offload_context
 from diffuserve.model.loader import load_model
+
+logger = logging.getLogger(__name__)
+
+
+def should_compile(enforce_eager: bool | None, device: torch.device) -> bool:
+    return not enforce_eager if enforce_eager is not None else device.type == "cuda"
+
+
+class CompiledForward:
+    """`model`'s forward, compiled or not; call it as the model. `compile_s`: seconds spent in the first call.
+
+    Default (`enforce_eager=None`): compiled on CUDA with `mode="reduce-overhead"` (CUDA graphs: the step's hundreds
+    of small kernels replayed as one launch), eager on CPU, where inductor compiled the benchmark model for 105-144 s
+    on a shared 2-core machine and ran fp32 at 0.63-0.69x eager (bf16 1.73x, but with tokens that differ from eager;
+    docs/benchmarks.md, "Batch-1 speed"). `enforce_eager=False` compiles on CPU too. Shapes are marked dynamic, so
+    the steps' varying token counts reuse one graph instead of recompiling per count. The first call pays the
+    compile; its time is logged and kept in `compile_s` (a later recompile, for a shape the dynamic marking does not
+    cover, is not counted; padded shape buckets that would rule those out are not built yet).
+    """
+
+    def __init__(self, model: DiffusionModel, compiled: bool, device: torch.device) -> None:
+        self.compiled = compiled
+        self.compile_s = 0.0
+        self._first_call = compiled
+        mode = "reduce-overhead" if device.type == "cuda" else None
+        self._fn: Callable[..., Any] = torch.compile(model, dynamic=True, mode=mode) if compiled else model
+
+    def __call__(self, *args: Any) -> torch.Tensor:
+        if not self._first_call:
+            return self._fn(*args)
+        started = time.perf_counter()
+        out = self._fn(*args)
+        self.compile_s += time.perf_counter() - started
+        self._first_call = False
+        logger.info("compiled the model forward in %.1f s", self.compile_s)
+        return out
 
 
 @dataclass(frozen=True)
@@ -87,7 +126,7 @@ class ModelExecutor:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: DiffusionModel,
         k_caches: list[torch.Tensor],
         v_caches: list[torch.Tensor],
         offload: ExpertOffload | None,

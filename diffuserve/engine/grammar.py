@@ -95,12 +95,13 @@ def _lark_body(spec: StructuredOutputsParams, options: dict[str, Any]) -> str:
         return "/(?:" + re.sub(r"(?<!\\)/", r"\\/", spec.regex) + ")/"
     if spec.choice is not None:
         return "(" + " | ".join(json.dumps(c) for c in spec.choice) + ")"
-    schema = spec.json if isinstance(spec.json, dict) else {"type": "object"}
+    schema: dict[str, Any] = spec.json if isinstance(spec.json, dict) else {"type": "object"}
     return "%json " + json.dumps({**schema, "x-guidance": {**schema.get("x-guidance", {}), **options}})
 
 
 def _from_json_schema(schema: dict[str, Any], options: dict[str, Any]) -> str:
     try:
+        # llguidance types `overrides` as its JsonCompileOptions TypedDict; ours is the same keys in a plain dict
         return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)  # type: ignore[arg-type]
     except ValueError as e:
         raise RequestError("structured_outputs.json", f"not a JSON schema ({e}); fix it") from e

@@ -33,11 +33,11 @@ from diffuserve.engine.decoders import (
     FixedStepsDecoder,
     Proposal,
     ThresholdDecoder,
+    propose,
 )
 from diffuserve.engine.grammar import GrammarCompiler
 from diffuserve.engine.grammar_state import GrammarState
 from diffuserve.engine.request import Request
-from diffuserve.engine.sampling import propose
 from diffuserve.structured_outputs import StructuredOutputsParams
 
 

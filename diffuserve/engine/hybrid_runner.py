@@ -23,22 +23,26 @@ from typing import cast
 
 import torch
 
+from diffuserve.engine.decoders import propose
 from diffuserve.engine.executor import ModelExecutor, StatePlan
 from diffuserve.engine.model_runner import BlockRows, ModelRunner, StepBatch
-from diffuserve.engine.request import Request
-from diffuserve.engine.sampling import propose
-from diffuserve.engine.scheduler_output import ScheduledRequest
+from diffuserve.engine.request import Request, ScheduledRequest
+from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion
 from diffuserve.model.clover_moe_config import hybrid_args
-from diffuserve.model.config import ModelArgs
 from diffuserve.model.layers.gdn_step import RowGroup
 
 
 class HybridRunner(ModelRunner):
-    def __init__(self, executor: ModelExecutor, block_length: int, seed: int = 0) -> None:
-        super().__init__(executor, block_length, seed)
-        hybrid = hybrid_args(cast(ModelArgs, self.model.args))
+    def __init__(self, executor: ModelExecutor, block_length: int, seed: int = 0, expert_stats: bool = False) -> None:
+        super().__init__(executor, block_length, seed, expert_stats)
+        hybrid = hybrid_args(self.model.args)
         self.preview = hybrid.has_diffusion
         self.shift = hybrid.prediction_shift or not self.preview  # next-token decoding reads the previous row
+
+    @property
+    def model(self) -> CloverMoeForBlockDiffusion:
+        # engine_setup builds this runner only for a family with recurrent state: clover_moe, whose model this is
+        return cast(CloverMoeForBlockDiffusion, self.executor.model)
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[tuple[int, int]]]:

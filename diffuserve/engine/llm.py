@@ -6,13 +6,14 @@ Hub id (`diffuserve.hub`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
+
+from tqdm.auto import tqdm
 
 from diffuserve.config import EngineConfig
 from diffuserve.engine.llm_engine import LLMEngine
-from diffuserve.engine.outputs import RequestOutput
+from diffuserve.engine.output_processor import RequestOutput
 from diffuserve.hub import resolve_model
-from diffuserve.progress import progress_bar
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.tool_format import template_messages, template_renders_tools
 
@@ -32,16 +33,19 @@ class LLM:
     ) -> list[RequestOutput]:
         """Prompts: text, token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}. One params for all, or one
         per prompt. `use_tqdm`: a progress bar of finished prompts (None: when stderr is a terminal)."""
+        # Token ids are a sequence too: the isinstance checks tell one prompt from several, which mypy cannot.
+        batch: Sequence[PromptType]
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        if isinstance(sampling_params, Sequence):
-            params_list = list(sampling_params)
+            batch = [cast(PromptType, prompts)]
         else:
-            params_list = [sampling_params] * len(prompts)
-        if len(params_list) != len(prompts):
-            raise ValueError(f"sampling_params: {len(params_list)} given for {len(prompts)} prompts")
+            batch = cast("Sequence[PromptType]", prompts)
+        params_list: list[SamplingParams | None] = (
+            list(sampling_params) if isinstance(sampling_params, Sequence) else [sampling_params] * len(batch)
+        )
+        if len(params_list) != len(batch):
+            raise ValueError(f"sampling_params: {len(params_list)} given for {len(batch)} prompts")
         ids = []
-        for prompt, params in zip(prompts, params_list):
+        for prompt, params in zip(batch, params_list):
             request_id = f"llm-{self._counter}"
             self._counter += 1
             self.engine.add_request(request_id, _unwrap(prompt), params)
@@ -51,7 +55,9 @@ class LLM:
     def _run(self, ids: list[str], use_tqdm: bool | None) -> list[RequestOutput]:
         """Steps until every request in `ids` finished."""
         finished: dict[str, RequestOutput] = {}
-        with progress_bar(len(ids), "Processed prompts", "prompt", use_tqdm) as bar:
+        # disable=None is tqdm's own "only on a terminal" (vLLM's use_tqdm, when not given)
+        disable = None if use_tqdm is None else not use_tqdm
+        with tqdm(total=len(ids), desc="Processed prompts", unit="prompt", disable=disable, dynamic_ncols=True) as bar:
             while len(finished) < len(ids):
                 for out in self.engine.step():
                     if out.finished:

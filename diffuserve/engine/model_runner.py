@@ -20,16 +20,15 @@ import random
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from diffuserve.engine.decoders import DECODERS
+from diffuserve.engine.decoders import DECODERS, propose
 from diffuserve.engine.executor import ForwardInputs, ModelExecutor
 from diffuserve.engine.experts import ExpertOffload, ExpertTracker
 from diffuserve.engine.grammar_decoding import StructuredDecoding
 from diffuserve.engine.request import Request
-from diffuserve.engine.sampling import propose
 from diffuserve.engine.scheduler import ScheduledRequest
-from diffuserve.model.layers.attention_backend import SequenceSlice, block_causal_mask
+from diffuserve.model.interface import DiffusionModel
+from diffuserve.model.layers.attention import SequenceSlice, block_causal_mask
 from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext
 
 
@@ -53,18 +52,19 @@ class StepBatch:
 
 
 class ModelRunner:
-    def __init__(self, executor: ModelExecutor, block_length: int, seed: int = 0) -> None:
+    def __init__(self, executor: ModelExecutor, block_length: int, seed: int = 0, expert_stats: bool = False) -> None:
         self.executor = executor
         self.page_size, self.block_length, self.device = executor.page_size, block_length, executor.device
         self._seed_source = random.Random(seed)
         self._generators: dict[str, torch.Generator] = {}
-        self.experts = ExpertTracker(executor.model)
+        self.experts = ExpertTracker(executor.model) if expert_stats else None
+        """Routing statistics (`EngineConfig.expert_stats`); None when off."""
         self.structured: StructuredDecoding | None = None
         """Grammar-constrained decoding of requests with structured_outputs (set by the engine if it has a
         tokenizer)."""
 
     @property
-    def model(self) -> nn.Module:
+    def model(self) -> DiffusionModel:
         return self.executor.model
 
     @property
@@ -76,7 +76,7 @@ class ModelRunner:
         """Runs the step; returns {request_id: [(canvas index, token), ...]} for requests with a block."""
         batch = self.build_batch(scheduled)
         hidden = self.executor.execute(batch.forward)  # [N, H]
-        if self.experts.enabled:
+        if self.experts is not None and self.experts.enabled:
             rows = [(b.work.request.request_id, b.token_start, self.block_length) for b in batch.blocks]
             self.experts.record_step(rows)
         if not batch.blocks:
@@ -87,9 +87,14 @@ class ModelRunner:
     def release(self, request_id: str) -> None:
         """Forgets a finished request's generator; its last block's experts still count in the statistics."""
         self._generators.pop(request_id, None)
-        self.experts.finish_block(request_id)
+        self.finish_block(request_id)
         if self.structured is not None and request_id in self.structured.states:
             self.structured.release(request_id)
+
+    def finish_block(self, request_id: str) -> None:
+        """The request's block is final: the union of experts it touched counts in the statistics."""
+        if self.experts is not None:
+            self.experts.finish_block(request_id)
 
     def shutdown(self) -> None:
         """Stops the worker ranks, if any (idempotent)."""

@@ -13,13 +13,15 @@ Commits and prefill chunks the scheduler hands out are no-ops here (nothing is c
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from diffuserve.config import EngineConfig
-from diffuserve.engine.decoders import DECODERS
+from diffuserve.engine.decoders import DECODERS, propose
 from diffuserve.engine.model_runner import BlockRows, ModelRunner
-from diffuserve.engine.sampling import propose
 from diffuserve.engine.scheduler import ScheduledRequest
+from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion
 from diffuserve.model.clover_moe_config import hybrid_args
 
 
@@ -39,6 +41,11 @@ def check_recompute_config(config: EngineConfig) -> None:
 
 class RecomputeRunner(ModelRunner):
     """A ModelRunner whose `execute` recomputes instead of reading the paged cache (see the module docstring)."""
+
+    @property
+    def model(self) -> CloverMoeForBlockDiffusion:
+        # engine_setup builds this runner only for a family with recurrent state: clover_moe, whose model this is
+        return cast(CloverMoeForBlockDiffusion, self.executor.model)
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[tuple[int, int]]]:

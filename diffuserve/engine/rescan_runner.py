@@ -17,25 +17,30 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import cast
 
 import torch
 
 from diffuserve.engine.executor import ModelExecutor, StatePlan
 from diffuserve.engine.hybrid_runner import HybridRunner
-from diffuserve.engine.scheduler_output import ScheduledRequest
+from diffuserve.engine.request import ScheduledRequest
 from diffuserve.model.clover_moe_config import hybrid_args
-from diffuserve.model.config import ModelArgs
 from diffuserve.model.layers.gated_deltanet import GdnInputs
 from diffuserve.model.layers.gdn_rescan import GdnRescan, PrefixGroup
 
 
 class RescanRunner(HybridRunner):
-    def __init__(self, executor: ModelExecutor, block_length: int, history_length: int, seed: int = 0) -> None:
-        super().__init__(executor, block_length, seed)
+    def __init__(
+        self,
+        executor: ModelExecutor,
+        block_length: int,
+        history_length: int,
+        seed: int = 0,
+        expert_stats: bool = False,
+    ) -> None:
+        super().__init__(executor, block_length, seed, expert_stats)
         cache = executor.state_cache
         assert cache is not None, "a hybrid model's executor has a state cache"
-        gdn = hybrid_args(cast(ModelArgs, self.model.args)).gdn
+        gdn = hybrid_args(self.model.args).gdn
         self.history_length = history_length
 
         def buffer(width: int, dtype: torch.dtype) -> torch.Tensor:

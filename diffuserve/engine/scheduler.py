@@ -28,8 +28,7 @@ from collections import deque
 
 from diffuserve.engine.errors import ContextLengthExceeded
 from diffuserve.engine.kv_pages import PagePool, chain_hash
-from diffuserve.engine.request import Request, RequestStatus
-from diffuserve.engine.scheduler_output import ScheduledRequest, SchedulerOutput, StepUpdate
+from diffuserve.engine.request import Request, RequestStatus, ScheduledRequest, SchedulerOutput, StepUpdate
 from diffuserve.engine.state_scheduling import StateSlots
 
 

@@ -18,8 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from diffuserve.engine.kv_pages import chain_hash
-from diffuserve.engine.request import Request
-from diffuserve.engine.scheduler_output import ScheduledRequest, StateSnapshot
+from diffuserve.engine.request import Request, ScheduledRequest, StateSnapshot
 from diffuserve.engine.state_slots import StatePool
 
 

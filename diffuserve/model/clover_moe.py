@@ -10,27 +10,29 @@ of the same committed length):
     forward_preview(ids, state) -> hidden of a block, state unchanged         (block diffusion denoising step)
 
 The engine calls `forward(ids, positions, attn, recurrent)` instead: one flattened step batch of many sequences,
-the attention layers over the engine's paged K/V (attention_backend), the GDN layers over its state pool
+the attention layers over the engine's paged K/V (layers/attention), the GDN layers over its state pool
 (gdn_step: each sequence advances its own slot over its commit tokens, then runs its block against it).
 Knows nothing of requests; the engine builds the step's inputs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
 
 from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.layers.attention_backend import PagedAttentionInputs
+from diffuserve.model.interface import DiffusionModel
+from diffuserve.model.layers.attention import PagedAttentionInputs, RotaryEmbedding
 from diffuserve.model.layers.gated_attention import GatedAttention, KVState
 from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnState
 from diffuserve.model.layers.gated_shared_moe import GatedSharedExpertMoe
 from diffuserve.model.layers.gdn_step import RecurrentStepInputs, gdn_step
 from diffuserve.model.layers.hybrid_norm import ZeroCenteredRMSNorm
-from diffuserve.model.layers.rotary import RotaryEmbedding
 
 LayerState = GdnState | KVState | None
 
@@ -100,7 +102,7 @@ class HybridModel(nn.Module):
         self.norm = ZeroCenteredRMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
-class CloverMoeForBlockDiffusion(nn.Module):
+class CloverMoeForBlockDiffusion(DiffusionModel):
     def __init__(self, args: ModelArgs, max_model_len: int) -> None:
         super().__init__()
         self.args = args
@@ -136,7 +138,8 @@ class CloverMoeForBlockDiffusion(nn.Module):
     ) -> torch.Tensor:
         """Engine step: input_ids, positions [N] -> hidden [N, H] before the final norm."""
         x = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
+        # nn.ModuleList is typed as holding plain nn.Modules; HybridModel fills it with HybridDecoderLayers only.
+        for layer in cast("Iterable[HybridDecoderLayer]", self.model.layers):
             x = layer.step(x, positions, attn, recurrent)
         return x
 

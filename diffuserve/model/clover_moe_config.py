@@ -131,7 +131,8 @@ def _check_divides(fields: dict, numerator: str, denominator: str) -> None:
         )
 
 
-def _gdn_args(fields: dict) -> GdnArgs:
+def gdn_args(fields: dict) -> GdnArgs:
+    """The Gated DeltaNet shape from config.json's `linear_*` fields (the planner reads it here too)."""
     _check_divides(fields, "linear_num_value_heads", "linear_num_key_heads")
     kernel = int(fields["linear_conv_kernel_dim"])
     if kernel < 2:
@@ -158,7 +159,7 @@ def clover_moe_args_from_hf(config: dict, generation_config: dict | None = None)
     mask_token_id = _first(fields, "mask_token_id", default=generation_config.get("mask_token_id"))
     hybrid = HybridArgs(
         _layer_types(fields, layers),
-        _gdn_args(fields),
+        gdn_args(fields),
         prediction_shift=bool(fields.get("diffusion_prediction_shift", True)),
     )
     return ModelArgs(

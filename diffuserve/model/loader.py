@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import safe_open
 from torch import nn
+from tqdm.auto import tqdm
 
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.materialize import init_dummy_weights, materialize
 from diffuserve.model.registry import ModelFamily, deprecation_notice, family_for
 from diffuserve.model.special_tokens import fill_special_token_ids
 from diffuserve.model.tensor_parallel import apply_tp
 from diffuserve.model.weight_names import WeightTarget
-from diffuserve.progress import progress_bar
 
 if TYPE_CHECKING:
     from diffuserve.distributed.group import ParallelGroup
@@ -94,7 +95,8 @@ def iter_checkpoint(model_dir: str | Path, progress: bool | None = False) -> Ite
         files = sorted(p.name for p in path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"model: {str(path)!r} has no *.safetensors weights")
-    with progress_bar(len(files), "Loading safetensors shards", "shard", progress) as bar:
+    disable = None if progress is None else not progress  # tqdm's None: only when stderr is a terminal
+    with tqdm(total=len(files), desc="Loading safetensors shards", unit="shard", disable=disable) as bar:
         for file in files:
             with safe_open(str(path / file), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
@@ -165,7 +167,7 @@ def build_model(
     device: str | torch.device,
     group: ParallelGroup | None = None,
     expert_device: torch.device | None = None,
-) -> nn.Module:
+) -> DiffusionModel:
     """The family's model, this rank's part of it when `group` spans several ranks, allocated once (on the meta
     device first, see materialize); routed experts on `expert_device` if given (expert offload)."""
     previous = torch.get_default_dtype()
@@ -191,7 +193,7 @@ def load_model(
     expert_device: torch.device | None = None,
     load_format: str = "auto",
     seed: int = 0,
-) -> tuple[ModelArgs, nn.Module]:
+) -> tuple[ModelArgs, DiffusionModel]:
     """Builds the family's model (this rank's part) in the resolved dtype and loads its weights: from the
     checkpoint (`auto`), or seeded random ones (`dummy`, no weights on disk needed)."""
     if load_format not in LOAD_FORMATS:

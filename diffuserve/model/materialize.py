@@ -13,8 +13,8 @@ import logging
 import torch
 from torch import nn
 
+from diffuserve.model.layers.attention import RotaryEmbedding
 from diffuserve.model.layers.moe.layer import FusedExperts
-from diffuserve.model.layers.rotary import RotaryEmbedding
 
 logger = logging.getLogger(__name__)
 DUMMY_STD = 0.02

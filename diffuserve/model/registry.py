@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-from torch import nn
 
 from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion
 from diffuserve.model.clover_moe_config import clover_moe_args_from_hf
@@ -18,21 +17,31 @@ from diffuserve.model.clover_moe_weights import (
     clover_moe_weight_target,
 )
 from diffuserve.model.config import ModelArgs, llada2_args_from_hf, qwen3_args_from_hf
+from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.llada2 import LLaDA2ForBlockDiffusion
 from diffuserve.model.llada2_weights import llada2_checkpoint_tensors, llada2_weight_target
 from diffuserve.model.sdar import SDARForBlockDiffusion
 from diffuserve.model.weight_names import WeightTarget, qwen3_checkpoint_tensors, qwen3_weight_target
 
 
+class CheckpointTensors(Protocol):
+    def __call__(
+        self, state: dict[str, torch.Tensor], args: ModelArgs, per_expert: bool = True
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Our state dict -> checkpoint tensors with Hub names; `per_expert=False` keeps the fused expert tensors
+        (`experts.gate_up_proj`, `experts.down_proj`) instead of one tensor per expert."""
+
+
 @dataclass(frozen=True)
 class ModelFamily:
     name: str
-    model_cls: type[nn.Module]
+    model_cls: Callable[[ModelArgs, int], DiffusionModel]
+    """(args, max_model_len) -> the model (its parameters uninitialised; see loader.build_model)."""
     parse_args: Callable[[dict, dict], ModelArgs]
     """(config.json, generation_config.json) -> ModelArgs."""
     weight_target: Callable[[str, ModelArgs], WeightTarget | None]
     """Checkpoint tensor name -> where it loads (None: ignore)."""
-    checkpoint_tensors: Callable[[dict[str, torch.Tensor], ModelArgs], Iterator[tuple[str, torch.Tensor]]]
+    checkpoint_tensors: CheckpointTensors
     """Our state dict -> checkpoint tensors with Hub names (for writing checkpoints)."""
     special_tokens: Mapping[str, str] = field(default_factory=dict)
     """config field -> token text, for ids the family's Hub config.json leaves out (looked up in tokenizer.json)."""

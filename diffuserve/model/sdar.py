@@ -11,10 +11,9 @@ from __future__ import annotations
 from torch import nn
 
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.layers.attention import Attention
+from diffuserve.model.layers.attention import Attention, RotaryEmbedding
 from diffuserve.model.layers.mlp import SwiGLU
 from diffuserve.model.layers.moe.layer import SparseMoeBlock
-from diffuserve.model.layers.rotary import RotaryEmbedding
 from diffuserve.model.transformer import BlockDiffusionLM
 
 

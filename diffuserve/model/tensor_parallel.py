@@ -8,7 +8,7 @@ expert, so modules inside a MoE block are left to it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from torch import nn
 
@@ -17,6 +17,13 @@ from diffuserve.model.layers.moe.layer import SparseMoeBlock
 
 if TYPE_CHECKING:
     from diffuserve.distributed.group import ParallelGroup
+
+
+@runtime_checkable
+class Shardable(Protocol):
+    """A layer that knows its own packing: `shard_` replaces its parameters by this rank's part."""
+
+    def shard_(self, group: ParallelGroup) -> None: ...
 
 
 def check_parallel_sizes(args: ModelArgs, size: int, expert_parallel: bool) -> None:
@@ -54,5 +61,5 @@ def apply_tp(model: nn.Module, group: ParallelGroup) -> None:
         if m is not block
     }
     for module in list(model.modules()):
-        if id(module) not in inside_moe and hasattr(module, "shard_"):
+        if id(module) not in inside_moe and isinstance(module, Shardable):
             module.shard_(group)

@@ -9,15 +9,15 @@ parameter names, is the same for all: `model.embed_tokens`, `model.layers.{i}.se
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 
 import torch
 from torch import nn
 
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.layers.attention_backend import AttentionInputs
+from diffuserve.model.interface import DiffusionModel
+from diffuserve.model.layers.attention import AttentionInputs, RotaryEmbedding
 from diffuserve.model.layers.norm import RMSNorm
-from diffuserve.model.layers.rotary import RotaryEmbedding
 
 
 class DecoderLayer(nn.Module):
@@ -49,7 +49,7 @@ class TransformerModel(nn.Module):
         return x
 
 
-class BlockDiffusionLM(nn.Module, ABC):
+class BlockDiffusionLM(DiffusionModel):
     """A family's model. `forward` returns the last hidden states (pre-norm); `compute_logits` maps chosen rows
     to fp32 logits, so the LM head runs only over the positions a decoder needs."""
 

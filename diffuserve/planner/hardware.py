@@ -53,6 +53,7 @@ class HardwareSpec:
         changes = {key: value for key, value in changes.items() if value is not None}
         if not changes:
             return self
+        # mypy checks **changes against every field's type (name: str too); only numeric fields are passed
         return replace(self, name=f"{self.name} (custom)", **changes)  # type: ignore[arg-type]
 
 

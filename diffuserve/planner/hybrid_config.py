@@ -4,14 +4,17 @@ Owns the spellings of the hybrid families (Clover `clover_moe`, its Qwen3.5/3.6-
 `qwen3_5_moe_text`, Qwen3-Next `qwen3_next`): the layer pattern (`layer_types`, or `full_attention_interval`:
 every interval-th layer is full attention), the linear-attention heads and dims, the conv kernel, the gated
 attention output and the gated shared expert, and the defaults those families take from transformers'
-`Qwen3_5MoeTextConfig` when a field is omitted. Standard library only; reads no other diffuserve module, so the
-planner never depends on the engine's model code. Knows nothing of dtypes, devices or workloads.
+`Qwen3_5MoeTextConfig` when a field is omitted. The linear-attention shape, its checks and the family defaults
+are the model's own (`model/clover_moe_config.py`, standard library only), so the planner and the engine cannot
+read one config.json two ways. Knows nothing of dtypes, devices or workloads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from diffuserve.model.clover_moe_config import TEXT_DEFAULTS, GdnArgs, gdn_args
 
 FULL, SLIDING, LINEAR = "full_attention", "sliding_attention", "linear_attention"
 LAYER_TYPES = (FULL, SLIDING, LINEAR)
@@ -22,24 +25,9 @@ GATED_ATTENTION_TYPES = (*QWEN3_5_MOE_TYPES, "qwen3_next")
 """Families whose full-attention `q_proj` also emits a sigmoid output gate per head dim (twice the width)."""
 GATED_SHARED_EXPERT_TYPES = (*GATED_ATTENTION_TYPES, "qwen2_moe")
 """Families whose shared expert is scaled by `sigmoid(shared_expert_gate(x))`, a [1, hidden] projection."""
-QWEN3_5_MOE_DEFAULTS: dict[str, Any] = dict(
-    num_key_value_heads=2,
-    head_dim=256,
-    max_position_embeddings=32768,
-    tie_word_embeddings=False,
-    linear_conv_kernel_dim=4,
-    linear_key_head_dim=128,
-    linear_value_head_dim=128,
-    linear_num_key_heads=16,
-    linear_num_value_heads=32,
-    moe_intermediate_size=512,
-    shared_expert_intermediate_size=512,
-    num_experts_per_tok=8,
-    num_experts=256,
-    full_attention_interval=4,
-)
-"""transformers 5.x `Qwen3_5MoeTextConfig` defaults; the size-defining fields (hidden, layers, heads, vocab)
-are left out so a config that omits them is an error, not a silent 35B."""
+QWEN3_5_MOE_DEFAULTS: dict[str, Any] = TEXT_DEFAULTS
+"""transformers 5.x `Qwen3_5MoeTextConfig` defaults, as the model reads them; the size-defining fields (hidden,
+layers, heads, vocab) are left out so a config that omits them is an error, not a silent 35B."""
 
 LINEAR_FIELDS = (
     "linear_num_key_heads",
@@ -51,30 +39,13 @@ LINEAR_FIELDS = (
 
 
 @dataclass(frozen=True)
-class LinearAttentionGroup:
-    """Gated DeltaNet layers. Shape letters: Hk key heads x Dk, Hv value heads x Dv (Hv / Hk value heads share
-    a key head), a depthwise causal conv of width k over q | k | v. They cache no K/V: each sequence holds a
-    constant state, S [Hv, Dk, Dv] and the conv ring [conv_dim, k - 1], whatever its length."""
+class LinearAttentionGroup(GdnArgs):
+    """The model's Gated DeltaNet shape (`GdnArgs`: Hk key heads x Dk, Hv value heads x Dv, Hv / Hk value heads
+    sharing a key head, a depthwise causal conv of width k over q | k | v) and how many layers have it. They cache
+    no K/V: each sequence holds a constant state, S [Hv, Dk, Dv] and the conv ring [conv_dim, k - 1], whatever its
+    length."""
 
-    num_layers: int
-    num_key_heads: int
-    key_head_dim: int
-    num_value_heads: int
-    value_head_dim: int
-    conv_kernel: int
-
-    @property
-    def key_dim(self) -> int:
-        return self.num_key_heads * self.key_head_dim
-
-    @property
-    def value_dim(self) -> int:
-        return self.num_value_heads * self.value_head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        """Channels of the conv and of the fused in-projection: q | k | v = 2 Hk Dk + Hv Dv."""
-        return 2 * self.key_dim + self.value_dim
+    num_layers: int = 0
 
 
 def model_types(config: dict) -> set[str]:
@@ -129,23 +100,7 @@ def linear_attention_group(text: dict, num_layers: int) -> LinearAttentionGroup:
             f"config.json: {num_layers} layer(s) are linear_attention but `{missing[0]}` is missing; the planner "
             f"needs {', '.join(LINEAR_FIELDS)} to size their state"
         )
-    key_heads, value_heads = int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"])
-    if key_heads < 1 or value_heads % key_heads:
-        raise ValueError(
-            f"config.json: `linear_num_value_heads` {value_heads} is not a multiple of `linear_num_key_heads` "
-            f"{key_heads}; value heads share key heads in whole groups"
-        )
-    kernel = int(text["linear_conv_kernel_dim"])
-    if kernel < 1:
-        raise ValueError(f"config.json: `linear_conv_kernel_dim` is {kernel}; it must be >= 1")
-    return LinearAttentionGroup(
-        num_layers=num_layers,
-        num_key_heads=key_heads,
-        key_head_dim=int(text["linear_key_head_dim"]),
-        num_value_heads=value_heads,
-        value_head_dim=int(text["linear_value_head_dim"]),
-        conv_kernel=kernel,
-    )
+    return LinearAttentionGroup(**vars(gdn_args(text)), num_layers=num_layers)
 
 
 def has_output_gate(config: dict, text: dict) -> bool:

@@ -47,7 +47,9 @@ if TYPE_CHECKING:
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 503)
 }
-STREAM = {200: {"content": {"text/event-stream": {}}, "description": "JSON body, or SSE frames when stream=true"}}
+STREAM: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "JSON body, or SSE frames when stream=true"}
+}
 
 _bearer = HTTPBearer(auto_error=False, description="The server's --api-key (or DIFFUSERVE_API_KEY).")
 

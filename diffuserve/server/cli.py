@@ -112,6 +112,8 @@ def _serve(args: argparse.Namespace, config: ServerConfig, sock: socket.socket |
     model_dir = resolve_model(args.model, args.revision, args.download_dir)
     config = server_config_from_args(args, args.model, model_dir)
     engine_config = engine_config_from_args(model_dir, args)
+    if engine_config.expert_stats is None:  # /metrics reports them
+        engine_config = dataclasses.replace(engine_config, expert_stats=True)
 
     from diffuserve.engine.engine_setup import run_if_torchrun_worker
 
@@ -143,9 +145,10 @@ def _serve(args: argparse.Namespace, config: ServerConfig, sock: socket.socket |
             host=config.host,
             port=port,
             log_level=config.uvicorn_log_level,
-            timeout_graceful_shutdown=config.shutdown_timeout,
+            # uvicorn annotates this int, but only ever passes it to asyncio.wait_for as a timeout (float seconds)
+            timeout_graceful_shutdown=config.shutdown_timeout,  # type: ignore[arg-type]
         )
-    )  # type: ignore[arg-type]
+    )
     # uvicorn re-raises the Ctrl-C it handled once it has shut down; uvicorn.run swallows it too.
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 
@@ -86,7 +86,8 @@ class PromptRules:
         allowed: set[int] = set(eos_token_ids)
         special: set[int] = set()
         if tokenizer is not None:
-            allowed |= tokenizer.template_special_ids | {tokenizer.bos_token_id, tokenizer.eos_token_id} - {None}
+            named = {t for t in (tokenizer.bos_token_id, tokenizer.eos_token_id) if t is not None}
+            allowed |= tokenizer.template_special_ids | named
             special = set(tokenizer.special_ids)
         forbidden = (special - allowed) | {mask_token_id}
         return cls(max_model_len, vocab_size, mask_token_id, frozenset(forbidden))
@@ -113,8 +114,9 @@ def messages_size(messages: list[ChatMessage]) -> int:
 def completion_prompts(
     tokenizer: Tokenizer | None, prompt: str | list[str] | list[int] | list[list[int]], rules: PromptRules
 ) -> list[Prompt]:
+    # One prompt (text or token ids) or a list of them: mypy cannot narrow a list by its first item's type.
     is_single = isinstance(prompt, str) or isinstance(prompt[0], int)
-    items: list[str] | list[list[int]] = [prompt] if is_single else prompt  # type: ignore[assignment,list-item]
+    items = [cast("str | list[int]", prompt)] if is_single else cast("list[str] | list[list[int]]", prompt)
     return [_one_prompt(tokenizer, item, rules) for item in items]
 
 
@@ -133,8 +135,10 @@ def _one_prompt(tokenizer: Tokenizer | None, item: str | list[int], rules: Promp
         raise bad_request(f"prompt: {bad[:5]} are not token ids of this model (0 <= id < {rules.vocab_size})", "prompt")
     check_special_ids(tokenizer, item, rules.forbidden_ids, rules.mask_token_id, "prompt")
     # The tokenizer may know fewer ids than the model's (padded) vocabulary: those decode to nothing for echo.
-    known = tokenizer is not None and all(t < tokenizer.vocab_size for t in item)
-    return Prompt(tokenizer.decode(item, skip_special_tokens=False) if known else "", list(item))
+    text = ""
+    if tokenizer is not None and all(t < tokenizer.vocab_size for t in item):
+        text = tokenizer.decode(item, skip_special_tokens=False)
+    return Prompt(text, list(item))
 
 
 def check_special_ids(
@@ -144,8 +148,9 @@ def check_special_ids(
     found = next((t for t in token_ids if t in forbidden), None)
     if found is None:
         return
-    known = tokenizer is not None and found < tokenizer.vocab_size
-    name = f" ({tokenizer.decode([found], skip_special_tokens=False)!r})" if known else ""
+    name = ""
+    if tokenizer is not None and found < tokenizer.vocab_size:
+        name = f" ({tokenizer.decode([found], skip_special_tokens=False)!r})"
     if found == mask_token_id:
         why = "is the model's mask token, which no prompt may contain"
     else:

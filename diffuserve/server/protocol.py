@@ -99,7 +99,7 @@ class SamplingFields(RequestModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     # Block-diffusion extensions (diffuserve), see docs/server.md. None = the model's default.
-    decoder: Literal[DECODERS] | None = None  # type: ignore[valid-type]
+    decoder: Literal[DECODERS] | None = None  # type: ignore[valid-type]  # pydantic reads the names at runtime
     """Which masked positions a denoising step accepts."""
     threshold: float | None = Field(default=None, ge=0, le=1)
     """Confidence a proposal must exceed to be accepted (threshold and edit decoders)."""

@@ -16,13 +16,13 @@ Knows nothing of routes or of the engine's internals.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from diffuserve.engine.outputs import CompletionOutput, RequestOutput
+from diffuserve.engine.output_processor import CompletionOutput, RequestOutput
 from diffuserve.server.bridge import EngineDeadError, OutputStream
 from diffuserve.server.chat_output import ChatDeltas, ChatOutputFormat
 from diffuserve.server.errors import APIError, engine_failed, engine_unavailable
@@ -150,7 +150,7 @@ class _Deltas:
         return usage(self.latest.values()) if wanted else None
 
 
-async def sse(stream: OutputStream, events: AsyncIterator[BaseModel]) -> AsyncIterator[str]:
+async def sse(stream: OutputStream, events: AsyncGenerator[BaseModel, None]) -> AsyncIterator[str]:
     """Frames `events` as SSE; closes (aborts) the stream however it ends."""
     try:
         async with aclosing(events):
@@ -167,7 +167,7 @@ async def sse(stream: OutputStream, events: AsyncIterator[BaseModel]) -> AsyncIt
 
 async def completion_events(
     stream: OutputStream, ctx: ResponseContext, echo: bool, options: StreamOptions | None
-) -> AsyncIterator[CompletionChunk]:
+) -> AsyncGenerator[CompletionChunk, None]:
     deltas = _Deltas(ctx)
 
     def chunk(choices: list[CompletionChoice], final: bool = False) -> CompletionChunk:
@@ -193,7 +193,7 @@ async def completion_events(
 
 async def chat_events(
     stream: OutputStream, ctx: ResponseContext, options: StreamOptions | None
-) -> AsyncIterator[ChatCompletionChunk]:
+) -> AsyncGenerator[ChatCompletionChunk, None]:
     deltas = _Deltas(ctx)
 
     def chunk(choices: list[ChatChunkChoice], final: bool = False) -> ChatCompletionChunk:

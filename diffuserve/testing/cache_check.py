@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from diffuserve import LLM
-from diffuserve.model.layers.attention_backend import DenseAttentionInputs, PagedAttentionInputs
+from diffuserve.model.layers.attention import DenseAttentionInputs, PagedAttentionInputs
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.testing.reference_decode import block_causal_mask
 from diffuserve.testing.reference_model import ReferenceModel
@@ -52,13 +53,14 @@ class ForwardRecorder:
         self.problems: list[str] = []
         """Forwards that could not be recorded (a slot written before recording began, e.g. a prefix-cache hit)."""
         self._slot_tokens: dict[int, int] = {}
-        self._handle = None
+        self._handle: RemovableHandle | None = None
 
     def __enter__(self) -> ForwardRecorder:
         self._handle = nn.modules.module.register_module_forward_hook(self._hook)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        assert self._handle is not None, "ForwardRecorder: __exit__ without __enter__"
         self._handle.remove()
 
     def _hook(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:

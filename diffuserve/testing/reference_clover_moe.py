@@ -16,11 +16,29 @@ confidence is the sampled token's probability. Knows nothing of the engine (it m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion
+from diffuserve.model.clover_moe import HybridState
 from diffuserve.model.clover_moe_config import hybrid_args
+from diffuserve.model.config import ModelArgs
+
+
+class HybridLM(Protocol):
+    """What the oracle calls: a CloverMoeForBlockDiffusion, or a wrapper of one (bench compare counts its
+    forwards)."""
+
+    @property
+    def args(self) -> ModelArgs: ...
+
+    def forward_causal(
+        self, input_ids: torch.Tensor, state: HybridState | None = None
+    ) -> tuple[torch.Tensor, HybridState]: ...
+
+    def forward_preview(self, input_ids: torch.Tensor, state: HybridState | None = None) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -44,7 +62,7 @@ def _pick(
 
 
 @torch.no_grad()
-def _block_logits(model: CloverMoeForBlockDiffusion, seq: list[int], start: int, block: list[int]) -> torch.Tensor:
+def _block_logits(model: HybridLM, seq: list[int], start: int, block: list[int]) -> torch.Tensor:
     """Logits [len(block), V] that predict each position of the block at this step."""
     prefix = torch.tensor([seq[:start]], dtype=torch.long)
     hidden, state = model.forward_causal(prefix) if start else (None, None)
@@ -65,7 +83,7 @@ def _truncate(generated: list[int], settings: ReferenceSettings) -> list[int]:
 
 
 def reference_block_decode(
-    model: CloverMoeForBlockDiffusion,
+    model: HybridLM,
     prompt: list[int],
     settings: ReferenceSettings,
     generator: torch.Generator | None = None,
@@ -93,7 +111,7 @@ def reference_block_decode(
 
 @torch.no_grad()
 def reference_ar_decode(
-    model: CloverMoeForBlockDiffusion,
+    model: HybridLM,
     prompt: list[int],
     settings: ReferenceSettings,
     generator: torch.Generator | None = None,

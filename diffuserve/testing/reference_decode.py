@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.model.layers.attention_backend import DenseAttentionInputs
+from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.testing.reference_decoders import positions_to_write, propose
 from diffuserve.testing.reference_model import ReferenceModel, post_edit_budget

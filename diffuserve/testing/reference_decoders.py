@@ -27,6 +27,13 @@ class BlockProposal:
     """block index -> entropy (nats) of the position's distribution."""
 
 
+def _resolved(knob: float | None) -> float:
+    """A knob that ReferenceModel.resolve filled from the defaults (temperature and the decoders' thresholds and
+    bounds always have one)."""
+    assert knob is not None, "reference decode: resolve the params first (ReferenceModel.resolve)"
+    return knob
+
+
 def propose(
     logits: torch.Tensor, read: list[int], block: int, params: SamplingParams, generator: torch.Generator | None
 ) -> BlockProposal:
@@ -36,7 +43,9 @@ def propose(
         probs = torch.softmax(logits, dim=-1)
         tokens = logits.argmax(dim=-1)
     else:
-        probs = torch.softmax(_top_p(_top_k(logits / params.temperature, params.top_k), params.top_p), dim=-1)
+        probs = torch.softmax(
+            _top_p(_top_k(logits / _resolved(params.temperature), params.top_k), params.top_p), dim=-1
+        )
         tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     confidence = torch.full((block,), float("-inf"))
     proposed, entropy = {}, {}
@@ -119,14 +128,16 @@ def positions_to_write(
     if params.decoder == "fixed":
         return top_k_positions(only_masked, count)
     if params.decoder == "entropy":
-        return entropy_positions(proposal, masked, params.entropy_bound)
-    fill = threshold_positions(only_masked, count, params.threshold) if masked else []
+        return entropy_positions(proposal, masked, _resolved(params.entropy_bound))
+    fill = threshold_positions(only_masked, count, _resolved(params.threshold)) if masked else []
     if params.decoder == "threshold":
         return fill
     # edit: also rewrite accepted generated tokens whose new proposal differs and is confident enough.
     edits = [
         i
         for i in range(first_generated, block)
-        if i not in masked and proposal.tokens[i] != canvas[i] and bool(proposal.confidence[i] > params.edit_threshold)
+        if i not in masked
+        and proposal.tokens[i] != canvas[i]
+        and bool(proposal.confidence[i] > _resolved(params.edit_threshold))
     ]
     return sorted(set(fill) | set(edits))

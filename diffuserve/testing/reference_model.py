@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch import nn
-
+from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.moe.layer import set_moe_backend
 from diffuserve.model.loader import load_args, load_model, read_model_config
 from diffuserve.sampling_params import SamplingParams
@@ -44,7 +43,7 @@ GREEDY_BELOW = 1e-5
 
 @dataclass(frozen=True)
 class ReferenceModel:
-    model: nn.Module
+    model: DiffusionModel
     """forward(input_ids [1, T], positions [1, T], DenseAttentionInputs) -> hidden [1, T, H]; compute_logits."""
     block_length: int
     mask_token_id: int
@@ -82,7 +81,7 @@ def post_edit_budget(params: SamplingParams) -> int:
 
 def load_reference(
     model_dir: str | Path,
-    model: nn.Module | None = None,
+    model: DiffusionModel | None = None,
     block_length: int | None = None,
     max_model_len: int | None = None,
     dtype: str = "auto",

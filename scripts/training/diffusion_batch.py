@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from diffuserve.eval.tasks import Example
-from diffuserve.model.layers.attention_backend import DenseAttentionInputs
+from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.testing.byte_tokenizer import special_token_ids
 
 SPECIALS = special_token_ids()

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion, HybridDecoderLayer
 from diffuserve.model.clover_moe_config import hybrid_args
-from diffuserve.model.layers.attention_backend import DenseAttentionInputs, dense_attention
+from diffuserve.model.layers.attention import DenseAttentionInputs, dense_attention
 from diffuserve.model.layers.gated_attention import GatedAttention
 from diffuserve.model.layers.gated_deltanet import GatedDeltaNet
 from diffuserve.model.layers.gdn_preview import preview_mix

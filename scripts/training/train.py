@@ -24,7 +24,7 @@ from torch import nn
 
 from diffuserve.eval.tasks import heldout_examples, training_stream
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.layers.moe.router import Router
+from diffuserve.model.layers.moe.layer import Router
 from diffuserve.model.registry import family_for
 from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
 from diffuserve.testing.random_checkpoint import save_weights

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.engine.executor import ForwardInputs
-from diffuserve.model.layers.attention_backend import SequenceSlice, block_causal_mask
+from diffuserve.model.layers.attention import SequenceSlice, block_causal_mask
 from tests.conftest import tiny_checkpoint, write_llada2_checkpoint
 
 BIAS_SCALE = 25.0

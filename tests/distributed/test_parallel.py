@@ -23,7 +23,9 @@ def _tokens(llm: LLM) -> list[list[int]]:
 def test_two_processes_give_the_same_tokens_as_one(request, family, expert_parallel):
     model_dir = str(request.getfixturevalue("tiny_model_dir" if family == "sdar" else "tiny_llada2_dir"))
     expected = _tokens(LLM(model_dir, num_pages=128))
-    llm = LLM(model_dir, num_pages=128, tensor_parallel_size=2, enable_expert_parallel=expert_parallel)
+    llm = LLM(
+        model_dir, num_pages=128, tensor_parallel_size=2, enable_expert_parallel=expert_parallel, expert_stats=True
+    )
     try:
         assert _tokens(llm) == expected
         assert llm.engine.stats().experts.experts_touched_per_step > 0  # routing seen on rank 0

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
-from diffuserve.engine.compiled_forward import CompiledForward, should_compile
+from diffuserve.engine.executor import CompiledForward, should_compile
 
 
 def test_default_compiles_on_cuda_only_and_the_flag_decides_otherwise():

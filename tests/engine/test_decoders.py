@@ -6,8 +6,7 @@ import math
 
 import torch
 
-from diffuserve.engine.decoders import DECODERS, Proposal, num_transfer_tokens
-from diffuserve.engine.sampling import filter_logits, propose
+from diffuserve.engine.decoders import DECODERS, Proposal, filter_logits, num_transfer_tokens, propose
 from diffuserve.sampling_params import DECODER_NAMES, SamplingParams
 
 NEG = float("-inf")

@@ -12,7 +12,7 @@ import torch
 from diffuserve import LLM, SamplingParams
 from diffuserve.engine.decoders import DECODERS, Proposal
 from diffuserve.engine.request import Request, RequestStatus
-from diffuserve.model.layers.attention_backend import PagedAttentionInputs, SequenceSlice, block_causal_mask
+from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice, block_causal_mask
 from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
 from diffuserve.testing.reference_decode import reference_generate
 from diffuserve.testing.reference_model import ReferenceModel, load_reference

@@ -26,9 +26,13 @@ def test_fused_commit_adds_no_forward(tiny_model_dir):
     assert engine.stats().num_steps == a.num_forwards
 
 
-def test_expert_statistics_are_recorded(tiny_model_dir):
-    llm = LLM(str(tiny_model_dir), num_pages=64)
-    llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9] * 9}], SamplingParams(max_tokens=12))
+def test_expert_statistics_are_recorded_when_asked(tiny_model_dir):
+    prompts = [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9] * 9}]
+    default = LLM(str(tiny_model_dir), num_pages=64)
+    default.generate(prompts, SamplingParams(max_tokens=12))
+    assert default.engine.stats().experts is None  # offline default: no per-step routing copies
+    llm = LLM(str(tiny_model_dir), num_pages=64, expert_stats=True)
+    llm.generate(prompts, SamplingParams(max_tokens=12))
     experts = llm.engine.stats().experts
     assert experts is not None and experts.num_experts == 4
     assert 1 <= experts.experts_touched_per_block <= experts.num_experts

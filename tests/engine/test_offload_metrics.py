@@ -12,7 +12,7 @@ def _value(text: str, name: str) -> float:
 
 
 def test_offload_and_routing_metrics_are_exported(tiny_model_dir):
-    llm = LLM(str(tiny_model_dir), num_pages=128, expert_offload=True)
+    llm = LLM(str(tiny_model_dir), num_pages=128, expert_offload=True, expert_stats=True)
     metrics = ServerMetrics("tiny")
     metrics.engine_stats(llm.engine.stats())  # the server's start: counters count from here
     llm.generate({"prompt_token_ids": [5, 9, 14, 3, 8]}, SamplingParams(max_tokens=12, ignore_eos=True))

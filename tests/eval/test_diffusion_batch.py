@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from diffuserve.eval.tasks import Example, heldout_examples
-from diffuserve.model.layers.attention_backend import DenseAttentionInputs, block_causal_mask
+from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
 from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
 from diffuserve.tokenizer import Tokenizer
 from scripts.training.diffusion_batch import MASK, build_batch, encode_example, encode_prompt

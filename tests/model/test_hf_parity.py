@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from diffuserve.model.layers.attention_backend import DenseAttentionInputs, block_causal_mask
+from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
 from diffuserve.model.loader import load_model
 
 transformers = pytest.importorskip("transformers")

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from diffuserve.model.config import RopeArgs
+from diffuserve.model.layers.attention import RotaryEmbedding, compute_inv_freq
 from diffuserve.model.layers.moe.dispatch import grouped_experts, reference_experts
-from diffuserve.model.layers.moe.router import softmax_topk
-from diffuserve.model.layers.rotary import RotaryEmbedding, compute_inv_freq
+from diffuserve.model.layers.moe.layer import softmax_topk
 
 
 def test_grouped_dispatch_matches_reference():

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from diffuserve.model.layers.attention_backend import DenseAttentionInputs, block_causal_mask
+from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
 from diffuserve.model.loader import load_model
 from diffuserve.testing.llada2_checkpoint import TINY, write_llada2_tokenizer
 

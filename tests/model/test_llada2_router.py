@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from diffuserve.model.layers.moe.dispatch import grouped_experts, reference_experts
-from diffuserve.model.layers.moe.layer import FusedExperts, SparseMoeBlock
-from diffuserve.model.layers.moe.router import GroupLimitedRouter, group_limited_topk
+from diffuserve.model.layers.moe.layer import FusedExperts, GroupLimitedRouter, SparseMoeBlock, group_limited_topk
 
 
 def direct_route(logits: list[float], bias: list[float], top_k: int, groups: int, topk_groups: int, scale: float):

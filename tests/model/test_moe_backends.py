@@ -8,10 +8,9 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.config import EngineConfig
-from diffuserve.model.layers.moe import backends
-from diffuserve.model.layers.moe.backends import check_backend, prefers_bmm, run_experts
-from diffuserve.model.layers.moe.layer import SparseMoeBlock, set_moe_backend
-from diffuserve.model.layers.moe.router import softmax_topk
+from diffuserve.model.layers.moe import dispatch
+from diffuserve.model.layers.moe.dispatch import check_backend, prefers_bmm, run_experts
+from diffuserve.model.layers.moe.layer import SparseMoeBlock, set_moe_backend, softmax_topk
 
 
 def _case(num_tokens: int, experts: int, top_k: int, dtype: torch.dtype, idle: int = 0, seed: int = 0):
@@ -46,8 +45,8 @@ def test_bmm_matches_the_loop_in_bf16_with_fp32_routing_weights():
 
 def test_auto_on_cpu_uses_bmm_for_spread_bf16_routing_only(monkeypatch):
     calls = []
-    original = backends.padded_bmm_experts
-    monkeypatch.setattr(backends, "padded_bmm_experts", lambda *a: calls.append(1) or original(*a))
+    original = dispatch.padded_bmm_experts
+    monkeypatch.setattr(dispatch, "padded_bmm_experts", lambda *a: calls.append(1) or original(*a))
     run_experts("auto", *_case(64, 8, 2, torch.float32))  # fp32 on CPU: the loop (docs/moe.md)
     assert calls == []
     run_experts("bmm", *_case(64, 8, 2, torch.float32))

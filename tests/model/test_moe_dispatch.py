@@ -13,7 +13,7 @@ from diffuserve.model.layers.moe.dispatch import (
     looped_experts,
     reference_experts,
 )
-from diffuserve.model.layers.moe.router import softmax_topk
+from diffuserve.model.layers.moe.layer import softmax_topk
 
 
 def _case(num_tokens: int, experts: int, top_k: int, dtype: torch.dtype, seed: int = 0):

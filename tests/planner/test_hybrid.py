@@ -128,7 +128,7 @@ def test_models_without_linear_layers_have_no_state():
     "changes, message",
     [
         (dict(linear_num_value_heads=None, model_type="hybrid"), "`linear_num_value_heads` is missing"),
-        (dict(linear_num_value_heads=3), "not a multiple of `linear_num_key_heads` 2"),
+        (dict(linear_num_value_heads=3), "not a multiple of `linear_num_key_heads` = 2"),
         (dict(layer_types=["linear_attention"] * 3), "`layer_types` lists 3 layers but num_hidden_layers is 4"),
         (dict(layer_types=["mamba"] * 4), "['mamba'] are not modelled by the planner"),
         (dict(full_attention_interval=0), "`full_attention_interval` is 0"),

@@ -7,7 +7,8 @@ import re
 
 import httpx
 
-from diffuserve.server.metrics import VLLM_SERIES, ServerMetrics
+from diffuserve.server.metric_series import VLLM_SERIES
+from diffuserve.server.metrics import ServerMetrics
 from tests.server.conftest import API_KEY, MODEL_NAME, LiveServer, sse_events
 
 LONG = {

@@ -5,9 +5,9 @@ per-head, per-dimension output gate that `q_proj` emits beside the query.
 
 A sequence's K/V so far is a `KVState`. `forward` is causal over the new tokens and returns the state with their
 K/V appended; `preview` (block diffusion) lets every position of a block see the whole state and the whole block
-(block-causal) and appends nothing. The attention itself is the shared dense path (attention_backend).
+(block-causal) and appends nothing. The attention itself is the shared dense path (layers/attention).
 In the engine, `forward_paged` runs a flattened step batch over the engine's paged K/V cache instead (which keys
-a query sees is the mask the engine built; see attention_backend).
+a query sees is the mask the engine built; see layers/attention).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import torch
 from torch import nn
 
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.layers.attention_backend import (
+from diffuserve.model.layers.attention import (
     DenseAttentionInputs,
     PagedAttentionInputs,
+    RotaryEmbedding,
     dense_attention,
     paged_attention,
 )
 from diffuserve.model.layers.hybrid_norm import ZeroCenteredRMSNorm
-from diffuserve.model.layers.rotary import RotaryEmbedding
 
 
 @dataclass(frozen=True)

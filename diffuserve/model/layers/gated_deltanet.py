@@ -58,6 +58,12 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 class GatedDeltaNet(nn.Module):
     """Parameter names are the checkpoint's (`linear_attn.*`). `diffusion` adds the block-diffusion tensors."""
 
+    # The block-diffusion tensors (gdn_preview.DIFFUSION_TENSORS): registered only with `diffusion`.
+    conv_right_weight: nn.Parameter
+    bd_softmax_logit_scale: nn.Parameter
+    bd_softmax_history_bias: nn.Parameter
+    bd_softmax_history_c: nn.Parameter
+
     def __init__(self, hidden_size: int, gdn: GdnArgs, eps: float, diffusion: bool = False) -> None:
         super().__init__()
         self.gdn = gdn

@@ -1,5 +1,5 @@
 """Gated DeltaNet over an engine step: a flattened batch of many sequences, each reading and advancing its own
-state slot in a preallocated state pool (the recurrent counterpart of attention_backend's paged K/V).
+state slot in a preallocated state pool (the recurrent counterpart of attention's paged K/V).
 
 Per sequence the step holds `commit` tokens (prompt blocks, or the block finished last step) and then optionally
 one `block` of B tokens being denoised. Each GDN layer, for every sequence:

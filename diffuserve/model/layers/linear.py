@@ -54,7 +54,7 @@ class ShardSpec:
 def sharded_parameter(shape: list[int], like: torch.Tensor, spec: ShardSpec) -> nn.Parameter:
     """A new (uninitialised) parameter of this rank's `shape`, tagged with its shard layout."""
     param = nn.Parameter(torch.empty(shape, dtype=like.dtype, device=like.device), requires_grad=False)
-    param.shard = spec  # type: ignore[attr-defined]
+    param.shard = spec  # type: ignore[attr-defined]  # a tag of our own on torch's Parameter (loader reads it)
     return param
 
 

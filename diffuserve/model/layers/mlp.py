@@ -20,11 +20,12 @@ class SwiGLU(nn.Module):
         super().__init__()
         self.intermediate_size = intermediate_size
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.down_proj: nn.Linear | RowParallelLinear = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def shard_(self, group: ParallelGroup, reduce: bool = True) -> None:
         """Keeps this rank's slice of the width; `reduce=False` leaves the output a partial sum (see moe)."""
         width = self.intermediate_size
+        assert isinstance(self.down_proj, nn.Linear), "SwiGLU.shard_ runs once, on the unsharded layer"
         self.gate_up_proj = column_parallel(self.gate_up_proj, (width, width), group)
         self.down_proj = RowParallelLinear(self.down_proj, (width,), group, reduce)
         self.intermediate_size = width // group.size

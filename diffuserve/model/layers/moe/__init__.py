@@ -1,8 +1,9 @@
 """Mixture of Experts, all of it: routing, dispatch, the MoE layer, and expert offload.
 
-    router.py           hidden states -> (weights, expert ids): softmax top-k and group-limited sigmoid top-k
-    dispatch.py         how tokens reach experts: group by expert, run each expert once, combine. Pure functions
-    layer.py            SparseMoeBlock (router + FusedExperts + shared expert) and its tensor / expert parallel split
+    dispatch.py         how tokens reach experts: group by expert, run each expert once, combine; the backends
+                        (loop, bmm, grouped_mm) and the rule that picks one per call. Pure functions
+    layer.py            the routers (softmax top-k, group-limited sigmoid top-k) and SparseMoeBlock (router +
+                        FusedExperts + shared expert) with its tensor / expert parallel split
     expert_cache.py     one layer's device slots in front of its host-resident experts, and the byte accounting
     offload.py          the offloading ExpertRunner: which experts are resident, fetch or compute a miss on the host
     offload_context.py  the step's blocks that offload reads, set around a forward only when offload is on
