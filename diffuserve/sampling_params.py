@@ -18,6 +18,8 @@ from diffuserve.engine.errors import RequestError
 from diffuserve.structured_outputs import StructuredOutputsParams
 
 GREEDY_BELOW = 1e-5
+MAX_LOGPROBS = 20
+"""The most top alternatives a request may ask for per token (`logprobs`), as vLLM's default `max_logprobs`."""
 DECODER_NAMES = ("threshold", "fixed", "entropy", "edit")
 """The decoders, by name: the one list that validation, the engine's policies and the server's schema use."""
 DECODERS = DECODER_NAMES
@@ -83,6 +85,9 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     """Constrain the output to a JSON schema, regex, choice list or grammar (docs/server.md, "Structured
     output"): every committed token sequence is then a valid prefix of it."""
+    logprobs: int | None = None
+    """Per generated token, its log-probability and this many top alternatives (0 .. MAX_LOGPROBS), under the
+    distribution the decoder accepted it from (docs/server.md, "Logprobs"); None = none computed."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -125,6 +130,12 @@ class SamplingParams:
             "non-negative token ids",
         )
         _check(
+            self.logprobs is None or (type(self.logprobs) is int and 0 <= self.logprobs <= MAX_LOGPROBS),
+            "logprobs",
+            self.logprobs,
+            f"an integer in [0, {MAX_LOGPROBS}] (the top alternatives returned per token), or None",
+        )
+        _check(
             self.structured_outputs is None or self.decoder != "edit",
             "decoder",
             self.decoder,
@@ -164,6 +175,7 @@ class SamplingParams:
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             structured_outputs=self.structured_outputs,
+            logprobs=self.logprobs,
             **knobs,
         )
 
@@ -200,6 +212,8 @@ class ResolvedSamplingParams:
     edit_threshold: float
     max_post_edit_steps: int
     structured_outputs: StructuredOutputsParams | None = None
+    logprobs: int | None = None
+    """Top alternatives per generated token; None = no logprobs computed (SamplingParams.logprobs)."""
 
     @property
     def is_greedy(self) -> bool:

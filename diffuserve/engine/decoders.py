@@ -5,9 +5,10 @@ policies). Pure functions over tensors.
 Every tensor here is canvas-shaped, [B] for one request's current block of B positions. A proposal carries, at
 each position the decoder asked logits for (`logit_positions`: the masked ones, and for the edit decoder also
 the accepted generated ones), the token the model proposes and its confidence (the probability of that token
-under the sampling distribution) and entropy; other positions hold -inf confidence and +inf entropy, so they
-are never chosen. `torch.topk` runs over the whole block exactly as the SDAR / LLaDA2 references run it, so ties
-break the same way.
+under the sampling distribution) and entropy, and for a request that asks for logprobs the token's logprob and
+its top alternatives under that distribution (engine/logprobs.py); other positions hold -inf confidence and
++inf entropy, so they are never chosen. `torch.topk` runs over the whole block exactly as the SDAR / LLaDA2
+references run it, so ties break the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from diffuserve.engine.logprobs import LogprobRows, logprob_rows
 from diffuserve.sampling_params import DECODER_NAMES, ResolvedSamplingParams
 
 
@@ -28,6 +30,8 @@ class Proposal:
     """[B] fp32: probability of the proposed token; -inf where not masked."""
     entropy: torch.Tensor | None
     """[B] fp32: entropy of the position's distribution (nats); +inf where not masked. None unless needed."""
+    logprobs: LogprobRows | None = None
+    """The proposed tokens' logprobs and top alternatives; None unless the request asks for logprobs."""
 
     @property
     def num_masked(self) -> int:
@@ -37,7 +41,7 @@ class Proposal:
         """The proposal restricted to the [B] bool `positions` (confidence -inf, entropy +inf elsewhere)."""
         confidence = self.confidence.masked_fill(~positions, float("-inf"))
         entropy = None if self.entropy is None else self.entropy.masked_fill(~positions, float("inf"))
-        return Proposal(self.tokens, confidence, entropy)
+        return Proposal(self.tokens, confidence, entropy, self.logprobs)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -63,17 +67,21 @@ def propose(
     params: ResolvedSamplingParams,
     generator: torch.Generator | None,
     need_entropy: bool = False,
+    num_logprobs: int | None = None,
 ) -> Proposal:
     """logits [M, V] fp32 at canvas indices `positions` [M] -> canvas-shaped Proposal [B].
 
     temperature 0: the argmax and its softmax probability; otherwise a multinomial draw from the tempered,
-    filtered distribution and that distribution's probability of the drawn token.
+    filtered distribution and that distribution's probability of the drawn token. `num_logprobs` (not None):
+    also the tokens' logprobs under that same distribution, with that many top alternatives.
     """
     if params.is_greedy:
-        probs = torch.softmax(logits, dim=-1)
+        scores = logits
+        probs = torch.softmax(scores, dim=-1)
         confidence, tokens = probs.max(dim=-1)
     else:
-        probs = torch.softmax(filter_logits(logits / params.temperature, params.top_k, params.top_p), dim=-1)
+        scores = filter_logits(logits / params.temperature, params.top_k, params.top_p)
+        probs = torch.softmax(scores, dim=-1)
         tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         confidence = probs.gather(-1, tokens[:, None]).squeeze(-1)
     canvas_tokens = torch.zeros(block_length, dtype=torch.long, device=logits.device)
@@ -83,7 +91,11 @@ def propose(
     if need_entropy:
         entropy = torch.full((block_length,), float("inf"), device=logits.device)
         entropy[positions] = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
-    return Proposal(canvas_tokens, canvas_conf, entropy)
+    logprobs = None
+    if num_logprobs is not None:
+        log_probs = torch.log_softmax(scores, dim=-1)
+        logprobs = logprob_rows(log_probs, tokens, positions, block_length, num_logprobs)
+    return Proposal(canvas_tokens, canvas_conf, entropy, logprobs)
 
 
 def num_transfer_tokens(block_length: int, steps: int, step: int) -> int:

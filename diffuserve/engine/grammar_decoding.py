@@ -37,6 +37,7 @@ from diffuserve.engine.decoders import (
 )
 from diffuserve.engine.grammar import GrammarCompiler
 from diffuserve.engine.grammar_state import GrammarState
+from diffuserve.engine.logprobs import LogprobRows
 from diffuserve.engine.request import Request
 from diffuserve.structured_outputs import StructuredOutputsParams
 
@@ -77,15 +78,16 @@ class StructuredDecoding:
         positions: list[int],
         generator: torch.Generator | None,
         block_length: int,
-    ) -> list[tuple[int, int]]:
-        """The block's (canvas index, token) pairs to write this step. rows [M, V]: logits at the masked canvas
-        indices `positions` (ascending). A matcher failure writes nothing and is reported by `take_failures`."""
+    ) -> tuple[Proposal | None, list[int]]:
+        """The step's proposal and the canvas indices whose proposed token is written. rows [M, V]: logits at the
+        masked canvas indices `positions` (ascending). A matcher failure writes nothing (no proposal) and is
+        reported by `take_failures`."""
         try:
             return self._decode(request, rows, positions, generator, block_length)
         except RuntimeError as e:
             self.failures[request.request_id] = f"structured output: {e}".splitlines()[0]
             self.release(request.request_id)
-            return []
+            return None, []
 
     def _decode(
         self,
@@ -94,7 +96,7 @@ class StructuredDecoding:
         positions: list[int],
         generator: torch.Generator | None,
         block_length: int,
-    ) -> list[tuple[int, int]]:
+    ) -> tuple[Proposal, list[int]]:
         params = request.params
         state = self._state(request)
         first = request.generation_start_in_block()
@@ -127,8 +129,7 @@ class StructuredDecoding:
             ).tolist()
             run = next((k for k, index in enumerate(positions) if not selected[index]), len(positions))
         count = min(max(run, floor, 1), len(confidences))
-        tokens = proposal.tokens.tolist()
-        return [(index, tokens[index]) for index in positions[:count]]
+        return proposal, positions[:count]
 
     def _walk(
         self,
@@ -149,6 +150,8 @@ class StructuredDecoding:
         tokens = torch.zeros(block_length, dtype=torch.long, device=device)
         confidence = torch.full((block_length,), float("-inf"), device=device)
         entropy = torch.full((block_length,), float("inf"), device=device) if need_entropy else None
+        k_top = params.logprobs
+        logprobs = None if k_top is None else LogprobRows.empty(block_length, min(k_top, rows.shape[-1]), device)
         for k, index in enumerate(positions):
             row = rows[k : k + 1]  # [1, V]
             allowed = state.allowed()
@@ -161,15 +164,19 @@ class StructuredDecoding:
                     if bool(torch.isfinite(masked).any())
                     else torch.zeros_like(row).masked_fill(forbidden, float("-inf"))
                 )
-            one = propose(row, torch.tensor([index], device=device), block_length, params, generator, need_entropy)
+            one = propose(
+                row, torch.tensor([index], device=device), block_length, params, generator, need_entropy, k_top
+            )
             tokens[index], confidence[index] = one.tokens[index], one.confidence[index]
             if entropy is not None and one.entropy is not None:
                 entropy[index] = one.entropy[index]
+            if logprobs is not None and one.logprobs is not None:
+                logprobs.copy_row(index, one.logprobs)
             state.push(int(one.tokens[index]))
             walked.append(float(one.confidence[index]))
             if stop is not None and stop(k, walked[-1]):
                 break
-        return Proposal(tokens, confidence, entropy), walked
+        return Proposal(tokens, confidence, entropy, logprobs), walked
 
     def _state(self, request: Request) -> GrammarState:
         state = self.states.get(request.request_id)

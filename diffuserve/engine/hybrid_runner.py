@@ -25,8 +25,8 @@ import torch
 
 from diffuserve.engine.decoders import propose
 from diffuserve.engine.executor import ModelExecutor, StatePlan
-from diffuserve.engine.model_runner import BlockRows, ModelRunner, StepBatch
-from diffuserve.engine.request import Request, ScheduledRequest
+from diffuserve.engine.model_runner import BlockRows, ModelRunner, StepBatch, block_write
+from diffuserve.engine.request import BlockWrite, Request, ScheduledRequest
 from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion
 from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.layers.gdn_step import RowGroup
@@ -45,7 +45,7 @@ class HybridRunner(ModelRunner):
         return cast(CloverMoeForBlockDiffusion, self.executor.model)
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[tuple[int, int]]]:
+    def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, BlockWrite]:
         batch = self.build_batch(scheduled)
         hidden = self.executor.execute(batch.forward)  # [N, H]
         if not batch.blocks:
@@ -144,11 +144,14 @@ class HybridRunner(ModelRunner):
             return super()._read_positions(request)
         return request.masked_indices()[:1]
 
-    def _next_token(self, block: BlockRows, logits: torch.Tensor) -> list[tuple[int, int]]:
+    def _next_token(self, block: BlockRows, logits: torch.Tensor) -> BlockWrite:
         """Autoregressive: the block's first masked position, from the row before it."""
         request = block.work.request
         index = block.positions[0]
         rows = self._suppress_early_stops(request, [index], logits[block.logit_start : block.logit_start + 1])
         positions = torch.tensor([index], device=self.device)
-        proposal = propose(rows, positions, self.block_length, request.params, self._generator(request))
-        return [(index, int(proposal.tokens[index]))]
+        params = request.params
+        proposal = propose(
+            rows, positions, self.block_length, params, self._generator(request), num_logprobs=params.logprobs
+        )
+        return block_write(proposal, positions)

@@ -1,7 +1,8 @@
 """Runs one engine step on the model (rank 0): builds the flattened batch, has the executor run the forward,
 applies the decoders.
 
-Input: the scheduler's work list. Output: per request, the canvas positions accepted this step and their tokens.
+Input: the scheduler's work list. Output: per request, the canvas positions accepted this step and their tokens
+(`BlockWrite`; with their logprobs for requests that ask, moved to the host only for the written positions).
 It reads requests but never changes them (the engine applies results), and it owns the per-request sampling
 generators and the expert statistics. The forward itself, and under tensor / expert parallelism sending it to the
 worker ranks, is the executor's (see executor); only rank 0 builds batches and reads logits.
@@ -21,11 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.engine.decoders import DECODERS, propose
+from diffuserve.engine.decoders import DECODERS, Proposal, propose
 from diffuserve.engine.executor import ForwardInputs, ModelExecutor
 from diffuserve.engine.experts import ExpertOffload, ExpertTracker
 from diffuserve.engine.grammar_decoding import StructuredDecoding
-from diffuserve.engine.request import Request
+from diffuserve.engine.logprobs import token_logprobs
+from diffuserve.engine.request import BlockWrite, Request
 from diffuserve.engine.scheduler import ScheduledRequest
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.attention import SequenceSlice, block_causal_mask
@@ -72,8 +74,8 @@ class ModelRunner:
         return self.executor.offload
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[tuple[int, int]]]:
-        """Runs the step; returns {request_id: [(canvas index, token), ...]} for requests with a block."""
+    def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, BlockWrite]:
+        """Runs the step; returns what it writes into each request's block (requests with a block only)."""
         batch = self.build_batch(scheduled)
         hidden = self.executor.execute(batch.forward)  # [N, H]
         if self.experts is not None and self.experts.enabled:
@@ -165,23 +167,26 @@ class ModelRunner:
         return block_causal_mask(query_positions, work.query_end, self.block_length)
 
     # ---- decoding ------------------------------------------------------------------------------------------
-    def _decode(self, block: BlockRows, logits: torch.Tensor) -> list[tuple[int, int]]:
-        """The block's (canvas index, token) pairs to write this step."""
+    def _decode(self, block: BlockRows, logits: torch.Tensor) -> BlockWrite:
+        """What the block's decoder writes this step."""
         request = block.work.request
         params = request.params
         rows = logits[block.logit_start : block.logit_start + len(block.positions)]  # [M, V]
         rows = self._suppress_early_stops(request, block.positions, rows)
+        generator = self._generator(request)
         if params.structured_outputs is not None and self.structured is not None:
-            return self.structured.decode(request, rows, block.positions, self._generator(request), self.block_length)
+            proposal, written = self.structured.decode(request, rows, block.positions, generator, self.block_length)
+            return block_write(proposal, torch.tensor(written, dtype=torch.long, device=self.device))
         decoder = DECODERS[params.decoder]
         positions = torch.tensor(block.positions, dtype=torch.long, device=self.device)
-        proposal = propose(rows, positions, self.block_length, params, self._generator(request), decoder.needs_entropy)
+        proposal = propose(
+            rows, positions, self.block_length, params, generator, decoder.needs_entropy, params.logprobs
+        )
         canvas = torch.tensor(request.canvas, device=self.device)  # [B]
         write = decoder.decide(
             proposal, canvas, canvas == request.mask_token_id, request.step_in_block, params, self.block_length
         )
-        indices = write.nonzero().flatten()
-        return list(zip(indices.tolist(), proposal.tokens[indices].tolist()))
+        return block_write(proposal, write.nonzero().flatten())
 
     def _suppress_early_stops(self, request: Request, positions: list[int], rows: torch.Tensor) -> torch.Tensor:
         """min_tokens: stop ids get -inf logits at generated positions below min_tokens."""
@@ -201,3 +206,14 @@ class ModelRunner:
             seed = request.params.seed if request.params.seed is not None else self._seed_source.getrandbits(63)
             self._generators[request.request_id] = torch.Generator(device=self.device).manual_seed(seed)
         return self._generators[request.request_id]
+
+
+def block_write(proposal: Proposal | None, indices: torch.Tensor) -> BlockWrite:
+    """The proposal's tokens at canvas `indices` [W] (and their logprobs, if it has them) as host values."""
+    if proposal is None or not indices.numel():
+        return BlockWrite([])
+    written, tokens = torch.stack([indices, proposal.tokens[indices]]).tolist()  # one transfer
+    accepted = list(zip(written, tokens))
+    if proposal.logprobs is None:
+        return BlockWrite(accepted)
+    return BlockWrite(accepted, token_logprobs(proposal.logprobs, proposal.tokens, indices))

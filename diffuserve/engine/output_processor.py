@@ -2,7 +2,8 @@
 
 Torch-free; the tokenizer is any object with `decode(ids, skip_special_tokens)`. Text is only ever shown up to
 a point no stop string can still reach back over: a suffix that could be the start of a stop string is held back
-until the next block decides it, so a stream never shows text past a stop.
+until the next block decides it, so a stream never shows text past a stop. A completion's logprobs follow its
+text: while it runs, only those of the tokens whose text is shown (`CompletionOutput.logprobs`).
 
 `OutputProcessor` owns the user requests (a prompt and its n completions, each an engine request). After each
 step it refreshes the completions of the step's requests and snapshots their user requests. A completion whose
@@ -15,7 +16,9 @@ vLLM's shapes, plus the diffusion counters).
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,6 +52,10 @@ class CompletionOutput:
     num_forwards: int = 0
     """NFE: denoising forwards this completion took part in (prefill chunks excluded)."""
     error: str | None = None
+    logprobs: list[TokenLogprobs] | None = None
+    """With SamplingParams.logprobs: per token, its logprob and the top alternatives, `decoded_token` filled.
+    One per token of `token_ids` once finished; while running, those of the tokens whose text `text` shows (a
+    token whose text is held back, for a stop string or an incomplete character, follows with its text)."""
 
     @property
     def tokens_per_forward(self) -> float:
@@ -126,6 +133,10 @@ class Completion:
     index: int
     params: ResolvedSamplingParams
     output: CompletionOutput = field(init=False)
+    num_shown_tokens: int = field(init=False, default=0)
+    """Leading tokens of `output.token_ids` whose text `output.text` shows in full."""
+    _logprobs: list[TokenLogprobs] = field(init=False, default_factory=list)
+    """The logprobs of the tokens shown so far, `decoded_token` filled (tokens once shown never change)."""
 
     def __post_init__(self) -> None:
         self.output = CompletionOutput(self.index, "", [])
@@ -133,6 +144,7 @@ class Completion:
     def update(self, tokenizer: Decoding | None, token_ids: list[int], finished: bool) -> bool:
         """Re-derives text from the tokens; returns True if a stop string was hit (the caller finishes it)."""
         self.output.token_ids = list(token_ids)
+        self.num_shown_tokens = len(token_ids)
         if tokenizer is None:
             return False
         text = tokenizer.decode(token_ids, self.params.skip_special_tokens)
@@ -141,13 +153,34 @@ class Completion:
             index, stop = hit
             self.output.text = text[: index + (len(stop) if self.params.include_stop_str_in_output else 0)]
             self.output.token_ids = self._tokens_through(tokenizer, token_ids, stop)
+            self.num_shown_tokens = len(self.output.token_ids)
             self.output.stop_reason = stop
             return True
+        shown = text
         if not finished:
-            text = self._without_incomplete_character(tokenizer, token_ids, text)
-            text = text[: len(text) - partial_stop_length(text, self.params.stop)]
-        self.output.text = text
+            shown = self._without_incomplete_character(tokenizer, token_ids, text)
+            shown = shown[: len(shown) - partial_stop_length(shown, self.params.stop)]
+            if len(shown) < len(text) and self.params.logprobs is not None:
+                self.num_shown_tokens = self._num_tokens_within(tokenizer, token_ids, len(shown))
+        self.output.text = shown
         return False
+
+    def show_logprobs(self, logprobs: list[TokenLogprobs], token_text: Callable[[int], str | None]) -> None:
+        """`logprobs` (the request's, one per output token) as far as the text is shown, each entry's
+        `decoded_token` set by `token_text`."""
+        for entry in logprobs[len(self._logprobs) : self.num_shown_tokens]:
+            self._logprobs.append(
+                {token: dataclasses.replace(lp, decoded_token=token_text(token)) for token, lp in entry.items()}
+            )
+        self.output.logprobs = self._logprobs[: self.num_shown_tokens]
+
+    def _num_tokens_within(self, tokenizer: Decoding, token_ids: list[int], length: int) -> int:
+        """The most leading tokens whose text fits in the first `length` characters (what is shown): the held
+        back suffix is short, so this drops a few tokens from the end."""
+        count = len(token_ids)
+        while count and len(tokenizer.decode(token_ids[:count], self.params.skip_special_tokens)) > length:
+            count -= 1
+        return count
 
     def _without_incomplete_character(self, tokenizer: Decoding, token_ids: list[int], text: str) -> str:
         """Holds back replacement characters that the last few (byte) tokens may still complete into one
@@ -207,6 +240,8 @@ class ProcessedOutputs:
 class OutputProcessor:
     def __init__(self, tokenizer: Decoding | None) -> None:
         self.tokenizer = tokenizer
+        self._token_texts: dict[int, str] = {}
+        """Each token id's text for logprobs (special tokens spelled out), decoded once."""
         self._parents: dict[str, ParentRequest] = {}
         self._children: dict[str, tuple[ParentRequest, Completion]] = {}  # engine request id -> its completion
 
@@ -250,6 +285,8 @@ class OutputProcessor:
         """Updates one completion from its request; True if a stop string ends the (unfinished) request."""
         status = request.status
         stop_hit = completion.update(self.tokenizer, request.output_token_ids, status.is_finished)
+        if request.params.logprobs is not None:
+            completion.show_logprobs(request.output_logprobs, self._token_text)
         stops = stop_hit and not status.is_finished
         if stops:
             status = RequestStatus.FINISHED_STOPPED  # what the engine is about to make it
@@ -263,6 +300,14 @@ class OutputProcessor:
             parent.metrics.first_token_time = now
         parent.num_cached_tokens = request.num_cached_tokens
         return stops
+
+    def _token_text(self, token: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self.tokenizer.decode([token], skip_special_tokens=False)
+        return text
 
     def _forget(self, parent: ParentRequest) -> None:
         self._parents.pop(parent.request_id, None)

@@ -19,7 +19,8 @@ import torch
 
 from diffuserve.config import EngineConfig
 from diffuserve.engine.decoders import DECODERS, propose
-from diffuserve.engine.model_runner import BlockRows, ModelRunner
+from diffuserve.engine.model_runner import BlockRows, ModelRunner, block_write
+from diffuserve.engine.request import BlockWrite
 from diffuserve.engine.scheduler import ScheduledRequest
 from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion
 from diffuserve.model.clover_moe_config import hybrid_args
@@ -48,10 +49,10 @@ class RecomputeRunner(ModelRunner):
         return cast(CloverMoeForBlockDiffusion, self.executor.model)
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[tuple[int, int]]]:
+    def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, BlockWrite]:
         return {work.request.request_id: self._step(work) for work in scheduled if work.has_block}
 
-    def _step(self, work: ScheduledRequest) -> list[tuple[int, int]]:
+    def _step(self, work: ScheduledRequest) -> BlockWrite:
         request = work.request
         prefix = torch.tensor([request.known_tokens(0, request.block_start)], dtype=torch.long, device=self.device)
         if not self.model.has_diffusion:
@@ -68,12 +69,15 @@ class RecomputeRunner(ModelRunner):
         logits = self.model.compute_logits(rows[read])
         return self._decode(BlockRows(work, 0, 0, read), logits)
 
-    def _next_token(self, work: ScheduledRequest, prefix: torch.Tensor) -> list[tuple[int, int]]:
+    def _next_token(self, work: ScheduledRequest, prefix: torch.Tensor) -> BlockWrite:
         request = work.request
         index = request.masked_indices()[0]
         known = torch.tensor([request.canvas[:index]], dtype=torch.long, device=self.device)
         hidden, _ = self.model.forward_causal(torch.cat([prefix, known], dim=1))
         logits = self._suppress_early_stops(request, [index], self.model.compute_logits(hidden[0, -1:]))
         positions = torch.tensor([index], device=self.device)
-        proposal = propose(logits, positions, self.block_length, request.params, self._generator(request))
-        return [(index, int(proposal.tokens[index]))]
+        params = request.params
+        proposal = propose(
+            logits, positions, self.block_length, params, self._generator(request), num_logprobs=params.logprobs
+        )
+        return block_write(proposal, positions)

@@ -11,11 +11,15 @@ Torch-free. The engine's geometry, for prompt length P and block length B (block
 the previous step: the fused commit). Accepted tokens never change unless the decoder edits (LLaDA2.1): then
 they are provisional until the block is final, and neither committed nor used to stop before that.
 
+A request that asks for logprobs keeps, per canvas position, those of the step that last wrote it, and per
+output token those of its final value (`output_logprobs`, aligned with `output_token_ids`).
+
 A request says when its tokens end it (`stop_check`: a stop id or the length) but never finishes itself: its
 status moves to a finished one only in `Scheduler.finish_requests`.
 
 Also what the scheduler hands out and takes back each step, in terms of requests: the work it planned
-(`SchedulerOutput` of `ScheduledRequest`s) and what applying the step's results changed (`StepUpdate`).
+(`SchedulerOutput` of `ScheduledRequest`s), what the model runner wrote into each block (`BlockWrite`) and what
+applying the step's results changed (`StepUpdate`).
 """
 
 from __future__ import annotations
@@ -23,8 +27,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from diffuserve.sampling_params import ResolvedSamplingParams
+
+if TYPE_CHECKING:
+    from diffuserve.engine.output_processor import TokenLogprobs
 
 
 class RequestStatus(enum.IntEnum):
@@ -75,6 +83,10 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     """Generated tokens of finished blocks (and, once finished, the final answer)."""
     canvas: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    """With params.logprobs: the logprobs of each output token (empty otherwise)."""
+    canvas_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    """With params.logprobs: per canvas position, the logprobs of the step that last wrote it (empty otherwise)."""
     block_start: int = 0
     step_in_block: int = 0
     num_post_edit_steps: int = 0
@@ -121,6 +133,8 @@ class Request:
         self.block_start = block_start
         tail = self.prompt_token_ids[block_start:]
         self.canvas = tail + [self.mask_token_id] * (self.block_length - len(tail))
+        if self.params.logprobs is not None:
+            self.canvas_logprobs = [None] * self.block_length
         self.step_in_block = 0
         self.num_post_edit_steps = 0
         self.block_is_final = False
@@ -133,10 +147,11 @@ class Request:
         return max(0, self.num_prompt_tokens - self.block_start)
 
     # ---- progress ------------------------------------------------------------------------------------------
-    def apply_step(self, accepted: list[tuple[int, int]]) -> None:
-        """Writes a step's (canvas index, token) pairs and decides `block_is_final`: no mask left, and either the
-        post-edit budget (`params.post_edit_budget`, 0 unless the decoder edits) is spent or this step began
-        with no mask and changed nothing. Without editing, a block is thus final once its masks are gone."""
+    def apply_step(self, accepted: list[tuple[int, int]], logprobs: list[TokenLogprobs] | None = None) -> None:
+        """Writes a step's (canvas index, token) pairs (and, when asked for, their `logprobs`, in the same order)
+        and decides `block_is_final`: no mask left, and either the post-edit budget (`params.post_edit_budget`, 0
+        unless the decoder edits) is spent or this step began with no mask and changed nothing. Without editing, a
+        block is thus final once its masks are gone."""
         had_masks = self.mask_token_id in self.canvas
         if not had_masks:
             self.num_post_edit_steps += 1
@@ -144,6 +159,9 @@ class Request:
         for index, token in accepted:
             changed |= self.canvas[index] != token
             self.canvas[index] = token
+        if logprobs is not None:
+            for (index, _), entry in zip(accepted, logprobs, strict=True):
+                self.canvas_logprobs[index] = entry
         if self.mask_token_id in self.canvas:  # still masked (a proposal may be the mask token itself)
             return
         settled = not had_masks and not changed
@@ -167,13 +185,27 @@ class Request:
             return TokenStop(RequestStatus.FINISHED_LENGTH, generated[: params.max_tokens], None)
         return None
 
+    def apply_stop(self, stop: TokenStop) -> None:
+        """The tokens end the request: the output becomes `stop`'s answer (its logprobs with it)."""
+        if self.canvas_logprobs:
+            self.output_logprobs = (self.output_logprobs + self._generated_logprobs())[: len(stop.token_ids)]
+        self.output_token_ids, self.stop_reason = stop.token_ids, stop.stop_reason
+
     def finish_block(self) -> list[int]:
         """The block is final and the request goes on: its generated part joins the output (to be committed by
         the next forward) and the next block opens. Returns the new tokens."""
         new = self.canvas[self.generation_start_in_block() :]
         self.output_token_ids.extend(new)
+        if self.canvas_logprobs:
+            self.output_logprobs.extend(self._generated_logprobs())
         self.open_block(self.block_end)
         return new
+
+    def _generated_logprobs(self) -> list[TokenLogprobs]:
+        """The logprobs of the block's generated positions, up to the first one never written (a mask)."""
+        entries = self.canvas_logprobs[self.generation_start_in_block() :]
+        written = next((i for i, entry in enumerate(entries) if entry is None), len(entries))
+        return [entry for entry in entries[:written] if entry is not None]
 
     def total_tokens_needed(self) -> int:
         """Positions the request can ever occupy: its last block ends at or after prompt + max_tokens."""
@@ -230,6 +262,16 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+
+@dataclass(frozen=True)
+class BlockWrite:
+    """What a step writes into one request's block."""
+
+    accepted: list[tuple[int, int]]
+    """(canvas index, token) pairs."""
+    logprobs: list[TokenLogprobs] | None = None
+    """For a request that asks for logprobs: each written token's, in the order of `accepted`."""
 
 
 @dataclass

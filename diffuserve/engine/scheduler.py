@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Mapping
 
 from diffuserve.engine.errors import ContextLengthExceeded
 from diffuserve.engine.kv_pages import PagePool, chain_hash
-from diffuserve.engine.request import Request, RequestStatus, ScheduledRequest, SchedulerOutput, StepUpdate
+from diffuserve.engine.request import BlockWrite, Request, RequestStatus, ScheduledRequest, SchedulerOutput, StepUpdate
 from diffuserve.engine.state_scheduling import StateSlots
+
+NO_WRITE = BlockWrite([])
+"""A step that wrote nothing into a request's block (a grammar failure, or no result for it)."""
 
 
 class Scheduler:
@@ -114,10 +118,10 @@ class Scheduler:
             work.request.last_scheduled_step = self.num_steps
         return SchedulerOutput(scheduled, preempted)
 
-    def update_from_output(self, output: SchedulerOutput, accepted: dict[str, list[tuple[int, int]]]) -> StepUpdate:
-        """Applies a step's results: `accepted` holds, per request with a block, the (canvas index, token)
-        pairs the decoder wrote. Commits, counts forwards, writes the tokens, then finishes the request (stop id,
-        length) or, if its block is final, opens the next block.
+    def update_from_output(self, output: SchedulerOutput, writes: Mapping[str, BlockWrite]) -> StepUpdate:
+        """Applies a step's results: `writes` holds, per request with a block, the (canvas index, token) pairs
+        the decoder wrote (and their logprobs, for requests that ask). Commits, counts forwards, writes the
+        tokens, then finishes the request (stop id, length) or, if its block is final, opens the next block.
 
         NOTE: a block is finished (and so committed by the next forward, fused) only once it is final: for an
         editing decoder that is after a step that changed nothing or once the post-edit budget is spent, so the
@@ -129,7 +133,7 @@ class Scheduler:
             if self.state is not None:
                 self.state.apply(work)
             update.num_prefill_tokens += max(0, min(work.commit_end, request.num_prefill_positions) - work.commit_start)
-            new = self._apply_block(work, accepted.get(request.request_id, []), update) if work.has_block else 0
+            new = self._apply_block(work, writes.get(request.request_id, NO_WRITE), update) if work.has_block else 0
             if not work.has_block and work.commit_end > request.num_prefill_positions:
                 request.num_forwards += 1  # a separate commit forward (fused_commit off)
             update.requests.append(request)
@@ -166,16 +170,16 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ---- applying a step ------------------------------------------------------------------------------------
-    def _apply_block(self, work: ScheduledRequest, accepted: list[tuple[int, int]], update: StepUpdate) -> int:
+    def _apply_block(self, work: ScheduledRequest, write: BlockWrite, update: StepUpdate) -> int:
         """A denoising step of the request's block. Returns how many tokens became final."""
         request = work.request
         request.num_forwards += 1
         request.step_in_block += 1
-        request.apply_step(accepted)
+        request.apply_step(write.accepted, write.logprobs)
         before = len(request.output_token_ids)
         stop = request.stop_check()
         if stop is not None:
-            request.output_token_ids, request.stop_reason = stop.token_ids, stop.stop_reason
+            request.apply_stop(stop)
             self._finish(request, stop.status)
             update.finished.append(request)
         elif request.block_is_final:

@@ -1,8 +1,9 @@
 """From an OpenAI request to what the engine takes: `SamplingParams` (prompts are `prompts`' business).
 
 Sampling params, and the policy for fields diffuserve lacks:
-- Fields OpenAI or vLLM define but diffuserve does not implement (logprobs, penalties, ...) are rejected with
-  a 400 naming the field unless they carry their neutral value: never silently ignored.
+- Fields OpenAI or vLLM define but diffuserve does not implement (penalties, ...) are rejected with a 400
+  naming the field unless they carry their neutral value: never silently ignored.
+- Logprobs: chat's `logprobs` + `top_logprobs` and completions' `logprobs` become `SamplingParams.logprobs`.
 - Structured output and tool choice become the request's grammar (server/structured.py, server/tool_calls.py).
 - Unknown fields are ignored with a logged warning, as vLLM does: clients and harnesses send vendor extras, and
   failing on them would break them for no benefit.
@@ -37,8 +38,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "min_p": (0, 0.0),
     "use_beam_search": (False,),
     "bad_words": ([],),
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "functions": ([],),
     "modalities": (["text"],),
     "echo": (False,),
@@ -58,10 +57,8 @@ UNSUPPORTED_COMMON = (
     "prompt_logprobs",
     "truncate_prompt_tokens",
 )
-UNSUPPORTED_COMPLETION = ("logprobs", "suffix")
+UNSUPPORTED_COMPLETION = ("suffix",)
 UNSUPPORTED_CHAT = (
-    "logprobs",
-    "top_logprobs",
     "functions",
     "function_call",
     "audio",
@@ -84,7 +81,14 @@ def completion_params(request: CompletionRequest, max_n: int) -> SamplingParams:
             param="best_of",
             code="unsupported_parameter",
         )
-    return _sampling_params(request, request.max_tokens, max_n, structured_outputs(request))
+    if request.echo and request.logprobs is not None:
+        raise APIError(
+            400,
+            "echo: echo with logprobs (the prompt's logprobs) is not supported; drop echo or logprobs",
+            param="echo",
+            code="unsupported_parameter",
+        )
+    return _sampling_params(request, request.max_tokens, max_n, structured_outputs(request), request.logprobs)
 
 
 def chat_params(request: ChatCompletionRequest, max_n: int, chat_template: Any = None) -> SamplingParams:
@@ -92,7 +96,17 @@ def chat_params(request: ChatCompletionRequest, max_n: int, chat_template: Any =
     _reject_unsupported(request, UNSUPPORTED_COMMON + UNSUPPORTED_CHAT)
     tool_grammar = tool_call_grammar(request.tools, request.tool_choice, request.parallel_tool_calls)
     structured = structured_outputs(request, tool_grammar, template_thinks(chat_template, request.chat_template_kwargs))
-    return _sampling_params(request, chat_max_tokens(request), max_n, structured)
+    return _sampling_params(request, chat_max_tokens(request), max_n, structured, chat_logprobs(request))
+
+
+def chat_logprobs(request: ChatCompletionRequest) -> int | None:
+    """The top alternatives per token chat asks for (`top_logprobs`, which needs `logprobs: true`); None for no
+    logprobs."""
+    if request.top_logprobs and not request.logprobs:
+        raise bad_request(
+            f"top_logprobs: got {request.top_logprobs}, which needs logprobs: true; set logprobs", "top_logprobs"
+        )
+    return (request.top_logprobs or 0) if request.logprobs else None
 
 
 def chat_max_tokens(request: ChatCompletionRequest) -> int | None:
@@ -101,7 +115,11 @@ def chat_max_tokens(request: ChatCompletionRequest) -> int | None:
 
 
 def _sampling_params(
-    request: SamplingFields, max_tokens: int | None, max_n: int, structured: StructuredOutputsParams | None = None
+    request: SamplingFields,
+    max_tokens: int | None,
+    max_n: int,
+    structured: StructuredOutputsParams | None = None,
+    logprobs: int | None = None,
 ) -> SamplingParams:
     _warn_unknown(request)
     if request.stream_options is not None and not request.stream:
@@ -132,6 +150,7 @@ def _sampling_params(
             edit_threshold=request.edit_threshold,
             max_post_edit_steps=request.max_post_edit_steps,
             structured_outputs=structured,
+            logprobs=logprobs,
         )
     except ValueError as e:
         raise from_value_error(e) from e

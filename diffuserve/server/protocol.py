@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from diffuserve.sampling_params import DECODERS
+from diffuserve.sampling_params import DECODERS, MAX_LOGPROBS
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -29,6 +29,7 @@ PositiveInt = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
 NonNegativeInt = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
 TopK = Annotated[int, Field(ge=-1), BeforeValidator(_integral)]
 Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX), BeforeValidator(_integral)]
+NumLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS), BeforeValidator(_integral)]
 Text = Annotated[str, Field(min_length=1)]
 
 
@@ -144,7 +145,8 @@ class CompletionRequest(SamplingFields):
     """Text, several texts, token ids, or several token-id lists (one choice group per prompt)."""
     max_tokens: PositiveInt | None = 16
     echo: bool = False
-    logprobs: Any = unsupported()
+    logprobs: NumLogprobs | None = None
+    """Per generated token, its logprob and this many top alternatives (docs/server.md, "Logprobs")."""
     suffix: Any = unsupported()
     best_of: Any = unsupported()
 
@@ -208,8 +210,10 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    logprobs: Any = unsupported()
-    top_logprobs: Any = unsupported()
+    logprobs: bool | None = None
+    """true: return each generated token's logprob (docs/server.md, "Logprobs")."""
+    top_logprobs: NumLogprobs | None = None
+    """With logprobs: this many top alternatives per token."""
     tools: list[Tool] | None = None
     """Functions the model may call (rendered through the chat template; docs/server.md, "Tool calling")."""
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -258,11 +262,37 @@ class Usage(ResponseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class TopLogprob(ResponseModel):
+    """A token and its logprob (OpenAI's chat shape). `bytes`: the UTF-8 bytes of `token`."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+    """The most probable tokens at this position, most probable first."""
+
+
+class ChatLogprobs(ResponseModel):
+    content: list[TokenLogprob] | None = None
+
+
+class CompletionLogprobs(ResponseModel):
+    """OpenAI's legacy completions shape: parallel lists, one entry per token."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+    """Character offset of each token in the choice's text."""
+
+
 class ChoiceFields(ResponseModel):
     """What every choice carries, whole or streamed."""
 
     index: int
-    logprobs: None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -278,6 +308,7 @@ class ResponseFields(ResponseModel):
 
 class CompletionChoice(ChoiceFields):
     text: str
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(ResponseFields):
@@ -307,6 +338,7 @@ class AssistantMessage(ResponseModel):
 
 class ChatChoice(ChoiceFields):
     message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(ResponseFields):
@@ -336,6 +368,7 @@ class DeltaMessage(ResponseModel):
 
 class ChatChunkChoice(ChoiceFields):
     delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(ResponseFields):

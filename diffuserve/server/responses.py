@@ -6,10 +6,11 @@ step) turns a whole response into a 500 with the engine's message.
 
 Streaming sends one delta per committed block. The engine's outputs are cumulative and final (only committed
 blocks, stop strings applied, a suffix that may still grow into a stop string held back), so a choice's delta is
-simply the text past what was already sent. Frames are `data: <json>\\n\\n`, ending with `data: [DONE]\\n\\n`;
-`stream_options.include_usage` adds a last chunk with `usage` and no choices, `continuous_usage_stats` puts the
-usage so far on every chunk. An engine failure becomes a `data: {"error": {...}}` frame before `[DONE]`. Closing
-the stream (client gone) aborts the unfinished requests.
+simply the text past what was already sent, and its logprobs those of the tokens shown since (the engine holds
+a token's logprobs back with its text; server/logprobs.py the shapes). Frames are `data: <json>\\n\\n`, ending
+with `data: [DONE]\\n\\n`; `stream_options.include_usage` adds a last chunk with `usage` and no choices,
+`continuous_usage_stats` puts the usage so far on every chunk. An engine failure becomes a
+`data: {"error": {...}}` frame before `[DONE]`. Closing the stream (client gone) aborts the unfinished requests.
 
 Knows nothing of routes or of the engine's internals.
 """
@@ -26,14 +27,17 @@ from diffuserve.engine.output_processor import CompletionOutput, RequestOutput
 from diffuserve.server.bridge import EngineDeadError, OutputStream
 from diffuserve.server.chat_output import ChatDeltas, ChatOutputFormat
 from diffuserve.server.errors import APIError, engine_failed, engine_unavailable
+from diffuserve.server.logprobs import chat_logprobs, completion_logprobs, text_length
 from diffuserve.server.prompts import Prompt
 from diffuserve.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
+    ChatLogprobs,
     CompletionChoice,
     CompletionChunk,
+    CompletionLogprobs,
     CompletionResponse,
     DeltaMessage,
     ErrorResponse,
@@ -56,9 +60,26 @@ class ResponseContext:
     n: int
     chat_format: ChatOutputFormat = field(default_factory=ChatOutputFormat)
     """How chat replies split into reasoning, content and tool calls."""
+    logprobs: int | None = None
+    """Top alternatives per token the request asked for; None: no logprobs."""
 
     def choice_index(self, request_id: str, completion_index: int) -> int:
         return self.request_ids.index(request_id) * self.n + completion_index
+
+    def completion_logprobs(
+        self, c: CompletionOutput, start: int = 0, end: int | None = None
+    ) -> CompletionLogprobs | None:
+        """The legacy logprobs of the completion's tokens [start, end) (None unless asked for)."""
+        if self.logprobs is None or c.logprobs is None:
+            return None
+        offset = text_length(c.logprobs[:start], c.token_ids[:start])
+        return completion_logprobs(c.logprobs[start:end], c.token_ids[start:end], self.logprobs, offset)
+
+    def chat_logprobs(self, c: CompletionOutput, start: int = 0, end: int | None = None) -> ChatLogprobs | None:
+        """The chat logprobs of the completion's tokens [start, end) (None unless asked for)."""
+        if self.logprobs is None or c.logprobs is None:
+            return None
+        return chat_logprobs(c.logprobs[start:end], c.token_ids[start:end], self.logprobs)
 
 
 def usage(outputs: Iterable[RequestOutput]) -> Usage:
@@ -96,6 +117,7 @@ def completion_response(ctx: ResponseContext, outputs: dict[str, RequestOutput],
             text=(ctx.prompts[p].text if echo else "") + c.text,
             finish_reason=c.finish_reason,
             stop_reason=c.stop_reason,
+            logprobs=ctx.completion_logprobs(c),
         )
         for i, p, c in _choices(ctx, outputs)
     ]
@@ -111,6 +133,7 @@ def chat_response(ctx: ResponseContext, outputs: dict[str, RequestOutput]) -> Ch
             message=ctx.chat_format.message(c.text),
             finish_reason=ctx.chat_format.finish_reason(c.text, c.finish_reason),
             stop_reason=c.stop_reason,
+            logprobs=ctx.chat_logprobs(c),
         )
         for i, _, c in _choices(ctx, outputs)
     ]
@@ -127,9 +150,12 @@ class _Deltas:
     sent: dict[int, int] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)
     latest: dict[str, RequestOutput] = field(default_factory=dict)
+    logprobs_sent: dict[int, int] = field(default_factory=dict)
+    """Per choice, the tokens whose logprobs were sent."""
 
     def of(self, output: RequestOutput) -> list[tuple[int, str, CompletionOutput]]:
-        """(choice index, new text, completion) for every choice with new text or that just finished."""
+        """(choice index, new text, completion) for every choice with new text or logprobs, or that just
+        finished."""
         self.latest[output.request_id] = output
         deltas = []
         for completion in output.outputs:
@@ -138,12 +164,18 @@ class _Deltas:
                 continue
             raise_if_failed(completion)
             text = completion.text[self.sent.get(index, 0) :]
-            if text or completion.finished:
+            if text or completion.finished or self.logprobs_sent.get(index, 0) < len(completion.logprobs or ()):
                 deltas.append((index, text, completion))
             self.sent[index] = len(completion.text)
             if completion.finished:
                 self.done.add(index)
         return deltas
+
+    def take_logprobs(self, index: int, completion: CompletionOutput) -> tuple[int, int]:
+        """The range of the choice's tokens whose logprobs go in the chunk being sent (then marked sent)."""
+        start = self.logprobs_sent.get(index, 0)
+        self.logprobs_sent[index] = end = len(completion.logprobs or ())
+        return start, end
 
     def usage(self, options: StreamOptions | None, final: bool = False) -> Usage | None:
         wanted = options is not None and (options.continuous_usage_stats or (final and options.include_usage))
@@ -184,9 +216,11 @@ async def completion_events(
             yield chunk([CompletionChoice(index=index, text=ctx.prompts[index // ctx.n].text)])
     async for output in stream:
         for index, text, c in deltas.of(output):
-            yield chunk(
-                [CompletionChoice(index=index, text=text, finish_reason=c.finish_reason, stop_reason=c.stop_reason)]
+            logprobs = ctx.completion_logprobs(c, *deltas.take_logprobs(index, c))
+            choice = CompletionChoice(
+                index=index, text=text, finish_reason=c.finish_reason, stop_reason=c.stop_reason, logprobs=logprobs
             )
+            yield chunk([choice])
     if options is not None and options.include_usage:
         yield chunk([], final=True)
 
@@ -221,6 +255,7 @@ async def chat_events(
                         delta=delta or DeltaMessage(),
                         finish_reason=ctx.chat_format.finish_reason(c.text, c.finish_reason),
                         stop_reason=c.stop_reason,
+                        logprobs=ctx.chat_logprobs(c, *deltas.take_logprobs(index, c)),
                     )
                 ]
             )

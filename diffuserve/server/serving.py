@@ -192,6 +192,7 @@ class OpenAIServing:
             request_ids,
             params.n,
             chat_format or ChatOutputFormat(),
+            params.logprobs,
         )
         return stream, ctx
 

@@ -9,13 +9,14 @@ in the engine's version of any of them is caught instead of copied.
 Stops after the block in which a stop id appears or max_tokens is reached, then cuts the answer at the first
 stop id (inclusive; not before min_tokens) and at max_tokens. With decoder=edit a block runs as LLaDA2.1's
 `generate` runs it: steps while masks remain, then up to max_post_edit_steps more, ending early at a step that
-changes nothing.
+changes nothing. With `logprobs` set, it also records each answer token's logprob, rank and top alternatives
+under the distribution of the step that last wrote it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +24,16 @@ from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.testing.reference_decoders import positions_to_write, propose
 from diffuserve.testing.reference_model import ReferenceModel, post_edit_budget
+
+
+@dataclass(frozen=True)
+class ReferenceLogprob:
+    """A written token's log-probability and 1-based rank in its step's distribution, and the top alternatives
+    of that distribution (those with a finite logprob, at most params.logprobs)."""
+
+    logprob: float
+    rank: int
+    top: dict[int, float]
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,8 @@ class ReferenceResult:
     the forwards an engine that stops as soon as the answer is decided needs."""
     num_edits: int = 0
     """Accepted tokens rewritten by an editing decoder."""
+    logprobs: list[ReferenceLogprob] | None = None
+    """With params.logprobs: one per answer token."""
 
     @property
     def num_forwards(self) -> int:
@@ -49,6 +62,8 @@ class _Sequence:
     final_at: list[int]
     forwards: int = 0
     edits: int = 0
+    logprobs: dict[int, ReferenceLogprob] = field(default_factory=dict)
+    """position -> the logprob of its latest write (params.logprobs only)."""
 
 
 def block_causal_mask(num_blocks: int, block: int) -> torch.Tensor:
@@ -82,7 +97,8 @@ def reference_generate(
             break
     answer = _cut(seq.tokens[num_prompt : num_prompt + max_tokens], stop_ids, params.min_tokens)
     to_answer = max(seq.final_at[num_prompt : num_prompt + len(answer)], default=0)
-    return ReferenceResult(answer, steps_per_block, to_answer, seq.edits)
+    logprobs = None if params.logprobs is None else [seq.logprobs[num_prompt + g] for g in range(len(answer))]
+    return ReferenceResult(answer, steps_per_block, to_answer, seq.edits, logprobs)
 
 
 def _decode_block(
@@ -110,8 +126,11 @@ def _decode_block(
         read = list(range(first_generated, block)) if editing else masked
         logits = _logits(ref, seq.tokens[:end], mask, [start + i for i in read])
         _suppress_early_stops(logits, [start + i - seq.num_prompt for i in read], params.min_tokens, stop_ids)
-        proposal = propose(logits, read, block, params, generator)
+        proposal = propose(logits, read, block, params, generator, params.logprobs is not None)
         write = positions_to_write(proposal, canvas, masked, first_generated, step, params)
+        if proposal.log_probs is not None:
+            for i in write:
+                seq.logprobs[start + i] = _logprob(proposal.log_probs[read.index(i)], proposal.tokens[i], params)
         seq.forwards += 1
         changed = [i for i in write if proposal.tokens[i] != canvas[i]]
         seq.edits += sum(1 for i in changed if i not in masked)
@@ -133,6 +152,14 @@ def _logits(ref: ReferenceModel, tokens: list[int], mask: torch.Tensor, rows: li
     attention = DenseAttentionInputs(mask[:length, :length][None, None])
     hidden = ref.model(torch.tensor(tokens)[None], torch.arange(length)[None], attention)  # [1, T, H]
     return ref.model.compute_logits(hidden[0, rows])
+
+
+def _logprob(log_probs: torch.Tensor, token: int, params: SamplingParams) -> ReferenceLogprob:
+    """`token`'s entry in one row's log-distribution [V]."""
+    values = log_probs.tolist()
+    rank = 1 + sum(1 for v in values if v > values[token])
+    ordered = sorted(range(len(values)), key=lambda t: -values[t])[: params.logprobs]
+    return ReferenceLogprob(values[token], rank, {t: values[t] for t in ordered if values[t] != float("-inf")})
 
 
 def _suppress_early_stops(

@@ -3,7 +3,8 @@ and LLaDA2 reference `generate` loops in the project notes), never imported from
 
 Everything is per block of B positions. A proposal holds, at each position whose logits were read, the token the
 model proposes, its probability under the sampling distribution (the confidence, fp32 as the references keep
-it) and the entropy of that distribution; positions not read have confidence -inf. Top-k choices use
+it) and the entropy of that distribution, and when asked the log of that distribution (for logprobs); positions
+not read have confidence -inf. Top-k choices use
 `torch.topk` over the whole block with -inf elsewhere, literally as the references do, so ties break alike.
 """
 
@@ -25,6 +26,8 @@ class BlockProposal:
     """[B] fp32: probability of the proposed token; -inf where not read."""
     entropy: dict[int, float]
     """block index -> entropy (nats) of the position's distribution."""
+    log_probs: torch.Tensor | None = None
+    """[M, V] fp32: log of each read row's sampling distribution (-inf outside its support); None unless asked."""
 
 
 def _resolved(knob: float | None) -> float:
@@ -35,17 +38,22 @@ def _resolved(knob: float | None) -> float:
 
 
 def propose(
-    logits: torch.Tensor, read: list[int], block: int, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor,
+    read: list[int],
+    block: int,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    keep_log_probs: bool = False,
 ) -> BlockProposal:
     """logits [M, V] fp32 at block indices `read` [M]. Greedy: the argmax and its softmax probability.
     Sampled: logits / temperature, top-k, top-p, then one draw per row from the renormalised distribution."""
     if is_greedy(params):
+        scores = logits
         probs = torch.softmax(logits, dim=-1)
         tokens = logits.argmax(dim=-1)
     else:
-        probs = torch.softmax(
-            _top_p(_top_k(logits / _resolved(params.temperature), params.top_k), params.top_p), dim=-1
-        )
+        scores = _top_p(_top_k(logits / _resolved(params.temperature), params.top_k), params.top_p)
+        probs = torch.softmax(scores, dim=-1)
         tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     confidence = torch.full((block,), float("-inf"))
     proposed, entropy = {}, {}
@@ -55,7 +63,8 @@ def propose(
         confidence[i] = probs[row, token]
         p = probs[row][probs[row] > 0]
         entropy[i] = float(-(p * p.log()).sum())
-    return BlockProposal(proposed, confidence, entropy)
+    log_probs = torch.log_softmax(scores, dim=-1) if keep_log_probs else None
+    return BlockProposal(proposed, confidence, entropy, log_probs)
 
 
 def _top_k(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ import pytest
 
 from diffuserve.engine.errors import ContextLengthExceeded
 from diffuserve.engine.kv_pages import PagePool
-from diffuserve.engine.request import Request, RequestStatus
+from diffuserve.engine.request import BlockWrite, Request, RequestStatus
 from diffuserve.engine.scheduler import Scheduler
 from diffuserve.sampling_params import SamplingParams
 
@@ -28,7 +28,7 @@ def make_scheduler(num_pages=64, page_size=4, max_num_seqs=8, budget=64, block=4
 def run_step(scheduler: Scheduler) -> list:
     """One step: a fake forward fills every scheduled block completely (one step per block)."""
     out = scheduler.schedule()
-    accepted = {w.request.request_id: [(i, 7) for i in w.request.masked_indices()] for w in out.scheduled}
+    accepted = {w.request.request_id: BlockWrite([(i, 7) for i in w.request.masked_indices()]) for w in out.scheduled}
     scheduler.update_from_output(out, accepted)
     scheduler.pool.check_invariants()
     return out.scheduled
@@ -60,7 +60,7 @@ def test_a_steps_token_count_is_taken_when_it_is_scheduled():
     scheduler.add(make_request("a", prompt_len=2, max_tokens=12))
     out = scheduler.schedule()
     assert out.num_batched_tokens == 4
-    update = scheduler.update_from_output(out, {"a": [(2, 7), (3, 7)]})
+    update = scheduler.update_from_output(out, {"a": BlockWrite([(2, 7), (3, 7)])})
     assert update.finished_blocks == ["a"] and update.new_token_counts == {"a": 2}
     assert out.num_batched_tokens == 4  # the request's block moved on; the step's count did not
 
@@ -117,7 +117,9 @@ def test_step_results_finish_requests_on_stop_ids_and_length():
     while scheduler.has_unfinished:
         out = scheduler.schedule()
         accepted = {
-            w.request.request_id: [(i, 7 if w.request is stopping else 9) for i in w.request.masked_indices()]
+            w.request.request_id: BlockWrite(
+                [(i, 7 if w.request is stopping else 9) for i in w.request.masked_indices()]
+            )
             for w in out.scheduled
         }
         update = scheduler.update_from_output(out, accepted)
