@@ -161,13 +161,15 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
             "ar",
             "engine-batched",
             "recompute-state",
+            "gdn-rescan",
         ),
         help="(a) engine, (a0) baseline: the engine eager with the per-expert loop, (b) transformers "
         "recompute reference (clover_moe: the naive decode), (b2) transformers-kv: transformers "
         "with a KV cache and the SDAR scheme, (c) separate commit forward, (d) autoregressive "
         "baseline (block length 1), (e) engine-batched: the engine given all --num-prompts at "
-        "once, (f) recompute-state: hybrid models recomputing the prefix every step instead of "
-        "keeping the recurrent state; default: a, a0, b, b2, c, d",
+        "once, (f) recompute-state: hybrid models recomputing the whole prefix every step (no cache), "
+        "(g) gdn-rescan: hybrid models with K/V cached but the GDN state rebuilt every step by scanning the "
+        "prefix's kept projections; default: a, a0, b, b2, c, d",
     )
 
 

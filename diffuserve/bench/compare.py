@@ -9,15 +9,18 @@
   (d)  ar               the same model decoded autoregressively (block length 1): the AR baseline
   (e)  engine-batched   (only when asked) the engine given all --num-prompts prompts at once
   (f)  recompute-state  hybrid models (GDN layers): diffuserve recomputing every request's committed prefix each
-                        step instead of keeping its recurrent state (--recurrent-state recompute)
+                        step through the whole model, with no cache at all (--recurrent-state recompute)
+  (g)  gdn-rescan       hybrid models: diffuserve with its K/V pages cached as usual but no GDN state carried
+                        between steps: every step rebuilds it by scanning the committed prefix's kept
+                        projections (--recurrent-state rescan; model/layers/gdn_rescan)
 
 For a hybrid model (clover_moe) the reference (b) is the naive clover_moe decode of diffuserve/testing (prefix
 recomputed causally every step, then the block previewed), since transformers has no block-diffusion GDN.
 
 Every other variant decodes each prompt alone (batch 1), so the ratios isolate the decoding method; (e) shows
 what batching adds over the one-at-a-time peers. tokens/s = generated tokens / wall time, prefill included (for
-the engine variants the median of interleaved rounds). At temperature 0, (a), (a0), (b), (b2), (c) and (e) must
-give identical tokens: the run checks it and exits 1 if not. Knows nothing of CLI parsing.
+the engine variants the median of interleaved rounds). At temperature 0, (a), (a0), (b), (b2), (c), (e), (f) and
+(g) must give identical tokens: the run checks it and exits 1 if not. Knows nothing of CLI parsing.
 """
 
 from __future__ import annotations
@@ -54,8 +57,9 @@ VARIANT_ORDER = (
     "separate-commit",
     "ar",
     "recompute-state",
+    "gdn-rescan",
 )
-ENGINE_VARIANTS = ("engine", "engine-batched", "baseline", "separate-commit", "recompute-state")
+ENGINE_VARIANTS = ("engine", "engine-batched", "baseline", "separate-commit", "recompute-state", "gdn-rescan")
 SAME_TOKENS = (
     "engine",
     "engine-batched",
@@ -64,14 +68,17 @@ SAME_TOKENS = (
     "transformers-kv",
     "separate-commit",
     "recompute-state",
+    "gdn-rescan",
 )
+RECURRENT_STATE = {"recompute-state": "recompute", "gdn-rescan": "rescan"}
+"""The hybrid-model baselines: variant -> --recurrent-state."""
 TARGETS = (
     (32, "engine", "reference", 5.0),
     (4, "engine", "separate-commit", 1.15),
     (32, "engine", "baseline", 3.0),
     (32, "engine", "transformers-kv", 4.0),
     (32, "engine-batched", "transformers-kv", 10.0),
-    (32, "engine", "recompute-state", 2.0),
+    (32, "engine", "gdn-rescan", 2.0),
 )
 """(block length, variant, slower variant, minimum speed-up over it): the targets of issues 2, 7, 14 and 18
 (engine-batched: with --num-prompts 16, the 16-concurrent target)."""
@@ -126,8 +133,8 @@ def engine_variant(
     reported, never timed)."""
     batched = name == "engine-batched"
     options: dict[str, Any] = {"moe_backend": "loop", "enforce_eager": True} if name == "baseline" else {}
-    if name == "recompute-state":
-        options["recurrent_state"] = "recompute"
+    if name in RECURRENT_STATE:
+        options["recurrent_state"] = RECURRENT_STATE[name]
     engine = ctx.engine(
         block,
         ns.num_prompts if batched else 1,

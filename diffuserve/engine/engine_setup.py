@@ -24,6 +24,7 @@ from diffuserve.engine.hybrid_runner import HybridRunner
 from diffuserve.engine.kv_pages import PagePool
 from diffuserve.engine.model_runner import ModelRunner
 from diffuserve.engine.recompute_runner import RecomputeRunner, check_recompute_config
+from diffuserve.engine.rescan_runner import RescanRunner
 from diffuserve.engine.scheduler import Scheduler
 from diffuserve.engine.state_scheduling import StateSlots
 from diffuserve.engine.state_slots import StatePool
@@ -58,6 +59,8 @@ class EngineComponents:
     """Hybrid models: the recurrent-state slots (None for models without GDN layers)."""
     max_model_len: int
     generation_defaults: dict[str, Any]
+    steps_capped_by_max_tokens: bool
+    """The family's reference caps denoising steps at max_tokens (ModelFamily)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -105,14 +108,33 @@ def build_components(config: EngineConfig) -> EngineComponents:
     scheduler = Scheduler(
         pool, sched.max_num_seqs, sched.max_num_batched_tokens, args.block_length, sched.fused_commit, state
     )
-    runner_cls = ModelRunner if not family.has_recurrent_state else RecomputeRunner if recompute else HybridRunner
-    runner = runner_cls(executor, args.block_length, config.seed, bool(config.expert_stats))
+    runner = _runner(config, executor, family.has_recurrent_state, args.block_length, max_model_len)
     _, generation = read_model_config(config.model)
     from_file = {k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None}
     defaults = {**family.decoding_defaults, **from_file}
     return EngineComponents(
-        args, _tokenizer(config.model), runner, scheduler, pool, state_pool, max_model_len, defaults
+        args,
+        _tokenizer(config.model),
+        runner,
+        scheduler,
+        pool,
+        state_pool,
+        max_model_len,
+        defaults,
+        family.steps_capped_by_max_tokens,
     )
+
+
+def _runner(
+    config: EngineConfig, executor: ModelExecutor, hybrid: bool, block_length: int, max_model_len: int
+) -> ModelRunner:
+    """The model runner of the family and, for hybrid models, of --recurrent-state."""
+    mode = config.cache.recurrent_state if hybrid else None
+    stats = bool(config.expert_stats)
+    if mode == "rescan":  # the history covers the last block, which may reach past max_model_len
+        return RescanRunner(executor, block_length, max_model_len + block_length, config.seed, stats)
+    runner_cls = {None: ModelRunner, "keep": HybridRunner, "recompute": RecomputeRunner}[mode]
+    return runner_cls(executor, block_length, config.seed, stats)
 
 
 def _state_slots(config: EngineConfig, executor: ModelExecutor) -> tuple[StatePool, StateSlots]:
@@ -120,7 +142,9 @@ def _state_slots(config: EngineConfig, executor: ModelExecutor) -> tuple[StatePo
     cache = executor.state_cache
     assert cache is not None, "a model with recurrent state gets a state cache"
     slot_bytes = cache.state_bytes_per_slot() + cache.last_hidden[0].numel() * cache.last_hidden.element_size()
-    pool = StatePool(cache.num_slots, slot_bytes, config.cache.enable_prefix_caching)
+    # A rescan snapshot would need the prefix's kept projections too: the baseline takes none (rescan_runner).
+    snapshots = config.cache.enable_prefix_caching and config.cache.recurrent_state == "keep"
+    pool = StatePool(cache.num_slots, slot_bytes, snapshots)
     return pool, StateSlots(pool, executor.page_size, config.cache.state_snapshot_interval)
 
 

@@ -26,6 +26,7 @@ from diffuserve.engine.state_cache import StateCache, StateCacheSpec, has_recurr
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice
+from diffuserve.model.layers.gdn_rescan import GdnRescan
 from diffuserve.model.layers.gdn_step import RecurrentStepInputs, RowGroup
 from diffuserve.model.layers.moe.layer import set_moe_backend
 from diffuserve.model.layers.moe.offload_context import OffloadContext, offload_context
@@ -83,6 +84,8 @@ class StatePlan:
     """[S] the batch row of each committing sequence's last commit token ..."""
     last_slots: torch.Tensor
     """[S] ... and its slot: that row's final hidden state is kept as the slot's `last_hidden`."""
+    rescan: GdnRescan | None = None
+    """`--recurrent-state rescan` only: the kept projections the GDN layers rebuild the state from."""
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,7 @@ class ModelExecutor:
         sched = config.scheduler
         dtype = next(model.parameters()).dtype
         state_cache = None
-        if has_recurrent_state(args) and config.cache.recurrent_state == "keep":
+        if has_recurrent_state(args) and config.cache.recurrent_state != "recompute":
             # Allocated before the KV cache: on a GPU the K/V pages take what is left.
             state_spec = StateCacheSpec(args, dtype)
             num_slots = num_slots_for(config.cache, state_spec, sched.max_num_seqs)
@@ -221,7 +224,7 @@ class ModelExecutor:
         if plan.reset.numel():
             cache.reset(plan.reset)
         recurrent = RecurrentStepInputs(
-            cache.conv_caches, cache.recurrent_caches, plan.commits, plan.blocks, plan.preview
+            cache.conv_caches, cache.recurrent_caches, plan.commits, plan.blocks, plan.preview, plan.rescan
         )
         hidden = self.model(inputs.input_ids, inputs.positions, attention, recurrent)
         if plan.last_rows.numel():

@@ -57,6 +57,7 @@ class LLMEngine:
         self.args, self.tokenizer, self.runner = parts.args, parts.tokenizer, parts.runner
         self.scheduler, self.pool, self.state_pool = parts.scheduler, parts.pool, parts.state_pool
         self.max_model_len, self.generation_defaults = parts.max_model_len, parts.generation_defaults
+        self.steps_capped_by_max_tokens = parts.steps_capped_by_max_tokens
         self.counters = EngineCounters()
         self.output_processor = OutputProcessor(self.tokenizer)
         if self.tokenizer is not None:
@@ -121,6 +122,8 @@ class LLMEngine:
         resolved = params.with_defaults(
             self.generation_defaults, max_tokens_limit=room, eos_token_ids=self.args.eos_token_ids
         )
+        if self.steps_capped_by_max_tokens:  # LLaDA2: steps = min(steps, gen_length // minimal_topk), topk 1
+            resolved = resolved.replace(steps=min(resolved.steps or self.args.block_length, resolved.max_tokens))
         if resolved.structured_outputs is not None:
             self._check_structured(resolved)
         return resolved

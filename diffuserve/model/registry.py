@@ -49,6 +49,10 @@ class ModelFamily:
     """The family's reference decoding knobs (SamplingParams names); generation_config.json overrides them."""
     checkpoint_args: Callable[[ModelArgs, Path], ModelArgs] | None = None
     """(args, model directory) -> args refined by the checkpoint itself (e.g. which optional tensors it has)."""
+    steps_capped_by_max_tokens: bool = False
+    """The reference caps a request's denoising steps per block at its max_tokens (LLaDA2's `generate`: `steps =
+    min(steps, gen_length // minimal_topk)`, minimal_topk 1), so an answer shorter than a block accepts more
+    tokens per step."""
     has_recurrent_state: bool = False
     """Layers with per-sequence recurrent state, which the paged engine does not cache yet: the engine runs the
     family through its recompute path (engine/recompute_runner)."""
@@ -65,6 +69,7 @@ LLADA2 = ModelFamily(
     llada2_checkpoint_tensors,
     special_tokens={"mask_token_id": "<|mask|>", "eos_token_id": "<|endoftext|>"},
     decoding_defaults={"decoder": "threshold", "threshold": 0.95, "temperature": 0.0},
+    steps_capped_by_max_tokens=True,
 )
 
 # Clover-35B-A3B-Preview and its Qwen3.5/3.6-MoE base (hybrid GDN / gated attention); see clover_moe.py.

@@ -15,6 +15,7 @@ under the distribution of the step that last wrote it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -80,6 +81,8 @@ def reference_generate(
     params = ref.resolve(params)
     max_tokens, stop_ids = ref.max_tokens(len(prompt), params), ref.stop_ids(params)
     block, num_prompt = ref.block_length, len(prompt)
+    if ref.steps_capped_by_gen_length:
+        params = dataclasses.replace(params, steps=min(params.steps or block, max_tokens))
     num_blocks = -(-(num_prompt + max_tokens) // block)
     mask = block_causal_mask(num_blocks, block)
     total = num_blocks * block

@@ -33,6 +33,8 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "LLaDA2MoeModelLM": {"decoder": "threshold", "threshold": 0.95, "temperature": 0.0},
 }
 """Per architecture, the reference `generate`'s decoding (LLaDA2: threshold 0.95, greedy, top-1 fallback)."""
+STEPS_CAPPED_BY_GEN_LENGTH = ("LLaDA2MoeModelLM",)
+"""Architectures whose `generate` starts with `steps = min(steps, gen_length // minimal_topk)` (minimal_topk 1)."""
 KNOBS = ("temperature", "decoder", "threshold", "steps", "entropy_bound", "edit_threshold", "max_post_edit_steps")
 """The knobs a None in SamplingParams leaves to the model (generation_config.json overrides the family's)."""
 DEFAULT_MAX_MODEL_LEN = 32768
@@ -51,6 +53,7 @@ class ReferenceModel:
     max_model_len: int
     defaults: Mapping[str, Any]
     """Decoding knobs by SamplingParams name: built-in, then the family's, then generation_config.json."""
+    steps_capped_by_gen_length: bool = False
 
     def resolve(self, params: SamplingParams) -> SamplingParams:
         """`params` with every None knob filled from the model's defaults."""
@@ -99,5 +102,11 @@ def load_reference(
     defaults = {**BUILTIN_DEFAULTS, **FAMILY_DEFAULTS.get(architecture, {}), **from_file}
     limit = max_model_len or min(args.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
     return ReferenceModel(
-        model.eval(), block_length or args.block_length, args.mask_token_id, tuple(args.eos_token_ids), limit, defaults
+        model.eval(),
+        block_length or args.block_length,
+        args.mask_token_id,
+        tuple(args.eos_token_ids),
+        limit,
+        defaults,
+        architecture in STEPS_CAPPED_BY_GEN_LENGTH,
     )

@@ -36,35 +36,37 @@ def _gdn(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """clean [B, L, H], noisy [M, T, H] (normed inputs) -> the GDN outputs of both streams."""
     taps = layer.gdn.conv_kernel - 1
-    mixed = layer.in_proj_qkv(clean).transpose(1, 2)  # [B, C, L]
+    projected = layer.project(clean)
+    mixed = projected.mixed.transpose(1, 2)  # [B, C, L]
     window = F.pad(mixed, (taps, 0))  # zeros before the first token, as an empty state's ring
     conv = F.silu(depthwise_conv(window, layer.conv1d.weight[:, 0]))
-    q, k, v, g, beta = layer._heads(clean, conv.transpose(1, 2))
-    out, starts = block_delta_rule(q, k, v, g, beta, block)
-    clean_out = layer._output(clean, out)
+    q, k, v = layer._qkv(conv.transpose(1, 2))
+    out, starts = block_delta_rule(q, k, v, projected.g.transpose(1, 2), projected.beta.transpose(1, 2), block)
+    clean_out = layer.output(clean, out)
     # Block b's ring is the `taps` conv inputs before it: window[..., b*T : b*T + taps].
     ring_index = batch.noisy_blocks[:, None] * block + torch.arange(taps)  # [M, taps]
     rings = window[batch.noisy_rows[:, None], :, ring_index].transpose(1, 2)  # [M, C, taps]
     block_states = starts[batch.noisy_rows, batch.noisy_blocks]  # [M, Hv, Dk, Dv]
-    noisy_mixed = layer.in_proj_qkv(noisy).transpose(1, 2)
+    noisy_projected = layer.project(noisy)
+    noisy_mixed = noisy_projected.mixed.transpose(1, 2)
     # gdn_preview.block_conv's maths: causal taps over [ring | block], right taps over the block's next positions.
     ahead = F.pad(noisy_mixed, (0, taps))[..., 1:]
     noisy_conv = F.silu(
         depthwise_conv(torch.cat([rings, noisy_mixed], dim=-1), layer.conv1d.weight[:, 0])
         + depthwise_conv(ahead, layer.conv_right_weight)
     )
-    q, k, v, g, _ = layer._heads(noisy, noisy_conv.transpose(1, 2))
+    q, k, v = layer._qkv(noisy_conv.transpose(1, 2))
     o = preview_mix(
         q,
         k,
         v,
-        g,
+        noisy_projected.g.transpose(1, 2),
         block_states,
         layer.bd_softmax_logit_scale,
         layer.bd_softmax_history_bias,
         layer.bd_softmax_history_c,
     )
-    return clean_out, layer._output(noisy, o)
+    return clean_out, layer.output(noisy, o)
 
 
 def _attention(

@@ -70,3 +70,20 @@ def test_engine_matches_the_llada2_reference(llm, reference):
     ]
     stopped = _check(llm, reference, prompts, stopping)
     assert sum(len(a) < len(b) for a, b in zip(stopped, free_running)) >= len(prompts) // 2
+
+
+def test_an_answer_shorter_than_a_block_caps_the_steps_as_the_reference_does(tmp_path):
+    """LLaDA2's `generate` sets steps = min(steps, gen_length): with max_tokens 8 and block 32 each step accepts
+    at least 32 // 8 = 4 tokens. A low logit scale keeps every confidence under 0.95, so only that fallback count
+    decides, and the engine must take the reference's (fewer) forwards."""
+    model_dir = write_llada2_checkpoint(tmp_path / "unsure", seed=2, logit_scale=1.0)
+    llm = LLM(str(model_dir), num_pages=64, max_num_seqs=4)
+    reference = load_reference(model_dir)
+    prompts = [_prompt(n, seed=i) for i, n in enumerate([1, 5, 33])]
+    params = [SamplingParams(max_tokens=8, ignore_eos=True)] * len(prompts)
+    run = check_parity(llm, reference, prompts, params)
+    assert not run.mismatches, "\n".join(run.mismatches)
+    # every forward accepted >= 4 tokens of the block: at most ceil(masks / 4) forwards per block
+    assert all(r.num_forwards <= 8 for r in run.references)
+    uncapped = llm.generate({"prompt_token_ids": prompts[0]}, SamplingParams(max_tokens=40, ignore_eos=True))[0]
+    assert uncapped.num_forwards > 8  # one token a step once the answer is longer than a block

@@ -1,5 +1,6 @@
-"""Gated DeltaNet: the chunked and the recurrent delta rule agree, and a sequence split anywhere (state carried
-across the pieces) gives the outputs and final state of the whole sequence, for one layer and the whole model."""
+"""Gated DeltaNet: the chunked and the recurrent delta rule agree (the chunked state alone too), and a sequence
+split anywhere (state carried across the pieces) gives the outputs and final state of the whole sequence, for one
+layer and the whole model."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from diffuserve.model.clover_moe_config import clover_moe_args_from_hf, hybrid_args
-from diffuserve.model.layers.delta_rule import chunked_delta_rule, recurrent_delta_rule
+from diffuserve.model.layers.delta_rule import chunked_delta_rule, chunked_delta_state, recurrent_delta_rule
 from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnState
 from diffuserve.model.loader import load_model
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
@@ -35,6 +36,13 @@ def test_chunked_equals_recurrent(length, chunk):
     torch.testing.assert_close(out_c, out_r, atol=ATOL, rtol=0)
     torch.testing.assert_close(state_c, state_r, atol=ATOL, rtol=0)
     assert torch.equal(state, before)
+
+
+@pytest.mark.parametrize("length", [1, 64, 150])
+def test_state_alone_equals_the_rule_state(length):
+    """chunked_delta_state (the rescan baseline's rebuild) is chunked_delta_rule's state without the outputs."""
+    q, k, v, g, beta, state = _rule_inputs(length, seed=4)
+    assert torch.equal(chunked_delta_state(k, v, g, beta, state), chunked_delta_rule(q, k, v, g, beta, state)[1])
 
 
 def _layer(seed: int = 0) -> GatedDeltaNet:

@@ -50,29 +50,51 @@ def chunked_delta_rule(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as `recurrent_delta_rule`, C = chunk_size tokens at a time (see the module docstring)."""
     length = q.shape[2]
-    pad = (-length) % chunk_size
-    # Padding tokens have g = 0, beta = 0, k = 0: they write nothing and do not decay the state.
-    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
-    b, h, padded = k.shape[:3]
-    n, c = padded // chunk_size, chunk_size
-    q, k, v = (x.reshape(b, h, n, c, x.shape[-1]) for x in (q, k, v))
-    g, beta = g.reshape(b, h, n, c), beta.reshape(b, h, n, c)
-    cum = g.cumsum(-1)  # [B, Hv, N, C] log-decay from the chunk start
-    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()  # [.., C, C] t, s
+    q, k, v, g, beta = (_in_chunks(x, chunk_size) for x in (q, k, v, g, beta))
+    cum, decay, u_v, u_s, k_to_end = _chunk_terms(k, v, g, beta)
+    scores = (q @ k.transpose(-1, -2)) * decay  # [B, Hv, N, C, C]
+    q_decayed = q * cum.exp()[..., None]
+    out = torch.empty_like(v)
+    for i in range(k.shape[2]):
+        u = u_v[:, :, i] - u_s[:, :, i] @ state  # [B, Hv, C, Dv]
+        out[:, :, i] = q_decayed[:, :, i] @ state + scores[:, :, i] @ u
+        state = state * cum[:, :, i, -1, None, None].exp() + k_to_end[:, :, i].transpose(-1, -2) @ u
+    return out.flatten(2, 3)[:, :, :length], state
+
+
+def chunked_delta_state(
+    k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> torch.Tensor:
+    """`chunked_delta_rule`'s final state alone, without the outputs (no q): a prefix's state, rebuilt."""
+    k, v, g, beta = (_in_chunks(x, CHUNK_SIZE) for x in (k, v, g, beta))
+    cum, _, u_v, u_s, k_to_end = _chunk_terms(k, v, g, beta)
+    for i in range(k.shape[2]):
+        u = u_v[:, :, i] - u_s[:, :, i] @ state
+        state = state * cum[:, :, i, -1, None, None].exp() + k_to_end[:, :, i].transpose(-1, -2) @ u
+    return state
+
+
+def _in_chunks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """[B, Hv, T, ...] -> [B, Hv, N, C, ...], T padded to N * C. Padding tokens have g = 0, beta = 0, k = 0: they
+    write nothing and do not decay the state."""
+    pad = (-x.shape[2]) % chunk_size
+    x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
+    return x.reshape(*x.shape[:2], x.shape[2] // chunk_size, chunk_size, *x.shape[3:])
+
+
+def _chunk_terms(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What every chunk needs, for all chunks at once (module docstring): cum [B, Hv, N, C], the decay matrix
+    [B, Hv, N, C, C] (t, s), U's parts u_v = (I + A)^-1 beta*V and u_s = (I + A)^-1 (beta*exp(c)*K) (so that
+    U = u_v - u_s S0), and K decayed to the chunk's end."""
+    c = k.shape[3]
+    cum = g.cumsum(-1)  # log-decay from the chunk start
+    lower = torch.ones(c, c, dtype=torch.bool, device=k.device).tril()
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
     kk = k @ k.transpose(-1, -2)  # [B, Hv, N, C, C]
-    system = torch.eye(c, device=q.device) + (kk * decay * beta[..., None]).tril(-1)
+    system = torch.eye(c, device=k.device) + (kk * decay * beta[..., None]).tril(-1)
     rhs_v = v * beta[..., None]
     rhs_s = k * (beta * cum.exp())[..., None]  # multiplies S0 (per chunk, so solved for every chunk at once)
     u_v = torch.linalg.solve_triangular(system, rhs_v, upper=False, unitriangular=True)
     u_s = torch.linalg.solve_triangular(system, rhs_s, upper=False, unitriangular=True)
-    scores = (q @ k.transpose(-1, -2)) * decay  # [B, Hv, N, C, C]
-    q_decayed = q * cum.exp()[..., None]
     k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]
-    out = torch.empty_like(v)
-    for i in range(n):
-        u = u_v[:, :, i] - u_s[:, :, i] @ state  # [B, Hv, C, Dv]
-        out[:, :, i] = q_decayed[:, :, i] @ state + scores[:, :, i] @ u
-        state = state * cum[:, :, i, -1, None, None].exp() + k_to_end[:, :, i].transpose(-1, -2) @ u
-    return out.reshape(b, h, padded, -1)[:, :, :length], state
+    return cum, decay, u_v, u_s, k_to_end

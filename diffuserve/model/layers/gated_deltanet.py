@@ -7,20 +7,24 @@
 
 A sequence's whole GDN state is a `GdnState`: the conv ring (its last k - 1 conv inputs) and S. `forward` takes
 the state before the tokens and returns the state after them (state=None: an empty prefix), never modifying the
-tensors it was given; `preview` (block diffusion) reads the state and writes none. Which delta-rule form runs is a
-speed choice: the results agree (tested).
+tensors it was given; `preview` (block diffusion) reads the state and writes none. `forward` is `project` (the
+per-position inputs of the scan, `GdnInputs`), `scan` (conv and delta rule from a state) and `output`: the engine
+step calls the three, so a baseline can keep the projections instead of the state and rebuild it with
+`scan_state` (gdn_rescan). Which delta-rule
+form runs is a speed choice: the results agree (tested).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from diffuserve.model.clover_moe_config import GdnArgs
-from diffuserve.model.layers.delta_rule import chunked_delta_rule, recurrent_delta_rule
+from diffuserve.model.layers.delta_rule import chunked_delta_rule, chunked_delta_state, recurrent_delta_rule
 from diffuserve.model.layers.gdn_preview import add_diffusion_parameters, block_conv, preview_mix
 from diffuserve.model.layers.hybrid_norm import GatedRMSNorm
 
@@ -33,6 +37,18 @@ class GdnState:
     """[B, conv_dim, k - 1] in the model dtype: the last k - 1 inputs of the conv (zeros before the first token)."""
     recurrent: torch.Tensor
     """[B, Hv, Dk, Dv] fp32: S."""
+
+
+class GdnInputs(NamedTuple):
+    """What the causal scan reads at each of B x T positions (projections of the layer's input): the state after
+    any prefix is a function of these alone."""
+
+    mixed: torch.Tensor
+    """[B, T, conv_dim] in the model dtype: in_proj_qkv, before the conv."""
+    g: torch.Tensor
+    """[B, T, Hv] fp32: the log-decay (<= 0)."""
+    beta: torch.Tensor
+    """[B, T, Hv] fp32: the write strength."""
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -73,14 +89,37 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, state: GdnState | None = None) -> tuple[torch.Tensor, GdnState]:
         """Causal: x [B, T, H] after `state` -> (out [B, T, H], the state after the T tokens)."""
         state = state or self.empty_state(x.shape[0], x.dtype, x.device)
-        mixed = self.in_proj_qkv(x).transpose(1, 2)  # [B, conv_dim, T]
-        window = torch.cat([state.conv.to(mixed.dtype), mixed], dim=-1)  # [B, conv_dim, k - 1 + T]
+        o, state = self.scan(self.project(x), state)
+        return self.output(x, o), state
+
+    def project(self, x: torch.Tensor) -> GdnInputs:
+        """x [B, T, H] -> the scan's inputs at those positions."""
+        beta = self.in_proj_b(x).sigmoid().float()
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        return GdnInputs(self.in_proj_qkv(x), g, beta)
+
+    def scan(self, inputs: GdnInputs, state: GdnState) -> tuple[torch.Tensor, GdnState]:
+        """The conv and the delta rule over T positions after `state` -> (o [B, Hv, T, Dv] fp32, the state after)."""
+        window, (q, k, v) = self._causal_conv(inputs, state)
+        rule = recurrent_delta_rule if q.shape[2] == 1 else chunked_delta_rule
+        o, recurrent = rule(q, k, v, inputs.g.transpose(1, 2), inputs.beta.transpose(1, 2), state.recurrent)
+        return o, GdnState(self._ring(window), recurrent)
+
+    def scan_state(self, inputs: GdnInputs, state: GdnState) -> GdnState:
+        """`scan`'s state alone, without the outputs (rebuilding a prefix's state: gdn_rescan)."""
+        window, (_, k, v) = self._causal_conv(inputs, state)
+        g, beta = inputs.g.transpose(1, 2), inputs.beta.transpose(1, 2)
+        return GdnState(self._ring(window), chunked_delta_state(k, v, g, beta, state.recurrent))
+
+    def _causal_conv(self, inputs: GdnInputs, state: GdnState) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """-> (the conv window [B, conv_dim, k - 1 + T]: the ring, then the new inputs; q, k, v after the conv)."""
+        mixed = inputs.mixed.transpose(1, 2)  # [B, conv_dim, T]
+        window = torch.cat([state.conv.to(mixed.dtype), mixed], dim=-1)
         conv = F.silu(F.conv1d(window, self.conv1d.weight, groups=self.gdn.conv_dim))  # [B, conv_dim, T]
-        q, k, v, g, beta = self._heads(x, conv.transpose(1, 2))
-        rule = recurrent_delta_rule if x.shape[1] == 1 else chunked_delta_rule
-        o, recurrent = rule(q, k, v, g, beta, state.recurrent)
-        ring = window[..., window.shape[-1] - (self.gdn.conv_kernel - 1) :]
-        return self._output(x, o), GdnState(ring, recurrent)
+        return window, self._qkv(conv.transpose(1, 2))
+
+    def _ring(self, window: torch.Tensor) -> torch.Tensor:
+        return window[..., window.shape[-1] - (self.gdn.conv_kernel - 1) :]
 
     def preview(self, x: torch.Tensor, state: GdnState | None = None) -> torch.Tensor:
         """Block diffusion: x [B, T, H] is a whole block after `state`, which is read and not advanced; every
@@ -91,25 +130,25 @@ class GatedDeltaNet(nn.Module):
                 "(conv_right_weight, bd_softmax_*); run it autoregressively"
             )
         state = state or self.empty_state(x.shape[0], x.dtype, x.device)
-        mixed = self.in_proj_qkv(x).transpose(1, 2)
-        conv = F.silu(block_conv(mixed, state.conv, self.conv1d.weight, self.conv_right_weight))
-        q, k, v, g, _ = self._heads(x, conv.transpose(1, 2))
+        inputs = self.project(x)
+        conv = F.silu(block_conv(inputs.mixed.transpose(1, 2), state.conv, self.conv1d.weight, self.conv_right_weight))
+        q, k, v = self._qkv(conv.transpose(1, 2))
         o = preview_mix(
             q,
             k,
             v,
-            g,
+            inputs.g.transpose(1, 2),
             state.recurrent,
             self.bd_softmax_logit_scale,
             self.bd_softmax_history_bias,
             self.bd_softmax_history_c,
         )
-        return self._output(x, o)
+        return self.output(x, o)
 
-    def _heads(self, x: torch.Tensor, conv: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """conv [B, T, conv_dim] -> q, k [B, Hv, T, Dk] (normalised, fp32), v [B, Hv, T, Dv], g, beta [B, Hv, T]."""
+    def _qkv(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """conv [B, T, conv_dim] -> q, k [B, Hv, T, Dk] (normalised, fp32), v [B, Hv, T, Dv] fp32."""
         gdn = self.gdn
-        batch, length = x.shape[:2]
+        batch, length = conv.shape[:2]
         q, k, v = conv.split([gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
         repeat = gdn.num_value_heads // gdn.num_key_heads  # value head j reads key head j // repeat
         q, k = (
@@ -118,13 +157,9 @@ class GatedDeltaNet(nn.Module):
         )
         v = v.reshape(batch, length, gdn.num_value_heads, gdn.value_head_dim)
         q, k, v = (t.transpose(1, 2).float() for t in (q, k, v))
-        q = l2_normalize(q) * gdn.key_head_dim**-0.5
-        k = l2_normalize(k)
-        beta = self.in_proj_b(x).sigmoid().float().transpose(1, 2)  # [B, Hv, T]
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
-        return q, k, v, g.transpose(1, 2), beta
+        return l2_normalize(q) * gdn.key_head_dim**-0.5, l2_normalize(k), v
 
-    def _output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    def output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """o [B, Hv, T, Dv] fp32 -> out_proj(GatedRMSNorm(o, z)) [B, T, H]."""
         batch, length = x.shape[:2]
         z = self.in_proj_z(x).view(batch, length, self.gdn.num_value_heads, self.gdn.value_head_dim)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnState
+from diffuserve.model.layers.gdn_rescan import GdnRescan
 
 
 @dataclass(frozen=True)
@@ -55,16 +56,25 @@ class RecurrentStepInputs:
     """Every sequence's block (B tokens each), or None when the step has no block."""
     preview: bool
     """Blocks are previewed (block diffusion); False: run causally, the state dropped (autoregressive)."""
+    rescan: GdnRescan | None = None
+    """The rescan baseline only (`--recurrent-state rescan`): every slot of the step is rebuilt from its kept
+    projections before the commits, and the commits' projections are kept (gdn_rescan)."""
 
 
 def gdn_step(layer: GatedDeltaNet, x: torch.Tensor, inputs: RecurrentStepInputs, gdn_index: int) -> torch.Tensor:
     """x [N, H] (the step batch, normed) -> the layer's output [N, H]; advances the commit sequences' slots."""
     conv_cache, recurrent_cache = inputs.conv_caches[gdn_index], inputs.recurrent_caches[gdn_index]
+    if inputs.rescan is not None:
+        inputs.rescan.rebuild(layer, gdn_index, conv_cache, recurrent_cache)
     out = torch.empty_like(x)
     for group in inputs.commits:
         state = GdnState(conv_cache[group.slots], recurrent_cache[group.slots])
-        mixed, state = layer(x[group.rows], state)  # [S, L, H]
-        out[group.rows] = mixed
+        tokens = x[group.rows]  # [S, L, H]
+        projected = layer.project(tokens)
+        if inputs.rescan is not None:
+            inputs.rescan.record(gdn_index, group.rows, projected)
+        o, state = layer.scan(projected, state)
+        out[group.rows] = layer.output(tokens, o)
         conv_cache.index_copy_(0, group.slots, state.conv.to(conv_cache.dtype))
         recurrent_cache.index_copy_(0, group.slots, state.recurrent)
         if group.snapshot_slots is not None:
