@@ -101,7 +101,8 @@ class LLMEngine:
     def resolve_params(self, params: SamplingParams | None, num_prompt_tokens: int) -> ResolvedSamplingParams:
         """What a prompt of `num_prompt_tokens` tokens is decoded with: the model's defaults applied, max_tokens
         capped to max_model_len, EOS among the stop ids. Raises ContextLengthExceeded if the prompt leaves no
-        room to generate, InvalidTokenIds for stop token ids outside the vocabulary."""
+        room to generate (with max_tokens 0 it may fill the context), InvalidTokenIds for stop token ids outside
+        the vocabulary, UnsupportedParameter for prompt_logprobs on a model whose runner cannot score prompts."""
         params = params or SamplingParams()
         room = self.max_model_len - num_prompt_tokens
         if room < (0 if params.max_tokens == 0 else 1):

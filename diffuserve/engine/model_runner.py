@@ -60,6 +60,9 @@ class StepBatch:
 
 
 class ModelRunner:
+    supports_prompt_scoring = True
+    """Whether prompt_logprobs can be computed (the hybrid runners cannot preview against past states yet)."""
+
     def __init__(self, executor: ModelExecutor, block_length: int, seed: int = 0, expert_stats: bool = False) -> None:
         self.executor = executor
         self.page_size, self.block_length, self.device = executor.page_size, block_length, executor.device
@@ -72,9 +75,6 @@ class ModelRunner:
         tokenizer)."""
         self.prompt_scores: dict[str, list[tuple[int, TokenLogprobs]]] = {}
         """The last step's prompt scores: per request id, (prompt position, logprobs) (engine/prompt_scoring)."""
-
-    supports_prompt_scoring = True
-    """Whether prompt_logprobs can be computed (the hybrid runners cannot preview against past states yet)."""
 
     @property
     def model(self) -> DiffusionModel:
