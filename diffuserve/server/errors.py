@@ -64,10 +64,18 @@ def bad_request(message: str, param: str | None = None, code: str = "invalid_val
     return APIError(400, message, param=param, code=code)
 
 
-def from_value_error(error: ValueError) -> APIError:
+ENGINE_PROMPT_FIELDS = ("prompt", "prompt_token_ids")
+"""The engine's names for a request's prompt (text, token ids): on the wire, `prompt` or `messages`."""
+
+
+def from_value_error(error: ValueError, prompt_param: str = "prompt") -> APIError:
     """The engine's and SamplingParams' ValueErrors start with the field name ("max_tokens: got 0, ...");
-    a typed `RequestError` carries its field and OpenAI code itself."""
+    a typed `RequestError` carries its field and OpenAI code itself (an error about the prompt names the
+    request's `prompt_param`)."""
     if isinstance(error, RequestError):
+        if error.param in ENGINE_PROMPT_FIELDS:
+            message = str(error).split(": ", 1)[1]
+            return bad_request(f"{prompt_param}: {message}", prompt_param, error.code)
         return bad_request(str(error), error.param, error.code)
     message = str(error)
     head = message.split(":", 1)[0]

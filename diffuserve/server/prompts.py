@@ -130,13 +130,11 @@ def _one_prompt(tokenizer: Tokenizer | None, item: str | list[int], rules: Promp
             raise bad_request("prompt: encodes to no tokens", "prompt")
         check_special_ids(tokenizer, token_ids, rules.forbidden_ids, rules.mask_token_id, "prompt")
         return Prompt(item, token_ids)
-    bad = [t for t in item if not 0 <= t < rules.vocab_size]
-    if bad:
-        raise bad_request(f"prompt: {bad[:5]} are not token ids of this model (0 <= id < {rules.vocab_size})", "prompt")
+    # Ids outside the vocabulary are the engine's to refuse (InvalidTokenIds, when the request is submitted).
     check_special_ids(tokenizer, item, rules.forbidden_ids, rules.mask_token_id, "prompt")
     # The tokenizer may know fewer ids than the model's (padded) vocabulary: those decode to nothing for echo.
     text = ""
-    if tokenizer is not None and all(t < tokenizer.vocab_size for t in item):
+    if tokenizer is not None and all(0 <= t < tokenizer.vocab_size for t in item):
         text = tokenizer.decode(item, skip_special_tokens=False)
     return Prompt(text, list(item))
 
@@ -264,18 +262,12 @@ def _message(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def check_context(prompt: Prompt, max_tokens: int | None, is_explicit: bool, max_model_len: int, param: str) -> None:
-    """400 when the prompt leaves no room to generate, or when an explicit max_tokens would not fit. A prompt
-    that generates nothing (max_tokens 0: scoring) may fill the context."""
+def check_max_tokens_fit(prompt: Prompt, max_tokens: int | None, max_model_len: int) -> None:
+    """400 when a max_tokens the client sent cannot fit after the prompt. The HTTP API's rule, as OpenAI's and
+    vLLM's: the engine itself caps max_tokens to the room left (the offline API's default of 16 must not fail a
+    long prompt), and refuses a prompt that leaves no room at all."""
     num = len(prompt.token_ids)
-    if num > max_model_len or (num == max_model_len and max_tokens != 0):
-        raise bad_request(
-            f"{param}: this model's maximum context length is {max_model_len} tokens and the prompt "
-            f"has {num} tokens, leaving no room to generate; shorten it",
-            param,
-            code="context_length_exceeded",
-        )
-    if is_explicit and max_tokens is not None and num + max_tokens > max_model_len:
+    if max_tokens is not None and num + max_tokens > max_model_len:
         raise bad_request(
             f"max_tokens: this model's maximum context length is {max_model_len} tokens, but "
             f"{num + max_tokens} were requested ({num} in the prompt, {max_tokens} for the "

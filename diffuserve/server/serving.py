@@ -39,7 +39,7 @@ from diffuserve.server.prompts import (
     Prompt,
     PromptRules,
     chat_prompt,
-    check_context,
+    check_max_tokens_fit,
     completion_prompts,
     encode,
     messages_size,
@@ -144,10 +144,9 @@ class OpenAIServing:
         prompts = await self.off_loop(
             prompt_size(body.prompt), completion_prompts, self.tokenizer, body.prompt, self.rules
         )
-        for prompt in prompts:
-            check_context(
-                prompt, params.max_tokens, "max_tokens" in body.model_fields_set, self.max_model_len, "prompt"
-            )
+        if "max_tokens" in body.model_fields_set:
+            for prompt in prompts:
+                check_max_tokens_fit(prompt, params.max_tokens, self.max_model_len)
         stream, ctx = await self._submit("cmpl", prompts, params, scoring=self._prompt_scoring(body, prompts))
         if body.stream:
             return _sse_response(sse(stream, completion_events(stream, ctx, body.echo, body.stream_options)))
@@ -159,7 +158,7 @@ class OpenAIServing:
         params = chat_params(body, self.config.max_n, template)
         self.check_admissible(1, params.n)
         prompt = await self.off_loop(messages_size(body.messages), chat_prompt, self.tokenizer, body, self.rules)
-        check_context(prompt, params.max_tokens, params.max_tokens is not None, self.max_model_len, "messages")
+        check_max_tokens_fit(prompt, params.max_tokens, self.max_model_len)
         chat_format = ChatOutputFormat(
             template_thinks(template, body.chat_template_kwargs),
             bool(body.tools) and body.tool_choice != "none",
@@ -177,7 +176,10 @@ class OpenAIServing:
             return PromptScoring(vllm=body.prompt_logprobs is not None)
         tokenizer = self.tokenizer
         first = [p.token_ids[0] for p in prompts]
-        texts = [tokenizer.decode([t], False) if tokenizer is not None else f"token_id:{t}" for t in first]
+        texts = [
+            tokenizer.decode([t], False) if tokenizer is not None and 0 <= t < tokenizer.vocab_size else f"token_id:{t}"
+            for t in first
+        ]  # an id outside the vocabulary is refused when submitted
         return PromptScoring(echo_top, body.prompt_logprobs is not None, tuple(texts))
 
     async def _submit(
@@ -199,7 +201,7 @@ class OpenAIServing:
         except EngineDeadError as e:
             raise engine_unavailable(str(e)) from e
         except ValueError as e:
-            raise from_value_error(e) from e
+            raise from_value_error(e, "prompt" if prefix == "cmpl" else "messages") from e
         ctx = ResponseContext(
             response_id,
             int(time.time()),
