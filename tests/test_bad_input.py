@@ -79,6 +79,10 @@ def test_bad_token_ids(tiny_model_dir):
     llm = LLM(str(tiny_model_dir), num_pages=16)
     with pytest.raises(ValueError, match=r"prompt_token_ids: \[100000\] are not token ids"):
         llm.generate({"prompt_token_ids": [1, 100000]})
+    mask = llm.engine.args.mask_token_id
+    with pytest.raises(InvalidTokenIds, match=rf"prompt_token_ids: contains the mask token \(id {mask}\)"):
+        llm.generate({"prompt_token_ids": [1, mask, 2]})
+    assert not llm.engine.has_unfinished_requests()
 
 
 def test_stop_token_ids_outside_the_vocabulary(tiny_model_dir):

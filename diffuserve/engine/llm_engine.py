@@ -209,12 +209,18 @@ class LLMEngine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError("prompt", "this model directory has no tokenizer; pass prompt_token_ids")
-            return self.tokenizer.encode(prompt)
+            token_ids, param = self.tokenizer.encode(prompt), "prompt"
+        else:
+            token_ids, param = list(prompt), "prompt_token_ids"
         vocab = self.args.vocab_size
-        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab]
+        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
-            raise InvalidTokenIds("prompt_token_ids", f"{bad[:5]} are not token ids of this model (0 <= id < {vocab})")
-        return list(prompt)
+            raise InvalidTokenIds(param, f"{bad[:5]} are not token ids of this model (0 <= id < {vocab})")
+        if self.args.mask_token_id in token_ids:  # a committed mask would be read as a position still to decode
+            raise InvalidTokenIds(
+                param, f"contains the mask token (id {self.args.mask_token_id}), which no prompt may hold; remove it"
+            )
+        return token_ids
 
 
 @dataclass(frozen=True)
