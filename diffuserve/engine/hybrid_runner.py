@@ -26,6 +26,7 @@ import torch
 from diffuserve.engine.decoders import propose
 from diffuserve.engine.executor import ModelExecutor, StatePlan
 from diffuserve.engine.model_runner import BlockRows, ModelRunner, StepBatch, block_write
+from diffuserve.engine.prompt_scoring import ScoringRows, prompt_logprobs
 from diffuserve.engine.request import BlockWrite, Request, ScheduledRequest
 from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion
 from diffuserve.model.clover_moe_config import hybrid_args
@@ -33,8 +34,6 @@ from diffuserve.model.layers.gdn_step import RowGroup
 
 
 class HybridRunner(ModelRunner):
-    supports_prompt_scoring = False  # a block's variants would need the GDN state after each earlier block
-
     def __init__(self, executor: ModelExecutor, block_length: int, seed: int = 0, expert_stats: bool = False) -> None:
         super().__init__(executor, block_length, seed, expert_stats)
         hybrid = hybrid_args(self.model.args)
@@ -48,15 +47,23 @@ class HybridRunner(ModelRunner):
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, BlockWrite]:
+        self.prompt_scores = {}
         batch = self.build_batch(scheduled)
-        if not batch.forward.input_ids.numel():
+        scoring = batch.scoring if batch.scoring is not None and batch.scoring.requests else None
+        if not batch.forward.input_ids.numel() and scoring is None:
             return {}  # only requests with nothing left to compute (max_tokens 0)
-        hidden = self.executor.execute(batch.forward)  # [N, H]
-        if not batch.blocks:
-            return {}
         cache = self.executor.state_cache
         assert cache is not None, "a hybrid model's executor has a state cache"
+        # A step may only score block first positions, read from rows kept by earlier steps: no forward then.
+        hidden = self.executor.execute(batch.forward) if batch.forward.input_ids.numel() else cache.last_hidden[:0]
         source = torch.cat([hidden, cache.last_hidden])  # row N + slot: that slot's last committed position
+        if scoring is not None:
+            rows = self._long(scoring.logit_rows)
+            self.prompt_scores = prompt_logprobs(
+                self.model.compute_logits(source.index_select(0, rows)), scoring.requests
+            )
+        if not batch.blocks:
+            return {}
         logits = self.model.compute_logits(source.index_select(0, batch.logit_rows))  # [M, V]
         decode = self._decode if self.preview else self._next_token
         return {b.work.request.request_id: decode(b, logits) for b in batch.blocks}
@@ -66,24 +73,34 @@ class HybridRunner(ModelRunner):
         num_rows = batch.forward.input_ids.shape[0]
         rows = []
         for block in batch.blocks:
-            slot = block.work.request.state_slot
-            assert slot is not None, "a running request of a hybrid model holds a state slot"
+            slot = self._state_slot(block.work.request)
             for i in block.positions:
                 if not self.shift:
                     rows.append(block.token_start + i)
                 else:
                     rows.append(block.token_start + i - 1 if i > 0 else num_rows + slot)
-        forward = dataclasses.replace(batch.forward, state=self._state_plan(scheduled))
-        return StepBatch(forward, self._long(rows), batch.blocks)
+        scoring = batch.scoring
+        assert scoring is not None, "the paged runner always builds the step's scoring rows"
+        for index, request in scoring.previous_rows:
+            scoring.logit_rows[index] = num_rows + self._state_slot(request)
+        forward = dataclasses.replace(batch.forward, state=self._state_plan(scheduled, scoring))
+        return StepBatch(forward, self._long(rows), batch.blocks, scoring)
+
+    def _scoring_rows(self) -> ScoringRows:
+        return ScoringRows(shift=self.shift, causal=not self.preview)
+
+    @staticmethod
+    def _state_slot(request: Request) -> int:
+        assert request.state_slot is not None, "a running request of a hybrid model holds a state slot"
+        return request.state_slot
 
     # ---- the step's state plan -----------------------------------------------------------------------------
-    def _state_plan(self, scheduled: list[ScheduledRequest]) -> StatePlan:
+    def _state_plan(self, scheduled: list[ScheduledRequest], scoring: ScoringRows) -> StatePlan:
         commits: dict[tuple[int, int, bool], list[tuple[int, int, int]]] = defaultdict(list)
-        block_rows, block_slots, reset, restore, last_rows, last_slots = [], [], [], [], [], []
+        previews, reset, restore, last_rows, last_slots = [], [], [], [], []
         start = 0
         for work in scheduled:
-            slot = work.request.state_slot
-            assert slot is not None
+            slot = self._state_slot(work.request)
             if work.commit_start == 0:
                 reset.append(slot)
             if work.restore_from is not None:
@@ -96,17 +113,15 @@ class HybridRunner(ModelRunner):
                 last_rows.append(start + num_commit - 1)
                 last_slots.append(slot)
             if work.has_block:
-                block_rows.append(start + num_commit)
-                block_slots.append(slot)
+                previews.append((start + num_commit, slot, -1))
             start += work.num_tokens
+        for row, request in scoring.variants:
+            # A variant previews its request's slot as the block does: it reads the advanced state, never writes it.
+            previews.append((row, self._state_slot(request), -1))
         groups = tuple(
             self._group(length, members, has_snapshot) for (_, length, has_snapshot), members in sorted(commits.items())
         )
-        blocks = (
-            self._group(self.block_length, [(r, s, -1) for r, s in zip(block_rows, block_slots)], False)
-            if block_rows
-            else None
-        )
+        blocks = self._group(self.block_length, previews, False) if previews else None
         restored = (self._long([s for s, _ in restore]), self._long([d for _, d in restore])) if restore else None
         return StatePlan(
             groups, blocks, self.preview, self._long(reset), restored, self._long(last_rows), self._long(last_slots)

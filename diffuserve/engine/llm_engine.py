@@ -114,7 +114,7 @@ class LLMEngine:
         if params.prompt_logprobs is not None and not self.runner.supports_prompt_scoring:
             raise UnsupportedParameter(
                 "prompt_logprobs",
-                "prompt scoring is not supported for models with recurrent layers (clover_moe) yet; remove the field",
+                "prompt scoring needs --recurrent-state keep (not recompute or rescan); remove the field",
             )
         vocab = self.args.vocab_size
         bad = [t for t in params.stop_token_ids if t >= vocab]

@@ -61,7 +61,7 @@ class StepBatch:
 
 class ModelRunner:
     supports_prompt_scoring = True
-    """Whether prompt_logprobs can be computed (the hybrid runners cannot preview against past states yet)."""
+    """Whether prompt_logprobs can be computed (not by the hybrid runners that rebuild states: recompute, rescan)."""
 
     def __init__(self, executor: ModelExecutor, block_length: int, seed: int = 0, expert_stats: bool = False) -> None:
         self.executor = executor
@@ -143,7 +143,7 @@ class ModelRunner:
             key_slots = self._key_slots(request.page_ids, work.query_end)
             slot_mapping.append(key_slots[work.query_start :])
             sequences.append(SequenceSlice(start, work.num_tokens, key_slots, self._mask(work)))
-        scoring = ScoringRows()
+        scoring = self._scoring_rows()
         for work in scheduled:
             if work.score_end > work.score_start:
                 scoring.add(work, len(ids), self._key_slots)
@@ -160,6 +160,10 @@ class ModelRunner:
             offload,
         )
         return StepBatch(forward, torch.tensor(logit_rows, dtype=torch.long, device=self.device), blocks, scoring)
+
+    def _scoring_rows(self) -> ScoringRows:
+        """An empty set of scoring queries, laid out as this runner's model reads them."""
+        return ScoringRows()
 
     def _read_positions(self, request: Request) -> list[int]:
         """Canvas indices of the request's block whose logits its decoder reads."""

@@ -9,6 +9,16 @@ from its own row) gives log p(x_p | x_<bB committed, x_bB..x_p-1 revealed):
 
     log p(x) = sum_{p >= 1} log_softmax(logits of the variant of p, at row p)[x_p]
 
+Families that predict with the AR shift (clover_moe: position p from row p - 1) read the same variant at row
+p - 1, a revealed prompt token's row; a block's first position (offset 0) has no revealed row in its block and is
+read from the clean stream's row p - 1, the last committed position (the row a block's first generated position
+is decoded from), so it needs no variant. There a variant is a block preview of the request's state slot: the
+GDN layers read the state after the committed blocks (never writing it) and the attention layers read the
+committed pages and the variant's own K/V, so the step must commit exactly the blocks before the scored block
+(engine/state_scheduling.py). A checkpoint without the block-diffusion tensors is autoregressive and scores as a
+plain causal LM: its variants are run causally (causal mask, GDN state advanced in a copy that is dropped), so
+row p - 1 is the clean causal forward's, giving log p(x_p | x_<p).
+
 Layout: the scheduler hands a step positions [score_start, score_end) of a request whose earlier blocks are
 committed by that forward. Their variants follow the requests' own queries in the flattened batch, one sequence
 per block: queries the block's variants one after another, keys the committed prefix then the variants'
@@ -26,7 +36,7 @@ import torch
 
 from diffuserve.engine.logprobs import logprob_rows, token_logprobs
 from diffuserve.engine.output_processor import TokenLogprobs
-from diffuserve.engine.request import ScheduledRequest
+from diffuserve.engine.request import Request, ScheduledRequest
 from diffuserve.model.layers.attention import SequenceSlice
 
 KeySlots = Callable[[list[int], int], torch.Tensor]
@@ -56,6 +66,11 @@ class ScoredPositions:
 class ScoringRows:
     """The scoring queries of a step, appended after the requests' own queries."""
 
+    shift: bool = False
+    """Position p is read from row p - 1 (clover_moe): a block's first position from its request's last
+    committed row, filled in by the runner (`previous_rows`)."""
+    causal: bool = False
+    """Variants attend to themselves causally (an autoregressive checkpoint) rather than whole."""
     input_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     slot_mapping: list[torch.Tensor] = field(default_factory=list)
@@ -63,6 +78,11 @@ class ScoringRows:
     logit_rows: list[int] = field(default_factory=list)
     """Batch row of each scored position (in `requests` order)."""
     requests: list[ScoredPositions] = field(default_factory=list)
+    variants: list[tuple[int, Request]] = field(default_factory=list)
+    """First batch row of each variant and its request (the hybrid runner previews its state slot there)."""
+    previous_rows: list[tuple[int, Request]] = field(default_factory=list)
+    """With `shift`: (index into `logit_rows`, request) of each block's first position, whose row is the
+    request's last committed one; -1 in `logit_rows` until the runner sets it."""
 
     def add(self, work: ScheduledRequest, first_row: int, key_slots: KeySlots) -> None:
         """Appends `work`'s variants; `first_row`: the batch row the scoring queries start at."""
@@ -72,29 +92,40 @@ class ScoringRows:
         start = 0
         for b in sorted({p // block for p in positions}):
             group = [p for p in positions if p // block == b]
+            if self.shift and group[0] % block == 0:
+                self.previous_rows.append((len(self.logit_rows), request))
+                self.logit_rows.append(-1)
+                group = group[1:]
+            if not group:
+                continue
             rows = first_row + len(self.input_ids)
             for i, p in enumerate(group):
                 self.input_ids += variant(request.prompt_token_ids, p, block, request.mask_token_id)
                 self.positions += range(b * block, (b + 1) * block)
-                self.logit_rows.append(rows + i * block + p % block)
+                self.variants.append((rows + i * block, request))
+                self.logit_rows.append(rows + i * block + p % block - self.shift)
             slots = scratch[start : start + len(group) * block]
             start += len(group) * block
             self.slot_mapping.append(slots)
             keys = torch.cat([key_slots(request.page_ids, b * block), slots])
-            mask = variant_mask(len(group), block, b, keys.device)
+            mask = variant_mask(len(group), block, b, keys.device, self.causal)
             self.sequences.append(SequenceSlice(rows, len(group) * block, keys, mask))
         tokens = [request.prompt_token_ids[p] for p in positions]
         num_top = request.params.prompt_logprobs or 0  # set: the scheduler scores only requests that ask
         self.requests.append(ScoredPositions(request.request_id, positions, tokens, num_top))
 
 
-def variant_mask(num_variants: int, block_length: int, block_index: int, device: torch.device) -> torch.Tensor | None:
-    """[V * B, b * B + V * B] bool for V variants of block b: every variant sees the committed prefix and itself,
-    never another variant. None when one variant sees every key."""
-    if num_variants == 1:
+def variant_mask(
+    num_variants: int, block_length: int, block_index: int, device: torch.device, causal: bool = False
+) -> torch.Tensor | None:
+    """[V * B, b * B + V * B] bool for V variants of block b: every variant sees the committed prefix and itself
+    (causally with `causal`), never another variant. None when one variant sees every key."""
+    if num_variants == 1 and not causal:
         return None
     variant_of = torch.arange(num_variants * block_length, device=device) // block_length
     own = variant_of[:, None] == variant_of[None, :]
+    if causal:
+        own = own.tril()
     prefix = torch.ones(num_variants * block_length, block_index * block_length, dtype=torch.bool, device=device)
     return torch.cat([prefix, own], dim=1)
 

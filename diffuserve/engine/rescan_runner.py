@@ -22,6 +22,7 @@ import torch
 
 from diffuserve.engine.executor import ModelExecutor, StatePlan
 from diffuserve.engine.hybrid_runner import HybridRunner
+from diffuserve.engine.prompt_scoring import ScoringRows
 from diffuserve.engine.request import ScheduledRequest
 from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.layers.gated_deltanet import GdnInputs
@@ -29,6 +30,8 @@ from diffuserve.model.layers.gdn_rescan import GdnRescan, PrefixGroup
 
 
 class RescanRunner(HybridRunner):
+    supports_prompt_scoring = False  # the baseline rebuilds slots from kept commits; its variants are untested
+
     def __init__(
         self,
         executor: ModelExecutor,
@@ -56,9 +59,9 @@ class RescanRunner(HybridRunner):
             for _ in cache.conv_caches
         ]
 
-    def _state_plan(self, scheduled: list[ScheduledRequest]) -> StatePlan:
+    def _state_plan(self, scheduled: list[ScheduledRequest], scoring: ScoringRows) -> StatePlan:
         rescan = GdnRescan(self.history, self._prefixes(scheduled), self._write_rows(scheduled))
-        return dataclasses.replace(super()._state_plan(scheduled), rescan=rescan)
+        return dataclasses.replace(super()._state_plan(scheduled, scoring), rescan=rescan)
 
     def _prefixes(self, scheduled: list[ScheduledRequest]) -> tuple[PrefixGroup, ...]:
         """The step's sequences by committed length: everything before their commit tokens is committed."""

@@ -229,7 +229,8 @@ class Scheduler:
         max_tokens 0 has no block: once scored it gets an empty piece of work, which finishes it."""
         start = request.num_computed_tokens
         pending = max(0, request.commit_target - start)
-        chunk = min(pending, budget // self.block_length * self.block_length)
+        limit = self.state.scoring_commit_limit(request) if self.state is not None else pending
+        chunk = min(pending, budget // self.block_length * self.block_length, limit)
         score_start, score_end = self._plan_scoring(request, start + chunk, budget - chunk)
         left = budget - chunk - (score_end - score_start) * self.block_length
         is_block_commit = request.block_start > request.num_prefill_positions

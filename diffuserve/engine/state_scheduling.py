@@ -1,6 +1,10 @@
 """The scheduler's side of recurrent state (hybrid models): which request holds which state slot, which prefix
 a new request can restore, and when a running request's state is snapshotted. Torch-free.
 
+Prompt scoring (`prompt_logprobs`) previews the state after the blocks before each scored block, and a slot
+holds one state: a scoring request commits only up to the block of its next scored position, and a prefix hit
+may not reach past it (engine/prompt_scoring.py).
+
 Lifecycle of a slot: taken at admission (a prefix-cache hit first copies the prefix's snapshot into it, else it
 starts empty), advanced by every forward that commits the request's tokens, freed when the request finishes, is
 aborted or is preempted (its state is dropped with its pages and recomputed on resume: the commit forwards that
@@ -51,7 +55,25 @@ class StateSlots:
         predicted from the position before it, under the AR shift) one position is left to recompute, whose
         forward yields that prediction's hidden row."""
         end = request.block_start - (1 if request.generation_start_in_block() == 0 else 0)
+        if request.num_unscored:
+            # No state past the next scored block (`scoring_commit_limit`); if the next scored position is a
+            # block's first, none past the row that predicts it either.
+            first = request.score_cursor % request.block_length == 0
+            end = min(end, self._scored_block_start(request) - (1 if first else 0))
         return max(end, 0) // self.page_size
+
+    def scoring_commit_limit(self, request: Request) -> int:
+        """Positions the request may commit this step. While it scores its prompt (prompt_logprobs) the commits
+        stop at the block of its next scored position: that block's variants preview the state after exactly
+        the blocks before it, and the slot holds only the state after the step's commits (its first position is
+        read from the last committed row, kept as the slot's `last_hidden`)."""
+        if not request.num_unscored:
+            return request.commit_target
+        return max(0, self._scored_block_start(request) - request.num_computed_tokens)
+
+    @staticmethod
+    def _scored_block_start(request: Request) -> int:
+        return request.score_cursor // request.block_length * request.block_length
 
     def can_admit(self, restore_from: int | None) -> bool:
         return self.pool.can_allocate(keep=self._pinned | {restore_from})

@@ -10,8 +10,6 @@ import pytest
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.engine import prompt_scoring
-from diffuserve.engine.errors import UnsupportedParameter
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.testing.reference_model import load_reference
 from diffuserve.testing.reference_scoring import reference_prompt_log_probs
 from tests.engine.test_oracle_mutations import apply_source_mutation
@@ -132,16 +130,6 @@ def test_broken_variant_masking_fails_the_equality(tiny_model_dir, monkeypatch, 
     assert not _mismatches(_score(llm, PROMPT).prompt_logprobs, expected, PROMPT)
     apply_source_mutation(monkeypatch, prompt_scoring, old, new)
     assert len(_mismatches(_score(llm, PROMPT).prompt_logprobs, expected, PROMPT)) >= 4
-
-
-def test_clover_moe_refuses_prompt_logprobs(tmp_path):
-    config = make_clover_moe_config(block_length=4, num_hidden_layers=4)
-    model_dir = write_clover_moe_checkpoint(tmp_path / "clover", config, seed=1)
-    llm = LLM(str(model_dir), device="cpu", max_model_len=64)
-    with pytest.raises(UnsupportedParameter, match="prompt_logprobs"):
-        llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(prompt_logprobs=1, max_tokens=0))
-    out = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(max_tokens=0))[0]
-    assert out.outputs[0].token_ids == [] and out.outputs[0].finish_reason == "length"
 
 
 def test_prompt_logprobs_is_validated():

@@ -1,5 +1,6 @@
 """`diffuserve serve` on a clover_moe directory (hybrid: GDN state slots + paged K/V): completions, streamed or
-not, equal the offline API's; /metrics shows the state slots; a client that disconnects mid-stream gets its
+not, equal the offline API's; echo scoring (lm-eval's loglikelihood request) equals the naive reference; /metrics
+shows the state slots; a client that disconnects mid-stream gets its
 request aborted and its state slot and pages freed."""
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import httpx
 import pytest
 
 from diffuserve import LLM, SamplingParams
+from diffuserve.model.loader import load_model
 from diffuserve.server.cli import ServerConfig
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.testing.reference_scoring import reference_hybrid_prompt_log_probs
 from tests.server.conftest import LiveServer
 
 
@@ -45,6 +48,16 @@ def test_completions_equal_the_offline_api_and_metrics_show_the_slots(server, hy
     assert text == offline
     assert server.metric("state_slots_total") == server.engine.state_pool.num_slots > 0
     assert server.metric("state_slots_used") == 0
+
+
+def test_echo_scoring_equals_the_naive_reference(server, hybrid_dir):
+    prompt = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108]  # three blocks of 4 (logits up to ~30: rel 1e-5)
+    body = {"model": "hybrid", "prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
+    logprobs = server.post("/v1/completions", body).json()["choices"][0]["logprobs"]
+    expected = reference_hybrid_prompt_log_probs(load_model(hybrid_dir)[1], prompt)
+    assert logprobs["token_logprobs"][0] is None and len(logprobs["tokens"]) == len(prompt) + 1
+    for p in range(1, len(prompt)):
+        assert logprobs["token_logprobs"][p] == pytest.approx(float(expected[p][prompt[p]]), rel=1e-5, abs=1e-4)
 
 
 def test_a_client_disconnect_frees_the_state_slot_and_pages(server):
