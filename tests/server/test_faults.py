@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -117,9 +118,16 @@ def one_seat_server(tiny_model_dir: Path, single_threaded_torch: None):
     server.stop()
 
 
-def test_full_waiting_queue_is_a_429_with_retry_after(one_seat_server: LiveServer):
+def test_full_waiting_queue_is_a_429_with_retry_after(one_seat_server: LiveServer, monkeypatch):
     server = one_seat_server
     short = {"model": MODEL_NAME, "prompt": "b", "max_tokens": 4}
+    step = server.engine.step
+
+    def paced_step():
+        time.sleep(0.05)  # the running request outlives the others' round trips, however loaded the machine
+        return step()
+
+    monkeypatch.setattr(server.engine, "step", paced_step)
     with ThreadPoolExecutor(1) as pool:
         with httpx.stream("POST", f"{server.url}/v1/completions", json={**LONG, "stream": True}, timeout=60) as running:
             events = sse_events(running)
