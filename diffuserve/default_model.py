@@ -1,4 +1,4 @@
-"""Where the bundled default model lives: the tiny SDAR-MoE-shaped checkpoint shipped inside the package, used by
+"""Where the bundled default model lives: the tiny Clover (`clover_moe`) checkpoint shipped inside the package, used by
 `diffuserve serve | generate | chat | eval` when no model is given."""
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """The cost of grammar-constrained decoding on the bundled model: accuracy and tokens per forward (TPF) of the
 same held-out prompts decoded free, under a regex of each task's answer format, and (addition) under the JSON
-schemas {"type": "integer"} (its own answer format) and {"answer": integer} (a format it never saw). Prints one
-JSON line per configuration, then a final line with all of them (docs/results/structured-tpf.json).
+schemas {"type": "integer"} (its own answer format) and {"answer": integer}: on the addition prompts, and on the
+prompts that ask for JSON (`27+15 in JSON`, the `add_json` task the model is trained on). Prints one JSON line per
+configuration, then a final line with all of them (docs/results/structured-tpf.json).
 
 The cost of the left-to-right acceptance rule alone: a grammar that allows every text, on tiny random
 checkpoints at block lengths 4 and 32 (the bundled model's blocks are 4 long), 64 tokens per prompt.
 
-    python scripts/structured_tpf.py [--per-task 20]
+    python scripts/structured_tpf.py [--per-task 20] [--model DIR]
 """
 
 from __future__ import annotations
@@ -96,10 +97,12 @@ def _answer(text: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-task", type=int, default=20)
+    parser.add_argument("--model", default=str(DEFAULT_MODEL_DIR), help="checkpoint directory (default: bundled)")
     args = parser.parse_args()
-    llm = LLM(str(DEFAULT_MODEL_DIR))
+    llm = LLM(args.model)
     examples = heldout_examples(args.per_task, tasks=list(TASKS))
     adds = [e for e in examples if e.task == "add"]
+    json_adds = heldout_examples(args.per_task, tasks=["add_json"])
     results = {
         "all tasks, free": run(llm, examples, [None] * len(examples), False),
         "all tasks, answer regex": run(
@@ -108,6 +111,10 @@ def main() -> None:
         "add, free": run(llm, adds, [None] * len(adds), False),
         "add, json integer": run(llm, adds, [StructuredOutputsParams(json=INTEGER_SCHEMA)] * len(adds), False),
         "add, json {answer: integer}": run(llm, adds, [StructuredOutputsParams(json=ANSWER_SCHEMA)] * len(adds), True),
+        "add in JSON, free": run(llm, json_adds, [None] * len(json_adds), False),
+        "add in JSON, json {answer: integer}": run(
+            llm, json_adds, [StructuredOutputsParams(json=ANSWER_SCHEMA)] * len(json_adds), False
+        ),
     }
     with tempfile.TemporaryDirectory() as root:
         for block in (4, 32):

@@ -13,7 +13,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model directory (default: the bundled default model)")
     parser.add_argument("--num-per-task", type=int, default=100, help="held-out examples per task")
     parser.add_argument("--seed", type=int, default=1234, help="seed that picks the held-out examples")
-    parser.add_argument("--tasks", default=None, help="comma-separated subset of tasks (default: all)")
+    parser.add_argument(
+        "--tasks", default=None, help="comma-separated tasks (default: the six evaluated ones; add_json is also known)"
+    )
     parser.add_argument(
         "--thresholds",
         default="0.5,0.7,0.8,0.9,0.95",
@@ -29,14 +31,14 @@ def run(args: argparse.Namespace) -> int:
     from diffuserve import LLM
     from diffuserve.default_model import resolve_model
     from diffuserve.eval.harness import decoding_sweep, evaluate, format_table
-    from diffuserve.eval.tasks import TASKS, heldout_examples
+    from diffuserve.eval.tasks import GENERATORS, TASKS, heldout_examples
 
     if args.threads:
         torch.set_num_threads(args.threads)
     tasks = args.tasks.split(",") if args.tasks else list(TASKS)
-    unknown = [t for t in tasks if t not in TASKS]
+    unknown = [t for t in tasks if t not in GENERATORS]
     if unknown:
-        raise ValueError(f"tasks: unknown {', '.join(unknown)}; available: {', '.join(TASKS)}")
+        raise ValueError(f"tasks: unknown {', '.join(unknown)}; available: {', '.join(GENERATORS)}")
     if args.num_per_task < 1:
         raise ValueError(f"num_per_task: got {args.num_per_task}, must be >= 1")
     thresholds = _parse_thresholds(args.thresholds)

@@ -7,6 +7,7 @@ so the training stream never contains a held-out prompt, whatever the seeds.
 
 from __future__ import annotations
 
+import json
 import random
 import string
 import zlib
@@ -65,6 +66,13 @@ def lookup(rng: random.Random) -> tuple[str, str]:
     return f"Item {index} of {' '.join(items)}", items[index - 1]
 
 
+def add_json(rng: random.Random) -> tuple[str, str]:
+    # A short prompt: with its 15-16 answer tokens the example stays within the longest sort (48 tokens), so
+    # training batches keep their width.
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    return f"{a}+{b} in JSON", json.dumps({"answer": a + b})
+
+
 TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
     "add": add,
     "reverse": reverse,
@@ -73,34 +81,44 @@ TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
     "max": maximum,
     "lookup": lookup,
 }
+"""The evaluated tasks (`diffuserve eval`, the training script's check)."""
+JSON_TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {"add_json": add_json}
+"""Answer-format variants: a task asked for a JSON reply (`{"answer": 42}`, written with the separators the
+grammar engine allows). Trained so that a JSON schema constraint finds the answer the model gives free; scored by
+scripts/structured_tpf.py, not counted in the evaluated tasks."""
+GENERATORS = {**TASKS, **JSON_TASKS}
+
 TRAIN_WEIGHTS = {"add": 3.5, "reverse": 1.0, "sort": 1.0, "copy": 1.0, "max": 1.0, "lookup": 1.5}
-"""Training mix: addition (carries) and lookups (position arithmetic) are the slowest to learn, so they are drawn
-more often."""
+"""Training mix (the sdar model's): addition (carries) and lookups (position arithmetic) are the slowest to learn,
+so they are drawn more often."""
 
 
 def is_heldout(task: str, prompt: str) -> bool:
     return zlib.crc32(f"{task}|{prompt}".encode()) % HELDOUT_BUCKETS == 0
 
 
-def training_stream(seed: int) -> Iterator[Example]:
-    """An endless, seeded stream of training examples (TRAIN_WEIGHTS mix), never a held-out prompt."""
+def training_stream(seed: int, mix: dict[str, float] | None = None) -> Iterator[Example]:
+    """An endless, seeded stream of training examples drawn by `mix` (task -> weight; default TRAIN_WEIGHTS),
+    never a held-out prompt."""
     rng = random.Random(seed)
-    names, weights = list(TRAIN_WEIGHTS), list(TRAIN_WEIGHTS.values())
+    mix = mix or TRAIN_WEIGHTS
+    names, weights = list(mix), list(mix.values())
     while True:
         task = rng.choices(names, weights)[0]
-        prompt, answer = TASKS[task](rng)
+        prompt, answer = GENERATORS[task](rng)
         if not is_heldout(task, prompt):
             yield Example(task, prompt, answer)
 
 
 def heldout_examples(num_per_task: int, seed: int = 1234, tasks: list[str] | None = None) -> list[Example]:
-    """`num_per_task` distinct held-out examples of each task (in TASKS order), the same for the same seed."""
+    """`num_per_task` distinct held-out examples of each task (default: TASKS, in order), the same for the same
+    seed."""
     rng = random.Random(seed)
     examples = []
     for task in tasks or list(TASKS):
         seen: set[str] = set()
         while len(seen) < num_per_task:
-            prompt, answer = TASKS[task](rng)
+            prompt, answer = GENERATORS[task](rng)
             if is_heldout(task, prompt) and prompt not in seen:
                 seen.add(prompt)
                 examples.append(Example(task, prompt, answer))

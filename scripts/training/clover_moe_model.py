@@ -42,6 +42,20 @@ CLOVER_MOE_SHAPE: dict[str, Any] = dict(
 """Layers 0-2 GDN, layer 3 gated attention (`full_attention_interval` 4, as the published model); a byte-level
 vocabulary (256 bytes, 4 specials, filler to a multiple of 16)."""
 
+CLOVER_MOE_MIX: dict[str, float] = {
+    "add": 2.0,
+    "add_json": 0.5,
+    "reverse": 1.0,
+    "sort": 2.25,
+    "copy": 1.5,
+    "max": 0.75,
+    "lookup": 1.75,
+}
+"""Training mix (eval.tasks.training_stream). On the sdar model's mix (addition 39 %) this model learned addition
+and max completely by 3,000 steps but not sorting (60 %) or long copies (84.5 %), so those are drawn more often.
+`add_json` (`27+15 in JSON` -> `{"answer": 42}`) teaches the JSON answer a schema constraint asks for; its prompt is
+short so its rows are no longer than a sort's. docs/default-model.md has the runs behind this mix."""
+
 QK_NORM_GAIN = 2**0.5
 """Initial q_norm / k_norm gain (see sdar_model.QK_NORM_GAIN: unit gains make head-dim-32 attention too flat)."""
 PREVIEW_SHARPNESS = 4.0

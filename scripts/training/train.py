@@ -22,14 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diffuserve.eval.tasks import heldout_examples, training_stream
+from diffuserve.eval.tasks import TRAIN_WEIGHTS, heldout_examples, training_stream
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.layers.moe.layer import Router
 from diffuserve.model.registry import family_for
 from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
 from diffuserve.testing.random_checkpoint import save_weights
 
-from .clover_moe_model import CLOVER_MOE_SHAPE, clover_moe_config, init_clover_moe
+from .clover_moe_model import CLOVER_MOE_MIX, CLOVER_MOE_SHAPE, clover_moe_config, init_clover_moe
 from .diffusion_batch import END_OF_TEXT, IM_END, build_batch, diffusion_loss, encode_example, masked_token_accuracy
 from .hybrid_batch import build_hybrid_batch
 from .hybrid_forward import hybrid_diffusion_loss, hybrid_masked_token_accuracy
@@ -50,6 +50,8 @@ class TrainingFamily:
     """(encoded examples, block length, generator, num_copies) -> a batch for `loss` and `accuracy`."""
     loss: Callable[[nn.Module, Any], torch.Tensor]
     accuracy: Callable[[nn.Module, Any], float]
+    mix: dict[str, float]
+    """Training mix: task -> weight (eval.tasks.training_stream)."""
 
 
 FAMILIES: dict[str, TrainingFamily] = {
@@ -61,9 +63,12 @@ FAMILIES: dict[str, TrainingFamily] = {
         build_hybrid_batch,
         hybrid_diffusion_loss,
         hybrid_masked_token_accuracy,
+        CLOVER_MOE_MIX,
     ),
     # Block-causal attention everywhere: one two-stream row per example (diffusion_batch).
-    "sdar": TrainingFamily(SDAR_SHAPE, sdar_config, init_sdar, build_batch, diffusion_loss, masked_token_accuracy),
+    "sdar": TrainingFamily(
+        SDAR_SHAPE, sdar_config, init_sdar, build_batch, diffusion_loss, masked_token_accuracy, TRAIN_WEIGHTS
+    ),
 }
 
 
@@ -72,7 +77,9 @@ class TrainConfig:
     family: str = "clover_moe"
     shape: dict[str, Any] = field(default_factory=lambda: dict(CLOVER_MOE_SHAPE))
     """The family's shape (FAMILIES[family].shape unless a test or an experiment shrinks it)."""
-    steps: int = 3000
+    mix: dict[str, float] = field(default_factory=dict)
+    """Training mix, task -> weight; empty: the family's (FAMILIES[family].mix)."""
+    steps: int = 3200
     batch_size: int = 32
     num_noisy_copies: int = 3
     """Independently noised copies of each example's answer blocks per row (see diffusion_batch)."""
@@ -89,6 +96,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ValueError(f"family: {self.family!r} is unknown; available: {', '.join(FAMILIES)}")
+        if not self.mix:
+            object.__setattr__(self, "mix", dict(FAMILIES[self.family].mix))  # recorded in training_config.json
 
 
 def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[ModelArgs, nn.Module]:
@@ -105,7 +114,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[ModelAr
     ]
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, cfg))
-    examples = training_stream(cfg.seed)
+    examples = training_stream(cfg.seed, cfg.mix)
     generator = torch.Generator().manual_seed(cfg.seed + 1)
     router_stats = _track_routers(model)
     probe = _heldout_probe(family, args.block_length, cfg.seed)

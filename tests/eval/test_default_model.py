@@ -1,14 +1,18 @@
-"""The bundled default model loads and still solves its held-out tasks at its default decoding: a floor that a
-broken engine or checkpoint falls through."""
+"""The bundled default model is a tiny Clover (`clover_moe` in the published layer pattern), loads, and still
+solves its held-out tasks at its default decoding: a floor that a broken engine or checkpoint falls through."""
 
 from __future__ import annotations
 
 import json
+import logging
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.default_model import DEFAULT_MODEL_DIR, resolve_model
 from diffuserve.eval.harness import evaluate
 from diffuserve.eval.tasks import heldout_examples
+from diffuserve.model.clover_moe_config import hybrid_args
+from diffuserve.model.loader import load_model
+from diffuserve.structured_outputs import StructuredOutputsParams
 
 ACCURACY_FLOOR = 0.8
 """Well below the ~0.9+ the model reaches on the full held-out set, so sampling noise never trips it."""
@@ -29,6 +33,19 @@ def test_bundled_model_is_complete_and_small():
     assert resolve_model(None) == str(DEFAULT_MODEL_DIR)
 
 
+def test_bundled_model_is_a_tiny_clover(caplog):
+    """3 Gated DeltaNet layers then 1 gated attention layer, routed experts plus a shared expert, the
+    block-diffusion GDN tensors; it loads without a warning."""
+    config = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
+    assert (config["architectures"], config["model_type"]) == (["CloverMoeModelLM"], "clover_moe")
+    with caplog.at_level(logging.WARNING):
+        args, model = load_model(DEFAULT_MODEL_DIR)
+    assert caplog.records == []
+    hybrid = hybrid_args(args)
+    assert [hybrid.is_gdn(i) for i in range(args.num_layers)] == [True, True, True, False]
+    assert model.has_diffusion and config["shared_expert_intermediate_size"] > 0
+
+
 def test_bundled_model_solves_heldout_tasks_in_parallel():
     llm = LLM(resolve_model(None))
     result = evaluate(llm, heldout_examples(8, seed=7), SamplingParams())
@@ -39,3 +56,14 @@ def test_bundled_model_solves_heldout_tasks_in_parallel():
     chat = llm.chat([{"role": "user", "content": "Reverse abc"}])
     assert chat.outputs[0].text == "cba"
     assert chat.outputs[0].finish_reason == "stop"
+
+
+def test_bundled_model_answers_a_json_request_as_it_does_free():
+    """Asked for JSON (`27+15 in JSON`, a format it was trained on), the answer under a `{"answer": integer}`
+    schema is the one it writes unconstrained."""
+    llm = LLM(resolve_model(None))
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    constrained = SamplingParams(max_tokens=24, structured_outputs=StructuredOutputsParams(json=schema))
+    messages = [{"role": "user", "content": "27+15 in JSON"}]
+    free, forced = llm.chat(messages).outputs[0], llm.chat(messages, constrained).outputs[0]
+    assert json.loads(forced.text) == json.loads(free.text) == {"answer": 42}

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import itertools
+import json
 import re
 
-from diffuserve.eval.tasks import TASKS, Example, heldout_examples, is_correct, is_heldout, training_stream
+from diffuserve.engine.grammar import JSON_SEPARATORS
+from diffuserve.eval.tasks import (
+    GENERATORS,
+    TASKS,
+    Example,
+    heldout_examples,
+    is_correct,
+    is_heldout,
+    training_stream,
+)
+from scripts.training.clover_moe_model import CLOVER_MOE_MIX
 
 
 def _solve(example: Example) -> str:
@@ -23,16 +34,30 @@ def _solve(example: Example) -> str:
         return str(max(int(d) for d in m[1].split()))
     if m := re.fullmatch(r"Item (\d) of ([a-z ]+)", p):
         return m[2].split()[int(m[1]) - 1]
+    if m := re.fullmatch(r"(\d+)\+(\d+) in JSON", p):
+        return f'{{"answer": {int(m[1]) + int(m[2])}}}'
     raise AssertionError(f"unparsed prompt {p!r}")
 
 
 def test_answers_are_correct():
     examples = heldout_examples(50) + list(itertools.islice(training_stream(3), 600))
     assert {e.task for e in examples} == set(TASKS)
+    examples += heldout_examples(50, tasks=["add_json"]) + list(
+        itertools.islice(training_stream(3, CLOVER_MOE_MIX), 600)
+    )
+    assert {e.task for e in examples} == set(GENERATORS)
     for example in examples:
         assert _solve(example) == example.answer, example
         assert is_correct(example, f" {example.answer}\n")
         assert not is_correct(example, example.answer + "0")
+
+
+def test_json_answers_are_what_the_json_grammar_writes():
+    """`{"answer": 42}`, with the separators the constrained decoder's JSON grammar allows (and no others)."""
+    separators = (JSON_SEPARATORS["item_separator"], JSON_SEPARATORS["key_separator"])
+    for example in heldout_examples(20, tasks=["add_json"]):
+        assert example.answer == json.dumps(json.loads(example.answer), separators=separators)
+        assert list(json.loads(example.answer)) == ["answer"]
 
 
 def test_generators_are_deterministic():
@@ -47,6 +72,9 @@ def test_training_never_sees_a_heldout_prompt():
     heldout = heldout_examples(30)
     assert all(is_heldout(e.task, e.prompt) for e in heldout)
     assert len({(e.task, e.prompt) for e in heldout}) == len(heldout)
-    train = list(itertools.islice(training_stream(0), 3000))
+    heldout += heldout_examples(30, tasks=["add_json"])
+    train = list(itertools.islice(training_stream(0), 3000)) + list(
+        itertools.islice(training_stream(0, CLOVER_MOE_MIX), 3000)
+    )
     assert not any(is_heldout(e.task, e.prompt) for e in train)
     assert not {(e.task, e.prompt) for e in heldout} & {(e.task, e.prompt) for e in train}

@@ -10,7 +10,6 @@ import logging
 import torch
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.default_model import DEFAULT_MODEL_DIR
 from diffuserve.model.loader import load_args, load_model
 from diffuserve.testing.random_checkpoint import make_config, resolve_preset, write_random_checkpoint
 
@@ -63,14 +62,6 @@ def test_an_old_dense_clover_directory_is_told_the_dense_name(tmp_path, caplog):
         load_args(old)
     (line,) = _deprecation_lines(caplog)
     assert '"architectures": ["SDARForCausalLM"]' in line and '"model_type": "sdar"' in line
-
-
-def test_the_bundled_model_uses_the_new_names(caplog):
-    config = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
-    assert (config["architectures"], config["model_type"]) == (["SDARMoeForCausalLM"], "sdar_moe")
-    with caplog.at_level(logging.WARNING):
-        family, _ = load_args(DEFAULT_MODEL_DIR)
-    assert family.name == "sdar" and _deprecation_lines(caplog) == []
 
 
 def test_an_old_preset_name_maps_to_the_new_one_with_one_deprecation_line(caplog):
