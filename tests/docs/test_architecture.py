@@ -16,8 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import diffuserve
 
 PACKAGE = Path(diffuserve.__file__).parent
@@ -105,24 +103,22 @@ def test_torch_free_list_is_measured():
     )
 
 
-def _documented_hops() -> tuple[set[str], int]:
+def _documented_hops(title: str) -> tuple[set[str], int]:
     section = _section("The life of a request")
-    hops = section.split("### One offline request, hop by hop", 1)
-    assert len(hops) == 2, "docs/architecture.md: missing '### One offline request, hop by hop'"
+    hops = section.split(f"### {title}", 1)
+    assert len(hops) == 2, f"docs/architecture.md: missing '### {title}'"
     text = hops[1].split("\n### ", 1)[0]
     files = set(re.findall(r"`([\w/]+\.py):[\w.]+`", text))
     count = re.search(r"touches \*\*(\d+) files\*\*", text)
-    assert count, "docs/architecture.md: the hop list must state 'touches **N files**'"
+    assert count, f"docs/architecture.md: '{title}' must state 'touches **N files**'"
     return files, int(count[1])
 
 
-@pytest.fixture(scope="module")
-def traced_files() -> set[str]:
-    """The package files whose code runs while `LLM.generate` serves one prompt of the bundled model."""
+def _trace(model_dir: Path) -> set[str]:
+    """The package files whose code runs while `LLM.generate` serves one prompt."""
     from diffuserve import LLM, SamplingParams
-    from diffuserve.default_model import DEFAULT_MODEL_DIR
 
-    llm = LLM(str(DEFAULT_MODEL_DIR))
+    llm = LLM(str(model_dir))
     files: set[str] = set()
     root = str(PACKAGE) + os.sep
 
@@ -138,10 +134,24 @@ def traced_files() -> set[str]:
     return files
 
 
-def test_the_hop_list_names_the_files_a_request_runs_in(traced_files):
-    documented, count = _documented_hops()
+def _check_hops(title: str, traced_files: set[str]) -> None:
+    documented, count = _documented_hops(title)
     assert documented == traced_files, (
-        f"hop list vs trace: only documented {sorted(documented - traced_files)}, "
+        f"{title}: hop list vs trace: only documented {sorted(documented - traced_files)}, "
         f"only traced {sorted(traced_files - documented)}"
     )
-    assert count == len(traced_files), f"the doc says {count} files; the request touches {len(traced_files)}"
+    assert count == len(traced_files), f"{title}: the doc says {count} files; the request touches {len(traced_files)}"
+
+
+def test_the_hop_list_names_the_files_a_request_runs_in(tmp_path: Path):
+    """An attention-only model: a tiny sdar MoE checkpoint (every layer MoE, no shared expert)."""
+    from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
+
+    model_dir = write_random_checkpoint(tmp_path / "sdar", make_config("sdar-moe-tiny", block_length=4))
+    _check_hops("One offline request, hop by hop", _trace(model_dir))
+
+
+def test_the_clover_hop_list_names_the_files_a_request_runs_in():
+    from diffuserve.default_model import DEFAULT_MODEL_DIR
+
+    _check_hops("The same request on the bundled Clover, hop by hop", _trace(DEFAULT_MODEL_DIR))
