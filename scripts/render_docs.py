@@ -334,6 +334,7 @@ CALIBRATION_RUNS = (
     "throughput-9d82d21",
     "latency-batch1-51c63cc",
     "latency-batch8-51c63cc",
+    "calibration-clover-moe",
 )
 
 
@@ -347,6 +348,8 @@ def calibration(load: Load) -> str:
             if run["bench"] == "throughput"
             else f"latency `--batch-size {work['num_seqs']}`"
         )
+        if run.get("model", {}).get("name", "").startswith("clover-moe-bench"):
+            what += ", clover-moe-bench"
         rows.append(
             [
                 f"{what} (git {run['environment']['git']['sha']}, `{name}.json`)",

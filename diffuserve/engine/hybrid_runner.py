@@ -55,7 +55,11 @@ class HybridRunner(ModelRunner):
         cache = self.executor.state_cache
         assert cache is not None, "a hybrid model's executor has a state cache"
         # A step may only score block first positions, read from rows kept by earlier steps: no forward then.
-        hidden = self.executor.execute(batch.forward) if batch.forward.input_ids.numel() else cache.last_hidden[:0]
+        if batch.forward.input_ids.numel():
+            hidden = self.executor.execute(batch.forward)
+            self._record_experts(batch)
+        else:
+            hidden = cache.last_hidden[:0]
         source = torch.cat([hidden, cache.last_hidden])  # row N + slot: that slot's last committed position
         if scoring is not None:
             rows = self._long(scoring.logit_rows)

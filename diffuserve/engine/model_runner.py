@@ -92,9 +92,7 @@ class ModelRunner:
         if not batch.forward.input_ids.numel():
             return {}  # only requests with nothing left to compute (max_tokens 0)
         hidden = self.executor.execute(batch.forward)  # [N, H]
-        if self.experts is not None and self.experts.enabled:
-            rows = [(b.work.request.request_id, b.token_start, self.block_length) for b in batch.blocks]
-            self.experts.record_step(rows)
+        self._record_experts(batch)
         if batch.scoring is not None and batch.scoring.requests:
             score_rows = torch.tensor(batch.scoring.logit_rows, dtype=torch.long, device=self.device)
             logits = self.model.compute_logits(hidden.index_select(0, score_rows))
@@ -110,6 +108,12 @@ class ModelRunner:
         self.finish_block(request_id)
         if self.structured is not None and request_id in self.structured.states:
             self.structured.release(request_id)
+
+    def _record_experts(self, batch: StepBatch) -> None:
+        """After a forward: the routing statistics of the step's blocks (with expert_stats only)."""
+        if self.experts is not None and self.experts.enabled:
+            rows = [(b.work.request.request_id, b.token_start, self.block_length) for b in batch.blocks]
+            self.experts.record_step(rows)
 
     def finish_block(self, request_id: str) -> None:
         """The request's block is final: the union of experts it touched counts in the statistics."""

@@ -184,3 +184,13 @@ def test_measured_state_per_sequence_equals_the_formula(model_dirs):
     long = _llm(model_dirs[4], max_model_len=1024).engine
     assert long.runner.executor.state_cache.state_bytes_per_slot() == cache.state_bytes_per_slot()
     assert len(long.runner.executor.k_caches) == 1  # 4 layers: 3 GDN + 1 attention
+
+
+def test_routing_statistics_are_recorded_for_hybrid_models(model_dirs):
+    """The hybrid runner records the MoE routing as the paged one does (bench and /metrics read it)."""
+    llm = _llm(model_dirs[4], expert_stats=True)
+    _generate(llm, _prompts([3, 9]), _params(12))
+    experts = llm.engine.stats().experts
+    assert experts is not None
+    assert 1 <= experts.experts_touched_per_block <= experts.num_experts
+    assert 1 <= experts.experts_touched_per_step <= experts.num_experts
