@@ -226,7 +226,11 @@ class ModelExecutor:
         recurrent = RecurrentStepInputs(
             cache.conv_caches, cache.recurrent_caches, plan.commits, plan.blocks, plan.preview, plan.rescan
         )
-        hidden = self.model(inputs.input_ids, inputs.positions, attention, recurrent)
+        if inputs.offload is None:
+            hidden = self.model(inputs.input_ids, inputs.positions, attention, recurrent)
+        else:
+            with offload_context(inputs.offload):
+                hidden = self.model(inputs.input_ids, inputs.positions, attention, recurrent)
         if plan.last_rows.numel():
             cache.last_hidden.index_copy_(0, plan.last_slots, hidden[plan.last_rows])
         return hidden

@@ -34,9 +34,10 @@ def check_recompute_config(config: EngineConfig) -> None:
             f"tensor_parallel_size: {config.parallel.tensor_parallel_size} is not supported for models "
             "with recurrent layers (clover_moe) yet; use 1"
         )
-    if config.cache.expert_offload:
+    if config.cache.expert_offload and config.cache.recurrent_state != "keep":
         raise ValueError(
-            "expert_offload: not supported for models with recurrent layers (clover_moe) yet; drop --expert-offload"
+            f"expert_offload: not supported with --recurrent-state {config.cache.recurrent_state} (models with "
+            "recurrent layers, clover_moe); use --recurrent-state keep or drop --expert-offload"
         )
 
 

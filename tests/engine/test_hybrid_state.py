@@ -194,3 +194,14 @@ def test_routing_statistics_are_recorded_for_hybrid_models(model_dirs):
     assert experts is not None
     assert 1 <= experts.experts_touched_per_block <= experts.num_experts
     assert 1 <= experts.experts_touched_per_step <= experts.num_experts
+
+
+def test_expert_offload_gives_the_same_tokens(model_dirs):
+    """Clover's routed experts in host memory behind a 2-slot device cache per layer: same tokens, and the cache
+    really missed (experts fetched or computed on the host)."""
+    prompts = _prompts([3, 8, 13, 18])
+    expected = _generate(_llm(model_dirs[4]), prompts, _params(24))
+    offloaded = _llm(model_dirs[4], expert_offload=True, expert_stats=True)
+    assert _generate(offloaded, prompts, _params(24)) == expected
+    stats = offloaded.engine.stats().offload
+    assert stats is not None and stats.misses > 0 and stats.bytes_moved > 0
