@@ -524,6 +524,7 @@ def moe_offload(load: Load) -> str:
 TASKS = ("add", "reverse", "sort", "copy", "max", "lookup")
 TRAINING_RUNS = {
     "train-clover-moe-3200": "clover_moe (ships), seed 0, 3,200 steps",
+    "train-clover-moe-3200-rerun": "clover_moe, seed 0, 3,200 steps (retrained)",
     "train-clover-moe-3200-no-json": "clover_moe, seed 0, 3,200 steps, mix without add_json",
     "train-clover-moe-seed0": "clover_moe, seed 0, 3,000 steps, the sdar mix",
     "train-clover-moe-2000steps": "clover_moe, seed 0, 2,000 steps, the sdar mix",
