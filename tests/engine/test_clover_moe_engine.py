@@ -68,8 +68,13 @@ def test_block_diffusion_matches_the_reference_decoder(tmp_path):
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [(dict(tensor_parallel_size=2), "tensor_parallel_size"), (dict(expert_offload=True), "expert_offload")],
+    [
+        (dict(tensor_parallel_size=2), "tensor_parallel_size"),
+        (dict(expert_offload=True, recurrent_state="recompute"), "expert_offload"),
+        (dict(expert_offload=True, recurrent_state="rescan"), "expert_offload"),
+    ],
 )
-def test_recompute_path_refuses_what_it_cannot_do(ar_dir, kwargs, field):
+def test_hybrid_models_refuse_what_they_cannot_do(ar_dir, kwargs, field):
+    """Tensor parallelism (GDN heads are not sharded yet), and expert offload outside the state pool."""
     with pytest.raises(ValueError, match=f"^{field}: .*recurrent layers"):
         LLM(str(ar_dir), device="cpu", max_model_len=256, **kwargs)
