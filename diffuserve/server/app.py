@@ -24,17 +24,14 @@ from diffuserve.server.errors import engine_unavailable, install_error_handlers
 from diffuserve.server.guards import RequestGuard, default_max_request_bytes
 from diffuserve.server.metrics import ServerMetrics
 from diffuserve.server.prompts import PromptRules
-from diffuserve.server.protocol import (
-    ChatCompletionRequest,
+from diffuserve.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from diffuserve.server.response_models import (
     ChatCompletionResponse,
-    CompletionRequest,
     CompletionResponse,
-    DetokenizeRequest,
     DetokenizeResponse,
     ErrorResponse,
     ModelCard,
     ModelList,
-    TokenizeRequest,
     TokenizeResponse,
     VersionResponse,
 )

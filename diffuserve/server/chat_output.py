@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diffuserve.server.protocol import (
+from diffuserve.server.reasoning import split_reasoning
+from diffuserve.server.response_models import (
     AssistantMessage,
     DeltaFunctionCall,
     DeltaMessage,
@@ -18,7 +19,6 @@ from diffuserve.server.protocol import (
     FunctionCallOut,
     ToolCallOut,
 )
-from diffuserve.server.reasoning import split_reasoning
 from diffuserve.server.tool_calls import call_id
 from diffuserve.tool_format import ParsedCall, parse_calls
 

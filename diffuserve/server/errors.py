@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from diffuserve.engine.errors import RequestError
-from diffuserve.server.protocol import ErrorInfo, ErrorResponse
+from diffuserve.server.response_models import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from diffuserve.engine.output_processor import Logprob, RequestOutput, TokenLogprobs
-from diffuserve.server.protocol import CompletionLogprobs, PromptLogprob
+from diffuserve.server.response_models import CompletionLogprobs, PromptLogprob
 
 
 def token_text(token: int, logprob: Logprob) -> str:

@@ -33,7 +33,8 @@ from diffuserve.server.errors import APIError, engine_failed, engine_unavailable
 from diffuserve.server.logprobs import chat_logprobs, completion_logprobs, text_length
 from diffuserve.server.prompt_logprobs import PromptScoring, concat_logprobs, end_offset
 from diffuserve.server.prompts import Prompt
-from diffuserve.server.protocol import (
+from diffuserve.server.protocol import StreamOptions
+from diffuserve.server.response_models import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -46,7 +47,6 @@ from diffuserve.server.protocol import (
     DeltaMessage,
     ErrorResponse,
     PromptTokensDetails,
-    StreamOptions,
     Usage,
 )
 

@@ -47,19 +47,16 @@ from diffuserve.server.prompts import (
     prompt_size,
     render_chat,
 )
-from diffuserve.server.protocol import (
-    ChatCompletionRequest,
+from diffuserve.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from diffuserve.server.reasoning import template_thinks
+from diffuserve.server.response_models import (
     ChatCompletionResponse,
-    CompletionRequest,
     CompletionResponse,
-    DetokenizeRequest,
     DetokenizeResponse,
     ModelCard,
     ModelList,
-    TokenizeRequest,
     TokenizeResponse,
 )
-from diffuserve.server.reasoning import template_thinks
 from diffuserve.server.responses import (
     ResponseContext,
     chat_events,

@@ -1,0 +1,198 @@
+"""The OpenAI wire format (and vLLM's extensions) as pydantic models: responses, stream chunks, errors (the
+requests are `protocol.py`). Models only; `responses.py` builds them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ResponseModel(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+
+class PromptTokensDetails(ResponseModel):
+    cached_tokens: int = 0
+
+
+class Usage(ResponseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    num_forwards: int
+    """NFE: denoising forwards over all choices."""
+    tokens_per_forward: float
+    """TPF: completion_tokens / num_forwards."""
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class TopLogprob(ResponseModel):
+    """A token and its logprob (OpenAI's chat shape). `bytes`: the UTF-8 bytes of `token`."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+    """The most probable tokens at this position, most probable first."""
+
+
+class ChatLogprobs(ResponseModel):
+    content: list[TokenLogprob] | None = None
+
+
+class CompletionLogprobs(ResponseModel):
+    """OpenAI's legacy completions shape: parallel lists, one entry per token."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+    """Character offset of each token in the choice's text."""
+
+
+class PromptLogprob(ResponseModel):
+    """vLLM's shape of one token's entry in `prompt_logprobs`."""
+
+    logprob: float
+    rank: int
+    """1 + the tokens strictly more likely at this position."""
+    decoded_token: str | None = None
+
+
+class ChoiceFields(ResponseModel):
+    """What every choice carries, whole or streamed."""
+
+    index: int
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ResponseFields(ResponseModel):
+    """What every completion response and chunk carries besides its choices."""
+
+    id: str
+    created: int
+    model: str
+    usage: Usage | None = None
+
+
+class CompletionChoice(ChoiceFields):
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
+    """With the request's prompt_logprobs: per prompt position (None at the first), token id -> its entry."""
+
+
+class CompletionResponse(ResponseFields):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+    system_fingerprint: str | None = None
+
+
+class FunctionCallOut(ResponseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(ResponseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class AssistantMessage(ResponseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    reasoning_content: str | None = None
+    """The model's thinking (`<think> ... </think>`), for templates that think; None otherwise."""
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
+
+
+class ChatChoice(ChoiceFields):
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+
+
+class ChatCompletionResponse(ResponseFields):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    system_fingerprint: str | None = None
+
+
+class DeltaFunctionCall(ResponseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(ResponseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
+class DeltaMessage(ResponseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
+
+
+class ChatChunkChoice(ChoiceFields):
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+
+
+class ChatCompletionChunk(ResponseFields):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+
+
+class CompletionChunk(ResponseFields):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+
+
+class ModelCard(ResponseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "diffuserve"
+    root: str
+    parent: str | None = None
+    max_model_len: int
+
+
+class ModelList(ResponseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(ResponseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeResponse(ResponseModel):
+    prompt: str
+
+
+class VersionResponse(ResponseModel):
+    version: str
+
+
+class ErrorInfo(ResponseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(ResponseModel):
+    error: ErrorInfo
