@@ -14,7 +14,7 @@ from diffuserve.planner.plan import make_plan
 from diffuserve.planner.recurrent_state import state_bytes_per_sequence
 from diffuserve.planner.units import GiB
 from tests.planner.hybrid_toy import HYBRID_TOY_CONFIG, hybrid_toy_spec
-from tests.planner.toy import toy_spec
+from tests.planner.toy import hand_checked_plan, toy_spec
 
 COSTS = CostInputs(gpu_hour_price=1.0, capex_per_gpu=1.0)
 
@@ -96,23 +96,7 @@ def test_decode_forward_reads_and_writes_the_state():
     KV 4 x 1008 x 512 = 2,064,384; state read + write 2 x 4 x 205,824 = 1,646,592.
     Recurrence FLOPs: 7 x 3 layers x 4 heads x 64 x 64 x 64 tokens = 22,020,096; attention
     4 x 1 layer x 4 heads x 128 x 64 x 1000 = 131,072,000."""
-    workload = Workload(
-        context_length=2048,
-        prompt_tokens=976,
-        output_tokens=48,
-        block_length=16,
-        tpf=2.0,
-        concurrency=4,
-        experts_touched_fraction=0.5,
-    )
-    plan = make_plan(
-        hybrid_toy_spec(),
-        custom_hardware(8 * GiB, 1e12, 100e12),
-        Deployment(),
-        workload,
-        Efficiency(1.0, 1.0, 0.0),
-        COSTS,
-    )
+    plan = hand_checked_plan(hybrid_toy_spec())
     forward = plan.decode.forward
     assert (forward.weight_bytes, forward.kv_bytes, forward.state_bytes) == (13_952_944, 2_064_384, 1_646_592)
     assert (forward.recurrent_flops, forward.attention_flops) == (22_020_096, 131_072_000)

@@ -10,7 +10,7 @@ from diffuserve.planner.model_presets import load_model
 from diffuserve.planner.plan import make_plan
 from diffuserve.planner.roofline import experts_touched_fraction
 from diffuserve.planner.units import GiB
-from tests.planner.toy import toy_spec
+from tests.planner.toy import hand_checked_plan, toy_spec
 
 
 def test_uniform_expert_touch():
@@ -39,23 +39,7 @@ def test_decode_forward_by_hand():
     2 x 23,111,680 x 64 = 2,958,295,040; LM head 2 x 1,024,000 x 64 = 131,072,000; attention
     4 x 4 layers x 8 heads x 128 x 64 x 1000 = 1,048,576,000 -> 4,137,943,040 / 100 TFLOP/s = 41.4 us.
     Memory-bound: 89.95 us per forward; 4 x TPF 2 / 89.95 us = 88,936 tokens/s."""
-    workload = Workload(
-        context_length=2048,
-        prompt_tokens=976,
-        output_tokens=48,
-        block_length=16,
-        tpf=2.0,
-        concurrency=4,
-        experts_touched_fraction=0.5,
-    )
-    plan = make_plan(
-        toy_spec(),
-        custom_hardware(8 * GiB, 1e12, 100e12),
-        Deployment(),
-        workload,
-        Efficiency(1.0, 1.0, 0.0),
-        CostInputs(gpu_hour_price=1.0, capex_per_gpu=1.0),
-    )
+    plan = hand_checked_plan(toy_spec())
     forward = plan.decode.forward
     assert forward.tokens == 64
     assert forward.weight_bytes == 73_437_184

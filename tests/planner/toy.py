@@ -5,7 +5,11 @@ hidden 1024, 4 layers, 8 query / 2 KV heads of 128, 8 experts top-2 of width 512
 
 from __future__ import annotations
 
+from diffuserve.planner.hardware import custom_hardware
+from diffuserve.planner.inputs import CostInputs, Deployment, Efficiency, Workload
 from diffuserve.planner.model_spec import ModelSpec, spec_from_config
+from diffuserve.planner.plan import Plan, make_plan
+from diffuserve.planner.units import GiB
 
 TOY_CONFIG = dict(
     architectures=["SDARMoeForCausalLM"],
@@ -27,3 +31,28 @@ TOY_CONFIG = dict(
 
 def toy_spec(**overrides: object) -> ModelSpec:
     return spec_from_config({**TOY_CONFIG, **overrides}, "toy")
+
+
+HAND_CHECKED_WORKLOAD = Workload(
+    context_length=2048,
+    prompt_tokens=976,
+    output_tokens=48,
+    block_length=16,
+    tpf=2.0,
+    concurrency=4,
+    experts_touched_fraction=0.5,
+)
+"""The decode step the roofline tests work out by hand: 4 sequences at a mean context of 1000, block 16, TPF 2."""
+
+
+def hand_checked_plan(spec: ModelSpec) -> Plan:
+    """`spec` planned for HAND_CHECKED_WORKLOAD on 8 GiB / 1 TB/s / 100 TFLOP/s hardware, every efficiency 1 and no
+    step overhead, so each number is exactly its formula."""
+    return make_plan(
+        spec,
+        custom_hardware(8 * GiB, 1e12, 100e12),
+        Deployment(),
+        HAND_CHECKED_WORKLOAD,
+        Efficiency(1.0, 1.0, 0.0),
+        CostInputs(gpu_hour_price=1.0, capex_per_gpu=1.0),
+    )
