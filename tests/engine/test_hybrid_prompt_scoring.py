@@ -15,6 +15,7 @@ from diffuserve.model.loader import load_model
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.testing.reference_scoring import reference_hybrid_prompt_log_probs
 from tests.engine.test_oracle_mutations import apply_source_mutation
+from tests.engine.test_prompt_scoring import _mismatches
 
 BLOCK = 4
 PROMPT = [7, 42, 99, 3, 15, 200, 61, 61, 8, 120, 33, 250, 5, 77]
@@ -48,16 +49,6 @@ def _llm(model_dir, **kwargs) -> LLM:
 
 def _score(llm: LLM, prompt: list[int], k: int = 2):
     return llm.generate({"prompt_token_ids": prompt}, SamplingParams(prompt_logprobs=k, max_tokens=0))[0]
-
-
-def _mismatches(scores, reference_log_probs, prompt: list[int]) -> list[int]:
-    bad = []
-    for p, (entry, log_probs) in enumerate(zip(scores, reference_log_probs)):
-        if log_probs is None:
-            assert entry is None
-        elif abs(entry[prompt[p]].logprob - float(log_probs[prompt[p]])) > TOLERANCE:
-            bad.append(p)
-    return bad
 
 
 @pytest.mark.parametrize("budget", [4096, 9, 4], ids=["one-step", "chunked", "one-block"])
