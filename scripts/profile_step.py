@@ -3,6 +3,7 @@ CPU time and their calls per forward, as a human table and a final JSON line (`r
 
     python scripts/profile_step.py --dtype float32 --moe-backend loop --threads 1     # the engine before issue 18
     python scripts/profile_step.py --dtype bfloat16 --threads 1                       # the default fast path
+    python scripts/profile_step.py --model clover-moe-bench --threads 1               # the hybrid model
 
 One warm-up request, then one profiled request (128 prompt / 128 output tokens, block 32, temperature 0).
 """
@@ -29,10 +30,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--block-length", type=int, default=32)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--model", default=None, help="a model directory or clover-moe-bench (default: sdar-moe-bench)")
     ns = parser.parse_args()
     context_ns = argparse.Namespace(
         threads=ns.threads,
-        model=None,
+        model=ns.model,
         model_cache_dir=None,
         model_seed=0,
         logit_scale=3.5,

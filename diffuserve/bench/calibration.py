@@ -45,7 +45,7 @@ def step_samples(steps: Sequence[StepRecord], cost: ModelCost, experts_touched_p
     return [
         StepSample(
             cost.step_flops(s.num_tokens, s.num_logit_rows, s.attention_pairs),
-            cost.step_bytes(experts_touched_per_layer, s.kv_tokens_read),
+            cost.step_bytes(experts_touched_per_layer, s.kv_tokens_read, s.num_seqs),
             s.wall_s,
         )
         for s in steps

@@ -3,6 +3,8 @@ shape of the forward (query tokens, logit rows, attention pairs, K/V read).
 
 The model time comes from forward hooks on the model and its LM head (no engine code is changed to measure
 it), so "engine overhead" = step wall time - model time: scheduling, batch building, decoders, bookkeeping.
+On a hybrid model the GDN layers' time is taken the same way: from each GDN layer's input norm to its
+post-mixer norm (the mixer, its input norm and the residual add).
 Knows nothing of reporting.
 """
 
@@ -37,6 +39,8 @@ class StepRecord:
     """Prompt tokens whose K/V this step computed."""
     generated_tokens: int
     """Tokens that became final in this step."""
+    gdn_s: float = 0.0
+    """Hybrid models: inside the GDN layers' mixers (0 for attention-only models)."""
 
 
 @dataclass
@@ -76,11 +80,11 @@ class ForwardProbe:
     def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
         self.model, self.device = model, device
         self._handles: list = []
-        self._started = 0.0
+        self._started = self._gdn_started = 0.0
         self.reset()
 
     def reset(self) -> None:
-        self.model_s = 0.0
+        self.model_s = self.gdn_s = 0.0
         self.num_tokens = self.num_logit_rows = self.attention_pairs = self.kv_tokens_read = self.num_seqs = 0
 
     def __enter__(self) -> ForwardProbe:
@@ -94,6 +98,13 @@ class ForwardProbe:
                 head.register_forward_pre_hook(self._before_head),
                 head.register_forward_hook(self._after),
             ]
+        for layer in self.model.modules():
+            if getattr(layer, "is_gdn", False):
+                before, after = layer.get_submodule("input_layernorm"), layer.get_submodule("post_attention_layernorm")
+                self._handles += [
+                    before.register_forward_pre_hook(self._before_gdn),
+                    after.register_forward_pre_hook(self._after_gdn),
+                ]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -121,6 +132,12 @@ class ForwardProbe:
 
     def _after(self, module: torch.nn.Module, args: tuple, output: object) -> None:
         self.model_s += self._now() - self._started
+
+    def _before_gdn(self, module: torch.nn.Module, args: tuple) -> None:
+        self._gdn_started = self._now()
+
+    def _after_gdn(self, module: torch.nn.Module, args: tuple) -> None:
+        self.gdn_s += self._now() - self._gdn_started
 
 
 _ids = itertools.count()
@@ -165,6 +182,7 @@ def run_requests(
                         probe.num_seqs,
                         counters.num_prefill_tokens - prefill,
                         counters.num_generated_tokens - generated,
+                        probe.gdn_s,
                     )
                 )
                 if on_step is not None:

@@ -1,7 +1,9 @@
-"""FLOPs and bytes of one engine step of an sdar-family model, computed from its shape (ModelArgs).
+"""FLOPs and bytes of one engine step, computed from the model's shape (ModelArgs): attention models, and hybrid
+clover_moe models (Gated DeltaNet layers beside gated attention; their recurrent state is read and written
+every step).
 
 Owns the arithmetic only: how many FLOPs a query token, a logit row and an attention (query, key) pair cost,
-and how many bytes of weights and K/V a step reads. The counts of tokens, rows and pairs come from the
+and how many bytes of weights, K/V and recurrent state a step reads. The counts of tokens, rows and pairs come from the
 engine's actual step (see engine_run.ForwardProbe), so the result is exact for what ran, not a model of it.
 A multiply-add is 2 FLOPs; elementwise work (norms, RoPE, softmax, SiLU) is not counted.
 """
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from diffuserve.model.clover_moe_config import GdnArgs, hybrid_args, kv_bytes_per_token, state_bytes_per_sequence
 from diffuserve.model.config import ModelArgs
+from diffuserve.planner.recurrent_state import RECURRENT_FLOPS_PER_STATE_ELEMENT
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,11 @@ class ModelCost:
     """One routed expert of one layer (gate, up and down projections)."""
     num_moe_layers: int
     kv_bytes_per_token: float
-    """K and V of one position over all layers."""
+    """K and V of one position over all (attention) layers."""
+    state_bytes_per_seq: float = 0.0
+    """Hybrid models: one sequence's recurrent state over all GDN layers (S in fp32, the conv ring); 0 otherwise."""
+    gdn_weight_bytes: float = 0.0
+    """Hybrid models: the GDN mixers' weights over all GDN layers (in-projections, conv taps, out_proj)."""
 
     def step_flops(self, num_tokens: int, num_logit_rows: int, attention_pairs: int) -> float:
         return (
@@ -39,26 +47,63 @@ class ModelCost:
             + attention_pairs * self.flops_per_attention_pair
         )
 
-    def step_bytes(self, experts_touched_per_layer: float, kv_tokens_read: int) -> float:
-        """Weights read (dense in full, routed experts as touched) plus the cached K/V the queries attend to."""
+    def step_bytes(self, experts_touched_per_layer: float, kv_tokens_read: int, num_seqs: int = 0) -> float:
+        """Weights read (dense in full, routed experts as touched), the cached K/V the queries attend to, and each
+        sequence's recurrent state read and written once (hybrid models)."""
         experts = self.num_moe_layers * experts_touched_per_layer * self.expert_weight_bytes
-        return self.dense_weight_bytes + experts + kv_tokens_read * self.kv_bytes_per_token
+        kv = kv_tokens_read * self.kv_bytes_per_token
+        return self.dense_weight_bytes + experts + kv + num_seqs * self.state_traffic_per_seq
+
+    @property
+    def state_traffic_per_seq(self) -> float:
+        """A sequence's state read and written back in one step."""
+        return 2 * self.state_bytes_per_seq
+
+    def gdn_step_bytes(self, num_seqs: int) -> float:
+        """The GDN layers' floor for one step: their mixers' weights, and the step's states read and written."""
+        return self.gdn_weight_bytes + num_seqs * self.state_traffic_per_seq
+
+
+def gdn_mixer_params(gdn: GdnArgs, hidden: int, has_diffusion: bool) -> int:
+    """Weights of one GDN mixer: in_proj_qkv, in_proj_z, in_proj_b / a, out_proj and the conv taps (the block
+    conv's right taps too when the checkpoint has them); the per-head scalars and the norm are negligible."""
+    projections = hidden * (gdn.conv_dim + gdn.value_dim + 2 * gdn.num_value_heads) + gdn.value_dim * hidden
+    taps = gdn.conv_dim * (gdn.conv_kernel + (gdn.conv_kernel - 1 if has_diffusion else 0))
+    return projections + taps
+
+
+def _mixers(args: ModelArgs) -> tuple[int, int, int, int]:
+    """(attention layers, multiply-adds of one attention mixer, weights of all GDN mixers, multiply-adds of the
+    delta rule per token over all GDN layers). clover_moe's attention is gated: q_proj emits the query and its
+    output gate. The delta rule's FLOPs per state element and token are the planner's count."""
+    h, d = args.hidden_size, args.head_dim
+    if "hybrid" not in args.extra:
+        return args.num_layers, h * (args.num_heads + 2 * args.num_kv_heads) * d + args.num_heads * d * h, 0, 0
+    hybrid, gdn = hybrid_args(args), hybrid_args(args).gdn
+    num_gdn = sum(hybrid.is_gdn(i) for i in range(args.num_layers))
+    attention = h * (2 * args.num_heads + 2 * args.num_kv_heads) * d + args.num_heads * d * h
+    delta_rule = (
+        num_gdn * RECURRENT_FLOPS_PER_STATE_ELEMENT * gdn.num_value_heads * gdn.key_head_dim * gdn.value_head_dim // 2
+    )
+    return args.num_layers - num_gdn, attention, num_gdn * gdn_mixer_params(gdn, h, hybrid.has_diffusion), delta_rule
 
 
 def model_cost(args: ModelArgs, weight_itemsize: int, kv_itemsize: int) -> ModelCost:
     """The per-unit costs of `args` with weights of `weight_itemsize` bytes and K/V of `kv_itemsize` bytes."""
     h, d = args.hidden_size, args.head_dim
-    attention_macs = h * (args.num_heads + 2 * args.num_kv_heads) * d + args.num_heads * d * h
+    num_attention, attention_macs, gdn_params, delta_rule_macs = _mixers(args)
+    hybrid = "hybrid" in args.extra
     moe_layers = [i for i in range(args.num_layers) if args.is_moe_layer(i)]
     num_moe, num_dense = len(moe_layers), args.num_layers - len(moe_layers)
-    shared_macs = 3 * h * args.shared_expert_intermediate_size
+    shared_macs = 3 * h * args.shared_expert_intermediate_size + (h if hybrid else 0)  # + sigmoid gate
     expert_macs = 3 * h * args.moe_intermediate_size
     routed_token_macs = h * args.num_experts + args.num_experts_per_tok * expert_macs + shared_macs
     dense_mlp_macs = 3 * h * args.intermediate_size
-    token_macs = args.num_layers * attention_macs + num_moe * routed_token_macs + num_dense * dense_mlp_macs
+    mixer_macs = num_attention * attention_macs + gdn_params
+    token_macs = mixer_macs + delta_rule_macs + num_moe * routed_token_macs + num_dense * dense_mlp_macs
     norms = args.num_layers * (2 * h + 2 * d) + h
     dense_params = (
-        args.num_layers * attention_macs
+        mixer_macs
         + num_moe * (h * args.num_experts + shared_macs)
         + num_dense * dense_mlp_macs
         + norms
@@ -67,9 +112,13 @@ def model_cost(args: ModelArgs, weight_itemsize: int, kv_itemsize: int) -> Model
     return ModelCost(
         flops_per_token=2.0 * token_macs,
         flops_per_logit_row=2.0 * h * args.vocab_size,
-        flops_per_attention_pair=4.0 * args.num_heads * d * args.num_layers,
+        flops_per_attention_pair=4.0 * args.num_heads * d * num_attention,
         dense_weight_bytes=float(dense_params * weight_itemsize),
         expert_weight_bytes=float(expert_macs * weight_itemsize),
         num_moe_layers=num_moe,
-        kv_bytes_per_token=float(2 * args.num_layers * args.num_kv_heads * d * kv_itemsize),
+        kv_bytes_per_token=float(
+            kv_bytes_per_token(args, kv_itemsize) if hybrid else 2 * num_attention * args.num_kv_heads * d * kv_itemsize
+        ),
+        state_bytes_per_seq=float(state_bytes_per_sequence(args, weight_itemsize) if hybrid else 0),
+        gdn_weight_bytes=float(gdn_params * weight_itemsize),
     )

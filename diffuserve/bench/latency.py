@@ -114,6 +114,15 @@ def _table(ns: argparse.Namespace, batch_latency: list[float], summary: dict[str
     )
 
 
+def gdn_line(gdn: dict[str, float], bandwidth_bytes_per_s: float) -> str:
+    return (
+        f"GDN layers: {1000 * gdn['gdn_s_per_step']:.2f} ms per decode step ({100 * gdn['gdn_share_of_step']:.0f}% "
+        f"of the step); floor {1000 * gdn['gdn_floor_s_per_step']:.2f} ms ({gdn['gdn_bytes_per_step'] / 1e6:.1f} MB "
+        f"of mixer weights and state at the probe's {bandwidth_bytes_per_s / 1e9:.1f} GB/s): "
+        f"{100 * gdn['gdn_bandwidth_fraction']:.0f}% of the bandwidth"
+    )
+
+
 def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
     ctx = make_context(ns)
     block = ns.block_length or ctx.args.block_length
@@ -125,6 +134,8 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
     calibration = _calibration(ctx, ns, block, _merge(warm_records), warm_engine.stats().experts, summary)
     batch_latency = [r.wall_s for r in records]
     print(_table(ns, batch_latency, summary))
+    if summary["gdn"]:
+        print(gdn_line(summary["gdn"], rates.bandwidth_bytes_per_s))
     return {
         "bench": "latency",
         "environment": {**ctx.environment, "load_average_end": load_average()},

@@ -6,7 +6,9 @@ Definitions (docs/benchmarks.md repeats them):
   decode tokens/s = tokens that became final in decode steps (no prompt tokens) / those steps' wall time;
 - TTFT = arrival -> first committed block; E2E = arrival -> finish; TPOT = (E2E - TTFT) / (tokens - 1);
 - efficiency over decode steps: FLOPs / wall time vs the probe's matmul rate, bytes / wall time vs its bandwidth;
-- overhead = 1 - (time inside the model's forward and LM head) / (step wall time), over decode steps.
+- overhead = 1 - (time inside the model's forward and LM head) / (step wall time), over decode steps;
+- hybrid models: the GDN layers' time per decode step vs their bytes floor (mixer weights + state read and
+  written) at the probe's bandwidth.
 Knows nothing of how the run was driven.
 """
 
@@ -51,7 +53,7 @@ def efficiency(
     wall = sum(s.wall_s for s in decode)
     model = sum(s.model_s for s in decode)
     flops = sum(cost.step_flops(s.num_tokens, s.num_logit_rows, s.attention_pairs) for s in decode)
-    nbytes = sum(cost.step_bytes(experts_touched_per_layer, s.kv_tokens_read) for s in decode)
+    nbytes = sum(cost.step_bytes(experts_touched_per_layer, s.kv_tokens_read, s.num_seqs) for s in decode)
     if not wall:
         return {
             "flops_per_s": None,
@@ -70,6 +72,24 @@ def efficiency(
         "bandwidth_fraction": nbytes / wall / rates.bandwidth_bytes_per_s,
         "overhead_fraction": 1 - model / wall,
         "overhead_s_per_step": (wall - model) / len(decode),
+    }
+
+
+def gdn_roofline(steps: list[StepRecord], cost: ModelCost, rates: MachineRates) -> dict[str, float] | None:
+    """Hybrid models: the GDN layers' time per decode step against their bytes floor (their mixers' weights and
+    each sequence's state read and written once) at the probe's bandwidth. None for attention-only models."""
+    decode = [s for s in steps if s.prefill_tokens == 0] or steps
+    if not cost.gdn_weight_bytes or not decode:
+        return None
+    measured = sum(s.gdn_s for s in decode) / len(decode)
+    floor_bytes = sum(cost.gdn_step_bytes(s.num_seqs) for s in decode) / len(decode)
+    floor = floor_bytes / rates.bandwidth_bytes_per_s
+    return {
+        "gdn_s_per_step": measured,
+        "gdn_floor_s_per_step": floor,
+        "gdn_bytes_per_step": floor_bytes,
+        "gdn_bandwidth_fraction": floor / measured if measured else 0.0,
+        "gdn_share_of_step": measured / (sum(s.wall_s for s in decode) / len(decode)),
     }
 
 
@@ -96,5 +116,6 @@ def run_summary(
         "mean_seqs_per_decode_step": sum(s.num_seqs for s in decode) / len(decode) if decode else 0.0,
         "latency": latencies(record),
         "efficiency": efficiency(steps, cost, rates, touched),
+        "gdn": gdn_roofline(steps, cost, rates),
         "experts": asdict(experts) if experts else None,
     }

@@ -40,6 +40,15 @@ EXPERTS = {
     "type": ["object", "null"],
     "required": ["num_experts", "experts_touched_per_step", "experts_touched_per_block", "load_imbalance"],
 }
+GDN = {
+    "type": ["object", "null"],
+    "required": ["gdn_s_per_step", "gdn_floor_s_per_step", "gdn_bytes_per_step", "gdn_bandwidth_fraction"],
+    "properties": {
+        "gdn_s_per_step": {"type": "number", "minimum": 0},
+        "gdn_floor_s_per_step": {"type": "number", "minimum": 0},
+        "gdn_share_of_step": {"type": "number", "minimum": 0},
+    },
+}
 RUN = {
     "type": "object",
     "required": [
@@ -54,6 +63,7 @@ RUN = {
         "latency",
         "efficiency",
         "experts",
+        "gdn",
     ],
     "properties": {
         "generated_tokens": COUNT,
@@ -70,6 +80,7 @@ RUN = {
             "required": ["flops_per_s", "matmul_fraction", "bytes_per_s", "bandwidth_fraction", "overhead_fraction"],
         },
         "experts": EXPERTS,
+        "gdn": GDN,
     },
 }
 CALIBRATION = {

@@ -3,9 +3,14 @@ schema, the counts add up, and `diffuserve plan --calibrate` accepts the calibra
 
 from __future__ import annotations
 
+import pytest
+
 from diffuserve.bench.accuracy import accuracy_vs_tpf
+from diffuserve.bench.flops import model_cost
 from diffuserve.cli import main
+from diffuserve.model.loader import load_args
 from diffuserve.planner.calibrate import missing_keys
+from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from tests.bench.conftest import FAST, plot_args, pngs
 from tests.bench.json_schema import LATENCY, THROUGHPUT, validate
 
@@ -80,9 +85,30 @@ def test_latency_json(bench_model_dir, run_bench, tmp_path):
     assert result["result"]["generated_tokens"] == 4 * 6
     assert result["workload"]["block_length"] == 4  # the model's
     assert "latency mean s" in text
+    assert result["result"]["gdn"] is None  # an attention-only model
     assert missing_keys(result["calibration"]) == []
     if plot_args(tmp_path):
         assert pngs(tmp_path) == {"latency_percentiles.png"}
+
+
+def test_latency_reports_gdn_layers_against_their_floor(run_bench, tmp_path):
+    """A hybrid model: the GDN layers' time per decode step (taken inside the model, so less than the step) and
+    their bytes floor (mixer weights + each sequence's state read and written) at the probe's bandwidth."""
+    model = write_clover_moe_checkpoint(tmp_path / "clover", make_clover_moe_config(), seed=5, logit_scale=20.0)
+    sizes = ["--batch-size", "2", "--num-iters", "1", "--prompt-tokens", "6", "--output-tokens", "8"]
+    code, result, text = run_bench(["latency", "--model", str(model), *sizes, *FAST])
+    assert code == 0
+    assert validate(result, LATENCY) == []
+    gdn, step_s = result["result"]["gdn"], result["result"]["mean_decode_step_s"]
+    assert 0 < gdn["gdn_s_per_step"] < step_s
+    assert gdn["gdn_share_of_step"] == pytest.approx(gdn["gdn_s_per_step"] / step_s)
+    cost = model_cost(load_args(model)[1], weight_itemsize=4, kv_itemsize=4)
+    # Each of the step's one or two sequences reads and writes its state once.
+    one, two = (cost.gdn_weight_bytes + n * 2 * cost.state_bytes_per_seq for n in (1, 2))
+    assert one <= gdn["gdn_bytes_per_step"] <= two
+    bandwidth = result["machine"]["bandwidth_bytes_per_s"]
+    assert gdn["gdn_floor_s_per_step"] == pytest.approx(gdn["gdn_bytes_per_step"] / bandwidth)
+    assert "GDN layers:" in text
 
 
 def test_accuracy_vs_tpf_rows(bench_model_dir, tmp_path):
