@@ -124,16 +124,19 @@ class GatedDeltaNet(nn.Module):
     def preview(self, x: torch.Tensor, state: GdnState | None = None) -> torch.Tensor:
         """Block diffusion: x [B, T, H] is a whole block after `state`, which is read and not advanced; every
         position may depend on every other position of the block (see gdn_preview)."""
+        state = state or self.empty_state(x.shape[0], x.dtype, x.device)
+        return self.output(x, self.preview_mix(self.project(x), state))
+
+    def preview_mix(self, inputs: GdnInputs, state: GdnState) -> torch.Tensor:
+        """The preview's conv and mixer over a block's projected inputs [B, T, ...] -> o [B, Hv, T, Dv] fp32."""
         if not self.has_diffusion:
             raise ValueError(
                 "GatedDeltaNet.preview: this checkpoint has no block-diffusion tensors "
                 "(conv_right_weight, bd_softmax_*); run it autoregressively"
             )
-        state = state or self.empty_state(x.shape[0], x.dtype, x.device)
-        inputs = self.project(x)
         conv = F.silu(block_conv(inputs.mixed.transpose(1, 2), state.conv, self.conv1d.weight, self.conv_right_weight))
         q, k, v = self._qkv(conv.transpose(1, 2))
-        o = preview_mix(
+        return preview_mix(
             q,
             k,
             v,
@@ -143,7 +146,6 @@ class GatedDeltaNet(nn.Module):
             self.bd_softmax_history_bias,
             self.bd_softmax_history_c,
         )
-        return self.output(x, o)
 
     def _qkv(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """conv [B, T, conv_dim] -> q, k [B, Hv, T, Dk] (normalised, fp32), v [B, Hv, T, Dv] fp32."""
@@ -160,8 +162,11 @@ class GatedDeltaNet(nn.Module):
         return l2_normalize(q) * gdn.key_head_dim**-0.5, l2_normalize(k), v
 
     def output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-        """o [B, Hv, T, Dv] fp32 -> out_proj(GatedRMSNorm(o, z)) [B, T, H]."""
-        batch, length = x.shape[:2]
-        z = self.in_proj_z(x).view(batch, length, self.gdn.num_value_heads, self.gdn.value_head_dim)
-        normed = self.norm(o.transpose(1, 2).to(x.dtype), z)
-        return self.out_proj(normed.reshape(batch, length, self.gdn.value_dim))
+        """o [B, Hv, T, Dv] fp32 -> out_proj(GatedRMSNorm(o, z)) [B, T, H], z = in_proj_z(x)."""
+        return self.gated_output(o.transpose(1, 2), self.in_proj_z(x))
+
+    def gated_output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """o [..., Hv, Dv] fp32, z [..., value_dim] (in_proj_z of the same positions) -> [..., H]."""
+        gdn = self.gdn
+        normed = self.norm(o.to(z.dtype), z.unflatten(-1, (gdn.num_value_heads, gdn.value_head_dim)))
+        return self.out_proj(normed.flatten(-2))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnState
+from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnInputs, GdnState
 from diffuserve.model.layers.gdn_rescan import GdnRescan
 
 
@@ -62,19 +62,23 @@ class RecurrentStepInputs:
 
 
 def gdn_step(layer: GatedDeltaNet, x: torch.Tensor, inputs: RecurrentStepInputs, gdn_index: int) -> torch.Tensor:
-    """x [N, H] (the step batch, normed) -> the layer's output [N, H]; advances the commit sequences' slots."""
+    """x [N, H] (the step batch, normed) -> the layer's output [N, H]; advances the commit sequences' slots.
+
+    The projections (in and out) run once over all N rows: at batch 1 a step's commit and its block would
+    otherwise each read the layer's projection weights."""
     conv_cache, recurrent_cache = inputs.conv_caches[gdn_index], inputs.recurrent_caches[gdn_index]
     if inputs.rescan is not None:
         inputs.rescan.rebuild(layer, gdn_index, conv_cache, recurrent_cache)
-    out = torch.empty_like(x)
+    projected = layer.project(x)  # [N, ...]
+    gdn = layer.gdn
+    o = x.new_empty(x.shape[0], gdn.num_value_heads, gdn.value_head_dim, dtype=torch.float32)
     for group in inputs.commits:
         state = GdnState(conv_cache[group.slots], recurrent_cache[group.slots])
-        tokens = x[group.rows]  # [S, L, H]
-        projected = layer.project(tokens)
+        group_inputs = GdnInputs(*(t[group.rows] for t in projected))  # [S, L, ...]
         if inputs.rescan is not None:
-            inputs.rescan.record(gdn_index, group.rows, projected)
-        o, state = layer.scan(projected, state)
-        out[group.rows] = layer.output(tokens, o)
+            inputs.rescan.record(gdn_index, group.rows, group_inputs)
+        group_o, state = layer.scan(group_inputs, state)
+        o[group.rows] = group_o.transpose(1, 2)
         conv_cache.index_copy_(0, group.slots, state.conv.to(conv_cache.dtype))
         recurrent_cache.index_copy_(0, group.slots, state.recurrent)
         if group.snapshot_slots is not None:
@@ -84,6 +88,7 @@ def gdn_step(layer: GatedDeltaNet, x: torch.Tensor, inputs: RecurrentStepInputs,
     if blocks is not None:
         # Read after the commits above: a block sees its own sequence's state advanced by this step's commit.
         state = GdnState(conv_cache[blocks.slots], recurrent_cache[blocks.slots])
-        tokens = x[blocks.rows]  # [S, B, H]
-        out[blocks.rows] = layer.preview(tokens, state) if inputs.preview else layer(tokens, state)[0]
-    return out
+        block_inputs = GdnInputs(*(t[blocks.rows] for t in projected))  # [S, B, ...]
+        block_o = layer.preview_mix(block_inputs, state) if inputs.preview else layer.scan(block_inputs, state)[0]
+        o[blocks.rows] = block_o.transpose(1, 2)
+    return layer.gated_output(o, layer.in_proj_z(x))
