@@ -1,15 +1,20 @@
-"""`enforce_eager`: its default per device, the bare `--enforce-eager` flag of the engine CLIs, and the eager
-forward being the model itself (no compile is run here: compiling takes minutes on the test machines)."""
+"""`enforce_eager`: its default per device, the bare `--enforce-eager` flag of the engine CLIs, the eager forward
+being the model itself, and a compiled forward that never recompiles for a new batch (dynamo's graph capture
+only: inductor's code generation takes minutes on the test machines)."""
 
 from __future__ import annotations
 
 import argparse
+import functools
+import random
 
 import pytest
 import torch
 
+from diffuserve import LLM, SamplingParams
 from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
 from diffuserve.engine.executor import CompiledForward, should_compile
+from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
 
 
 def test_default_compiles_on_cuda_only_and_the_flag_decides_otherwise():
@@ -40,3 +45,32 @@ def test_eager_forward_is_the_model_and_costs_no_compile_time():
     forward = CompiledForward(model, False, torch.device("cpu"))
     x = torch.randn(2, 4)
     assert torch.equal(forward(x), model(x)) and forward.compile_s == 0.0 and not forward.compiled
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, 200) for _ in range(rng.randrange(3, 30))] for _ in range(rng.randrange(2, 6))]
+
+
+def _generate(llm: LLM, prompts: list[list[int]], seed: int) -> list[list[int]]:
+    params = SamplingParams(max_tokens=random.Random(seed).randrange(6, 20), temperature=0.0, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def test_compiled_forward_does_not_recompile_when_the_batch_changes(tmp_path, monkeypatch):
+    """Batches of different sizes, prompt lengths and mixes of prefill and denoising steps run through the
+    graphs compiled for the first step (dynamo raises on any recompile), with the eager engine's tokens.
+    Attention and the routed experts are where the graph breaks: what they trace (the step's sequences, the
+    routing's counts) changes every step. The graphs are dynamo's own capture without inductor's code
+    generation (`backend="eager"`), since the guards, not the kernels, decide recompiles."""
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    torch._dynamo.reset()
+    config = make_config("sdar-moe-tiny", num_hidden_layers=10)  # more layers than dynamo's recompile limit (8)
+    model = str(write_random_checkpoint(tmp_path / "m", config, seed=0, logit_scale=20.0))
+    eager, compiled = LLM(model, enforce_eager=True), LLM(model, enforce_eager=False)
+    assert compiled.engine.runner.executor.run_model.compiled
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for seed in (0, 1, 2, 3):
+            assert _generate(compiled, _prompts(seed), seed) == _generate(eager, _prompts(seed), seed)
+    torch._dynamo.reset()

@@ -285,8 +285,14 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attend(q, k, v, attn))
+
+    @torch.compiler.disable
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: AttentionInputs) -> torch.Tensor:
+        """q [..., Hq, D], k/v [..., Hkv, D] -> [..., Hq * D]. Never traced by torch.compile: the paged path walks
+        the step's sequences, a Python structure that differs from step to step, and a compiled forward that
+        traced it would specialise on every batch composition (and recompile until dynamo gives up and runs
+        eager). The graph breaks here instead; the projections, norms and RoPE around it stay compiled."""
         if isinstance(attn, DenseAttentionInputs):
-            out = dense_attention(q, k, v, attn, self.scale)
-        else:
-            out = paged_attention(q, k, v, attn, self.layer_id, self.scale)
-        return self.o_proj(out)
+            return dense_attention(q, k, v, attn, self.scale)
+        return paged_attention(q, k, v, attn, self.layer_id, self.scale)

@@ -248,8 +248,11 @@ class SparseMoeBlock(nn.Module):
             self.group.all_reduce(out)  # tensor parallel: every rank holds a partial sum over the width
         return out.view(shape)
 
+    @torch.compiler.disable
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """x [N, H] -> the weighted sum of each token's K routed experts [N, H]."""
+        """x [N, H] -> the weighted sum of each token's K routed experts [N, H]. Never traced by torch.compile:
+        how many rows each expert gets is data (host syncs, data-dependent shapes), so a compiled forward breaks
+        its graph here rather than recompile for every routing; the router and shared expert stay compiled."""
         if self.runner is None and self.group is None:
             return run_experts(self.backend, x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj)
         groups = group_by_expert(ids, self.num_experts)
