@@ -24,6 +24,7 @@ import types
 import pytest
 import torch
 
+from diffuserve import LLM
 from diffuserve.config import EngineConfig
 from diffuserve.model.clover_moe_config import clover_moe_args_from_hf, hybrid_args
 from diffuserve.model.layers import gdn_kernels
@@ -236,3 +237,13 @@ def test_fla_where_it_cannot_run_is_a_one_line_error(monkeypatch):
         gdn_kernels.select("triton", torch.device("cpu"))
     with pytest.raises(ValueError, match=r"^gdn_backend: must be auto, torch or fla, got 'triton'"):
         EngineConfig(model="m", gdn_backend="triton")
+
+
+def test_the_engine_sets_the_backend(tmp_path):
+    """`gdn_backend` reaches the layers: auto on the CPU is torch, fla is refused in one line before serving."""
+    model_dir = write_clover_moe_checkpoint(tmp_path / "m", make_clover_moe_config(), diffusion=False)
+    llm = LLM(str(model_dir), max_num_seqs=2, max_model_len=64)
+    layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, GatedDeltaNet)]
+    assert layers and all(layer.kernels is gdn_kernels.TORCH for layer in layers)
+    with pytest.raises(ValueError, match=r"^gdn_backend: fla needs a CUDA device, the model is on cpu"):
+        LLM(str(model_dir), gdn_backend="fla", max_num_seqs=2, max_model_len=64)
