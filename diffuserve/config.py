@@ -125,6 +125,10 @@ class EngineConfig:
     moe_backend: str = "auto"
     """How MoE layers compute their experts: auto (picked per call by measurement, see docs/moe.md), loop (one
     matmul pair per touched expert: the reference), bmm (padded batched GEMM over all experts) or grouped_mm."""
+    gdn_backend: str = "auto"
+    """Hybrid models (Gated DeltaNet layers): what runs the causal GDN conv and delta rule. auto: the CUDA kernels
+    of flash-linear-attention and causal-conv1d on a CUDA device where they are installed (the cuda-kernels
+    extra), torch otherwise; torch: ours everywhere; fla: the kernels, an error where they cannot run."""
     enforce_eager: bool | None = None
     """Run the model forward eagerly instead of through torch.compile (vLLM's flag). Default: compiled on CUDA
     (CUDA graphs), eager on CPU, where compiling took about 2 minutes and ran fp32 slower (docs/benchmarks.md);
@@ -144,6 +148,8 @@ class EngineConfig:
             raise ValueError(f"load_format: must be auto or dummy, got {self.load_format!r}")
         if self.moe_backend not in ("auto", "loop", "bmm", "grouped_mm"):
             raise ValueError(f"moe_backend: must be auto, loop, bmm or grouped_mm, got {self.moe_backend!r}")
+        if self.gdn_backend not in ("auto", "torch", "fla"):
+            raise ValueError(f"gdn_backend: must be auto, torch or fla, got {self.gdn_backend!r}")
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:

@@ -9,6 +9,9 @@
 #   --clover    issue 15 instead: Clover-35B-A3B in the published layout (GDN + gated attention, 256 experts):
 #               load time, memory per sequence measured vs planned, decode at 1/8/32 concurrent, a 128K request
 #   --reduced   with --clover: the same code at a reduced size and context on the CPU
+#        scripts/gpu_check.sh --gdn-kernels [--device cpu]
+#   --gdn-kernels  the GDN layers on the torch path vs flash-linear-attention / causal-conv1d (pip install -e
+#               '.[cuda-kernels]' first): logits and greedy tokens of a random clover-moe-bench checkpoint
 # Output: the log and the JSON summary in $OUT (or /tmp/diffuserve-gpu-check), the JSON also as the last line.
 set -euo pipefail
 
@@ -26,8 +29,11 @@ SCRIPT=gpu_check
 if [[ "${1:-}" == "--clover" ]]; then
     SCRIPT=gpu_check_clover
     shift
+elif [[ "${1:-}" == "--gdn-kernels" ]]; then
+    SCRIPT=gpu_check_gdn_kernels
+    shift
 fi
-if [[ " $* " != *" --dry-run "* && " $* " != *" --reduced "* ]]; then
+if [[ " $* " != *" --dry-run "* && " $* " != *" --reduced "* && " $* " != *" cpu "* ]]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
 # 570 s hard limit: the scripts skip phases past their own budget (500 / 480 s); this only guards against a hang.

@@ -26,6 +26,7 @@ from diffuserve.engine.state_cache import StateCache, StateCacheSpec, has_recurr
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice
+from diffuserve.model.layers.gated_deltanet import set_gdn_backend
 from diffuserve.model.layers.gdn_rescan import GdnRescan
 from diffuserve.model.layers.gdn_step import RecurrentStepInputs, RowGroup
 from diffuserve.model.layers.moe.layer import set_moe_backend
@@ -183,6 +184,7 @@ class ModelExecutor:
         num_pages = num_pages_for(config.cache, spec, device, sched.max_num_seqs, max_model_len, reserve)
         k_caches, v_caches = allocate_kv_cache(spec, agree_min(group, num_pages), device)
         set_moe_backend(model, config.moe_backend)
+        set_gdn_backend(model, config.gdn_backend, device)
         executor = cls(model, k_caches, v_caches, experts, page_size, device, runtime, state_cache)
         compiled = should_compile(config.enforce_eager, device) and not offload  # offload's hooks stay eager
         executor.run_model = CompiledForward(model, compiled, device)

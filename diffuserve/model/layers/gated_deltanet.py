@@ -11,7 +11,8 @@ tensors it was given; `preview` (block diffusion) reads the state and writes non
 per-position inputs of the scan, `GdnInputs`), `scan` (conv and delta rule from a state) and `output`: the engine
 step calls the three, so a baseline can keep the projections instead of the state and rebuild it with
 `scan_state` (gdn_rescan). Which delta-rule
-form runs is a speed choice: the results agree (tested).
+form runs is a speed choice: the results agree (tested). `scan` runs on the torch path unless
+`set_gdn_backend` gave the layer CUDA kernels (gdn_kernels); the preview and `scan_state` always run on torch.
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from diffuserve.model.clover_moe_config import GdnArgs
-from diffuserve.model.layers.delta_rule import chunked_delta_rule, chunked_delta_state, recurrent_delta_rule
+from diffuserve.model.layers.delta_rule import chunked_delta_state
+from diffuserve.model.layers.gdn_kernels import (
+    TORCH,
+    GdnKernels,
+    causal_conv,
+    delta_rule,
+    select,
+    value_heads_first,
+)
 from diffuserve.model.layers.gdn_preview import add_diffusion_parameters, block_conv, preview_mix
 from diffuserve.model.layers.hybrid_norm import GatedRMSNorm
 
@@ -77,6 +86,7 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(gdn.value_head_dim, eps)
         self.out_proj = nn.Linear(gdn.value_dim, hidden_size, bias=False)
         self.has_diffusion = diffusion
+        self.kernels: GdnKernels = TORCH  # what runs `scan`'s conv and delta rule (set_gdn_backend)
         if diffusion:
             add_diffusion_parameters(self, gdn.conv_dim, gdn.conv_kernel, gdn.num_value_heads)
 
@@ -99,27 +109,18 @@ class GatedDeltaNet(nn.Module):
         return GdnInputs(self.in_proj_qkv(x), g, beta)
 
     def scan(self, inputs: GdnInputs, state: GdnState) -> tuple[torch.Tensor, GdnState]:
-        """The conv and the delta rule over T positions after `state` -> (o [B, Hv, T, Dv] fp32, the state after)."""
-        window, (q, k, v) = self._causal_conv(inputs, state)
-        rule = recurrent_delta_rule if q.shape[2] == 1 else chunked_delta_rule
-        o, recurrent = rule(q, k, v, inputs.g.transpose(1, 2), inputs.beta.transpose(1, 2), state.recurrent)
-        return o, GdnState(self._ring(window), recurrent)
+        """The conv and the delta rule over T positions after `state` -> (o [B, Hv, T, Dv] fp32, the state after),
+        on the kernels `self.kernels` (gdn_kernels)."""
+        conv, ring = causal_conv(self.kernels, inputs.mixed, state.conv, self.conv1d.weight)
+        o, recurrent = delta_rule(self.kernels, *self._heads(conv), inputs.g, inputs.beta, state.recurrent)
+        return o, GdnState(ring, recurrent)
 
     def scan_state(self, inputs: GdnInputs, state: GdnState) -> GdnState:
-        """`scan`'s state alone, without the outputs (rebuilding a prefix's state: gdn_rescan)."""
-        window, (_, k, v) = self._causal_conv(inputs, state)
+        """`scan`'s state alone, without the outputs (rebuilding a prefix's state: gdn_rescan), on the torch path."""
+        conv, ring = causal_conv(TORCH, inputs.mixed, state.conv, self.conv1d.weight)
+        _, k, v = self._qkv(conv)
         g, beta = inputs.g.transpose(1, 2), inputs.beta.transpose(1, 2)
-        return GdnState(self._ring(window), chunked_delta_state(k, v, g, beta, state.recurrent))
-
-    def _causal_conv(self, inputs: GdnInputs, state: GdnState) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """-> (the conv window [B, conv_dim, k - 1 + T]: the ring, then the new inputs; q, k, v after the conv)."""
-        mixed = inputs.mixed.transpose(1, 2)  # [B, conv_dim, T]
-        window = torch.cat([state.conv.to(mixed.dtype), mixed], dim=-1)
-        conv = F.silu(F.conv1d(window, self.conv1d.weight, groups=self.gdn.conv_dim))  # [B, conv_dim, T]
-        return window, self._qkv(conv.transpose(1, 2))
-
-    def _ring(self, window: torch.Tensor) -> torch.Tensor:
-        return window[..., window.shape[-1] - (self.gdn.conv_kernel - 1) :]
+        return GdnState(ring, chunked_delta_state(k, v, g, beta, state.recurrent))
 
     def preview(self, x: torch.Tensor, state: GdnState | None = None) -> torch.Tensor:
         """Block diffusion: x [B, T, H] is a whole block after `state`, which is read and not advanced; every
@@ -147,19 +148,18 @@ class GatedDeltaNet(nn.Module):
             self.bd_softmax_history_c,
         )
 
-    def _qkv(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """conv [B, T, conv_dim] -> q, k [B, Hv, T, Dk] (normalised, fp32), v [B, Hv, T, Dv] fp32."""
+    def _heads(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """conv [B, T, conv_dim] -> q, k [B, T, Hk, Dk] (L2-normalised, q * Dk^-0.5, fp32), v [B, T, Hv, Dv] fp32."""
         gdn = self.gdn
         batch, length = conv.shape[:2]
         q, k, v = conv.split([gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
-        repeat = gdn.num_value_heads // gdn.num_key_heads  # value head j reads key head j // repeat
-        q, k = (
-            t.reshape(batch, length, gdn.num_key_heads, gdn.key_head_dim).repeat_interleave(repeat, dim=2)
-            for t in (q, k)
-        )
-        v = v.reshape(batch, length, gdn.num_value_heads, gdn.value_head_dim)
-        q, k, v = (t.transpose(1, 2).float() for t in (q, k, v))
+        q, k = (t.reshape(batch, length, gdn.num_key_heads, gdn.key_head_dim).float() for t in (q, k))
+        v = v.reshape(batch, length, gdn.num_value_heads, gdn.value_head_dim).float()
         return l2_normalize(q) * gdn.key_head_dim**-0.5, l2_normalize(k), v
+
+    def _qkv(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """conv [B, T, conv_dim] -> the torch path's q, k [B, Hv, T, Dk], v [B, Hv, T, Dv] (key heads repeated)."""
+        return value_heads_first(*self._heads(conv))
 
     def output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """o [B, Hv, T, Dv] fp32 -> out_proj(GatedRMSNorm(o, z)) [B, T, H], z = in_proj_z(x)."""
@@ -170,3 +170,13 @@ class GatedDeltaNet(nn.Module):
         gdn = self.gdn
         normed = self.norm(o.to(z.dtype), z.unflatten(-1, (gdn.num_value_heads, gdn.value_head_dim)))
         return self.out_proj(normed.flatten(-2))
+
+
+def set_gdn_backend(model: nn.Module, backend: str, device: torch.device) -> None:
+    """Every GDN layer of `model` (on `device`) runs its causal scan with `backend` (gdn_kernels.BACKENDS); a
+    model without GDN layers is left as it is."""
+    layers = [module for module in model.modules() if isinstance(module, GatedDeltaNet)]
+    if layers:
+        kernels = select(backend, device)
+        for layer in layers:
+            layer.kernels = kernels
