@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from diffuserve.config import EngineConfig
 from diffuserve.distributed.group import agree_min
@@ -40,34 +41,56 @@ def should_compile(enforce_eager: bool | None, device: torch.device) -> bool:
     return not enforce_eager if enforce_eager is not None else device.type == "cuda"
 
 
+BUCKET_STEP = 256
+
+
+def bucket_size(num_tokens: int) -> int:
+    """The token count a bucketed forward runs at: the next power of two up to 256, then the next multiple of 256
+    (at most 2x the rows for a small step, less than 256 extra rows for a large one)."""
+    if num_tokens <= BUCKET_STEP:
+        return 1 << max(0, num_tokens - 1).bit_length()
+    return -(-num_tokens // BUCKET_STEP) * BUCKET_STEP
+
+
 class CompiledForward:
     """`model`'s forward, compiled or not; call it as the model. `compile_s`: seconds spent in the first call.
 
     Default (`enforce_eager=None`): compiled on CUDA with `mode="reduce-overhead"` (CUDA graphs: the step's hundreds
     of small kernels replayed as one launch), eager on CPU, where inductor compiled the benchmark model for 105-144 s
-    on a shared 2-core machine and ran fp32 at 0.63-0.69x eager (bf16 1.73x, but with tokens that differ from eager;
-    docs/benchmarks.md, "Batch-1 speed"). `enforce_eager=False` compiles on CPU too. Shapes are marked dynamic, so
-    the steps' varying token counts reuse one graph instead of recompiling per count. The first call pays the
-    compile; its time is logged and kept in `compile_s` (a later recompile, for a shape the dynamic marking does not
-    cover, is not counted; padded shape buckets that would rule those out are not built yet).
+    on a shared 2-core machine and ran fp32 at 0.63-0.69x eager (docs/benchmarks.md, "Batch-1 speed");
+    `enforce_eager=False` compiles on CPU too. The graph breaks at attention and at the routed experts (whose
+    Python structure and data-dependent shapes change every step: `Attention.attend`, `SparseMoeBlock._routed`),
+    and the token count is dynamic, so no batch composition recompiles. CUDA graphs record one graph per shape,
+    so there (`bucketed`) the step's tokens are padded to `bucket_size`: a bounded set of shapes, recorded once
+    each. Padding rows are token 0 at position 0; attention writes no K/V for them and returns zeros, and the
+    caller reads the first N rows only. The first call pays the compile; its time is logged and kept in
+    `compile_s`.
     """
 
-    def __init__(self, model: DiffusionModel, compiled: bool, device: torch.device) -> None:
+    def __init__(
+        self, model: DiffusionModel, compiled: bool, device: torch.device, bucketed: bool | None = None
+    ) -> None:
         self.compiled = compiled
+        self.bucketed = compiled and device.type == "cuda" if bucketed is None else bucketed
         self.compile_s = 0.0
         self._first_call = compiled
         mode = "reduce-overhead" if device.type == "cuda" else None
         self._fn: Callable[..., Any] = torch.compile(model, dynamic=True, mode=mode) if compiled else model
 
-    def __call__(self, *args: Any) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, *rest: Any) -> torch.Tensor:
+        """input_ids [N] and the model's other arguments (positions [N] first) -> the model's output [N, ...]."""
+        num_tokens = input_ids.shape[0]
+        if self.bucketed:
+            pad = bucket_size(num_tokens) - num_tokens
+            input_ids, rest = F.pad(input_ids, (0, pad)), (F.pad(rest[0], (0, pad)), *rest[1:])
         if not self._first_call:
-            return self._fn(*args)
+            return self._fn(input_ids, *rest)[:num_tokens]
         started = time.perf_counter()
-        out = self._fn(*args)
+        out = self._fn(input_ids, *rest)
         self.compile_s += time.perf_counter() - started
         self._first_call = False
         logger.info("compiled the model forward in %.1f s", self.compile_s)
-        return out
+        return out[:num_tokens]
 
 
 @dataclass(frozen=True)

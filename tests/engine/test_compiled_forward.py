@@ -13,7 +13,7 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
-from diffuserve.engine.executor import CompiledForward, should_compile
+from diffuserve.engine.executor import CompiledForward, bucket_size, should_compile
 from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
 
 
@@ -74,3 +74,27 @@ def test_compiled_forward_does_not_recompile_when_the_batch_changes(tmp_path, mo
         for seed in (0, 1, 2, 3):
             assert _generate(compiled, _prompts(seed), seed) == _generate(eager, _prompts(seed), seed)
     torch._dynamo.reset()
+
+
+def test_bucketed_forward_pads_to_a_few_shapes_with_the_eager_tokens(tmp_path, monkeypatch):
+    """CUDA graphs record one graph per shape, so there the step's tokens are padded to bucket sizes. Forced on
+    here (on the CPU, dynamo's capture only): the model sees bucket sizes only, the padding rows change no token,
+    and no new batch recompiles."""
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    torch._dynamo.reset()
+    model = str(write_random_checkpoint(tmp_path / "m", make_config("sdar-moe-tiny"), seed=0, logit_scale=20.0))
+    eager, bucketed = LLM(model, enforce_eager=True), LLM(model, enforce_eager=True)
+    executor = bucketed.engine.runner.executor
+    forward = executor.run_model = CompiledForward(executor.model, True, torch.device("cpu"), bucketed=True)
+    seen: set[int] = set()
+    compiled = forward._fn
+    forward._fn = lambda input_ids, *rest: seen.add(input_ids.shape[0]) or compiled(input_ids, *rest)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for seed in (0, 1, 2):
+            assert _generate(bucketed, _prompts(seed), seed) == _generate(eager, _prompts(seed), seed)
+    torch._dynamo.reset()
+    assert seen and seen <= {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 768, 1024}
+
+
+def test_bucket_sizes():
+    assert [bucket_size(n) for n in (1, 3, 4, 5, 33, 256, 257, 700)] == [1, 4, 4, 8, 64, 256, 512, 768]

@@ -197,16 +197,17 @@ def block_causal_mask(query_positions: torch.Tensor, key_len: int, block_length:
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: PagedAttentionInputs, layer_id: int, scale: float
 ) -> torch.Tensor:
-    """q [N, Hq, D], k/v [N, Hkv, D] for the step's tokens -> [N, Hq * D].
+    """q [N, Hq, D], k/v [N, Hkv, D] for the step's tokens (and any padding rows after them) -> [N, Hq * D].
 
     Writes the step's K/V into the cache first, so queries see their own block (and a block committed in the
     same forward) through the same gather as the cached prefix.
     """
     k_cache, v_cache = inputs.k_caches[layer_id], inputs.v_caches[layer_id]
-    k_cache.index_copy_(0, inputs.slot_mapping, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, inputs.slot_mapping, v.to(v_cache.dtype))
+    num_tokens = inputs.slot_mapping.shape[0]  # a bucket-padded forward has rows past it: no K/V, output 0
+    k_cache.index_copy_(0, inputs.slot_mapping, k[:num_tokens].to(k_cache.dtype))
+    v_cache.index_copy_(0, inputs.slot_mapping, v[:num_tokens].to(v_cache.dtype))
     num_heads, head_dim = q.shape[1], q.shape[2]
-    out = q.new_empty(q.shape[0], num_heads * head_dim)
+    out = q.new_zeros(q.shape[0], num_heads * head_dim)
     for seq in inputs.sequences:
         rows = slice(seq.query_start, seq.query_start + seq.query_len)
         keys = k_cache.index_select(0, seq.key_slots).to(q.dtype)  # [L, Hkv, D]
