@@ -146,7 +146,13 @@ def compare_quiet(load: Load) -> str:
     return table(["block", "command", "engine", "separate commit", "reference", "engine speed-up"], rows)
 
 
-BATCH1_RUNS = ("compare-batch1-float32", "compare-batch1-bfloat16", "compare-batch16-float32")
+BATCH1_RUNS = (
+    "compare-batch1-float32",
+    "compare-batch1-bfloat16",
+    "compare-batch16-float32",
+    "compare-batch1-bfloat16-epyc",
+    "compare-batch16-bfloat16-epyc",
+)
 """Issue 18's side-by-side runs (docs/benchmarks.md, "Batch-1 speed")."""
 
 
@@ -215,7 +221,58 @@ def roofline(load: Load) -> str:
     )
 
 
-AB_RUNS = ("ab-engines-1", "ab-engines-2", "ab-engines-3")
+GDN_RUNS = ("latency-clover-moe-b1-float32", "latency-clover-moe-b1-bfloat16")
+"""`bench latency` on clover-moe-bench, batch 1: the GDN layers against their bytes floor."""
+
+
+def gdn_roofline(load: Load) -> str:
+    rows = []
+    for name in GDN_RUNS:
+        run = load(name)["result"]
+        r, gdn = run["result"], run["result"]["gdn"]
+        rows.append(
+            [
+                f"`{name}.json`",
+                run["dtype"],
+                f"{r['decode_tokens_per_s']:.1f}",
+                ms(r["mean_decode_step_s"]),
+                ms(gdn["gdn_s_per_step"]),
+                pct(gdn["gdn_share_of_step"]),
+                f"{gdn['gdn_bytes_per_step'] / 1e6:.1f}",
+                ms(gdn["gdn_floor_s_per_step"]),
+                f"**{pct(gdn['gdn_bandwidth_fraction'])}**",
+                pct(r["efficiency"]["bandwidth_fraction"]),
+            ]
+        )
+    return table(
+        [
+            "run",
+            "dtype",
+            "decode tokens/s",
+            "decode step ms",
+            "GDN layers ms / step",
+            "GDN share of step",
+            "GDN floor MB (weights + state r/w)",
+            "GDN floor ms at probe",
+            "GDN vs floor",
+            "whole step bytes/s vs probe",
+        ],
+        rows,
+    )
+
+
+def skinny_gemm(load: Load) -> str:
+    run = load("skinny-gemm")["result"]
+    stream = run["stream_bytes_per_s"]
+    rows = [
+        [r["dtype"], r["rows"], r["way"], f"{r['bytes_per_s'] / 1e9:.2f}", pct(r["bytes_per_s"] / stream)]
+        for r in run["results"]
+    ]
+    rows.append(["-", "-", "streaming read (sum of 256 MiB)", f"{stream / 1e9:.2f}", "100%"])
+    return table(["dtype", "rows per expert", "way", "GB/s of weights", "vs streaming read"], rows)
+
+
+AB_RUNS = ("ab-engines-1", "ab-engines-2", "ab-engines-3", "ab-engines-compiled")
 """scripts/ab_engines.py runs: engine configurations interleaved in one process."""
 
 
@@ -598,6 +655,8 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "moe-backends": moe_backends,
     "roofline": roofline,
     "ab-engines": ab_engines,
+    "gdn-roofline": gdn_roofline,
+    "skinny-gemm": skinny_gemm,
     "latency": latency,
     "serve": serve,
     "moe-dispatch": moe_dispatch,
