@@ -7,10 +7,10 @@ for a request with `structured_outputs` (its decided generated tokens always for
    matcher's state after the tokens before it (the decided ones, then the walk's own proposals), propose a
    token from the masked logits, and feed it to the matcher speculatively;
 2. let the request's decoder select positions from that proposal as it always does (threshold, fixed, entropy);
-3. accept the longest run of selected positions from the first undecided one, and at least the decoder's
-   per-step count (threshold and fixed: the schedule's `block_length // steps`; entropy: 1) taken from the
-   left, so each step commits >= 1 token; roll the matcher back to the decided tokens (the next step feeds what
-   was accepted).
+3. accept the decoder's per-step count (threshold and fixed: the schedule's `block_length // steps`; entropy: 1)
+   taken from the left, so each step commits >= 1 token, then every following position the decoder's rule
+   accepts on its own (threshold: above the threshold; entropy: within the bound; fixed: none), up to the first
+   it does not; roll the matcher back to the decided tokens (the next step feeds what was accepted).
 
 Positions after an unselected one are proposed (their confidences feed the decoder's rule) but never accepted
 before everything left of them is decided, so every committed sequence is a valid grammar prefix, and a block
@@ -106,6 +106,7 @@ class StructuredDecoding:
         positions = positions[: next((k for k, i in enumerate(positions) if i != undecided + k), len(positions))]
         state.sync(request.output_token_ids + request.canvas[first:undecided])
         decoder = DECODERS[params.decoder]
+        # The decoder's per-step count (>= 1 at every step of a block), taken from the left.
         floor = (
             1
             if type(decoder) is EntropyBoundDecoder
@@ -118,18 +119,25 @@ class StructuredDecoding:
         state.truncate(len(request.output_token_ids) + undecided - first)
         if stop is not None:
             run = (
-                0
+                floor
                 if type(decoder) is FixedStepsDecoder
-                else next((k for k, c in enumerate(confidences) if c <= params.threshold), len(confidences))
+                else next(
+                    (k for k, c in enumerate(confidences) if k >= floor and c <= params.threshold), len(confidences)
+                )
             )
         else:
+            # The positions taken from the left fill the decoder's count: ranked above every proposal (a
+            # confidence of 2 passes any threshold), so a count-based rule (threshold's top-k fallback, fixed)
+            # never selects a later position to fill it; only what the rule accepts on its own extends the run.
+            taken = torch.zeros_like(proposal.confidence, dtype=torch.bool)
+            taken[positions[:floor]] = True
+            ranked = Proposal(proposal.tokens, proposal.confidence.masked_fill(taken, 2.0), proposal.entropy)
             canvas = torch.tensor(request.canvas, device=rows.device)  # [B]
             selected = decoder.decide(
-                proposal, canvas, canvas == request.mask_token_id, request.step_in_block, params, block_length
+                ranked, canvas, canvas == request.mask_token_id, request.step_in_block, params, block_length
             ).tolist()
-            run = next((k for k, index in enumerate(positions) if not selected[index]), len(positions))
-        count = min(max(run, floor, 1), len(confidences))
-        return proposal, positions[:count]
+            run = next((k for k in range(floor, len(positions)) if not selected[positions[k]]), len(positions))
+        return proposal, positions[: min(run, len(confidences))]
 
     def _walk(
         self,
@@ -198,11 +206,12 @@ class StructuredDecoding:
 def _early_stop(decoder: Decoder, floor: int, threshold: float) -> Callable[[int, float], bool] | None:
     """When the walk may stop, for decoders whose accepted run depends on the positions before it only:
 
-    fixed accepts exactly `floor` positions; threshold accepts max(the run of confidences > threshold, floor)
-    (when fewer than `floor` positions pass the threshold its top-k fallback picks `floor`, and the run from the
-    left is then shorter than `floor`). Entropy weighs every masked position: None, the whole run is walked."""
+    fixed accepts exactly the `floor` positions taken from the left; threshold accepts them and then every
+    following position whose confidence is > threshold, up to the first that is not (its top-k fallback never
+    reaches past them: they fill its count). Entropy weighs every masked position: None, the whole run is
+    walked."""
     if type(decoder) is FixedStepsDecoder:
         return lambda k, confidence: k + 1 >= floor
     if type(decoder) is ThresholdDecoder:
-        return lambda k, confidence: k + 1 >= floor and confidence <= threshold
+        return lambda k, confidence: k >= floor and confidence <= threshold
     return None
