@@ -189,7 +189,7 @@ def compare_batch1(load: Load) -> str:
 
 def roofline(load: Load) -> str:
     rows = []
-    for name in ("latency-b1-float32", "latency-b1-bfloat16"):
+    for name in ("latency-b1-float32", "latency-b1-bfloat16", "latency-b1-float32-epyc", "latency-b1-bfloat16-epyc"):
         run = load(name)["result"]
         r, eff = run["result"], run["result"]["efficiency"]
         rows.append(
