@@ -45,8 +45,9 @@ def test_state_alone_equals_the_rule_state(length):
     assert torch.equal(chunked_delta_state(k, v, g, beta, state), chunked_delta_rule(q, k, v, g, beta, state)[1])
 
 
-def _layer(seed: int = 0) -> GatedDeltaNet:
-    args = clover_moe_args_from_hf(make_clover_moe_config())
+def random_gdn_layer(seed: int = 0, **overrides) -> GatedDeltaNet:
+    """A GDN layer of the tiny clover_moe shape (config `overrides`) with seeded random weights."""
+    args = clover_moe_args_from_hf(make_clover_moe_config(**overrides))
     layer = GatedDeltaNet(args.hidden_size, hybrid_args(args).gdn, args.rms_norm_eps)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -58,7 +59,7 @@ def _layer(seed: int = 0) -> GatedDeltaNet:
 
 @pytest.mark.parametrize("splits", [[150], [1] * 20, [64, 64, 22], [3, 61, 1, 70, 15], [100, 1, 1, 48]])
 def test_state_carried_across_splits(splits):
-    layer = _layer()
+    layer = random_gdn_layer()
     x = torch.randn(2, sum(splits), 64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         whole, final = layer(x)
@@ -72,7 +73,7 @@ def test_state_carried_across_splits(splits):
 
 
 def test_forward_never_modifies_its_input_state():
-    layer = _layer()
+    layer = random_gdn_layer()
     x = torch.randn(1, 9, 64)
     with torch.no_grad():
         _, state = layer(x)

@@ -26,11 +26,12 @@ import torch
 
 from diffuserve import LLM
 from diffuserve.config import EngineConfig
-from diffuserve.model.clover_moe_config import clover_moe_args_from_hf, hybrid_args
+from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.layers import gdn_kernels
 from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnState, set_gdn_backend
 from diffuserve.model.loader import load_model
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from tests.model.test_clover_moe_gdn import random_gdn_layer
 
 ATOL = 1e-5
 
@@ -130,17 +131,6 @@ def calls(monkeypatch) -> list[str]:
     return made
 
 
-def _layer(seed: int = 0, **overrides) -> GatedDeltaNet:
-    args = clover_moe_args_from_hf(make_clover_moe_config(**overrides))
-    layer = GatedDeltaNet(args.hidden_size, hybrid_args(args).gdn, args.rms_norm_eps)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in layer.parameters():
-            param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
-        layer.A_log.copy_(torch.linspace(0.0, 2.5, layer.A_log.numel()))
-    return layer.eval()
-
-
 def _state(layer: GatedDeltaNet, batch: int, seed: int) -> GdnState:
     """A non-empty state (a dropped initial state must show)."""
     gen = torch.Generator().manual_seed(seed)
@@ -164,7 +154,7 @@ def _assert_same(got: tuple[torch.Tensor, GdnState], expected: tuple[torch.Tenso
 @pytest.mark.parametrize("key_heads", [2, 1])  # 4 value heads: each key head read by 2, then 4
 def test_kernel_path_equals_torch_path(calls, length, kernels, key_heads):
     """Prefill across a chunk boundary (70 > 64), fewer tokens than the conv ring (2), one token; batch 2, GQA."""
-    layer = _layer(linear_num_key_heads=key_heads)
+    layer = random_gdn_layer(linear_num_key_heads=key_heads)
     x = torch.randn(2, length, 64, generator=torch.Generator().manual_seed(1))
     state = _state(layer, 2, seed=2)
     before = (state.conv.clone(), state.recurrent.clone())
@@ -177,7 +167,7 @@ def test_kernel_path_equals_torch_path(calls, length, kernels, key_heads):
 
 @pytest.mark.parametrize("splits", [[5, 64, 1, 20], [1, 1, 3, 1]])
 def test_kernel_state_carried_across_splits_equals_torch_whole(calls, splits):
-    layer = _layer(seed=3)
+    layer = random_gdn_layer(seed=3)
     x = torch.randn(2, sum(splits), 64, generator=torch.Generator().manual_seed(4))
     whole = _run(layer, "torch", x, layer.empty_state(2, x.dtype, x.device))
     pieces, state = [], layer.empty_state(2, x.dtype, x.device)
@@ -190,7 +180,7 @@ def test_kernel_state_carried_across_splits_equals_torch_whole(calls, splits):
 
 def test_delta_rule_without_causal_conv1d_keeps_the_torch_conv(calls, monkeypatch):
     monkeypatch.setitem(sys.modules, "causal_conv1d", None)  # not installed: importing raises ImportError
-    layer = _layer()
+    layer = random_gdn_layer()
     x = torch.randn(1, 9, 64, generator=torch.Generator().manual_seed(5))
     state = _state(layer, 1, seed=6)
     _assert_same(_run(layer, "auto", x, state), _run(layer, "torch", x, state))
