@@ -207,7 +207,8 @@ def paged_attention(
     k_cache.index_copy_(0, inputs.slot_mapping, k[:num_tokens].to(k_cache.dtype))
     v_cache.index_copy_(0, inputs.slot_mapping, v[:num_tokens].to(v_cache.dtype))
     num_heads, head_dim = q.shape[1], q.shape[2]
-    out = q.new_zeros(q.shape[0], num_heads * head_dim)
+    out = q.new_empty(q.shape[0], num_heads * head_dim)
+    out[num_tokens:] = 0  # the sequences below cover every real row
     for seq in inputs.sequences:
         rows = slice(seq.query_start, seq.query_start + seq.query_len)
         keys = k_cache.index_select(0, seq.key_slots).to(q.dtype)  # [L, Hkv, D]
