@@ -12,6 +12,9 @@
 #        scripts/gpu_check.sh --gdn-kernels [--device cpu]
 #   --gdn-kernels  the GDN layers on the torch path vs flash-linear-attention / causal-conv1d (pip install -e
 #               '.[cuda-kernels]' first): logits and greedy tokens of a random clover-moe-bench checkpoint
+#        scripts/gpu_check.sh --compiled [--device cpu]
+#   --compiled  the engine compiled as CUDA runs it by default (CUDA graphs, bucketed steps) vs eager on a random
+#               sdar-moe-bench in bf16: compile time, recompiles, tokens, decode speed at 1 and 16 requests
 # Output: the log and the JSON summary in $OUT (or /tmp/diffuserve-gpu-check), the JSON also as the last line.
 set -euo pipefail
 
@@ -31,6 +34,9 @@ if [[ "${1:-}" == "--clover" ]]; then
     shift
 elif [[ "${1:-}" == "--gdn-kernels" ]]; then
     SCRIPT=gpu_check_gdn_kernels
+    shift
+elif [[ "${1:-}" == "--compiled" ]]; then
+    SCRIPT=gpu_check_compiled
     shift
 fi
 if [[ " $* " != *" --dry-run "* && " $* " != *" --reduced "* && " $* " != *" cpu "* ]]; then
