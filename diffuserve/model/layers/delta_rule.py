@@ -50,6 +50,7 @@ def chunked_delta_rule(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as `recurrent_delta_rule`, C = chunk_size tokens at a time (see the module docstring)."""
     length = q.shape[2]
+    chunk_size = _fitted(chunk_size, length)
     q, k, v, g, beta = (_in_chunks(x, chunk_size) for x in (q, k, v, g, beta))
     cum, decay, u_v, u_s, k_to_end = _chunk_terms(k, v, g, beta)
     scores = (q @ k.transpose(-1, -2)) * decay  # [B, Hv, N, C, C]
@@ -66,12 +67,19 @@ def chunked_delta_state(
     k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
 ) -> torch.Tensor:
     """`chunked_delta_rule`'s final state alone, without the outputs (no q): a prefix's state, rebuilt."""
-    k, v, g, beta = (_in_chunks(x, CHUNK_SIZE) for x in (k, v, g, beta))
+    chunk_size = _fitted(CHUNK_SIZE, k.shape[2])
+    k, v, g, beta = (_in_chunks(x, chunk_size) for x in (k, v, g, beta))
     cum, _, u_v, u_s, k_to_end = _chunk_terms(k, v, g, beta)
     for i in range(k.shape[2]):
         u = u_v[:, :, i] - u_s[:, :, i] @ state
         state = state * cum[:, :, i, -1, None, None].exp() + k_to_end[:, :, i].transpose(-1, -2) @ u
     return state
+
+
+def _fitted(chunk_size: int, length: int) -> int:
+    """A chunk no longer than the scan, rounded up to 16: a 32-token commit solves a 32 x 32 system, not a
+    64 x 64 one half made of padding (padding only adds exact zeros, so the result is the same)."""
+    return min(chunk_size, -(-length // 16) * 16)
 
 
 def _in_chunks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
