@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from diffuserve.model.layers.gdn_kernels import depthwise_conv
+
 DIFFUSION_TENSORS = ("conv_right_weight", "bd_softmax_logit_scale", "bd_softmax_history_bias", "bd_softmax_history_c")
 
 
@@ -45,11 +47,10 @@ def add_diffusion_parameters(layer: nn.Module, conv_dim: int, conv_kernel: int, 
 def block_conv(block: torch.Tensor, ring: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
     """block [B, C, T] conv inputs, ring [B, C, k - 1] (read only), left [C, 1, k] causal taps, right [C, k - 1]
     -> [B, C, T] pre-activation: the causal conv over [ring | block] plus the right taps inside the block."""
-    channels, taps = block.shape[1], right.shape[1]
-    causal = F.conv1d(torch.cat([ring.to(block.dtype), block], dim=-1), left, groups=channels)
-    ahead = F.pad(block, (0, taps))[..., 1:]  # ahead[..., t + d - 1] = block[t + d], zero past the end
-    anti = F.conv1d(ahead, right.to(block.dtype)[:, None, :], groups=channels)  # sum_d block[t+d] * right[d-1]
-    return causal + anti
+    # One conv of 2k - 1 taps over [ring | block | k - 1 zeros]: output t reads ring/block positions t - k + 1 .. t
+    # through `left` and block positions t + 1 .. t + k - 1 (zero past the end) through `right`.
+    window = F.pad(torch.cat([ring.to(block.dtype), block], dim=-1), (0, right.shape[1]))
+    return depthwise_conv(window, torch.cat([left.squeeze(1), right], dim=1))
 
 
 def _per_head(t: torch.Tensor) -> torch.Tensor:
