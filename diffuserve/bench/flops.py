@@ -39,6 +39,8 @@ class ModelCost:
     """Hybrid models: one sequence's recurrent state over all GDN layers (S in fp32, the conv ring); 0 otherwise."""
     gdn_weight_bytes: float = 0.0
     """Hybrid models: the GDN mixers' weights over all GDN layers (in-projections, conv taps, out_proj)."""
+    gdn_flops_per_token: float = 0.0
+    """Hybrid models: one token through all GDN mixers (their weights and the delta rule)."""
 
     def step_flops(self, num_tokens: int, num_logit_rows: int, attention_pairs: int) -> float:
         return (
@@ -58,6 +60,10 @@ class ModelCost:
     def state_traffic_per_seq(self) -> float:
         """A sequence's state read and written back in one step."""
         return 2 * self.state_bytes_per_seq
+
+    def gdn_step_flops(self, num_tokens: int) -> float:
+        """The GDN layers' FLOPs for a step of `num_tokens` query tokens (every token passes every GDN layer)."""
+        return num_tokens * self.gdn_flops_per_token
 
     def gdn_step_bytes(self, num_seqs: int) -> float:
         """The GDN layers' floor for one step: their mixers' weights, and the step's states read and written."""
@@ -121,4 +127,5 @@ def model_cost(args: ModelArgs, weight_itemsize: int, kv_itemsize: int) -> Model
         ),
         state_bytes_per_seq=float(state_bytes_per_sequence(args, weight_itemsize) if hybrid else 0),
         gdn_weight_bytes=float(gdn_params * weight_itemsize),
+        gdn_flops_per_token=2.0 * (gdn_params + delta_rule_macs),
     )

@@ -13,7 +13,7 @@ from diffuserve.bench.calibration import calibration_object, fit_efficiency, ste
 from diffuserve.bench.context import BenchContext, decoding, make_context, max_model_len, sampling_params
 from diffuserve.bench.engine_run import RunRecord, run_requests
 from diffuserve.bench.environment import load_average, peak_memory_bytes
-from diffuserve.bench.probes import mean_rates
+from diffuserve.bench.probes import MachineRates, mean_rates
 from diffuserve.bench.report import Progress, distribution, finish, format_table
 from diffuserve.bench.run_metrics import run_summary
 from diffuserve.config import SchedulerConfig
@@ -114,12 +114,14 @@ def _table(ns: argparse.Namespace, batch_latency: list[float], summary: dict[str
     )
 
 
-def gdn_line(gdn: dict[str, float], bandwidth_bytes_per_s: float) -> str:
+def gdn_line(gdn: dict[str, float], rates: MachineRates) -> str:
+    share, ms = 100 * gdn["gdn_share_of_step"], {k: 1000 * v for k, v in gdn.items() if k.endswith("_s_per_step")}
     return (
-        f"GDN layers: {1000 * gdn['gdn_s_per_step']:.2f} ms per decode step ({100 * gdn['gdn_share_of_step']:.0f}% "
-        f"of the step); floor {1000 * gdn['gdn_floor_s_per_step']:.2f} ms ({gdn['gdn_bytes_per_step'] / 1e6:.1f} MB "
-        f"of mixer weights and state at the probe's {bandwidth_bytes_per_s / 1e9:.1f} GB/s): "
-        f"{100 * gdn['gdn_bandwidth_fraction']:.0f}% of the bandwidth"
+        f"GDN layers: {ms['gdn_s_per_step']:.2f} ms per decode step ({share:.0f}% of the step); floor "
+        f"{ms['gdn_floor_s_per_step']:.2f} ms, the larger of {gdn['gdn_bytes_per_step'] / 1e6:.1f} MB of mixer "
+        f"weights and state at {rates.bandwidth_bytes_per_s / 1e9:.1f} GB/s ({ms['gdn_bytes_floor_s_per_step']:.2f}"
+        f" ms) and {gdn['gdn_flops_per_step'] / 1e9:.2f} GFLOP at {rates.flops_per_s / 1e9:.0f} GFLOP/s "
+        f"({ms['gdn_flops_floor_s_per_step']:.2f} ms): {100 * gdn['gdn_floor_fraction']:.0f}% of the floor"
     )
 
 
@@ -135,7 +137,7 @@ def run_latency(ns: argparse.Namespace) -> dict[str, Any]:
     batch_latency = [r.wall_s for r in records]
     print(_table(ns, batch_latency, summary))
     if summary["gdn"]:
-        print(gdn_line(summary["gdn"], rates.bandwidth_bytes_per_s))
+        print(gdn_line(summary["gdn"], rates))
     return {
         "bench": "latency",
         "environment": {**ctx.environment, "load_average_end": load_average()},

@@ -7,8 +7,8 @@ Definitions (docs/benchmarks.md repeats them):
 - TTFT = arrival -> first committed block; E2E = arrival -> finish; TPOT = (E2E - TTFT) / (tokens - 1);
 - efficiency over decode steps: FLOPs / wall time vs the probe's matmul rate, bytes / wall time vs its bandwidth;
 - overhead = 1 - (time inside the model's forward and LM head) / (step wall time), over decode steps;
-- hybrid models: the GDN layers' time per decode step vs their bytes floor (mixer weights + state read and
-  written) at the probe's bandwidth.
+- hybrid models: the GDN layers' time per decode step vs their floor: the larger of their bytes (mixer
+  weights + state read and written) at the probe's bandwidth and their FLOPs at its matmul rate.
 Knows nothing of how the run was driven.
 """
 
@@ -76,19 +76,24 @@ def efficiency(
 
 
 def gdn_roofline(steps: list[StepRecord], cost: ModelCost, rates: MachineRates) -> dict[str, float] | None:
-    """Hybrid models: the GDN layers' time per decode step against their bytes floor (their mixers' weights and
-    each sequence's state read and written once) at the probe's bandwidth. None for attention-only models."""
+    """Hybrid models: the GDN layers' time per decode step against their floor, the larger of their bytes (their
+    mixers' weights and each sequence's state read and written once) at the probe's bandwidth and their FLOPs
+    at its matmul rate. None for attention-only models."""
     decode = [s for s in steps if s.prefill_tokens == 0] or steps
     if not cost.gdn_weight_bytes or not decode:
         return None
     measured = sum(s.gdn_s for s in decode) / len(decode)
     floor_bytes = sum(cost.gdn_step_bytes(s.num_seqs) for s in decode) / len(decode)
-    floor = floor_bytes / rates.bandwidth_bytes_per_s
+    floor_flops = sum(cost.gdn_step_flops(s.num_tokens) for s in decode) / len(decode)
+    floor = max(floor_bytes / rates.bandwidth_bytes_per_s, floor_flops / rates.flops_per_s)
     return {
         "gdn_s_per_step": measured,
         "gdn_floor_s_per_step": floor,
         "gdn_bytes_per_step": floor_bytes,
-        "gdn_bandwidth_fraction": floor / measured if measured else 0.0,
+        "gdn_bytes_floor_s_per_step": floor_bytes / rates.bandwidth_bytes_per_s,
+        "gdn_flops_per_step": floor_flops,
+        "gdn_flops_floor_s_per_step": floor_flops / rates.flops_per_s,
+        "gdn_floor_fraction": floor / measured if measured else 0.0,
         "gdn_share_of_step": measured / (sum(s.wall_s for s in decode) / len(decode)),
     }
 

@@ -42,7 +42,13 @@ EXPERTS = {
 }
 GDN = {
     "type": ["object", "null"],
-    "required": ["gdn_s_per_step", "gdn_floor_s_per_step", "gdn_bytes_per_step", "gdn_bandwidth_fraction"],
+    "required": [
+        "gdn_s_per_step",
+        "gdn_floor_s_per_step",
+        "gdn_bytes_per_step",
+        "gdn_flops_per_step",
+        "gdn_floor_fraction",
+    ],
     "properties": {
         "gdn_s_per_step": {"type": "number", "minimum": 0},
         "gdn_floor_s_per_step": {"type": "number", "minimum": 0},

@@ -77,3 +77,4 @@ def test_clover_moe_bench_cost():
     # One step of 3 sequences: each state read and written once.
     assert cost.step_bytes(10, 600, 3) == 15_638_016 * 4 + 8 * 10 * 1_572_864 + 600 * 2_048 + 3 * 2 * 860_160
     assert cost.gdn_step_bytes(1) == 6_383_616 * 4 + 2 * 860_160
+    assert cost.gdn_step_flops(64) == 64 * 2 * (6_383_616 + 688_128)

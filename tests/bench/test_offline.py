@@ -93,7 +93,8 @@ def test_latency_json(bench_model_dir, run_bench, tmp_path):
 
 def test_latency_reports_gdn_layers_against_their_floor(run_bench, tmp_path):
     """A hybrid model: the GDN layers' time per decode step (taken inside the model, so less than the step) and
-    their bytes floor (mixer weights + each sequence's state read and written) at the probe's bandwidth."""
+    their floor: the larger of their bytes (mixer weights + each sequence's state read and written) at the
+    probe's bandwidth and their FLOPs (every step token through every GDN mixer) at its matmul rate."""
     model = write_clover_moe_checkpoint(tmp_path / "clover", make_clover_moe_config(), seed=5, logit_scale=20.0)
     sizes = ["--batch-size", "2", "--num-iters", "1", "--prompt-tokens", "6", "--output-tokens", "8"]
     code, result, text = run_bench(["latency", "--model", str(model), *sizes, *FAST])
@@ -106,8 +107,13 @@ def test_latency_reports_gdn_layers_against_their_floor(run_bench, tmp_path):
     # Each of the step's one or two sequences reads and writes its state once.
     one, two = (cost.gdn_weight_bytes + n * 2 * cost.state_bytes_per_seq for n in (1, 2))
     assert one <= gdn["gdn_bytes_per_step"] <= two
-    bandwidth = result["machine"]["bandwidth_bytes_per_s"]
-    assert gdn["gdn_floor_s_per_step"] == pytest.approx(gdn["gdn_bytes_per_step"] / bandwidth, rel=1e-4)
+    assert gdn["gdn_flops_per_step"] > 0
+    machine = result["machine"]
+    floors = (
+        gdn["gdn_bytes_per_step"] / machine["bandwidth_bytes_per_s"],
+        gdn["gdn_flops_per_step"] / machine["matmul_flops_per_s"],
+    )
+    assert gdn["gdn_floor_s_per_step"] == pytest.approx(max(floors), rel=1e-4)
     assert "GDN layers:" in text
 
 
