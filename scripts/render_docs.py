@@ -238,10 +238,11 @@ def gdn_roofline(load: Load) -> str:
                 ms(r["mean_decode_step_s"]),
                 ms(gdn["gdn_s_per_step"]),
                 pct(gdn["gdn_share_of_step"]),
-                f"{gdn['gdn_bytes_per_step'] / 1e6:.1f}",
-                ms(gdn["gdn_floor_s_per_step"]),
-                f"**{pct(gdn['gdn_bandwidth_fraction'])}**",
+                f"{gdn['gdn_bytes_per_step'] / 1e6:.1f} MB: {ms(gdn['gdn_bytes_floor_s_per_step'], 2)}",
+                f"{gdn['gdn_flops_per_step'] / 1e9:.2f} GFLOP: {ms(gdn['gdn_flops_floor_s_per_step'], 2)}",
+                f"**{pct(gdn['gdn_floor_fraction'])}**",
                 pct(r["efficiency"]["bandwidth_fraction"]),
+                pct(r["efficiency"]["matmul_fraction"]),
             ]
         )
     return table(
@@ -252,10 +253,11 @@ def gdn_roofline(load: Load) -> str:
             "decode step ms",
             "GDN layers ms / step",
             "GDN share of step",
-            "GDN floor MB (weights + state r/w)",
-            "GDN floor ms at probe",
-            "GDN vs floor",
-            "whole step bytes/s vs probe",
+            "GDN bytes floor, ms",
+            "GDN FLOP floor, ms",
+            "GDN vs its floor",
+            "whole step: bytes/s vs probe",
+            "FLOP/s vs probe",
         ],
         rows,
     )
