@@ -1,0 +1,95 @@
+"""The `bench compare` tables of docs/benchmarks.md: the engine against its baselines on sdar-moe-bench
+(`compare`, `compare-quiet`) and on the hybrid clover-moe-bench (`compare-hybrid`)."""
+
+from __future__ import annotations
+
+from scripts.doc_tables.cells import Load, sig3, table
+
+VARIANTS = {
+    "engine": "(a) engine: KV cache, fused commit",
+    "engine-batched": "(e) engine, all prompts at once",
+    "baseline": "(a0) engine eager, per-expert loop",
+    "reference": "(b) transformers Qwen3-MoE, recompute every step",
+    "transformers-kv": "(b2) transformers Qwen3-MoE + KV cache, SDAR scheme",
+    "separate-commit": "(c) cached, separate commit forward",
+    "ar": "(d) AR (block length 1)",
+}
+TARGETS = {32: "reference", 4: "separate-commit"}
+"""The variant each block length's speed-up target is against (bench/compare.py TARGETS), printed bold."""
+
+
+def compare(load: Load) -> str:
+    rows = []
+    for r in load("compare")["result"]["results"]:
+        for name, v in r["variants"].items():
+            ratio = "1" if name == "engine" else f"{r['ratios'][f'engine_vs_{name}']:.3g}x"
+            if TARGETS[r["block_length"]] == name:
+                ratio = f"**{ratio}**"
+            rows.append(
+                [
+                    r["block_length"],
+                    VARIANTS[name],
+                    sig3(v["tokens_per_s"]),
+                    v["nfe"],
+                    f"{v['tpf']:.2f}",
+                    sig3(v["forwards_per_s"]),
+                    ratio,
+                ]
+            )
+    return table(["block", "variant", "tokens/s", "NFE", "TPF", "forwards/s", "engine speed-up"], rows)
+
+
+def compare_quiet(load: Load) -> str:
+    rows = []
+    for name in ("compare-quiet-block32", "compare-quiet-block4"):
+        r = load(name)["result"]["results"][0]
+        target = TARGETS[r["block_length"]]
+        cells = {}
+        for variant in ("separate-commit", "reference"):
+            v = r["variants"].get(variant)
+            ratio = "" if v is None or variant == target else f" ({r['ratios'][f'engine_vs_{variant}']:.3g}x)"
+            cells[variant] = "–" if v is None else f"{sig3(v['tokens_per_s'])} tok/s{ratio}"
+        versus = {"reference": "the reference", "separate-commit": "the separate commit"}[target]
+        engine = f"{sig3(r['variants']['engine']['tokens_per_s'])} tok/s"
+        rows.append(
+            [
+                r["block_length"],
+                f"`{load(name)['command']}`",
+                engine,
+                cells["separate-commit"],
+                cells["reference"],
+                f"**{r['ratios'][f'engine_vs_{target}']:.3g}x** vs {versus}",
+            ]
+        )
+    return table(["block", "command", "engine", "separate commit", "reference", "engine speed-up"], rows)
+
+
+HYBRID_VARIANTS = {
+    "engine": "(a) engine: state pool + paged K/V, fused commit",
+    "reference": "(b) naive clover_moe decode: prefix recomputed every step",
+    "recompute-state": "(f) engine recomputing the prefix every step (no cache at all)",
+    "gdn-rescan": "(g) engine with paged K/V, GDN state rebuilt every step (prefix rescanned)",
+}
+HYBRID_TARGETS = ("reference", "gdn-rescan")
+"""The variants a speed-up target of issue 14 is against (bench/compare.py TARGETS), printed bold."""
+
+
+def compare_hybrid(load: Load) -> str:
+    """docs/results/compare-clover-moe.json: a hybrid model's engine against the recomputing baselines."""
+    rows = []
+    for r in load("compare-clover-moe")["result"]["results"]:
+        for name, v in r["variants"].items():
+            ratio = "1" if name == "engine" else f"{r['ratios'][f'engine_vs_{name}']:.3g}x"
+            rows.append(
+                [
+                    r["block_length"],
+                    HYBRID_VARIANTS[name],
+                    sig3(v["tokens_per_s"]),
+                    v["nfe"],
+                    f"{v['tpf']:.2f}",
+                    sig3(v["forwards_per_s"]),
+                    f"**{ratio}**" if name in HYBRID_TARGETS else ratio,
+                    "yes" if r["identical_tokens"] else "NO",
+                ]
+            )
+    return table(["block", "variant", "tokens/s", "NFE", "TPF", "forwards/s", "engine speed-up", "same tokens"], rows)

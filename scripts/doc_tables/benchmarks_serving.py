@@ -1,0 +1,162 @@
+"""The tables of docs/benchmarks.md from `bench throughput`, the planner's calibration, `bench latency` and
+`bench serve`: many requests at once, and what a client of `diffuserve serve` sees."""
+
+from __future__ import annotations
+
+from scripts.doc_tables.cells import Load, ms, pct, table
+
+
+def throughput(load: Load) -> str:
+    rows = []
+    for r in load("throughput")["result"]["results"]:
+        eff, lat, ex = r["efficiency"], r["latency"], r["experts"]
+        rows.append(
+            [
+                r["block_length"],
+                r["mode"],
+                r["num_requests"],
+                f"{r['tokens_per_s']:,.1f}",
+                f"{r['decode_tokens_per_s']:,.1f}",
+                f"{r['tpf']:.2f}",
+                f"{r['nfe_per_request']:.1f}",
+                f"{r['mean_seqs_per_decode_step']:.1f}",
+                ms(r["mean_decode_step_s"]),
+                pct(eff["matmul_fraction"]),
+                pct(eff["bandwidth_fraction"]),
+                pct(eff["overhead_fraction"]),
+                f"{ex['experts_touched_per_step']:.1f}",
+                f"{ex['experts_touched_per_block']:.1f}",
+                f"{lat['ttft_s']['p50']:.2f}",
+                f"{lat['e2e_s']['p50']:.1f}",
+            ]
+        )
+    return table(
+        [
+            "block",
+            "mode",
+            "requests",
+            "tokens/s",
+            "decode tokens/s",
+            "TPF",
+            "NFE/request",
+            "seqs/step",
+            "step ms",
+            "FLOP/s vs matmul",
+            "bytes/s vs bandwidth",
+            "engine overhead",
+            "experts/step",
+            "experts/block",
+            "TTFT p50 s",
+            "E2E p50 s",
+        ],
+        rows,
+    )
+
+
+CALIBRATION_RUNS = (
+    "throughput",
+    "latency-batch1",
+    "latency-batch8",
+    "throughput-51c63cc",
+    "throughput-9d82d21",
+    "latency-batch1-51c63cc",
+    "latency-batch8-51c63cc",
+    "calibration-clover-moe",
+)
+
+
+def calibration(load: Load) -> str:
+    rows = []
+    for name in CALIBRATION_RUNS:
+        run, check = load(name)["result"], load(name)["calibrate"]["result"]["calibration"]
+        c, work = run["calibration"], run["calibration"]["workload"]
+        what = (
+            f"throughput, {work['num_seqs']} concurrent, block {work['block_length']}"
+            if run["bench"] == "throughput"
+            else f"latency `--batch-size {work['num_seqs']}`"
+        )
+        if run.get("model", {}).get("name", "").startswith("clover-moe-bench"):
+            what += ", clover-moe-bench"
+        rows.append(
+            [
+                f"{what} (git {run['environment']['git']['sha']}, `{name}.json`)",
+                f"{c['achieved_flops_fraction']:.2f}, {ms(c['step_overhead_s'])} ms",
+                f"{check['predicted_tokens_per_s']:.1f}",
+                f"{check['measured_tokens_per_s']:.1f}",
+                f"{check['relative_error']:+.1%}",
+            ]
+        )
+    return table(["bench run", "fitted MFU, overhead", "predicted decode tokens/s", "measured", "error"], rows)
+
+
+def latency(load: Load) -> str:
+    rows = []
+    for name in ("latency-batch1", "latency-batch8"):
+        run = load(name)["result"]
+        lat, r = run["batch_latency_s"], run["result"]
+        rows.append(
+            [
+                run["workload"]["batch_size"],
+                " / ".join(f"{lat[k]:.3g}" for k in ("mean", "p50", "p99")),
+                f"{r['tokens_per_s']:.1f}",
+                f"{r['tpf']:.2f}",
+                f"{r['nfe_per_request']:.1f}",
+                f"{r['latency']['ttft_s']['p50']:.2f}",
+                ms(r["latency"]["tpot_s"]["p50"]),
+                pct(r["efficiency"]["matmul_fraction"]),
+                pct(r["efficiency"]["overhead_fraction"]),
+            ]
+        )
+    return table(
+        [
+            "batch",
+            "latency mean / p50 / p99 s",
+            "tokens/s",
+            "TPF",
+            "NFE/request",
+            "TTFT p50 s",
+            "TPOT p50 ms",
+            "FLOP/s vs matmul",
+            "overhead",
+        ],
+        rows,
+    )
+
+
+def serve(load: Load) -> str:
+    rows = []
+    for p in load("serve")["result"]["results"]:
+        what = (
+            f"{p['concurrency']} concurrent" if p["load"] == "concurrency" else f"Poisson {p['request_rate']:g} req/s"
+        )
+        rows.append(
+            [
+                what,
+                p["completed"],
+                p["errors"],
+                f"{p['output_tokens_per_s']:.1f}",
+                f"{p['request_throughput']:.3f}",
+                f"{p['goodput_requests_per_s']:.3f} ({p['goodput_fraction']:.0%})",
+                f"{p['ttft_s']['p50']:.2f} / {p['ttft_s']['p99']:.2f}",
+                ms(p["tpot_s"]["p50"]),
+                ms(p["itl_chunk_s"]["p50"], 0),
+                ms(p["itl_token_s"]["p50"]),
+                f"{p['e2e_s']['p50']:.2f} / {p['e2e_s']['p99']:.2f}",
+            ]
+        )
+    return table(
+        [
+            "load",
+            "ok",
+            "errors",
+            "output tok/s",
+            "req/s",
+            "goodput req/s (TTFT 2 s, TPOT 200 ms)",
+            "TTFT p50 / p99 s",
+            "TPOT p50 ms",
+            "ITL per chunk p50 ms",
+            "ITL per token p50 ms",
+            "E2E p50 / p99 s",
+        ],
+        rows,
+    )
