@@ -39,7 +39,7 @@ from diffuserve.planner.model_presets import MODEL_PRESETS
 GiB = 1 << 30
 TINY = dict(
     hidden_size=128,
-    num_hidden_layers=2,
+    num_hidden_layers=4,  # 3 GDN + 1 attention (full_attention_interval 4)
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=32,

@@ -104,6 +104,21 @@ def _text_rope(fields: dict) -> dict:
 
 
 def _layer_types(fields: dict, num_layers: int) -> tuple[str, ...]:
+    types = _listed_layer_types(fields, num_layers)
+    if FULL_ATTENTION not in types:
+        source = (
+            "`layer_types`"
+            if fields.get("layer_types") is not None
+            else f"`full_attention_interval` over {num_layers} layers"
+        )
+        raise ValueError(
+            f"config.json: {source} gives no {FULL_ATTENTION!r} layer; diffuserve runs clover_moe models with at "
+            "least one (the engine's K/V pages are the attention layers'), as every published one has"
+        )
+    return types
+
+
+def _listed_layer_types(fields: dict, num_layers: int) -> tuple[str, ...]:
     types = fields.get("layer_types")
     if types is None:
         interval = int(fields["full_attention_interval"])

@@ -50,6 +50,14 @@ def test_unknown_layer_type(tmp_path):
     assert "['sliding_attention']" in _error(model_dir)
 
 
+def test_no_attention_layer(tmp_path):
+    model_dir = _write(tmp_path)
+    _edit_config(model_dir, layer_types=["linear_attention"] * 4)
+    assert "`layer_types` gives no 'full_attention' layer" in _error(model_dir)
+    _edit_config(model_dir, layer_types=None, full_attention_interval=5)
+    assert "`full_attention_interval` over 4 layers gives no 'full_attention' layer" in _error(model_dir)
+
+
 @pytest.mark.parametrize(
     "field, value, other",
     [
