@@ -171,7 +171,7 @@ class HybridRunner(ModelRunner):
         """Autoregressive: the block's first masked position, from the row before it."""
         request = block.work.request
         index = block.positions[0]
-        rows = self._suppress_early_stops(request, [index], logits[block.logit_start : block.logit_start + 1])
+        rows = self._forbid_tokens(request, [index], logits[block.logit_start : block.logit_start + 1])
         positions = torch.tensor([index], device=self.device)
         params = request.params
         proposal = propose(

@@ -208,7 +208,7 @@ class ModelRunner:
         request = block.work.request
         params = request.params
         rows = logits[block.logit_start : block.logit_start + len(block.positions)]  # [M, V]
-        rows = self._suppress_early_stops(request, block.positions, rows)
+        rows = self._forbid_tokens(request, block.positions, rows)
         generator = self._generator(request)
         if params.structured_outputs is not None and self.structured is not None:
             proposal, written = self.structured.decode(request, rows, block.positions, generator, self.block_length)
@@ -224,15 +224,18 @@ class ModelRunner:
         )
         return block_write(proposal, write.nonzero().flatten())
 
-    def _suppress_early_stops(self, request: Request, positions: list[int], rows: torch.Tensor) -> torch.Tensor:
-        """min_tokens: stop ids get -inf logits at generated positions below min_tokens."""
+    def _forbid_tokens(self, request: Request, positions: list[int], rows: torch.Tensor) -> torch.Tensor:
+        """rows [M, V] of canvas `positions` -> the logits a decoder reads: the mask token at -inf everywhere (a
+        position given it would stay masked, and a model that ranks it first, as random weights can, would
+        never finish its block), and below min_tokens the stop ids at -inf too."""
         first_generated = request.block_start - request.num_prompt_tokens
         early = [i for i, index in enumerate(positions) if first_generated + index < request.params.min_tokens]
-        if not early or not request.params.stop_ids:
-            return rows
         rows = rows.clone()
-        stop = torch.tensor(sorted(request.params.stop_ids), device=self.device)
-        rows[torch.tensor(early, device=self.device)[:, None], stop[None, :]] = float("-inf")
+        if 0 <= request.mask_token_id < rows.shape[-1]:
+            rows[:, request.mask_token_id] = float("-inf")
+        if early and request.params.stop_ids:
+            stop = torch.tensor(sorted(request.params.stop_ids), device=self.device)
+            rows[torch.tensor(early, device=self.device)[:, None], stop[None, :]] = float("-inf")
         return rows
 
     def _generator(self, request: Request) -> torch.Generator | None:

@@ -77,7 +77,7 @@ class RecomputeRunner(ModelRunner):
         index = request.masked_indices()[0]
         known = torch.tensor([request.canvas[:index]], dtype=torch.long, device=self.device)
         hidden, _ = self.model.forward_causal(torch.cat([prefix, known], dim=1))
-        logits = self._suppress_early_stops(request, [index], self.model.compute_logits(hidden[0, -1:]))
+        logits = self._forbid_tokens(request, [index], self.model.compute_logits(hidden[0, -1:]))
         positions = torch.tensor([index], device=self.device)
         params = request.params
         proposal = propose(

@@ -98,7 +98,9 @@ def reference_block_decode(
             is_mask = torch.tensor([token == mask_id for token in block])
             if is_mask[0] and start == 0:
                 raise ValueError("reference decode: the first position of the sequence cannot be masked")
-            tokens, conf = _pick(_block_logits(model, seq, start, block), settings.temperature, generator)
+            logits = _block_logits(model, seq, start, block)
+            logits[:, mask_id] = float("-inf")  # a position is never given the mask token
+            tokens, conf = _pick(logits, settings.temperature, generator)
             conf = conf.masked_fill(~is_mask, -1.0)
             accept = is_mask & (conf > settings.threshold)
             accept[conf.argmax()] = True  # top-1 fallback: every step accepts at least one position
@@ -120,7 +122,10 @@ def reference_ar_decode(
     seq = list(prompt)
     while len(seq) - len(prompt) < settings.max_new_tokens:
         hidden, _ = model.forward_causal(torch.tensor([seq], dtype=torch.long))
-        token, _ = _pick(model.compute_logits(hidden[0, -1:]), settings.temperature, generator)
+        logits = model.compute_logits(hidden[0, -1:])
+        if 0 <= model.args.mask_token_id < logits.shape[-1]:
+            logits[:, model.args.mask_token_id] = float("-inf")  # as the engine: the mask token is never output
+        token, _ = _pick(logits, settings.temperature, generator)
         seq.append(int(token))
         if seq[-1] in settings.eos_token_ids:
             break

@@ -125,6 +125,7 @@ def _decode_block(
                 break
         read = list(range(first_generated, block)) if editing else masked
         logits = _logits(ref, seq.tokens[:end], mask, [start + i for i in read])
+        logits[:, ref.mask_token_id] = float("-inf")  # a position is never given the mask token
         _suppress_early_stops(logits, [start + i - seq.num_prompt for i in read], params.min_tokens, stop_ids)
         proposal = propose(logits, read, block, params, generator, params.logprobs is not None)
         write = positions_to_write(proposal, canvas, masked, first_generated, step, params)
