@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diffuserve.model.clover_moe_config import GdnArgs, hybrid_args, kv_bytes_per_token, state_bytes_per_sequence
+from diffuserve.model.clover_moe_config import GdnArgs, hybrid_args, state_bytes_per_sequence
 from diffuserve.model.config import ModelArgs
 from diffuserve.planner.recurrent_state import RECURRENT_FLOPS_PER_STATE_ELEMENT
 
@@ -122,9 +122,7 @@ def model_cost(args: ModelArgs, weight_itemsize: int, kv_itemsize: int) -> Model
         dense_weight_bytes=float(dense_params * weight_itemsize),
         expert_weight_bytes=float(expert_macs * weight_itemsize),
         num_moe_layers=num_moe,
-        kv_bytes_per_token=float(
-            kv_bytes_per_token(args, kv_itemsize) if hybrid else 2 * num_attention * args.num_kv_heads * d * kv_itemsize
-        ),
+        kv_bytes_per_token=float(2 * num_attention * args.num_kv_heads * d * kv_itemsize),
         state_bytes_per_seq=float(state_bytes_per_sequence(args, weight_itemsize) if hybrid else 0),
         gdn_weight_bytes=float(gdn_params * weight_itemsize),
         gdn_flops_per_token=2.0 * (gdn_params + delta_rule_macs),

@@ -71,7 +71,7 @@ class CompiledForward:
         self, model: DiffusionModel, compiled: bool, device: torch.device, bucketed: bool | None = None
     ) -> None:
         self.compiled = compiled
-        self.bucketed = compiled and device.type == "cuda" if bucketed is None else bucketed
+        self.bucketed = (compiled and device.type == "cuda") if bucketed is None else bucketed
         self.compile_s = 0.0
         self._first_call = compiled
         mode = "reduce-overhead" if device.type == "cuda" else None

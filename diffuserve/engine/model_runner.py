@@ -225,14 +225,14 @@ class ModelRunner:
         return block_write(proposal, write.nonzero().flatten())
 
     def _forbid_tokens(self, request: Request, positions: list[int], rows: torch.Tensor) -> torch.Tensor:
-        """rows [M, V] of canvas `positions` -> the logits a decoder reads: the mask token at -inf everywhere (a
-        position given it would stay masked, and a model that ranks it first, as random weights can, would
-        never finish its block), and below min_tokens the stop ids at -inf too."""
-        first_generated = request.block_start - request.num_prompt_tokens
-        early = [i for i, index in enumerate(positions) if first_generated + index < request.params.min_tokens]
-        rows = rows.clone()
+        """rows [M, V]: this block's rows of the step's decode logits, at canvas `positions`, edited in place
+        (no other block or reader shares them): the mask token at -inf everywhere (a position given it would stay
+        masked, and a model that ranks it first, as random weights can, would never finish its block), and
+        below min_tokens the stop ids at -inf too."""
         if 0 <= request.mask_token_id < rows.shape[-1]:
             rows[:, request.mask_token_id] = float("-inf")
+        first_generated = request.block_start - request.num_prompt_tokens
+        early = [i for i, index in enumerate(positions) if first_generated + index < request.params.min_tokens]
         if early and request.params.stop_ids:
             stop = torch.tensor(sorted(request.params.stop_ids), device=self.device)
             rows[torch.tensor(early, device=self.device)[:, None], stop[None, :]] = float("-inf")
