@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diffuserve.model.clover_moe_config import GdnArgs, hybrid_args, state_bytes_per_sequence
+from diffuserve.model.clover_moe_config import hybrid_args, state_bytes_per_sequence
 from diffuserve.model.config import ModelArgs
 from diffuserve.planner.recurrent_state import RECURRENT_FLOPS_PER_STATE_ELEMENT
 
@@ -38,7 +38,7 @@ class ModelCost:
     state_bytes_per_seq: float = 0.0
     """Hybrid models: one sequence's recurrent state over all GDN layers (S in fp32, the conv ring); 0 otherwise."""
     gdn_weight_bytes: float = 0.0
-    """Hybrid models: the GDN mixers' weights over all GDN layers (in-projections, conv taps, out_proj)."""
+    """Hybrid models: the GDN layers' weights (`GdnArgs.layer_params`: projections, conv taps, per-head scalars)."""
     gdn_flops_per_token: float = 0.0
     """Hybrid models: one token through all GDN mixers (their weights and the delta rule)."""
 
@@ -70,14 +70,6 @@ class ModelCost:
         return self.gdn_weight_bytes + num_seqs * self.state_traffic_per_seq
 
 
-def gdn_mixer_params(gdn: GdnArgs, hidden: int, has_diffusion: bool) -> int:
-    """Weights of one GDN mixer: in_proj_qkv, in_proj_z, in_proj_b / a, out_proj and the conv taps (the block
-    conv's right taps too when the checkpoint has them); the per-head scalars and the norm are negligible."""
-    projections = hidden * (gdn.conv_dim + gdn.value_dim + 2 * gdn.num_value_heads) + gdn.value_dim * hidden
-    taps = gdn.conv_dim * (gdn.conv_kernel + (gdn.conv_kernel - 1 if has_diffusion else 0))
-    return projections + taps
-
-
 def _mixers(args: ModelArgs) -> tuple[int, int, int, int]:
     """(attention layers, multiply-adds of one attention mixer, weights of all GDN mixers, multiply-adds of the
     delta rule per token over all GDN layers). clover_moe's attention is gated: q_proj emits the query and its
@@ -91,7 +83,7 @@ def _mixers(args: ModelArgs) -> tuple[int, int, int, int]:
     delta_rule = (
         num_gdn * RECURRENT_FLOPS_PER_STATE_ELEMENT * gdn.num_value_heads * gdn.key_head_dim * gdn.value_head_dim // 2
     )
-    return args.num_layers - num_gdn, attention, num_gdn * gdn_mixer_params(gdn, h, hybrid.has_diffusion), delta_rule
+    return args.num_layers - num_gdn, attention, num_gdn * gdn.layer_params(h, hybrid.has_diffusion), delta_rule
 
 
 def model_cost(args: ModelArgs, weight_itemsize: int, kv_itemsize: int) -> ModelCost:

@@ -64,6 +64,21 @@ class GdnArgs:
         """Channels of the conv: q | k | v."""
         return 2 * self.key_dim + self.value_dim
 
+    def layer_params(self, hidden_size: int, has_diffusion: bool = False) -> int:
+        """Parameters of one GDN layer: in_proj_qkv h x conv_dim, in_proj_z h x Hv*Dv, in_proj_b and in_proj_a
+        h x Hv each, out_proj Hv*Dv x h, the depthwise conv conv_dim x k, A_log and dt_bias Hv each, the gated
+        RMSNorm Dv; with the block-diffusion tensors also conv_right_weight conv_dim x (k - 1) and the three
+        bd_softmax_* Hv each."""
+        hv = self.num_value_heads
+        params = (
+            hidden_size * (self.conv_dim + self.value_dim + 2 * hv)
+            + self.value_dim * hidden_size
+            + self.conv_dim * self.conv_kernel
+            + 2 * hv
+            + self.value_head_dim
+        )
+        return params + (self.conv_dim * (self.conv_kernel - 1) + 3 * hv if has_diffusion else 0)
+
 
 @dataclass(frozen=True)
 class HybridArgs:

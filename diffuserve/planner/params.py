@@ -96,21 +96,10 @@ def _attention_params(group: AttentionGroup, hidden: int) -> int:
 
 
 def _linear_attention_params(group: LinearAttentionGroup, hidden: int) -> int:
-    """Per GDN layer: in_proj_qkv h x conv_dim, in_proj_z h x Hv*Dv, in_proj_b and in_proj_a h x Hv each,
-    out_proj Hv*Dv x h, depthwise conv conv_dim x k, A_log and dt_bias Hv each, gated RMSNorm Dv.
-
-    Clover's block-diffusion tensors (`conv_right_weight` [conv_dim, k - 1] and three `bd_softmax_*` per GDN
-    layer, about 0.74M in all: 0.002%) are not counted: config.json does not say whether a checkpoint has them.
-    """
-    hv, conv_dim = group.num_value_heads, group.conv_dim
-    per_layer = (
-        hidden * (conv_dim + group.value_dim + 2 * hv)
-        + group.value_dim * hidden
-        + conv_dim * group.conv_kernel
-        + 2 * hv
-        + group.value_head_dim
-    )
-    return group.num_layers * per_layer
+    """`GdnArgs.layer_params` per GDN layer. Clover's block-diffusion tensors (`conv_right_weight`
+    [conv_dim, k - 1] and three `bd_softmax_*` per GDN layer, about 0.74M in all: 0.002%) are not counted:
+    config.json does not say whether a checkpoint has them."""
+    return group.num_layers * group.layer_params(hidden)
 
 
 def _active_expert_share(spec: ModelSpec) -> float:

@@ -56,25 +56,25 @@ def test_clover_moe_bench_cost():
     """clover-moe-bench with the block-diffusion tensors, fp32, worked by hand (H 512; 6 GDN + 2 attention layers).
 
     GDN mixer: Hk 4 x Dk 64, Hv 8 x Dv 64, conv_dim 2 x 256 + 512 = 1,024, k 4. in_proj_qkv / z / b / a
-    512 x (1,024 + 512 + 2 x 8) = 794,624, out_proj 512 x 512 = 262,144, conv taps 1,024 x (4 + 3 right) = 7,168:
-    1,063,936, x 6 = 6,383,616. Gated attention: 512 x (2 x 8 + 2 x 2) x 64 = 655,360 (query and its gate, K, V)
+    512 x (1,024 + 512 + 2 x 8) = 794,624, out_proj 512 x 512 = 262,144, conv taps 1,024 x (4 + 3 right) = 7,168,
+    A_log, dt_bias and the three bd_softmax_* 5 x 8 = 40, norm 64: 1,064,040, x 6 = 6,384,240. Gated attention: 512 x (2 x 8 + 2 x 2) x 64 = 655,360 (query and its gate, K, V)
     + O 262,144 = 917,504, x 2 = 1,835,008. Delta rule: 6 x 3.5 x 8 x 64 x 64 = 688,128. MoE, every layer: router
     8,192 + two experts 786,432 + shared expert 393,216 and its gate 512 = 1,188,352, x 8 = 9,506,816.
-    Per token: 18,413,568 multiply-adds = 36,827,136 FLOPs. Dense bytes: mixers 8,218,624 + routers and shared
-    experts 8 x 401,920 = 3,215,360 + norms 9,728 + LM head 4,194,304 = 15,638,016 x 4 B. State per sequence:
+    Per token: 18,414,192 multiply-adds = 36,828,384 FLOPs. Dense bytes: mixers 8,219,248 + routers and shared
+    experts 8 x 401,920 = 3,215,360 + norms 9,728 + LM head 4,194,304 = 15,638,640 x 4 B. State per sequence:
     6 x (S 8 x 64 x 64 x 4 B = 131,072 + ring 1,024 x 3 x 4 B = 12,288) = 860,160. K/V: 2 x 2 layers x 2 heads x
     64 x 4 B = 2,048 per token.
     """
     config = make_clover_moe_config("clover-moe-bench", mask_token_id=259)
     args = with_diffusion(clover_moe_args_from_hf(config, {}), True)
     cost = model_cost(args, weight_itemsize=4, kv_itemsize=4)
-    assert cost.flops_per_token == 36_827_136
+    assert cost.flops_per_token == 36_828_384
     assert cost.flops_per_attention_pair == 4 * 8 * 64 * 2
-    assert cost.dense_weight_bytes == 15_638_016 * 4
-    assert cost.gdn_weight_bytes == 6_383_616 * 4
+    assert cost.dense_weight_bytes == 15_638_640 * 4
+    assert cost.gdn_weight_bytes == 6_384_240 * 4
     assert cost.state_bytes_per_seq == 860_160
     assert cost.kv_bytes_per_token == 2_048
     # One step of 3 sequences: each state read and written once.
-    assert cost.step_bytes(10, 600, 3) == 15_638_016 * 4 + 8 * 10 * 1_572_864 + 600 * 2_048 + 3 * 2 * 860_160
-    assert cost.gdn_step_bytes(1) == 6_383_616 * 4 + 2 * 860_160
-    assert cost.gdn_step_flops(64) == 64 * 2 * (6_383_616 + 688_128)
+    assert cost.step_bytes(10, 600, 3) == 15_638_640 * 4 + 8 * 10 * 1_572_864 + 600 * 2_048 + 3 * 2 * 860_160
+    assert cost.gdn_step_bytes(1) == 6_384_240 * 4 + 2 * 860_160
+    assert cost.gdn_step_flops(64) == 64 * 2 * (6_384_240 + 688_128)
