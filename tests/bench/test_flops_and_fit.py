@@ -57,9 +57,10 @@ def test_clover_moe_bench_cost():
 
     GDN mixer: Hk 4 x Dk 64, Hv 8 x Dv 64, conv_dim 2 x 256 + 512 = 1,024, k 4. in_proj_qkv / z / b / a
     512 x (1,024 + 512 + 2 x 8) = 794,624, out_proj 512 x 512 = 262,144, conv taps 1,024 x (4 + 3 right) = 7,168,
-    A_log, dt_bias and the three bd_softmax_* 5 x 8 = 40, norm 64: 1,064,040, x 6 = 6,384,240. Gated attention: 512 x (2 x 8 + 2 x 2) x 64 = 655,360 (query and its gate, K, V)
-    + O 262,144 = 917,504, x 2 = 1,835,008. Delta rule: 6 x 3.5 x 8 x 64 x 64 = 688,128. MoE, every layer: router
-    8,192 + two experts 786,432 + shared expert 393,216 and its gate 512 = 1,188,352, x 8 = 9,506,816.
+    A_log, dt_bias and the three bd_softmax_* 5 x 8 = 40, norm 64: 1,064,040, x 6 = 6,384,240. Gated attention:
+    512 x (2 x 8 + 2 x 2) x 64 = 655,360 (query and its gate, K, V) + O 262,144 = 917,504, x 2 = 1,835,008.
+    Delta rule: 6 x 3.5 x 8 x 64 x 64 = 688,128. MoE, every layer: router 8,192 + two experts 786,432 + shared
+    expert 393,216 and its gate 512 = 1,188,352, x 8 = 9,506,816.
     Per token: 18,414,192 multiply-adds = 36,828,384 FLOPs. Dense bytes: mixers 8,219,248 + routers and shared
     experts 8 x 401,920 = 3,215,360 + norms 9,728 + LM head 4,194,304 = 15,638,640 x 4 B. State per sequence:
     6 x (S 8 x 64 x 64 x 4 B = 131,072 + ring 1,024 x 3 x 4 B = 12,288) = 860,160. K/V: 2 x 2 layers x 2 heads x
