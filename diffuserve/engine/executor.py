@@ -187,6 +187,7 @@ class ModelExecutor:
             torch.device("cpu") if offload else None,
             config.load_format,
             config.seed,
+            config.quant_scheme,
         )
         experts = (
             ExpertOffload(model, device, config.cache.expert_cache_memory, config.cache.expert_residency)

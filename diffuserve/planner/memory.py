@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from diffuserve.planner.inputs import KV_BYTES, WEIGHT_BYTES, Deployment
 from diffuserve.planner.model_spec import AttentionGroup, ModelSpec
 from diffuserve.planner.params import ParamCounts
+from diffuserve.planner.quantized_weights import QUANTIZED_DTYPES, quantized_bytes
 from diffuserve.planner.recurrent_state import state_bytes_per_sequence, state_formula
 from diffuserve.planner.units import GiB, ceil_div, fmt_bytes, fmt_count, round_up
 
@@ -94,9 +95,9 @@ def memory_breakdown(
 ) -> MemoryBreakdown:
     """Weights, workspace and overhead on one device of a replica; the KV pool is what remains."""
     tp, shards = deployment.tensor_parallel_size, deployment.expert_shards
-    b_w, dtype = WEIGHT_BYTES[deployment.weight_dtype], deployment.weight_dtype
+    dtype = deployment.weight_dtype
     b_emb = WEIGHT_BYTES[embedding_dtype(dtype)]
-    dense = params.non_expert - params.embeddings
+    dense_bytes, expert_bytes, weight_formulas = _weight_bytes(spec, params, dtype)
     usable = device_bytes * deployment.gpu_memory_utilization
     activation, act_formula = _workspace(spec, deployment, block_length)
     overhead = _overhead(deployment, runtime_overhead_bytes)
@@ -104,12 +105,10 @@ def memory_breakdown(
     formulas = (
         f"usable = {fmt_bytes(device_bytes)} x gpu_memory_utilization {deployment.gpu_memory_utilization} "
         f"= {fmt_bytes(usable)}",
-        f"attention/dense weights = {fmt_count(dense)} params x {b_w:.4g} B ({dtype}) / tp {tp} "
-        f"= {fmt_bytes(dense * b_w / tp)}",
+        f"{weight_formulas[0]} / tp {tp} = {fmt_bytes(dense_bytes / tp)}",
         f"embeddings + LM head = {fmt_count(params.embeddings)} x {b_emb:.4g} B / tp {tp} "
         f"= {fmt_bytes(params.embeddings * b_emb / tp)}",
-        f"routed experts = {fmt_count(params.routed_experts)} x {b_w:.4g} B / max(tp, ep) {shards} "
-        f"= {fmt_bytes(params.routed_experts * b_w / shards)}",
+        f"{weight_formulas[1]} / max(tp, ep) {shards} = {fmt_bytes(expert_bytes / shards)}",
         act_formula,
         f"runtime overhead = {fmt_bytes(overhead)}"
         + (" (incl. 2 GiB NCCL buffers)" if _is_parallel(deployment) else ""),
@@ -119,14 +118,40 @@ def memory_breakdown(
     return MemoryBreakdown(
         device_bytes=device_bytes,
         usable_bytes=usable,
-        dense_weight_bytes=dense * b_w / tp,
+        dense_weight_bytes=dense_bytes / tp,
         embedding_bytes=params.embeddings * b_emb / tp,
-        expert_weight_bytes=params.routed_experts * b_w / shards,
+        expert_weight_bytes=expert_bytes / shards,
         activation_bytes=activation,
         overhead_bytes=overhead,
         kv_bytes_per_token=full_per_token,
         state_bytes_per_sequence=state_bytes_per_sequence(spec, deployment),
         formulas=formulas,
+    )
+
+
+def _weight_bytes(spec: ModelSpec, params: ParamCounts, dtype: str) -> tuple[float, float, tuple[str, str]]:
+    """(dense bytes, routed-expert bytes, their two formulas) for the whole model."""
+    dense = params.non_expert - params.embeddings
+    if dtype not in QUANTIZED_DTYPES:
+        b_w = WEIGHT_BYTES[dtype]
+        return (
+            dense * b_w,
+            params.routed_experts * b_w,
+            (
+                f"attention/dense weights = {fmt_count(dense)} params x {b_w:.4g} B ({dtype})",
+                f"routed experts = {fmt_count(params.routed_experts)} x {b_w:.4g} B",
+            ),
+        )
+    q = quantized_bytes(spec, params, dtype)
+    quantized_dense = q.quantized_params - params.routed_experts
+    return (
+        q.dense,
+        q.experts,
+        (
+            f"attention/dense weights = {fmt_count(quantized_dense)} params {dtype} (+ scales) + "
+            f"{fmt_count(dense - quantized_dense)} in 16 bits (norms, routers, gates) = {fmt_bytes(q.dense)}",
+            f"routed experts = {fmt_count(params.routed_experts)} x {dtype} (+ scales) = {fmt_bytes(q.experts)}",
+        ),
     )
 
 

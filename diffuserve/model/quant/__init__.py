@@ -1,7 +1,6 @@
 """Quantized weights: quantize on load (`--quantization fp8|int8|int4`) or load pre-quantized checkpoints (FP8,
 GPTQ, AWQ, compressed-tensors), and the matmuls that read them. One concept per file:
 
-    scheme.py             what the user asked: method, targets (which weights), int4 group size; no torch
     formats.py            the canonical parts every source decodes to and every kernel prepares from
     quantize.py           16/32-bit rows -> canonical parts (int8 / int4 / fp8 rules)
     weight.py             QuantWeight: one logical weight's parts, written box by box, then finalized
@@ -13,5 +12,6 @@ GPTQ, AWQ, compressed-tensors), and the matmuls that read them. One concept per 
     writer.py             `diffuserve quantize`: a compressed-tensors checkpoint from a 16-bit one
     weight_bytes.py       bytes of a loaded model by kind (what the planner predicts)
 
-Knows nothing of requests or the engine; the loader (model/loader.py) calls loading.py and apply.py.
+What the user asked for (method, targets, group size) is diffuserve/quant_scheme.py (standard library, read by
+the engine config). Knows nothing of requests or the engine; the loader (model/loader.py) calls loading.py and apply.py.
 """

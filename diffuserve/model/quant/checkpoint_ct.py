@@ -3,9 +3,9 @@
 and NaiveQuantizationCompressor, which tests/model/quant use as the oracle):
 
     pack-quantized   X.weight_packed int32 [N, ceil(K / 8)]: value q + 8 of column i at bits 4 (i % 8) of word
-                     i // 8 (little-endian bytes: the canonical nibbles); X.weight_scale [N, G] (group) or
-                     [N, 1] (channel); X.weight_zero_point int32 [ceil(N / 8), G] packed along N, zp + 8
-                     (asymmetric only); X.weight_shape [N, K]
+                     i // 8 (little-endian bytes: the canonical nibbles); 8-bit: q + 128, one byte per column;
+                     X.weight_scale [N, G] (group) or [N, 1] (channel); X.weight_zero_point int32
+                     [ceil(N / 8), G] packed along N, zp + 8 (asymmetric only); X.weight_shape [N, K]
     int-quantized /  X.weight int8 or float8_e4m3fn [N, K], X.weight_scale [N, 1] (channel), [N / bn, K / bk]
     float-quantized  (block) or one number (tensor)
 
@@ -114,9 +114,13 @@ def _decode_packed(fmt: QuantFormat, parts: dict[str, torch.Tensor], base: str) 
     if sys.byteorder != "little":
         raise ValueError("compressed-tensors pack-quantized weights load on little-endian hosts only")
     n, k = (int(v) for v in parts["shape"].tolist())
-    if k % 2:
+    if k % 2 and fmt.method == "int4":
         raise ValueError(f"checkpoint: {base} has an odd input width {k}; int4 weights need an even one")
-    qdata = parts["packed"].contiguous().view(torch.uint8)[:, : k // 2]  # [N, K / 2]
+    stored = parts["packed"].contiguous().view(torch.uint8)
+    if fmt.method == "int8":  # one byte per value, offset by 128
+        qdata = (stored[:, :k].to(torch.int16) - 128).to(torch.int8)
+        return QuantParts(qdata.contiguous(), parts["scale"].reshape(n, 1), None), (n, k)
+    qdata = stored[:, : k // 2]  # [N, K / 2]
     scale = parts["scale"]
     zero = None
     if not fmt.symmetric:

@@ -1,5 +1,6 @@
 """What the user asked to quantize on load: `--quantization fp8|int8|int4`, which weights (`--quantization-targets`)
-and the int4 group (`--quantization-group-size`). Standard library only (the engine config validates with it).
+and the int4 group (`--quantization-group-size`). Standard library only: the engine config validates with it, and
+model/quant (the quantized weights themselves) reads it.
 
 The targets name groups of weight matrices, routed experts first (93 % of Clover's bytes):
 
