@@ -137,6 +137,7 @@ def load_weights(
             raise ValueError(
                 f"checkpoint: unexpected weight {name!r} (no parameter {target.param!r} in {args.architecture})"
             )
+        _check_unquantized(name, tensor)
         for dst, src in _local_views(params[target.param], target, tensor, name):
             dst.copy_(src)
             loaded[target.param] += src.numel()
@@ -145,6 +146,16 @@ def load_weights(
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise ValueError(f"checkpoint: missing weights {shown} in {str(model_dir)!r}")
+
+
+def _check_unquantized(name: str, tensor: torch.Tensor) -> None:
+    """A tensor for a 16/32-bit parameter must be 16/32-bit: quantized values without their scales (a missing
+    `_scale_inv`, a config.json without its quantization_config) would load as nonsense."""
+    if tensor.dtype not in DTYPES.values():
+        raise ValueError(
+            f"checkpoint: {name!r} is {str(tensor.dtype).removeprefix('torch.')} but nothing says how to dequantize "
+            "it (no scales beside it, or no quantization_config in config.json)"
+        )
 
 
 def _local_views(

@@ -82,8 +82,9 @@ def _divided(fmt_name: str, start: int, length: int, unit: int, whole: int) -> s
     """[start, start + length) in units of `unit` (the tail may be partial only where the range ends the weight)."""
     if start % unit or (length % unit and start + length != whole):
         raise ValueError(
-            f"quantization: a shard of {fmt_name} splits a block of {unit} at [{start}, {start + length}); use a "
-            f"tensor-parallel size whose part is a multiple of {unit}"
+            f"quantization: {fmt_name} fills [{start}, {start + length}) of its weight, which splits a block of "
+            f"{unit} (a packing such as q | k | v, or this tensor-parallel size, puts a boundary inside one); use "
+            f"a tensor-parallel size that keeps every part a multiple of {unit}"
         )
     return slice(start // unit, -(-(start + length) // unit))
 
