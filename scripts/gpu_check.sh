@@ -15,6 +15,10 @@
 #        scripts/gpu_check.sh --compiled [--device cpu]
 #   --compiled  the engine compiled as CUDA runs it by default (CUDA graphs, bucketed steps) vs eager on a random
 #               sdar-moe-bench in bf16: compile time, recompiles, tokens, decode speed at 1 and 16 requests
+#        scripts/gpu_check.sh --quantization fp8|int4 [--device cpu]
+#   --quantization  issue 25: the quantized matmuls at Clover-35B-A3B shapes against the dequantize-then-matmul
+#               reference and bf16 (scaled_mm fp8 / tinygemm int4 on sm90), the engine quantized on load vs bf16 on
+#               sdar-moe-bench and clover-moe-bench, a `diffuserve quantize` checkpoint loaded on the GPU
 # Output: the log and the JSON summary in $OUT (or /tmp/diffuserve-gpu-check), the JSON also as the last line.
 set -euo pipefail
 
@@ -37,6 +41,9 @@ elif [[ "${1:-}" == "--gdn-kernels" ]]; then
     shift
 elif [[ "${1:-}" == "--compiled" ]]; then
     SCRIPT=gpu_check_compiled
+    shift
+elif [[ "${1:-}" == "--quantization" ]]; then
+    SCRIPT=gpu_check_quant
     shift
 fi
 if [[ " $* " != *" --dry-run "* && " $* " != *" --reduced "* && " $* " != *" cpu "* ]]; then

@@ -174,7 +174,8 @@ def _variant(ctx: BenchContext, ns: argparse.Namespace, block: int, method: str)
 
 
 def comparison(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each variant against the first: bytes per forward and decode tokens/s, as ratios."""
+    """Each variant against the first: bytes per forward, decode tokens/s and decode step time, as ratios (the
+    step time isolates the kernels: quantization may move TPF, which tokens/s also counts)."""
     base = variants[0]
     return [
         {
@@ -184,6 +185,8 @@ def comparison(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "bytes_ratio": v["weight_bytes_per_forward"] / base["weight_bytes_per_forward"],
             "decode_tokens_per_s": v["result"]["decode_tokens_per_s"],
             "speedup": v["result"]["decode_tokens_per_s"] / base["result"]["decode_tokens_per_s"],
+            "decode_step_s": v["result"]["mean_decode_step_s"],
+            "step_speedup": base["result"]["mean_decode_step_s"] / v["result"]["mean_decode_step_s"],
             "tpf": v["result"]["tpf"],
         }
         for v in variants
@@ -191,7 +194,7 @@ def comparison(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _comparison_table(rows: list[dict[str, Any]]) -> str:
-    header = ["weights", "MiB", "MB read / forward", "x first", "decode tok/s", "x first", "TPF"]
+    header = ["weights", "MiB", "MB read / forward", "x first", "decode tok/s", "x first", "ms / step", "x first", "TPF"]
     return format_table(
         header,
         [
@@ -202,6 +205,8 @@ def _comparison_table(rows: list[dict[str, Any]]) -> str:
                 r["bytes_ratio"],
                 r["decode_tokens_per_s"],
                 r["speedup"],
+                1000 * r["decode_step_s"],
+                r["step_speedup"],
                 r["tpf"],
             ]
             for r in rows

@@ -37,7 +37,7 @@ def quantize_int8(w: torch.Tensor, scale_dtype: torch.dtype) -> QuantParts:
     """w [*, N, K] -> int8 [*, N, K], scale [*, N, 1]."""
     w = w.float()
     scale = _stored(w.abs().amax(dim=-1, keepdim=True) / 127, scale_dtype)
-    q = torch.round(w / scale).clamp_(-127, 127).to(torch.int8)
+    q = (w / scale).round_().clamp_(-127, 127).to(torch.int8)
     return QuantParts(q, scale.to(scale_dtype), None)
 
 
@@ -46,11 +46,11 @@ def quantize_int4(w: torch.Tensor, group_size: int, scale_dtype: torch.dtype) ->
     *lead, n, k = w.shape
     if k % group_size:
         raise ValueError(f"quantization_group_size: {group_size} does not divide the input width {k}")
-    groups = w.float().reshape(*lead, n, k // group_size, group_size)  # [*, N, G, g]
-    low, high = groups.amin(dim=-1, keepdim=True), groups.amax(dim=-1, keepdim=True)
+    groups = w.to(torch.float32, copy=True).reshape(*lead, n, k // group_size, group_size)  # [*, N, G, g], own copy
+    low, high = torch.aminmax(groups, dim=-1, keepdim=True)
     scale = _stored((high - low) / 15, scale_dtype)
     zero = torch.round(-low / scale).clamp_(0, 15)
-    q = (torch.round(groups / scale) + zero).clamp_(0, 15).to(torch.uint8).reshape(*lead, n, k)
+    q = groups.div_(scale).round_().add_(zero).clamp_(0, 15).to(torch.uint8).reshape(*lead, n, k)
     packed = q[..., 0::2] | (q[..., 1::2] << 4)
     return QuantParts(packed, scale.squeeze(-1).to(scale_dtype), zero.squeeze(-1).to(scale_dtype))
 

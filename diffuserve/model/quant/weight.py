@@ -26,8 +26,9 @@ from diffuserve.model.quant.formats import (
 from diffuserve.model.quant.kernels import Kernel, select_kernel
 from diffuserve.model.quant.quantize import quantize
 
-CHUNK_ELEMENTS = 1 << 22
-"""Weights quantized at once while loading (16 MiB of fp32 temporaries)."""
+CHUNK_ELEMENTS = 1 << 20
+"""Weights quantized at once while loading (a few MiB of fp32 temporaries: what loading holds beyond the final
+weights and the checkpoint tensor being read)."""
 
 
 class QuantWeight(nn.Module):
@@ -88,17 +89,34 @@ class QuantWeight(nn.Module):
         """Parts -> the kernel's tensors for activations of `dtype` on the parts' device."""
         parts, (n, k) = self.parts(), self.shape[-2:]
         kernel = select_kernel(self.fmt, n, k, parts.qdata.device, dtype)
-        if len(self.shape) == 2:
-            tensors = kernel.prepare(self.fmt, parts)
-        else:
-            per_expert = [kernel.prepare(self.fmt, _matrix(parts, e)) for e in range(self.shape[0])]
-            tensors = {key: torch.stack([t[key] for t in per_expert]) for key in per_expert[0]}
+        tensors = kernel.prepare(self.fmt, parts) if len(self.shape) == 2 else self._prepare_experts(kernel, parts)
         for name in ("qdata", "scale", "zero"):
             if hasattr(self, name):
                 delattr(self, name)
         for name, tensor in tensors.items():
             self.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
         self.kernel = kernel
+
+    def _prepare_experts(self, kernel: Kernel, parts: QuantParts) -> dict[str, torch.Tensor]:
+        """Expert by expert into [E, ...] tensors; a kernel tensor shaped like a part (int4's packed values are
+        the canonical nibbles' size) takes that part's storage, expert e overwritten after expert e was read, so
+        finalizing a layer's experts needs no second copy of them."""
+        first = kernel.prepare(self.fmt, _matrix(parts, 0))
+        free = {id(p): p for p in parts if p is not None}
+        out = {}
+        for key, t in first.items():
+            # A part the kernel passes through keeps its storage; else any free part of the same shape takes it.
+            same = [p for p in free.values() if p.shape[1:] == t.shape and p.dtype == t.dtype]
+            reuse = next((p for p in same if p[0].data_ptr() == t.data_ptr()), same[0] if same else None)
+            if reuse is not None:
+                free.pop(id(reuse))
+            out[key] = reuse if reuse is not None else t.new_empty((self.shape[0], *t.shape))
+        for e in range(self.shape[0]):
+            prepared = first if e == 0 else kernel.prepare(self.fmt, _matrix(parts, e))
+            for key, t in prepared.items():
+                if t.data_ptr() != out[key][e].data_ptr():
+                    out[key][e].copy_(t)
+        return out
 
     def linear(self, x: torch.Tensor, expert: int | None = None) -> torch.Tensor:
         """x [M, K] -> x @ W^T [M, N] (W = expert `expert`'s matrix for fused experts)."""
