@@ -119,8 +119,10 @@ class QuantWeight(nn.Module):
         return out
 
     def linear(self, x: torch.Tensor, expert: int | None = None) -> torch.Tensor:
-        """x [M, K] -> x @ W^T [M, N] (W = expert `expert`'s matrix for fused experts)."""
+        """x [M, K] -> x @ W^T [M, N] (W = expert `expert`'s matrix for fused experts). The integer kernels want
+        x's rows contiguous (the GDN output arrives transposed)."""
         assert self.kernel is not None, "QuantWeight.finalize runs after loading"
+        x = x.contiguous()
         tensors = dict(self.named_parameters(recurse=False))
         if expert is not None:
             tensors = {name: t[expert] for name, t in tensors.items()}

@@ -12,7 +12,7 @@ import torch
 
 from diffuserve.model.quant import kernels
 from diffuserve.model.quant.dequant_kernel import dequant_matmul
-from diffuserve.model.quant.formats import FP8_MAX, QuantFormat, QuantParts
+from diffuserve.model.quant.formats import FP8_MAX, QuantFormat, QuantParts, Region
 from diffuserve.model.quant.kernels import DequantKernel, select_kernel
 from diffuserve.model.quant.kernels_cpu import Int4PackCpuKernel, Int8PackKernel
 from diffuserve.model.quant.kernels_cuda import ScaledMmFp8Kernel, TinyGemmInt4Kernel
@@ -154,6 +154,22 @@ def test_cpu_kernel_choice_and_the_one_line_fp8_fallback(caplog):
             assert select_kernel(QuantFormat("fp8"), 64, 64, cpu, torch.bfloat16).name == "dequant"
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "no fp8 matmul on the CPU" in lines[0]
+
+
+def test_a_quantized_weight_takes_transposed_activations():
+    """QuantWeight.linear on x whose rows are not contiguous (the GDN output reaches out_proj transposed)."""
+    from diffuserve.model.quant.quantize import quantize
+    from diffuserve.model.quant.weight import QuantWeight
+
+    fmt = QuantFormat("int8")
+    weight = QuantWeight(fmt, (32, 64), torch.bfloat16, device="cpu")
+    parts = quantize(torch.randn(32, 64), fmt, torch.bfloat16)
+    weight.write(Region(None, (0, 32), (0, 64)), parts, "w")
+    weight.finalize(torch.bfloat16)
+    assert weight.kernel is not None and weight.kernel.name == "int8pack"
+    x = torch.randn(64, 5).bfloat16().T  # [5, 64], column-major
+    expected = reference_linear(x.float(), fmt, parts)
+    assert relative_error(weight.linear(x), expected) < 2e-2
 
 
 def test_bf16_kernels_stay_within_bf16_rounding_of_the_reference():
