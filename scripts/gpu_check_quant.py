@@ -9,7 +9,7 @@
 3. `diffuserve quantize` (compressed-tensors) of the same checkpoint, loaded on the GPU: logits equal to
    quantizing on load.
 
-`--device cpu` runs the same code at the same steps on tiny shapes (the dry run). The last line printed is the
+`--device cpu` runs the same code at the same steps on tiny shapes and models (the dry run). The last line printed is the
 JSON summary.
 """
 
@@ -100,9 +100,10 @@ def check_engine(model_dir: Path, method: str, device: str, output_tokens: int) 
     for name, llm in engines.items():
         model = llm.engine.runner.model
         result[name] = {"weight_bytes": weight_bytes(model).total}
-        _greedy(llm, [list(range(300, 340))], 8)  # warm-up
+        vocab = llm.engine.args.vocab_size
+        _greedy(llm, [list(range(1, 41))], 8)  # warm-up
         for batch in (1, 16):
-            prompts = [[(i * 97 + j * 13) % 7000 + 300 for j in range(128)] for i in range(batch)]
+            prompts = [[(i * 97 + j * 13) % (vocab - 64) + 1 for j in range(128)] for i in range(batch)]
             out, seconds = _greedy(llm, prompts, output_tokens)
             result[name][f"batch_{batch}_tokens_per_s"] = batch * output_tokens / seconds
             tokens[(name, batch)] = out
@@ -118,7 +119,7 @@ def check_written_checkpoint(model_dir: Path, method: str, device: str, tmp: Pat
     quantize_checkpoint(model_dir, written, make_scheme(method))
     _, loaded = load_model(written, dtype="bfloat16", device=device, max_model_len=256)
     _, on_load = load_model(model_dir, dtype="bfloat16", device=device, max_model_len=256, quantization=make_scheme(method))
-    ids = torch.arange(300, 332, device=device)[None]
+    ids = torch.arange(1, 33, device=device)[None]
     with torch.no_grad():
         a, b = loaded.forward_causal(ids)[0], on_load.forward_causal(ids)[0]
         difference = (loaded.compute_logits(a) - on_load.compute_logits(b)).abs().max().item()
@@ -136,8 +137,16 @@ def run(method: str, device: str) -> dict[str, Any]:
     result["kernels"] = check_kernels(method, dev, TINY_SHAPES if tiny else SHAPES)
     with tempfile.TemporaryDirectory(prefix="diffuserve-quant-") as tmp:
         root = Path(tmp)
-        sdar = write_random_checkpoint(root / "sdar-moe-bench", make_config("sdar-moe-bench"), seed=0, logit_scale=3.5)
-        clover = write_clover_moe_checkpoint(root / "clover-moe-bench", make_clover_moe_config("clover-moe-bench"))
+        sdar_config = make_config("sdar-moe-tiny", hidden_size=128, moe_intermediate_size=128, head_dim=32)
+        sdar_config = sdar_config if tiny else make_config("sdar-moe-bench")
+        sdar = write_random_checkpoint(root / "sdar", sdar_config, seed=0, logit_scale=3.5)
+        clover_config = make_clover_moe_config(
+            "clover-moe-tiny", hidden_size=128, moe_intermediate_size=128, shared_expert_intermediate_size=128,
+            head_dim=32, linear_key_head_dim=32, linear_value_head_dim=32,
+        )
+        clover_config = clover_config if tiny else make_clover_moe_config("clover-moe-bench")
+        clover_config["torch_dtype"] = "bfloat16"  # step 3 compares in the checkpoint's own dtype: equal logits
+        clover = write_clover_moe_checkpoint(root / "clover", clover_config)
         output = 16 if tiny else 128
         result["engine"] = {d.name: check_engine(d, method, device, output) for d in (sdar, clover)}
         result["written_checkpoint"] = check_written_checkpoint(clover, method, device, root)
