@@ -44,14 +44,27 @@ def _dequantize_rows(fmt: QuantFormat, parts: QuantParts, rows: slice, dtype: to
     return values * _per_column(scale, fmt.group_size, k)
 
 
+def _per_row_scaled(fmt: QuantFormat, parts: QuantParts) -> bool:
+    """One scale per output row and no zero (int8, fp8 per channel): the scale can multiply the product instead."""
+    return fmt.method != "int4" and fmt.group_size is None and fmt.row_block == 1
+
+
+def _slab(x: torch.Tensor, fmt: QuantFormat, parts: QuantParts, rows: slice) -> torch.Tensor:
+    """x @ W[rows]^T; per-row scales applied to the [M, R] product, not to the [R, K] weights (one pass less)."""
+    if _per_row_scaled(fmt, parts):
+        product = F.linear(x, parts.qdata[rows].to(x.dtype))
+        return product * parts.scale[rows].reshape(1, -1).to(x.dtype)
+    return F.linear(x, _dequantize_rows(fmt, parts, rows, x.dtype))
+
+
 def dequant_matmul(x: torch.Tensor, fmt: QuantFormat, parts: QuantParts) -> torch.Tensor:
     """x [M, K] -> [M, N] in x's dtype; parts of one matrix W [N, K]."""
     n, k = parts.qdata.shape[0], parts.qdata.shape[1] * fmt.pack
     step = _rows_per_slab(fmt, k)
     if step >= n:
-        return F.linear(x, _dequantize_rows(fmt, parts, slice(0, n), x.dtype))
+        return _slab(x, fmt, parts, slice(0, n))
     out = x.new_empty(x.shape[0], n)
     for start in range(0, n, step):
         rows = slice(start, min(n, start + step))
-        out[:, rows] = F.linear(x, _dequantize_rows(fmt, parts, rows, x.dtype))
+        out[:, rows] = _slab(x, fmt, parts, rows)
     return out

@@ -79,7 +79,8 @@ class QuantWeight(nn.Module):
             matrix = rows[e] if lead is not None else rows
             for start in range(0, matrix.shape[0], step):
                 chunk = matrix[start : start + step]
-                parts = quantize(chunk, self.fmt, self.scale.dtype)
+                # Quantized where the weight lives: on a GPU the rows cross as 16 bits, chunk by chunk.
+                parts = quantize(chunk.to(self.qdata.device), self.fmt, self.scale.dtype)
                 local = _columns(self.fmt, parts, cols, k_full, name)
                 row_box = (box.rows[0] + start, chunk.shape[0])
                 lead_box = None if box.lead is None else slice(box.lead.start + e, box.lead.start + e + 1)
