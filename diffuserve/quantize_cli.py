@@ -26,7 +26,9 @@ def run(args: argparse.Namespace) -> int:
     )
     summary = quantize_checkpoint(args.src, args.dst, scheme)
     ratio = summary["bytes_after"] / max(summary["bytes_before"], 1)
-    print(f"wrote {args.dst}: {summary['format']}, {summary['bytes_before'] / 2**20:.1f} MiB -> "
-          f"{summary['bytes_after'] / 2**20:.1f} MiB ({ratio:.2f}x)")
+    print(
+        f"wrote {args.dst}: {summary['format']}, {summary['bytes_before'] / 2**20:.1f} MiB -> "
+        f"{summary['bytes_after'] / 2**20:.1f} MiB ({ratio:.2f}x)"
+    )
     print(json.dumps(summary))
     return 0

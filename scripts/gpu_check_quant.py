@@ -9,8 +9,8 @@
 3. `diffuserve quantize` (compressed-tensors) of the same checkpoint, loaded on the GPU: logits equal to
    quantizing on load.
 
-`--device cpu` runs the same code at the same steps on tiny shapes and models (the dry run). The last line printed is the
-JSON summary.
+`--device cpu` runs the same code at the same steps on tiny shapes and models (the dry run). The last line printed
+is the JSON summary.
 """
 
 from __future__ import annotations
@@ -75,11 +75,22 @@ def check_kernels(method: str, device: torch.device, shapes: dict[str, tuple[int
             quantized_s = _timed(lambda: kernel.matmul(x, fmt, tensors))  # noqa: B023
             bf16_s = _timed(lambda: F.linear(x, dense))  # noqa: B023
             rows.append(
-                {"shape": name, "n": n, "k": k, "m": m, "kernel": kernel.name, "relative_error": error,
-                 "quantized_us": 1e6 * quantized_s, "bf16_us": 1e6 * bf16_s, "speedup": bf16_s / quantized_s}
+                {
+                    "shape": name,
+                    "n": n,
+                    "k": k,
+                    "m": m,
+                    "kernel": kernel.name,
+                    "relative_error": error,
+                    "quantized_us": 1e6 * quantized_s,
+                    "bf16_us": 1e6 * bf16_s,
+                    "speedup": bf16_s / quantized_s,
+                }
             )
-            print(f"{name:>16} M={m:<4} {kernel.name:>14}: error {error:.2e}, {1e6 * quantized_s:8.1f} us vs bf16 "
-                  f"{1e6 * bf16_s:8.1f} us ({bf16_s / quantized_s:.2f}x)")
+            print(
+                f"{name:>16} M={m:<4} {kernel.name:>14}: error {error:.2e}, {1e6 * quantized_s:8.1f} us vs bf16 "
+                f"{1e6 * bf16_s:8.1f} us ({bf16_s / quantized_s:.2f}x)"
+            )
     return rows
 
 
@@ -118,7 +129,9 @@ def check_written_checkpoint(model_dir: Path, method: str, device: str, tmp: Pat
     written = tmp / f"{model_dir.name}-{method}"
     quantize_checkpoint(model_dir, written, make_scheme(method))
     _, loaded = load_model(written, dtype="bfloat16", device=device, max_model_len=256)
-    _, on_load = load_model(model_dir, dtype="bfloat16", device=device, max_model_len=256, quantization=make_scheme(method))
+    _, on_load = load_model(
+        model_dir, dtype="bfloat16", device=device, max_model_len=256, quantization=make_scheme(method)
+    )
     ids = torch.arange(1, 33, device=device)[None]
     with torch.no_grad():
         a, b = loaded.forward_causal(ids)[0], on_load.forward_causal(ids)[0]
@@ -141,8 +154,13 @@ def run(method: str, device: str) -> dict[str, Any]:
         sdar_config = sdar_config if tiny else make_config("sdar-moe-bench")
         sdar = write_random_checkpoint(root / "sdar", sdar_config, seed=0, logit_scale=3.5)
         clover_config = make_clover_moe_config(
-            "clover-moe-tiny", hidden_size=128, moe_intermediate_size=128, shared_expert_intermediate_size=128,
-            head_dim=32, linear_key_head_dim=32, linear_value_head_dim=32,
+            "clover-moe-tiny",
+            hidden_size=128,
+            moe_intermediate_size=128,
+            shared_expert_intermediate_size=128,
+            head_dim=32,
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
         )
         clover_config = clover_config if tiny else make_clover_moe_config("clover-moe-bench")
         clover_config["torch_dtype"] = "bfloat16"  # step 3 compares in the checkpoint's own dtype: equal logits

@@ -114,7 +114,9 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--shard-gib", type=float, default=1.0)
     parser.add_argument("--quantization", nargs="*", default=["none"])
-    parser.add_argument("--code", default=None, help="load with the diffuserve at this checkout (e.g. the revision before)")
+    parser.add_argument(
+        "--code", default=None, help="load with the diffuserve at this checkout (e.g. the revision before)"
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ns = parser.parse_args()
     if ns.child is not None:
@@ -128,7 +130,10 @@ def main() -> int:
     for method in ns.quantization:
         env = {**os.environ, **({"PYTHONPATH": ns.code} if ns.code else {})}
         done = subprocess.run(
-            [sys.executable, __file__, "--dir", str(model_dir), "--child", method], capture_output=True, text=True, env=env
+            [sys.executable, __file__, "--dir", str(model_dir), "--child", method],
+            capture_output=True,
+            text=True,
+            env=env,
         )
         if done.returncode:
             print(done.stderr, file=sys.stderr)
@@ -139,8 +144,8 @@ def main() -> int:
         rows.append(row)
         gib = 2**30
         print(
-            f"{method:>5}: peak RSS {row['peak_rss'] / gib:6.2f} GiB (baseline {row['baseline_rss'] / gib:.2f}, weights "
-            f"{row['weights'] / gib:.2f}, largest shard {shard / gib:.2f}: bound {row['bound'] / gib:.2f}), "
+            f"{method:>5}: peak RSS {row['peak_rss'] / gib:6.2f} GiB (baseline {row['baseline_rss'] / gib:.2f}, "
+            f"weights {row['weights'] / gib:.2f}, largest shard {shard / gib:.2f}: bound {row['bound'] / gib:.2f}), "
             f"{row['seconds']:.1f} s"
         )
     print(json.dumps({"model_dir": str(model_dir), "rows": rows}))

@@ -18,12 +18,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from diffuserve.model.layers.attention import DenseAttentionInputs  # noqa: E402
-from diffuserve.model.loader import load_model  # noqa: E402
-from diffuserve.quant_scheme import make_scheme  # noqa: E402
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint  # noqa: E402
-from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint  # noqa: E402
-from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint  # noqa: E402
+from diffuserve.model.layers.attention import DenseAttentionInputs
+from diffuserve.model.loader import load_model
+from diffuserve.quant_scheme import make_scheme
+from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
+from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
 
 WIDE = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64, moe_intermediate_size=256)
 LOGIT_SCALE = 10.0
@@ -32,14 +32,22 @@ LOGIT_SCALE = 10.0
 
 def write(root: Path, family: str) -> Path:
     if family == "sdar":
-        config = make_config("sdar-moe-tiny", **WIDE, intermediate_size=512, shared_expert_intermediate_size=256,
-                             first_k_dense_replace=1, vocab_size=1024)
+        config = make_config(
+            "sdar-moe-tiny",
+            **WIDE,
+            intermediate_size=512,
+            shared_expert_intermediate_size=256,
+            first_k_dense_replace=1,
+            vocab_size=1024,
+        )
         return write_random_checkpoint(root / family, config, logit_scale=LOGIT_SCALE)
     if family == "llada2":
-        return write_llada2_checkpoint(root / family, {**WIDE, "intermediate_size": 512, "vocab_size": 1024},
-                                       logit_scale=LOGIT_SCALE)
-    config = make_clover_moe_config(**WIDE, shared_expert_intermediate_size=256, linear_key_head_dim=64,
-                                    linear_value_head_dim=64, vocab_size=1024)
+        return write_llada2_checkpoint(
+            root / family, {**WIDE, "intermediate_size": 512, "vocab_size": 1024}, logit_scale=LOGIT_SCALE
+        )
+    config = make_clover_moe_config(
+        **WIDE, shared_expert_intermediate_size=256, linear_key_head_dim=64, linear_value_head_dim=64, vocab_size=1024
+    )
     return write_clover_moe_checkpoint(root / family, config, logit_scale=LOGIT_SCALE)
 
 

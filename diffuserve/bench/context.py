@@ -121,7 +121,9 @@ def quantization_options(ns: argparse.Namespace, single: bool, method: str | Non
     methods = getattr(ns, "quantization", ["none"])
     if method is None:
         if single and len(methods) > 1:
-            raise ValueError(f"quantization: this benchmark runs one, got {' '.join(methods)}; `bench latency` takes several")
+            raise ValueError(
+                f"quantization: this benchmark runs one, got {' '.join(methods)}; `bench latency` takes several"
+            )
         method = methods[0]
     return {
         "quantization": None if method == "none" else method,

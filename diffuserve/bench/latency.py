@@ -22,8 +22,8 @@ from diffuserve.bench.context import (
     sampling_params,
 )
 from diffuserve.bench.engine_run import RunRecord, run_requests
-from diffuserve.bench.flops import with_measured_weights
 from diffuserve.bench.environment import load_average, peak_memory_bytes
+from diffuserve.bench.flops import with_measured_weights
 from diffuserve.bench.probes import MachineRates, mean_rates
 from diffuserve.bench.report import Progress, distribution, finish, format_table
 from diffuserve.bench.run_metrics import run_summary
@@ -194,7 +194,17 @@ def comparison(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _comparison_table(rows: list[dict[str, Any]]) -> str:
-    header = ["weights", "MiB", "MB read / forward", "x first", "decode tok/s", "x first", "ms / step", "x first", "TPF"]
+    header = [
+        "weights",
+        "MiB",
+        "MB read / forward",
+        "x first",
+        "decode tok/s",
+        "x first",
+        "ms / step",
+        "x first",
+        "TPF",
+    ]
     return format_table(
         header,
         [

@@ -31,8 +31,19 @@ def quant_latency(load: Load) -> str:
                 ]
             )
     return table(
-        ["run", "model", "weights", "MiB", "MB read / forward", "vs first", "decode tok/s", "vs first", "ms / step",
-         "vs first", "TPF"],
+        [
+            "run",
+            "model",
+            "weights",
+            "MiB",
+            "MB read / forward",
+            "vs first",
+            "decode tok/s",
+            "vs first",
+            "ms / step",
+            "vs first",
+            "TPF",
+        ],
         rows,
     )
 
@@ -56,8 +67,17 @@ def load_memory(load: Load) -> str:
                 ]
             )
     return table(
-        ["run", "quantization", "peak RSS GiB", "baseline GiB", "weights GiB", "largest shard GiB", "bound GiB",
-         "within", "load s"],
+        [
+            "run",
+            "quantization",
+            "peak RSS GiB",
+            "baseline GiB",
+            "weights GiB",
+            "largest shard GiB",
+            "bound GiB",
+            "within",
+            "load s",
+        ],
         rows,
     )
 
@@ -68,8 +88,13 @@ def quant_accuracy(load: Load) -> str:
         run = load(name)["result"]
         default = run["results"][0]
         rows.append(
-            [f"`{name}.json`", run.get("quantization") or "none (bf16)", f"{100 * default['accuracy']:.1f}",
-             f"{default['tokens_per_forward']:.2f}", run["num_examples"]]
+            [
+                f"`{name}.json`",
+                run.get("quantization") or "none (bf16)",
+                f"{100 * default['accuracy']:.1f}",
+                f"{default['tokens_per_forward']:.2f}",
+                run["num_examples"],
+            ]
         )
     return table(["run", "quantization", "accuracy %", "TPF", "examples"], rows)
 

@@ -98,12 +98,25 @@ def test_latency_runs_weight_formats_side_by_side(bench_model_dir, run_bench, tm
     half of fp32's... here a quarter plus the 32-bit norms and embeddings), and calibrations the planner takes."""
     sizes = ["--batch-size", "1", "--num-iters", "1", "--prompt-tokens", "5", "--output-tokens", "8"]
     code, result, text = run_bench(
-        ["latency", "--model", str(bench_model_dir), *sizes, "--quantization", "none", "int8", "int4",
-         "--quantization-group-size", "32", *FAST]
+        [
+            "latency",
+            "--model",
+            str(bench_model_dir),
+            *sizes,
+            "--quantization",
+            "none",
+            "int8",
+            "int4",
+            "--quantization-group-size",
+            "32",
+            *FAST,
+        ]
     )
     assert code == 0 and validate(result, LATENCY) == []
     rows = result["comparison"]
-    assert [r["weight_dtype"] for r in rows] == ["fp32", "int8", "int4"] == [v["weight_dtype"] for v in result["variants"]]
+    assert (
+        [r["weight_dtype"] for r in rows] == ["fp32", "int8", "int4"] == [v["weight_dtype"] for v in result["variants"]]
+    )
     assert rows[0]["bytes_ratio"] == 1.0 and rows[2]["bytes_ratio"] < rows[1]["bytes_ratio"] < 0.6
     assert rows[2]["weight_bytes"] < rows[1]["weight_bytes"] < rows[0]["weight_bytes"]
     assert "MB read / forward" in text

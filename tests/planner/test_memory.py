@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from diffuserve.planner.inputs import Deployment
 from diffuserve.planner.memory import kv_bytes_per_sequence, kv_bytes_per_token, memory_breakdown
 from diffuserve.planner.model_presets import load_model

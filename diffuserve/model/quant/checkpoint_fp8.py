@@ -41,7 +41,7 @@ class Fp8Checkpoint(CheckpointQuant):
         if block is not None and (len(block) != 2 or min(block) < 1):
             raise ValueError(f"quantization_config.weight_block_size: {block!r} must be [rows, columns]")
         self.format = QuantFormat("fp8", block[1], block[0]) if block else QuantFormat("fp8")
-        self.label = f"fp8 ({'%d x %d blocks' % tuple(block) if block else 'one scale per tensor'})"
+        self.label = f"fp8 ({f'{block[0]} x {block[1]} blocks' if block else 'one scale per tensor'})"
         super().__init__(names)
 
     def split(self, name: str) -> tuple[str, str] | None:

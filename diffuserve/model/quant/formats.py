@@ -11,8 +11,9 @@ columns) is held as `QuantParts`:
     zero   [*lead, N, G] or None   int4 only: the integer zero point (0..15) of each group, in the scale's dtype
 
 and dequantizes as  W[n, k] = (q[n, k] - zero[n, k // g]) * scale[n // row_block, k // g]; without a `zero`
-the zero point is 0 (int8, fp8) or 8 (symmetric int4: its stored nibbles are unsigned). Every part is row-local except for `row_block` > 1 (128 x 128 FP8
-blocks), so a shard of rows or columns is a slice of each part (see `slice_parts`).
+the zero point is 0 (int8, fp8) or 8 (symmetric int4: its stored nibbles are unsigned). Every part is row-local
+except for `row_block` > 1 (128 x 128 FP8 blocks), so a shard of rows or columns is a slice of each part (see
+`slice_parts`).
 """
 
 from __future__ import annotations

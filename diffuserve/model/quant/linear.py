@@ -29,7 +29,9 @@ class QuantLinear(nn.Module):
         self.group, self.reduce = group, reduce
 
     @classmethod
-    def replacing(cls, linear: nn.Linear | RowParallelLinear, fmt: QuantFormat, scale_dtype: torch.dtype) -> QuantLinear:
+    def replacing(
+        cls, linear: nn.Linear | RowParallelLinear, fmt: QuantFormat, scale_dtype: torch.dtype
+    ) -> QuantLinear:
         """The quantized counterpart of `linear` (on the meta device, parts uninitialised)."""
         shard = getattr(linear.weight, "shard", None)
         weight = QuantWeight(fmt, tuple(linear.weight.shape), scale_dtype, shard)

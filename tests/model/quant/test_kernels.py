@@ -175,7 +175,10 @@ def test_a_quantized_weight_takes_transposed_activations():
 def test_bf16_kernels_stay_within_bf16_rounding_of_the_reference():
     """The speed paths in the model dtype: int8pack and int4pack with bf16 activations and scales."""
     x = torch.randn(8, 256).bfloat16()
-    for fmt, kernel in ((QuantFormat("int8"), Int8PackKernel), (QuantFormat("int4", 128, symmetric=False), Int4PackCpuKernel)):
+    for fmt, kernel in (
+        (QuantFormat("int8"), Int8PackKernel),
+        (QuantFormat("int4", 128, symmetric=False), Int4PackCpuKernel),
+    ):
         parts = random_parts(fmt, 64, 256, seed=5)
         parts = QuantParts(parts.qdata, parts.scale.bfloat16(), None if parts.zero is None else parts.zero.bfloat16())
         out = run_kernel(kernel(torch.bfloat16), fmt, parts, x)

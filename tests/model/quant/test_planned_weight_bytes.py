@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from diffuserve.model.loader import load_model
 from diffuserve.model.weight_bytes import weight_bytes
@@ -26,16 +25,25 @@ WIDE = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_
 def _write(root, family: str):
     if family == "sdar":
         config = make_config(
-            "sdar-moe-tiny", **WIDE, intermediate_size=256, shared_expert_intermediate_size=128,
-            first_k_dense_replace=1, vocab_size=512, torch_dtype="bfloat16",
+            "sdar-moe-tiny",
+            **WIDE,
+            intermediate_size=256,
+            shared_expert_intermediate_size=128,
+            first_k_dense_replace=1,
+            vocab_size=512,
+            torch_dtype="bfloat16",
         )
         return write_random_checkpoint(root / family, config)
     if family == "llada2":
         config = {**WIDE, "intermediate_size": 256, "vocab_size": 512, "torch_dtype": "bfloat16"}
         return write_llada2_checkpoint(root / family, config)
     config = make_clover_moe_config(
-        **WIDE, shared_expert_intermediate_size=128, linear_key_head_dim=32, linear_value_head_dim=32,
-        vocab_size=512, torch_dtype="bfloat16",
+        **WIDE,
+        shared_expert_intermediate_size=128,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+        vocab_size=512,
+        torch_dtype="bfloat16",
     )
     return write_clover_moe_checkpoint(root / family, config)
 

@@ -102,7 +102,7 @@ def test_diffuserve_quantize_writes_what_the_library_and_the_loader_agree_on(fam
 
 def fp8_blocks(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """w [*, N, K] -> (fp8 values, scale_inv [*, ceil(N / b), ceil(K / b)]): max |w| of a block -> 448."""
-    *lead, n, k = w.shape
+    n, k = w.shape[-2:]
     padded = torch.nn.functional.pad(w, (0, -k % block, 0, -n % block))
     tiles = padded.unflatten(-1, (-1, block)).unflatten(-3, (-1, block))  # [*, N/b, b, K/b, b]
     scale = (tiles.abs().amax(dim=(-3, -1)) / 448).clamp(min=1e-8)  # [*, N/b, K/b]

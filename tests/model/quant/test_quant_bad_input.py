@@ -61,7 +61,7 @@ def test_quantized_values_without_their_scale_never_load_as_16_bit(family_dirs, 
         load_model(no_scale, max_model_len=64)
     quant = {"quant_method": "fp8", "weight_block_size": [16, 16]}
     no_config = _with_quant_config(family_dirs["clover"], tmp_path / "b", None, _fp8_q_proj)
-    with pytest.raises(ValueError, match="no quantization_config in config.json"):
+    with pytest.raises(ValueError, match=r"no quantization_config in config\.json"):
         load_model(no_config, max_model_len=64)
     nothing_quantized = _with_quant_config(family_dirs["clover"], tmp_path / "c", quant)
     with pytest.raises(ValueError, match="holds no quantized tensors"):
@@ -93,7 +93,7 @@ def test_act_order_g_idx_is_refused():
         "scales": torch.ones(2, 16).half(),
         "g_idx": torch.arange(64, dtype=torch.int32).flip(0) // 32,
     }
-    with pytest.raises(ValueError, match="x.weight has an act-order g_idx"):
+    with pytest.raises(ValueError, match=r"x\.weight has an act-order g_idx"):
         reader.decode("x.weight", tensors)
 
 
@@ -114,7 +114,10 @@ def test_quantizing_a_quantized_checkpoint(family_dirs, tmp_path):
     ("options", "message"),
     [
         ({"quantization": "int3"}, "quantization: 'int3' is not supported; use one of fp8, int8, int4"),
-        ({"quantization": "int8", "quantization_targets": "experts,mlp"}, "quantization_targets: 'experts,mlp' names mlp"),
+        (
+            {"quantization": "int8", "quantization_targets": "experts,mlp"},
+            "quantization_targets: 'experts,mlp' names mlp",
+        ),
         ({"quantization": "int4", "quantization_group_size": 0}, "quantization_group_size: must be an even number"),
         ({"quantization": "int8", "expert_offload": True}, "expert_offload: offloading quantized experts"),
     ],
@@ -126,8 +129,17 @@ def test_engine_options(options, message):
 
 def test_cli_prints_one_line(family_dirs):
     done = subprocess.run(
-        [sys.executable, "-m", "diffuserve", "generate", "hi", "--model", str(family_dirs["sdar"]), "--quantization",
-         "int3"],
+        [
+            sys.executable,
+            "-m",
+            "diffuserve",
+            "generate",
+            "hi",
+            "--model",
+            str(family_dirs["sdar"]),
+            "--quantization",
+            "int3",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -108,6 +108,8 @@ def test_rank_parts_put_together_are_the_single_process_parts(family_dirs, famil
 
 
 def test_dummy_weights_quantize_chunk_by_chunk(family_dirs):
-    _, model = load_model(family_dirs["sdar"], max_model_len=64, load_format="dummy", quantization=make_scheme("int4", group_size=GROUP))
+    _, model = load_model(
+        family_dirs["sdar"], max_model_len=64, load_format="dummy", quantization=make_scheme("int4", group_size=GROUP)
+    )
     assert {w.kernel.name for w in quant_weights(model).values() if w.kernel is not None} == {"dequant"}
     assert torch.isfinite(model_logits(model, torch.arange(8)[None])).all()
