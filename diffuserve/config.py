@@ -44,10 +44,6 @@ class CacheConfig:
     """Hybrid models with prefix caching: snapshot a sequence's recurrent state every this many KV pages of its
     committed prefix (and at the last page boundary of its prompt), so a later request sharing the prefix
     restores it."""
-    recurrent_state: str = "keep"
-    """Hybrid models: keep (a state pool; each step advances the state over its new tokens only). Baselines of
-    `bench compare`: recompute (no cache: each step recomputes every request's committed prefix) and rescan (K/V
-    cached, but each step rebuilds the GDN state by scanning the prefix's kept projections; no prefix snapshots)."""
     gpu_memory_utilization: float = 0.9
     """Fraction of GPU memory the engine may use (weights + activations + KV cache) when no budget is given."""
     enable_prefix_caching: bool = True
@@ -69,8 +65,6 @@ class CacheConfig:
         _positive("state_cache_memory", self.state_cache_memory)
         _positive("state_snapshot_interval", self.state_snapshot_interval, allow_none=False)
         _positive("expert_cache_memory", self.expert_cache_memory)
-        if self.recurrent_state not in ("keep", "recompute", "rescan"):
-            raise ValueError(f"recurrent_state: must be keep, recompute or rescan, got {self.recurrent_state!r}")
         if self.expert_residency not in ("block", "step"):
             raise ValueError(f"expert_residency: must be block or step, got {self.expert_residency!r}")
         if not 0 < self.gpu_memory_utilization <= 1:

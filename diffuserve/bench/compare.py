@@ -9,10 +9,10 @@
   (d)  ar               the same model decoded autoregressively (block length 1): the AR baseline
   (e)  engine-batched   (only when asked) the engine given all --num-prompts prompts at once
   (f)  recompute-state  hybrid models (GDN layers): diffuserve recomputing every request's committed prefix each
-                        step through the whole model, with no cache at all (--recurrent-state recompute)
+                        step through the whole model, with no cache at all (bench/baselines/recompute.py)
   (g)  gdn-rescan       hybrid models: diffuserve with its K/V pages cached as usual but no GDN state carried
                         between steps: every step rebuilds it by scanning the committed prefix's kept
-                        projections (--recurrent-state rescan; model/layers/gdn_rescan)
+                        projections (bench/baselines/rescan.py)
 
 For a hybrid model (clover_moe) the reference (b) is the naive clover_moe decode of diffuserve/testing (prefix
 recomputed causally every step, then the block previewed), since transformers has no block-diffusion GDN.
@@ -70,8 +70,8 @@ SAME_TOKENS = (
     "recompute-state",
     "gdn-rescan",
 )
-RECURRENT_STATE = {"recompute-state": "recompute", "gdn-rescan": "rescan"}
-"""The hybrid-model baselines: variant -> --recurrent-state."""
+BASELINE_RUNNERS = {"recompute-state": "recompute", "gdn-rescan": "rescan"}
+"""The hybrid-model baselines: variant -> its runner (bench/baselines)."""
 TARGETS = (
     (32, "engine", "reference", 5.0),
     (4, "engine", "separate-commit", 1.15),
@@ -133,12 +133,11 @@ def engine_variant(
     reported, never timed)."""
     batched = name == "engine-batched"
     options: dict[str, Any] = {"moe_backend": "loop", "enforce_eager": True} if name == "baseline" else {}
-    if name in RECURRENT_STATE:
-        options["recurrent_state"] = RECURRENT_STATE[name]
     engine = ctx.engine(
         block,
         ns.num_prompts if batched else 1,
         max_model_len(ns.prompt_tokens, ns.output_tokens, block),
+        BASELINE_RUNNERS.get(name),
         fused_commit=name != "separate-commit",
         enable_prefix_caching=False,
         **options,

@@ -22,7 +22,17 @@ PromptType = str | list[int] | dict[str, Any]
 
 class LLM:
     def __init__(self, model: str, **kwargs: Any) -> None:
-        self.engine = LLMEngine(EngineConfig.from_kwargs(resolve_model(str(model)), **kwargs))
+        self._attach(LLMEngine(EngineConfig.from_kwargs(resolve_model(str(model)), **kwargs)))
+
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        """The offline API over an engine built elsewhere (a benchmark baseline's, bench/baselines)."""
+        llm = cls.__new__(cls)
+        llm._attach(engine)
+        return llm
+
+    def _attach(self, engine: LLMEngine) -> None:
+        self.engine = engine
         self._counter = 0
 
     def generate(

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from diffuserve.config import EngineConfig
-from diffuserve.engine.engine_setup import build_components
+from diffuserve.engine.engine_setup import RunnerFactory, build_components
 from diffuserve.engine.errors import (
     ContextLengthExceeded,
     DuplicateRequestId,
@@ -36,34 +36,40 @@ from diffuserve.engine.errors import (
     RequestError,
     UnsupportedParameter,
 )
-from diffuserve.engine.grammar_decoding import StructuredDecoding
 from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest, RequestOutput
 from diffuserve.engine.request import Request, RequestStatus, SchedulerOutput, StepUpdate
 from diffuserve.sampling_params import ResolvedSamplingParams, SamplingParams
 
 if TYPE_CHECKING:
+    from diffuserve.engine.cache.paged import PagePool
+    from diffuserve.engine.cache.recurrent import SlotPool
     from diffuserve.engine.experts import ExpertStatsSnapshot, OffloadStatsSnapshot
-    from diffuserve.engine.kv_pages import PagePool
     from diffuserve.engine.scheduler import Scheduler
-    from diffuserve.engine.state_slots import StatePool
 
 logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, make_runner: RunnerFactory | None = None) -> None:
+        """`make_runner`: a benchmark baseline's runner instead of the serving one (bench/baselines)."""
         self.config = config
-        parts = build_components(config)
+        parts = build_components(config, make_runner)
         self.args, self.tokenizer, self.runner = parts.args, parts.tokenizer, parts.runner
-        self.scheduler, self.pool, self.state_pool = parts.scheduler, parts.pool, parts.state_pool
+        self.scheduler, self.cache = parts.scheduler, parts.cache
         self.max_model_len, self.generation_defaults = parts.max_model_len, parts.generation_defaults
         self.steps_capped_by_max_tokens = parts.steps_capped_by_max_tokens
         self.counters = EngineCounters()
         self.output_processor = OutputProcessor(self.tokenizer)
-        if self.tokenizer is not None:
-            self.runner.structured = StructuredDecoding(
-                self.tokenizer, self.args.vocab_size, list(self.args.eos_token_ids)
-            )
+
+    @property
+    def pool(self) -> PagePool:
+        """The full-attention page pool."""
+        return self.cache.pool
+
+    @property
+    def state_pool(self) -> SlotPool | None:
+        """The recurrent-state slots (models with GDN layers), else None."""
+        return self.cache.slots
 
     @property
     def model_dir(self) -> Path:
@@ -114,7 +120,7 @@ class LLMEngine:
         if params.prompt_logprobs is not None and not self.runner.supports_prompt_scoring:
             raise UnsupportedParameter(
                 "prompt_logprobs",
-                "prompt scoring needs --recurrent-state keep (not recompute or rescan); remove the field",
+                "this engine's runner (a baseline that rebuilds state) cannot score prompts; remove the field",
             )
         vocab = self.args.vocab_size
         bad = [t for t in params.stop_token_ids if t >= vocab]
@@ -140,19 +146,18 @@ class LLMEngine:
             return []
         started = time.perf_counter()
         try:
-            results = self.runner.execute(output.scheduled)
+            result = self.runner.execute(output.scheduled)
         except Exception as e:
             logger.exception("engine step failed; failing its %d requests", len(output.scheduled))
             return self._fail_step(output, f"{type(e).__name__}: {e}")
         seconds = time.perf_counter() - started
-        update = self.scheduler.update_from_output(output, results)
+        update = self.scheduler.update_from_output(output, result.writes)
         if output.num_batched_tokens:  # a step of requests with nothing left to compute ran no forward
             self.counters.record_step(output.num_batched_tokens, seconds, update)
         self._release(update)
-        self.output_processor.add_prompt_scores(self.runner.prompt_scores)
-        if self.runner.structured is not None and self.runner.structured.failures:  # fails its request only
-            for request_id, error in self.runner.structured.take_failures().items():
-                self._finish_requests([request_id], RequestStatus.FINISHED_ERROR, error)
+        self.output_processor.add_prompt_scores(result.prompt_scores)
+        for request_id, error in result.failures.items():  # a grammar failure fails its request only
+            self._finish_requests([request_id], RequestStatus.FINISHED_ERROR, error)
         processed = self.output_processor.process_outputs(update.requests, update.new_token_counts)
         self._finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
         return processed.request_outputs
@@ -174,7 +179,8 @@ class LLMEngine:
     def _check_structured(self, params: ResolvedSamplingParams) -> None:
         """RequestError unless the engine can constrain this request (a tokenizer, a non-editing decoder, a
         grammar that compiles)."""
-        if self.runner.structured is None:
+        structured = self.runner.decoding.structured
+        if structured is None:
             raise RequestError(
                 "structured_outputs", "this model directory has no tokenizer to compile grammars with; remove the field"
             )
@@ -185,7 +191,7 @@ class LLMEngine:
                 "leave the grammar); choose threshold, fixed or entropy",
             )
         assert params.structured_outputs is not None
-        self.runner.structured.check(params.structured_outputs)
+        structured.check(params.structured_outputs)
 
     def _finish_requests(self, request_ids: list[str], status: RequestStatus, error: str | None = None) -> None:
         """Finishes them through the scheduler and frees their generators in the runner."""
@@ -300,7 +306,7 @@ class EngineCounters:
         pool: PagePool,
         experts: ExpertStatsSnapshot | None = None,
         offload: OffloadStatsSnapshot | None = None,
-        state_pool: StatePool | None = None,
+        state_pool: SlotPool | None = None,
     ) -> EngineStats:
         return EngineStats(
             num_running=len(scheduler.running),

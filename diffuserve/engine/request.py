@@ -18,8 +18,8 @@ A request says when its tokens end it (`stop_check`: a stop id or the length) bu
 status moves to a finished one only in `Scheduler.finish_requests`.
 
 Also what the scheduler hands out and takes back each step, in terms of requests: the work it planned
-(`SchedulerOutput` of `ScheduledRequest`s), what the model runner wrote into each block (`BlockWrite`) and what
-applying the step's results changed (`StepUpdate`).
+(`SchedulerOutput` of `ScheduledRequest`s), what the model runner computed (`StepResult`: what it wrote into each
+block, `BlockWrite`, prompt scores, grammar failures) and what applying the step's results changed (`StepUpdate`).
 """
 
 from __future__ import annotations
@@ -94,19 +94,21 @@ class Request:
     block_is_final: bool = False
     """The canvas can no longer change: the block may be committed and its tokens used to stop."""
     num_computed_tokens: int = 0
-    page_ids: list[int] = field(default_factory=list)
+    pages: dict[str, list[int]] = field(default_factory=dict)
+    """Per page group (engine/cache/paged.py): the request's page table."""
     page_hashes: list[int] = field(default_factory=list)
     """Prefix-cache hashes of this request's leading full, committed pages."""
     state_slot: int | None = None
-    """Hybrid models: the recurrent-state slot the request holds while running."""
+    """The recurrent-state slot the request holds while running (models with a RecurrentState cache)."""
     num_forwards: int = 0
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache at the request's first admission."""
     last_scheduled_step: int = -1
     score_cursor: int = 1
     """With params.prompt_logprobs: the next prompt position to score (position 0 has no score)."""
-    score_page_ids: list[int] = field(default_factory=list)
-    """Pages lent to this step's scoring variants for their K/V (scratch, never cached); freed with the step."""
+    score_pages: dict[str, list[int]] = field(default_factory=dict)
+    """Per page group: pages lent to this step's scoring variants for their K/V (scratch, never cached); freed
+    with the step."""
     stop_reason: int | str | None = None
     error: str | None = None
 
@@ -114,6 +116,15 @@ class Request:
         self.open_block(len(self.prompt_token_ids) // self.block_length * self.block_length)
 
     # ---- geometry ------------------------------------------------------------------------------------------
+    @property
+    def page_ids(self) -> list[int]:
+        """The full-attention page table (page i holds positions [i * page_size, (i + 1) * page_size))."""
+        return self.pages.get("kv", [])
+
+    @property
+    def score_page_ids(self) -> list[int]:
+        return self.score_pages.get("kv", [])
+
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
@@ -301,6 +312,18 @@ class BlockWrite:
     """(canvas index, token) pairs."""
     logprobs: list[TokenLogprobs] | None = None
     """For a request that asks for logprobs: each written token's, in the order of `accepted`."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What the model runner computed in one step."""
+
+    writes: dict[str, BlockWrite] = field(default_factory=dict)
+    """Per request id with a block: what the step writes into it."""
+    prompt_scores: dict[str, list[tuple[int, TokenLogprobs]]] = field(default_factory=dict)
+    """Per request id scoring its prompt: (prompt position, logprobs) of the positions scored this step."""
+    failures: dict[str, str] = field(default_factory=dict)
+    """Per request id whose grammar failed while decoding: the message; the engine fails those requests alone."""
 
 
 @dataclass
