@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from diffuserve.config import EngineConfig
 from diffuserve.engine.llm_engine import LLMEngine
-from diffuserve.engine.output_processor import RequestOutput
+from diffuserve.engine.outputs import RequestOutput
 from diffuserve.hub import resolve_model
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.tool_format import template_messages, template_renders_tools

@@ -37,7 +37,8 @@ from diffuserve.engine.errors import (
     UnsupportedParameter,
 )
 from diffuserve.engine.grammar_decoding import StructuredDecoding
-from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest, RequestOutput
+from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest
+from diffuserve.engine.outputs import RequestOutput
 from diffuserve.engine.request import Request, RequestStatus, SchedulerOutput, StepUpdate
 from diffuserve.sampling_params import ResolvedSamplingParams, SamplingParams
 

@@ -30,7 +30,7 @@ from diffuserve.engine.executor import ForwardInputs, ModelExecutor
 from diffuserve.engine.experts import ExpertOffload, ExpertTracker
 from diffuserve.engine.grammar_decoding import StructuredDecoding
 from diffuserve.engine.logprobs import token_logprobs
-from diffuserve.engine.output_processor import TokenLogprobs
+from diffuserve.engine.outputs import TokenLogprobs
 from diffuserve.engine.prompt_scoring import ScoringRows, prompt_logprobs
 from diffuserve.engine.request import BlockWrite, Request
 from diffuserve.engine.scheduler import ScheduledRequest

@@ -26,7 +26,7 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from diffuserve.engine.output_processor import RequestOutput
+from diffuserve.engine.outputs import RequestOutput
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.server.bridge import AsyncEngine, EngineDeadError, EngineRequest, OutputStream, QueueFullError
 from diffuserve.server.chat_output import ChatOutputFormat

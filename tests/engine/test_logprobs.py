@@ -15,7 +15,8 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.engine.errors import RequestError
-from diffuserve.engine.output_processor import Completion, CompletionOutput, Logprob
+from diffuserve.engine.output_processor import Completion
+from diffuserve.engine.outputs import CompletionOutput, Logprob
 from diffuserve.engine.request import Request
 from diffuserve.sampling_params import MAX_LOGPROBS
 from diffuserve.structured_outputs import StructuredOutputsParams
