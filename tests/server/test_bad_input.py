@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from diffuserve.engine.errors import ContextLengthExceeded, InvalidTokenIds, RequestError
-from diffuserve.server.cli import ServerConfig
+from diffuserve.server.config import ServerConfig
 from tests.server.conftest import MODEL_NAME, LiveServer
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
