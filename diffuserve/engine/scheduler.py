@@ -27,10 +27,10 @@ import dataclasses
 from collections import deque
 from collections.abc import Mapping
 
-from diffuserve.engine.errors import ContextLengthExceeded
 from diffuserve.engine.kv_pages import PagePool, chain_hash
 from diffuserve.engine.request import BlockWrite, Request, RequestStatus, ScheduledRequest, SchedulerOutput, StepUpdate
 from diffuserve.engine.state_scheduling import StateSlots
+from diffuserve.errors import ContextLengthExceeded
 
 NO_WRITE = BlockWrite([])
 """A step that wrote nothing into a request's block (a grammar failure, or no result for it)."""

@@ -10,7 +10,7 @@ import pytest
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.engine import hybrid_runner, prompt_scoring, state_scheduling
-from diffuserve.engine.errors import UnsupportedParameter
+from diffuserve.errors import UnsupportedParameter
 from diffuserve.model.loader import load_model
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.testing.reference_scoring import reference_hybrid_prompt_log_probs

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from diffuserve.engine.errors import ContextLengthExceeded
 from diffuserve.engine.kv_pages import PagePool
 from diffuserve.engine.request import BlockWrite, Request, RequestStatus
 from diffuserve.engine.scheduler import Scheduler
+from diffuserve.errors import ContextLengthExceeded
 from diffuserve.sampling_params import SamplingParams
 
 MASK = 999

@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from diffuserve.engine.errors import ContextLengthExceeded, InvalidTokenIds, RequestError
+from diffuserve.errors import ContextLengthExceeded, InvalidTokenIds, RequestError
 from diffuserve.server.config import ServerConfig
 from tests.server.conftest import MODEL_NAME, LiveServer
 
