@@ -83,7 +83,7 @@ def resolve_max_model_len(requested: int | None, args: ModelArgs) -> int:
     return requested
 
 
-def resolve_model(config: EngineConfig) -> tuple[ModelFamily, ModelArgs, int]:
+def load_model_args(config: EngineConfig) -> tuple[ModelFamily, ModelArgs, int]:
     """(family, args with the configured block length, max_model_len): what every rank derives alike."""
     family, args = load_args(config.model)
     args = args.replace(block_length=config.block_length or args.block_length)
@@ -91,7 +91,7 @@ def resolve_model(config: EngineConfig) -> tuple[ModelFamily, ModelArgs, int]:
 
 
 def build_components(config: EngineConfig) -> EngineComponents:
-    family, args, max_model_len = resolve_model(config)
+    family, args, max_model_len = load_model_args(config)
     if family.has_recurrent_state:
         check_recompute_config(config)
     sched = config.scheduler
@@ -155,7 +155,7 @@ def serve_worker_rank(config: EngineConfig, group: ParallelGroup, device: torch.
 
 
 def worker_executor(config: EngineConfig, group: ParallelGroup, device: torch.device) -> ModelExecutor:
-    _, args, max_model_len = resolve_model(config)
+    _, args, max_model_len = load_model_args(config)
     return ModelExecutor.build(config, args, max_model_len, ParallelRuntime(group, StepChannel(group)), device)
 
 
