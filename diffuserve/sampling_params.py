@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from diffuserve.engine.errors import RequestError
+from diffuserve.errors import RequestError
 from diffuserve.structured_outputs import StructuredOutputsParams
 
 GREEDY_BELOW = 1e-5

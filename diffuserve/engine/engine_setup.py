@@ -79,7 +79,7 @@ def resolve_max_model_len(requested: int | None, args: ModelArgs) -> int:
     return requested
 
 
-def resolve_model(config: EngineConfig) -> tuple[ModelFamily, ModelArgs, int]:
+def load_model_args(config: EngineConfig) -> tuple[ModelFamily, ModelArgs, int]:
     """(family, args with the configured block length, max_model_len): what every rank derives alike."""
     family, args = load_args(config.model)
     args = args.replace(block_length=config.block_length or args.block_length)
@@ -95,7 +95,7 @@ def serving_runner(config: EngineConfig) -> RunnerFactory:
 
 
 def build_components(config: EngineConfig, make_runner: RunnerFactory | None = None) -> EngineComponents:
-    family, args, max_model_len = resolve_model(config)
+    family, args, max_model_len = load_model_args(config)
     sched = config.scheduler
     if sched.max_num_batched_tokens < args.block_length:
         raise ValueError(
@@ -128,7 +128,7 @@ def serve_worker_rank(config: EngineConfig, group: ParallelGroup, device: torch.
 
 
 def worker_executor(config: EngineConfig, group: ParallelGroup, device: torch.device) -> ModelExecutor:
-    _, args, max_model_len = resolve_model(config)
+    _, args, max_model_len = load_model_args(config)
     return ModelExecutor.build(config, args, max_model_len, ParallelRuntime(group, StepChannel(group)), device)
 
 

@@ -5,7 +5,7 @@ decides what:
 
 - `add_request` is the single authority on a request's validity (request id, prompt token ids, context
   length, stop token ids; the scheduler adds whether it can ever fit the KV cache) and raises the typed errors
-  of `engine.errors`; it resolves the request's `SamplingParams` into `ResolvedSamplingParams` and fans it out
+  of `diffuserve.errors`; it resolves the request's `SamplingParams` into `ResolvedSamplingParams` and fans it out
   into n engine requests.
 - The scheduler applies a step's results (commits, counts, tokens, block completion) and finishes requests on
   a stop id or on length. Every finish goes through `Scheduler.finish_requests` (or its own on stop ids and
@@ -29,15 +29,16 @@ from typing import TYPE_CHECKING
 
 from diffuserve.config import EngineConfig
 from diffuserve.engine.engine_setup import RunnerFactory, build_components
-from diffuserve.engine.errors import (
+from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest
+from diffuserve.engine.outputs import RequestOutput
+from diffuserve.engine.request import Request, RequestStatus, SchedulerOutput, StepUpdate
+from diffuserve.errors import (
     ContextLengthExceeded,
     DuplicateRequestId,
     InvalidTokenIds,
     RequestError,
     UnsupportedParameter,
 )
-from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest, RequestOutput
-from diffuserve.engine.request import Request, RequestStatus, SchedulerOutput, StepUpdate
 from diffuserve.sampling_params import ResolvedSamplingParams, SamplingParams
 
 if TYPE_CHECKING:

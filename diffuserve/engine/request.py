@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 if TYPE_CHECKING:
-    from diffuserve.engine.output_processor import TokenLogprobs
+    from diffuserve.engine.outputs import TokenLogprobs
 
 
 class RequestStatus(enum.IntEnum):

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from diffuserve import __version__
 from diffuserve.server.bridge import AsyncEngine
-from diffuserve.server.cli import ServerConfig
+from diffuserve.server.config import ServerConfig
 from diffuserve.server.errors import engine_unavailable, install_error_handlers
 from diffuserve.server.guards import RequestGuard, default_max_request_bytes
 from diffuserve.server.metrics import ServerMetrics

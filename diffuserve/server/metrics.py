@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diffuserve.engine.llm_engine import EngineStats
-from diffuserve.engine.output_processor import RequestOutput
+from diffuserve.engine.outputs import RequestOutput
 from diffuserve.server.bridge import EngineRequest
 from diffuserve.server.metric_series import MetricSeries
 

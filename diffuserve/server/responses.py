@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from diffuserve.engine.output_processor import CompletionOutput, RequestOutput
+from diffuserve.engine.outputs import CompletionOutput, RequestOutput
 from diffuserve.server.bridge import EngineDeadError, OutputStream
 from diffuserve.server.chat_output import ChatDeltas, ChatOutputFormat
 from diffuserve.server.errors import APIError, engine_failed, engine_unavailable

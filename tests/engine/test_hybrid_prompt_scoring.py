@@ -12,7 +12,7 @@ from diffuserve import LLM, SamplingParams
 from diffuserve.bench.baselines.engines import baseline_llm
 from diffuserve.engine import prompt_scoring
 from diffuserve.engine.cache import recurrent, state_step
-from diffuserve.engine.errors import UnsupportedParameter
+from diffuserve.errors import UnsupportedParameter
 from diffuserve.model.loader import load_model
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.testing.reference_scoring import reference_hybrid_prompt_log_probs

@@ -158,7 +158,7 @@ def test_a_storm_of_aborts_returns_every_slot_and_page(model_dirs):
 
 
 def test_a_request_that_cannot_fit_alone_is_refused_with_the_numbers(model_dirs):
-    from diffuserve.engine.errors import ContextLengthExceeded
+    from diffuserve.errors import ContextLengthExceeded
 
     llm = _llm(model_dirs[4], num_pages=2)
     with pytest.raises(

@@ -15,9 +15,10 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.bench.baselines.engines import baseline_llm
-from diffuserve.engine.errors import RequestError
-from diffuserve.engine.output_processor import Completion, CompletionOutput, Logprob
+from diffuserve.engine.output_processor import Completion
+from diffuserve.engine.outputs import CompletionOutput, Logprob
 from diffuserve.engine.request import Request
+from diffuserve.errors import RequestError
 from diffuserve.sampling_params import MAX_LOGPROBS
 from diffuserve.structured_outputs import StructuredOutputsParams
 from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint

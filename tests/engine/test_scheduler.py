@@ -9,9 +9,9 @@ import pytest
 
 from diffuserve.engine.cache.manager import CacheManager
 from diffuserve.engine.cache.paged import PagedKind, PagePool
-from diffuserve.engine.errors import ContextLengthExceeded
 from diffuserve.engine.request import BlockWrite, Request, RequestStatus
 from diffuserve.engine.scheduler import Scheduler
+from diffuserve.errors import ContextLengthExceeded
 from diffuserve.sampling_params import SamplingParams
 
 MASK = 999

@@ -19,7 +19,8 @@ import openai
 import pytest
 
 from diffuserve.cli import main
-from diffuserve.server.cli import ServerConfig, usage_hint
+from diffuserve.server.cli import usage_hint
+from diffuserve.server.config import ServerConfig
 from tests.test_hub import populate_hub_cache
 
 

@@ -31,8 +31,8 @@ from diffuserve.config import CacheConfig
 from diffuserve.engine.cache.kind import CacheKind
 from diffuserve.engine.cache.paged import PagedKind, PagePool, chain_hash
 from diffuserve.engine.cache.recurrent import RecurrentKind, SlotPool
-from diffuserve.engine.errors import ContextLengthExceeded
 from diffuserve.engine.request import Request, ScheduledRequest
+from diffuserve.errors import ContextLengthExceeded
 
 
 @dataclass(frozen=True)
