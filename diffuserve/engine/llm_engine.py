@@ -39,6 +39,7 @@ from diffuserve.engine.errors import (
 from diffuserve.engine.grammar_decoding import StructuredDecoding
 from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest, RequestOutput
 from diffuserve.engine.request import Request, RequestStatus, SchedulerOutput, StepUpdate
+from diffuserve.model.layers.attention_backends.selection import set_attention_backend
 from diffuserve.sampling_params import ResolvedSamplingParams, SamplingParams
 
 if TYPE_CHECKING:
@@ -55,6 +56,12 @@ class LLMEngine:
         self.config = config
         parts = build_components(config)
         self.args, self.tokenizer, self.runner = parts.args, parts.tokenizer, parts.runner
+        # TODO(lead): belongs in ModelExecutor.build beside set_gdn_backend, so that worker ranks get it too.
+        try:
+            set_attention_backend(self.runner.model, config.attention_backend, self.runner.device)
+        except ValueError:
+            self.runner.shutdown()
+            raise
         self.scheduler, self.pool, self.state_pool = parts.scheduler, parts.pool, parts.state_pool
         self.max_model_len, self.generation_defaults = parts.max_model_len, parts.generation_defaults
         self.steps_capped_by_max_tokens = parts.steps_capped_by_max_tokens
