@@ -1,8 +1,8 @@
 """Every CPU attention backend through the whole engine: at temperature 0 each gives the naive reference's tokens
-(and forwards, where the prefill is not split), on an attention family with chunked prefills, fused commits and batching, and on the hybrid
-clover_moe (causal commit rows beside whole blocks; an autoregressive checkpoint's causal rows); prompt scores
-(extra variant sequences per step) agree across backends. An off-by-one in the block-causal rule the runner
-builds its masks with fails the parity check."""
+(and forwards, where the prefill is not split), on an attention family with chunked prefills, fused commits and
+batching, and on the hybrid clover_moe (causal commit rows beside whole blocks; an autoregressive checkpoint's
+causal rows); prompt scores (extra variant sequences per step) agree across backends. An off-by-one in the
+block-causal rule the runner builds its masks with fails the parity check."""
 
 from __future__ import annotations
 

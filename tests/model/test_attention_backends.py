@@ -143,13 +143,25 @@ def test_the_batched_plan_is_built_once_per_step(monkeypatch):
     assert len(builds) == 2
 
 
-def test_groups_pad_keys_at_most_twofold():
+@pytest.mark.parametrize("max_keys", [None, 40, 1])
+def test_groups_pad_keys_at_most_twofold_and_stay_within_their_bound(max_keys):
     step = random_step(["block"] * 10 + ["fused"] * 5, StepShape(max_blocks=20), 1)
-    groups = batched.query_groups(step.inputs.sequences, 2)
+    groups = batched.query_groups(step.inputs.sequences, 2, max_keys)
     assert sum(g.key_slots.shape[0] for g in groups) == 15
     for g in groups:
         lengths = [s.key_slots.shape[0] for s in step.inputs.sequences if s.query_start in g.rows.tolist()]
         assert max(lengths) <= batched.MAX_KEY_PADDING * min(lengths) and g.key_slots.shape[1] == max(lengths)
+        assert max_keys is None or len(lengths) == 1 or g.key_slots.numel() <= max_keys
+    if max_keys == 1:
+        assert len(groups) == 15
+
+
+@pytest.mark.parametrize("group_bytes", [1, 6000])
+def test_small_cpu_groups_match_the_oracle(monkeypatch, group_bytes):
+    """The L2 bound cutting groups into single sequences, or into a few each."""
+    monkeypatch.setattr(batched, "CPU_GROUP_BYTES", group_bytes)
+    for seed in range(3):
+        assert_matches_oracle("batched", random_step(MIXES["everything"], StepShape(padding_rows=1), seed))
 
 
 @pytest.mark.parametrize(

@@ -182,7 +182,8 @@ def test_selection(monkeypatch):
     with pytest.raises(ValueError) as missing:
         selection.select("flashinfer", cpu, torch.bfloat16)
     message = str(missing.value)
-    assert "\n" not in message and message.startswith("attention_backend: flashinfer does not import (ModuleNotFoundError")
+    assert "\n" not in message
+    assert message.startswith("attention_backend: flashinfer does not import (ModuleNotFoundError")
     assert "diffuserve[cuda-kernels]" in message and "--attention-backend auto or batched" in message
     monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer([]))
     assert isinstance(selection.select("auto", cpu, torch.bfloat16), FlashInferBackend)
