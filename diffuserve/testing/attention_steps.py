@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.model.layers.attention_backends.metadata import PagedAttentionInputs, SequenceSlice
+from diffuserve.model.layers.attention_backends.interface import PagedAttentionInputs, SequenceSlice
 
 KINDS = ("block", "fused", "prefill", "hybrid", "autoregressive", "variants", "causal_variants")
 

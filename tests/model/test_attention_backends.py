@@ -19,8 +19,8 @@ import torch
 from diffuserve.model.layers.attention import paged_attention
 from diffuserve.model.layers.attention_backends import batched
 from diffuserve.model.layers.attention_backends.batched import BatchedBackend
+from diffuserve.model.layers.attention_backends.interface import PagedAttentionInputs
 from diffuserve.model.layers.attention_backends.loop import LoopBackend
-from diffuserve.model.layers.attention_backends.metadata import PagedAttentionInputs
 from diffuserve.testing.attention_steps import KINDS, AttentionStep, StepShape, random_kinds, random_step
 from tests.engine.test_oracle_mutations import apply_source_mutation
 

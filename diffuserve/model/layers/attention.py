@@ -9,7 +9,7 @@ its own query and KV heads (qkv_proj column-parallel, o_proj row-parallel) and c
 **K/V** (`paged_attention`, `dense_attention`): attention over a paged KV cache under the step's masks, plus the
 dense (no-cache) reference path. `paged_attention` writes the step's K/V into the layer's cache and hands the
 real query rows to the layer's attention backend (attention_backends: loop, batched, flashinfer), which reads
-the step's `PagedAttentionInputs` (attention_backends/metadata: the sequences' key slots and masks, built by
+the step's `PagedAttentionInputs` (attention_backends/interface: the sequences' key slots and masks, built by
 `model_runner`). Slot layout (one tensor per layer, shared by all sequences):
 
     k_cache [num_slots, Hkv, D]     slot = page_id * page_size + offset_in_page
@@ -37,10 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from diffuserve.model.config import ModelArgs, RopeArgs
-from diffuserve.model.layers.attention_backends.base import AttentionBackend
 from diffuserve.model.layers.attention_backends.batched import BatchedBackend
-from diffuserve.model.layers.attention_backends.metadata import PagedAttentionInputs
-from diffuserve.model.layers.attention_backends.metadata import SequenceSlice as SequenceSlice  # the engine's import
+from diffuserve.model.layers.attention_backends.interface import AttentionBackend, PagedAttentionInputs
+from diffuserve.model.layers.attention_backends.interface import SequenceSlice as SequenceSlice  # the engine's import
 from diffuserve.model.layers.linear import RowParallelLinear, column_parallel
 from diffuserve.model.layers.norm import RMSNorm
 

@@ -25,8 +25,8 @@ from diffuserve.model.layers.attention import (
     dense_attention,
     paged_attention,
 )
-from diffuserve.model.layers.attention_backends.base import AttentionBackend
 from diffuserve.model.layers.attention_backends.batched import BatchedBackend
+from diffuserve.model.layers.attention_backends.interface import AttentionBackend
 from diffuserve.model.layers.hybrid_norm import ZeroCenteredRMSNorm
 
 

@@ -25,8 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from diffuserve.model.layers.attention_backends.base import AttentionBackend
-from diffuserve.model.layers.attention_backends.metadata import PagedAttentionInputs, SequenceSlice
+from diffuserve.model.layers.attention_backends.interface import AttentionBackend, PagedAttentionInputs, SequenceSlice
 
 MAX_KEY_PADDING = 2
 """A group's longest key list is at most this many times its shortest."""

@@ -27,8 +27,7 @@ from typing import Any
 
 import torch
 
-from diffuserve.model.layers.attention_backends.base import AttentionBackend
-from diffuserve.model.layers.attention_backends.metadata import PagedAttentionInputs, SequenceSlice
+from diffuserve.model.layers.attention_backends.interface import AttentionBackend, PagedAttentionInputs, SequenceSlice
 
 WORKSPACE_BYTES = 128 << 20
 """FlashInfer's recommended float workspace (split-k partial results), one per device, shared by the wrappers."""

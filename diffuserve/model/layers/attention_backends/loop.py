@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from diffuserve.model.layers.attention_backends.base import AttentionBackend
-from diffuserve.model.layers.attention_backends.metadata import PagedAttentionInputs
+from diffuserve.model.layers.attention_backends.interface import AttentionBackend, PagedAttentionInputs
 
 
 class LoopBackend(AttentionBackend):

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from diffuserve.model.layers.attention import Attention
-from diffuserve.model.layers.attention_backends.base import AttentionBackend
 from diffuserve.model.layers.attention_backends.batched import BatchedBackend
 from diffuserve.model.layers.attention_backends.flashinfer import FlashInferBackend
+from diffuserve.model.layers.attention_backends.interface import AttentionBackend
 from diffuserve.model.layers.attention_backends.loop import LoopBackend
 from diffuserve.model.layers.gated_attention import GatedAttention
 
