@@ -18,6 +18,7 @@ The selection's device check (`selection.is_cuda`) is forced where the adapter m
 from __future__ import annotations
 
 import math
+import subprocess
 import sys
 import types
 
@@ -210,3 +211,13 @@ def test_the_engine_runs_the_adapter(monkeypatch, tiny_model_dir):
         assert layers and all(m.attention_backend.name == name for m in layers)
         tokens[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert tokens["flashinfer"] == tokens["loop"] and "plan:fa2:masked" in calls
+
+
+def test_the_cli_refuses_flashinfer_on_the_cpu_in_one_line(tiny_model_dir):
+    command = [sys.executable, "-m", "diffuserve", "generate", "--model", str(tiny_model_dir), "--device", "cpu"]
+    result = subprocess.run(
+        [*command, "--attention-backend", "flashinfer", "hi"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0
+    assert "attention_backend: flashinfer needs a CUDA device, the model is on cpu" in result.stderr
