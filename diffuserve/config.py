@@ -123,6 +123,11 @@ class EngineConfig:
     """Hybrid models (Gated DeltaNet layers): what runs the causal GDN conv and delta rule. auto: the CUDA kernels
     of flash-linear-attention and causal-conv1d on a CUDA device where they are installed (the cuda-kernels
     extra), torch otherwise; torch: ours everywhere; fla: the kernels, an error where they cannot run."""
+    attention_backend: str = "auto"
+    """What computes the paged attention of a step (model/layers/attention_backends). auto: flashinfer on a CUDA
+    device where FlashInfer is installed (the cuda-kernels extra) and the dtype is float16 / bfloat16, batched
+    otherwise; loop: one SDPA per sequence (the reference); batched: the step's sequences in a few padded SDPA
+    calls; flashinfer: FlashInfer's varlen paged kernel, an error where it cannot run."""
     enforce_eager: bool | None = None
     """Run the model forward eagerly instead of through torch.compile (vLLM's flag). Default: compiled on CUDA
     (CUDA graphs), eager on CPU, where compiling took about 2 minutes and ran fp32 slower (docs/benchmarks.md);
@@ -144,6 +149,10 @@ class EngineConfig:
             raise ValueError(f"moe_backend: must be auto, loop, bmm or grouped_mm, got {self.moe_backend!r}")
         if self.gdn_backend not in ("auto", "torch", "fla"):
             raise ValueError(f"gdn_backend: must be auto, torch or fla, got {self.gdn_backend!r}")
+        if self.attention_backend not in ("auto", "loop", "batched", "flashinfer"):
+            raise ValueError(
+                f"attention_backend: must be auto, loop, batched or flashinfer, got {self.attention_backend!r}"
+            )
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:

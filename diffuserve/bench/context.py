@@ -45,7 +45,7 @@ class BenchContext:
     """The model's generation_config.json decoding knobs (what a request that sets none gets)."""
     probe_seconds: float
     engine_options: dict[str, Any]
-    """--moe-backend and --enforce-eager, given to every engine unless a variant overrides them."""
+    """--moe-backend, --attention-backend and --enforce-eager, given to every engine unless a variant overrides them."""
 
     def engine(
         self, block_length: int, max_num_seqs: int, max_model_len: int, baseline: str | None = None, **options: Any
@@ -113,6 +113,7 @@ def make_context(ns: argparse.Namespace) -> BenchContext:
         probe_seconds=ns.probe_seconds,
         engine_options={
             "moe_backend": getattr(ns, "moe_backend", "auto"),
+            "attention_backend": getattr(ns, "attention_backend", "auto"),
             "enforce_eager": getattr(ns, "enforce_eager", None),
         },
     )

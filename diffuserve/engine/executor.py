@@ -30,6 +30,7 @@ from diffuserve.engine.cache.manager import CacheSizes
 from diffuserve.engine.experts import ExpertOffload
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.interface import DiffusionModel
+from diffuserve.model.layers.attention_backends.selection import set_attention_backend
 from diffuserve.model.layers.gated_deltanet import set_gdn_backend
 from diffuserve.model.layers.moe.layer import set_moe_backend
 from diffuserve.model.layers.moe.offload_context import OffloadContext, offload_context
@@ -185,6 +186,7 @@ class ModelExecutor:
         caches, sizes = allocate_caches(layout, want, group, device)
         set_moe_backend(model, config.moe_backend)
         set_gdn_backend(model, config.gdn_backend, device)
+        set_attention_backend(model, config.attention_backend, device)
         executor = cls(model, caches, sizes, experts, device, runtime, args.hidden_size)
         # Offload's hooks stay eager, and so does the recurrent step, whose row groups are not bucket-padded.
         compiled = should_compile(config.enforce_eager, device) and not offload and caches.state is None
