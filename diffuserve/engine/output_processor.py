@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from diffuserve.engine.request import Request, RequestStatus
+from diffuserve.engine.request import DenoisingStep, Request, RequestStatus
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 
@@ -59,6 +59,9 @@ class CompletionOutput:
     """With SamplingParams.logprobs: per token, its logprob and the top alternatives, `decoded_token` filled.
     One per token of `token_ids` once finished; while running, those of the tokens whose text `text` shows (a
     token whose text is held back, for a stop string or an incomplete character, follows with its text)."""
+    denoising_steps: list[DenoisingStep] | None = None
+    """With SamplingParams.record_denoising: every denoising step's writes so far, oldest first (a copy: the
+    engine's list goes on growing). They may reach past `token_ids` (a block's positions after a stop)."""
 
     @property
     def tokens_per_forward(self) -> float:
@@ -314,6 +317,8 @@ class OutputProcessor:
             status = RequestStatus.FINISHED_STOPPED  # what the engine is about to make it
         out = completion.output
         out.num_forwards, out.error = request.num_forwards, request.error
+        if request.params.record_denoising:
+            out.denoising_steps = list(request.denoising_steps)
         if status.is_finished:
             out.finish_reason = status.finish_reason
             if not stop_hit and out.stop_reason is None:
