@@ -158,6 +158,40 @@ class CompletionChunk(ResponseFields):
     choices: list[CompletionChoice]
 
 
+class DenoisingStepOut(ResponseModel):
+    """One denoising step of one choice (`stream_options.include_denoising`), in output positions: 0 is the
+    choice's first generated token."""
+
+    index: int
+    """The choice."""
+    block: int
+    """The block's index among the choice's generated blocks, from 0."""
+    step: int
+    """The step's number within its block, from 1."""
+    block_start: int
+    block_end: int
+    """The block's generated positions are [block_start, block_end) (the first block may be shorter: the
+    prompt's tail fills its start)."""
+    positions: list[int]
+    """The positions this step decided (or, with decoder edit, rewrote)."""
+    token_ids: list[int]
+    """Their tokens, in the order of `positions`."""
+    tokens: list[str] | None
+    """Each token's text, special tokens spelled out (null without a tokenizer)."""
+
+
+class ChatCompletionDenoisingChunk(ChatCompletionChunk):
+    """A chunk of the denoising extension: `choices` is empty."""
+
+    denoising: list[DenoisingStepOut]
+
+
+class CompletionDenoisingChunk(CompletionChunk):
+    """A chunk of the denoising extension: `choices` is empty."""
+
+    denoising: list[DenoisingStepOut]
+
+
 class ModelCard(ResponseModel):
     id: str
     object: Literal["model"] = "model"
