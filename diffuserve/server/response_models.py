@@ -221,6 +221,24 @@ class VersionResponse(ResponseModel):
     version: str
 
 
+class DecodingDefaults(ResponseModel):
+    temperature: float
+    decoder: str
+    threshold: float
+
+
+class ConsoleConfig(ResponseModel):
+    """What the web console needs to know of the served model (GET /console/config)."""
+
+    model: str
+    max_model_len: int
+    block_length: int
+    decoders: list[str]
+    defaults: DecodingDefaults
+    """The knobs a request that sets none is decoded with (the model's generation config, else built in)."""
+    api_key_required: bool
+
+
 class ErrorInfo(ResponseModel):
     message: str
     type: str
