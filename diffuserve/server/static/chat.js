@@ -93,7 +93,7 @@ export class Chat {
       return;
     }
     showProblem(this.problem, "");
-    $("chat-hint")?.remove();
+    document.getElementById("chat-hint")?.remove(); // the first message replaces the hint
     this.input.value = "";
     this.transcript.append(el("div", { class: "message user" }, el("div", { class: "content" }, text)));
     const reply = new Reply(text);
