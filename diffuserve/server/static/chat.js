@@ -213,8 +213,5 @@ function jsonSchemaFormat(text) {
 }
 
 function describe(error) {
-  if (error instanceof ApiError) {
-    return error.param ? `${error.message}` : error.message;
-  }
-  return `Something went wrong in the page: ${error.message}`;
+  return error instanceof ApiError ? error.message : `Something went wrong in the page: ${error.message}`;
 }
