@@ -121,7 +121,7 @@ class LLMEngine:
         if params.prompt_logprobs is not None and not self.runner.supports_prompt_scoring:
             raise UnsupportedParameter(
                 "prompt_logprobs",
-                "this engine's runner (a baseline that rebuilds state) cannot score prompts; remove the field",
+                "this engine cannot score prompts (a baseline rebuilding state, or sliding-window layers); remove it",
             )
         vocab = self.args.vocab_size
         bad = [t for t in params.stop_token_ids if t >= vocab]

@@ -255,6 +255,8 @@ class OutputProcessor:
             status = RequestStatus.FINISHED_STOPPED  # what the engine is about to make it
         out = completion.output
         out.num_forwards, out.error = request.num_forwards, request.error
+        if request.params.record_denoising:
+            out.denoising_steps = list(request.denoising_steps)
         if status.is_finished:
             out.finish_reason = status.finish_reason
             if not stop_hit and out.stop_reason is None:
