@@ -1,6 +1,7 @@
 """LLMEngine: add_request / step / abort over the scheduler, the model runner and the output processor.
 
-A step reads `schedule -> execute -> scheduler.update_from_output -> output_processor.process_outputs`. Who
+A step reads `schedule -> execute -> scheduler.update_from_output -> output_processor.find_stop_strings ->
+scheduler.finish_requests -> output_processor.snapshot`. Who
 decides what:
 
 - `add_request` is the single authority on a request's validity (request id, prompt token ids, context
@@ -10,8 +11,9 @@ decides what:
 - The scheduler applies a step's results (commits, counts, tokens, block completion) and finishes requests on
   a stop id or on length. Every finish goes through `Scheduler.finish_requests` (or its own on stop ids and
   length): that is where a status becomes a finished one.
-- The output processor detokenizes, finds stop strings and returns the requests they end (`reqs_to_abort`);
-  the engine finishes those through the scheduler, as it does aborts and the requests of a failed step.
+- The output processor detokenizes and finds stop strings (`find_stop_strings`); the engine finishes those
+  requests through the scheduler, as it does aborts, grammar failures and the requests of a failed step, and only
+  then has the processor snapshot the outputs: the scheduler is the one owner of "finished".
 
 One failed step fails only the requests in it; the engine keeps serving the rest.
 
@@ -159,9 +161,9 @@ class LLMEngine:
         self.output_processor.add_prompt_scores(result.prompt_scores)
         for request_id, error in result.failures.items():  # a grammar failure fails its request only
             self._finish_requests([request_id], RequestStatus.FINISHED_ERROR, error)
-        processed = self.output_processor.process_outputs(update.requests, update.new_token_counts)
-        self._finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
-        return processed.request_outputs
+        stopped = self.output_processor.find_stop_strings(update.requests)
+        self._finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        return self.output_processor.snapshot(update.requests, update.new_token_counts)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished
@@ -202,7 +204,8 @@ class LLMEngine:
     def _fail_step(self, output: SchedulerOutput, error: str) -> list[RequestOutput]:
         requests = [work.request for work in output.scheduled]
         self._finish_requests([r.request_id for r in requests], RequestStatus.FINISHED_ERROR, error)
-        return self.output_processor.process_outputs(requests, {}).request_outputs
+        self.output_processor.find_stop_strings(requests)
+        return self.output_processor.snapshot(requests, {})
 
     def _release(self, update: StepUpdate) -> None:
         """The runner's per-request state the step ended: generators of finished requests, expert unions of
