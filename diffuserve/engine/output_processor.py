@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from diffuserve.engine.detokenizer import REPLACEMENT_CHAR, Decoding, IncrementalDetokenizer
+from diffuserve.engine.detokenizer import REPLACEMENT_CHAR, Decoding, IncrementalDetokenizer, TokenTexts
 from diffuserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
 from diffuserve.engine.request import Request
 from diffuserve.sampling_params import ResolvedSamplingParams
@@ -184,7 +184,7 @@ class ParentRequest:
 class OutputProcessor:
     def __init__(self, tokenizer: Decoding | None) -> None:
         self.tokenizer = tokenizer
-        self._token_texts: dict[int, str] = {}
+        self._token_text = TokenTexts(tokenizer)
         """Each token id's text for logprobs (special tokens spelled out), decoded once."""
         self._parents: dict[str, ParentRequest] = {}
         self._children: dict[str, tuple[ParentRequest, Completion]] = {}  # engine request id -> its completion
@@ -262,14 +262,6 @@ class OutputProcessor:
         if out.token_ids and parent.metrics.first_token_time is None:
             parent.metrics.first_token_time = now
         parent.num_cached_tokens = request.num_cached_tokens
-
-    def _token_text(self, token: int) -> str | None:
-        if self.tokenizer is None:
-            return None
-        text = self._token_texts.get(token)
-        if text is None:
-            text = self._token_texts[token] = self.tokenizer.decode([token], skip_special_tokens=False)
-        return text
 
     def _forget(self, parent: ParentRequest) -> None:
         self._parents.pop(parent.request_id, None)

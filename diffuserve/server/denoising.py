@@ -13,26 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from diffuserve.engine.detokenizer import TokenTexts
 from diffuserve.engine.output_processor import RequestOutput
 from diffuserve.engine.outputs import DenoisingStep
 from diffuserve.server.response_models import DenoisingStepOut
-from diffuserve.tokenizer import Tokenizer
-
-
-class TokenTexts:
-    """Each token id's text as the denoising view shows it (special tokens spelled out), decoded once."""
-
-    def __init__(self, tokenizer: Tokenizer | None) -> None:
-        self.tokenizer = tokenizer
-        self._texts: dict[int, str] = {}
-
-    def __call__(self, token: int) -> str | None:
-        if self.tokenizer is None:
-            return None
-        text = self._texts.get(token)
-        if text is None:
-            text = self._texts[token] = self.tokenizer.decode([token], skip_special_tokens=False)
-        return text
 
 
 @dataclass

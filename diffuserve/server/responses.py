@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
+from diffuserve.engine.detokenizer import TokenTexts
 from diffuserve.engine.outputs import CompletionOutput, RequestOutput
 from diffuserve.server.bridge import EngineDeadError, OutputStream
 from diffuserve.server.chat_output import ChatDeltas, ChatOutputFormat
-from diffuserve.server.denoising import DenoisingTrace, TokenTexts
+from diffuserve.server.denoising import DenoisingTrace
 from diffuserve.server.errors import APIError, engine_failed, engine_unavailable
 from diffuserve.server.logprobs import chat_logprobs, completion_logprobs, text_length
 from diffuserve.server.prompt_logprobs import PromptScoring, concat_logprobs, end_offset

@@ -26,12 +26,12 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from diffuserve.engine.detokenizer import TokenTexts
 from diffuserve.engine.outputs import RequestOutput
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.server.bridge import AsyncEngine, EngineDeadError, EngineRequest, OutputStream, QueueFullError
 from diffuserve.server.chat_output import ChatOutputFormat
 from diffuserve.server.config import ServerConfig
-from diffuserve.server.denoising import TokenTexts
 from diffuserve.server.errors import APIError, bad_request, engine_unavailable, from_value_error, queue_full
 from diffuserve.server.metrics import ServerMetrics
 from diffuserve.server.parsing import chat_params, completion_params
