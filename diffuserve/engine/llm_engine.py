@@ -44,8 +44,9 @@ from diffuserve.errors import (
 from diffuserve.sampling_params import ResolvedSamplingParams, SamplingParams
 
 if TYPE_CHECKING:
+    from diffuserve.engine.cache.manager import CacheManager
     from diffuserve.engine.cache.paged import PagePool
-    from diffuserve.engine.cache.recurrent import SlotPool
+    from diffuserve.engine.cache.recurrent import SlotPool, StateStats
     from diffuserve.engine.experts import ExpertStatsSnapshot, OffloadStatsSnapshot
     from diffuserve.engine.scheduler import Scheduler
 
@@ -172,7 +173,7 @@ class LLMEngine:
         tracker = self.runner.experts
         experts = tracker.snapshot() if tracker is not None and tracker.enabled else None
         offload = self.runner.offload.snapshot() if self.runner.offload is not None else None
-        return self.counters.snapshot(self.scheduler, self.pool, experts, offload, self.state_pool)
+        return self.counters.snapshot(self.scheduler, self.cache, experts, offload)
 
     def shutdown(self) -> None:
         """Stops the worker processes of a multi-process engine (also done at interpreter exit)."""
@@ -231,19 +232,6 @@ class LLMEngine:
                 param, f"contains the mask token (id {self.args.mask_token_id}), which no prompt may hold; remove it"
             )
         return token_ids
-
-
-@dataclass(frozen=True)
-class StateStats:
-    slots_used: int
-    """Slots held by running sequences."""
-    slots_total: int
-    num_snapshots: int
-    """Slots holding a prefix snapshot (evictable)."""
-    slot_bytes: int
-    hit_rate: float
-    """Share of the looked-up prompt tokens restored from a state snapshot (with their pages): what a hybrid
-    model actually reuses."""
 
 
 @dataclass(frozen=True)
@@ -307,15 +295,14 @@ class EngineCounters:
     def snapshot(
         self,
         scheduler: Scheduler,
-        pool: PagePool,
+        cache: CacheManager,
         experts: ExpertStatsSnapshot | None = None,
         offload: OffloadStatsSnapshot | None = None,
-        state_pool: SlotPool | None = None,
     ) -> EngineStats:
         return EngineStats(
             num_running=len(scheduler.running),
             num_waiting=len(scheduler.waiting),
-            kv_usage=pool.usage,
+            kv_usage=cache.pool.usage,
             prefix_hit_rate=scheduler.prefix_hit_rate,
             num_preemptions=scheduler.num_preemptions,
             num_steps=self.num_steps,
@@ -328,13 +315,5 @@ class EngineCounters:
             experts=experts,
             offload=offload,
             page_hit_rate=scheduler.page_hit_rate,
-            state=None
-            if state_pool is None
-            else StateStats(
-                state_pool.num_used_slots,
-                state_pool.num_slots,
-                state_pool.num_snapshots,
-                state_pool.slot_bytes,
-                scheduler.prefix_hit_rate,
-            ),
+            state=cache.state_stats(scheduler.prefix_hit_rate),
         )
