@@ -19,6 +19,10 @@
 #   --quantization  issue 25: the quantized matmuls at Clover-35B-A3B shapes against the dequantize-then-matmul
 #               reference and bf16 (scaled_mm fp8 / tinygemm int4 on sm90), the engine quantized on load vs bf16 on
 #               sdar-moe-bench and clover-moe-bench, a `diffuserve quantize` checkpoint loaded on the GPU
+#        scripts/gpu_check.sh --attention [--device cpu]
+#   --attention the attention backends (issue 23): loop vs batched vs FlashInfer (pip install -e '.[cuda-kernels]'
+#               first) on random steps of every runner shape (max diff), their time at 1 / 16 / 64 sequences, and
+#               the engine's greedy tokens with each on a random sdar-moe-bench in bf16
 # Output: the log and the JSON summary in $OUT (or /tmp/diffuserve-gpu-check), the JSON also as the last line.
 set -euo pipefail
 
@@ -44,6 +48,9 @@ elif [[ "${1:-}" == "--compiled" ]]; then
     shift
 elif [[ "${1:-}" == "--quantization" ]]; then
     SCRIPT=gpu_check_quant
+    shift
+elif [[ "${1:-}" == "--attention" ]]; then
+    SCRIPT=gpu_check_attention
     shift
 fi
 if [[ " $* " != *" --dry-run "* && " $* " != *" --reduced "* && " $* " != *" cpu "* ]]; then

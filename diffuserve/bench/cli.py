@@ -94,6 +94,12 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         "--quantization-group-size", type=positive_int, default=128, help="int4 group size (default: 128)"
     )
     model.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=("auto", "loop", "batched", "flashinfer"),
+        help="what computes paged attention (default: auto; loop = one SDPA per sequence, the reference)",
+    )
+    model.add_argument(
         "--enforce-eager",
         default=None,
         nargs="?",
@@ -177,6 +183,7 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
             "separate-commit",
             "ar",
             "engine-batched",
+            "attention-loop",
             "recompute-state",
             "gdn-rescan",
         ),
@@ -186,7 +193,8 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
         "baseline (block length 1), (e) engine-batched: the engine given all --num-prompts at "
         "once, (f) recompute-state: hybrid models recomputing the whole prefix every step (no cache), "
         "(g) gdn-rescan: hybrid models with K/V cached but the GDN state rebuilt every step by scanning the "
-        "prefix's kept projections; default: a, a0, b, b2, c, d",
+        "prefix's kept projections, (h) attention-loop: engine-batched with --attention-backend loop (one SDPA "
+        "per sequence: the attention before issue 23); default: a, a0, b, b2, c, d",
     )
 
 

@@ -6,6 +6,7 @@ silent 16-bit load.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from diffuserve.model.quant.checkpoint_ct import CompressedTensorsCheckpoint
 from diffuserve.model.quant.checkpoint_fp8 import Fp8Checkpoint
 from diffuserve.model.quant.checkpoint_gptq_awq import GptqAwqCheckpoint
 
-READERS = {
+READERS: dict[str, Callable[[dict[str, Any], list[str]], CheckpointQuant]] = {
     "fp8": Fp8Checkpoint,
     "gptq": GptqAwqCheckpoint,
     "awq": GptqAwqCheckpoint,

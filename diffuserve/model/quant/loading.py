@@ -107,7 +107,7 @@ class QuantLoader:
         weight = self.weights[target.param]
         src = tensor.unsqueeze(0) if target.expert is not None else tensor
         for dst, index in local_pieces(weight.shape, weight.shard, target, tuple(tensor.shape), name):
-            rows = src[(*index[:-1], slice(None))]  # whole rows: quantized over their full width
+            rows = src[tuple(index[:-1]) + (slice(None),)]  # whole rows: quantized over their full width
             cols = index[-1]
             weight.write_float(_region(dst), rows, (cols.start, cols.stop - cols.start), name)
 

@@ -32,6 +32,8 @@ weights and the checkpoint tensor being read)."""
 
 
 class QuantWeight(nn.Module):
+    qdata: torch.Tensor
+    scale: torch.Tensor
     def __init__(
         self,
         fmt: QuantFormat,
@@ -124,7 +126,7 @@ class QuantWeight(nn.Module):
         x's rows contiguous (the GDN output arrives transposed)."""
         assert self.kernel is not None, "QuantWeight.finalize runs after loading"
         x = x.contiguous()
-        tensors = dict(self.named_parameters(recurse=False))
+        tensors: dict[str, torch.Tensor] = dict(self.named_parameters(recurse=False))
         if expert is not None:
             tensors = {name: t[expert] for name, t in tensors.items()}
         return self.kernel.matmul(x, self.fmt, tensors)
