@@ -107,7 +107,8 @@ class QuantLoader:
         weight = self.weights[target.param]
         src = tensor.unsqueeze(0) if target.expert is not None else tensor
         for dst, index in local_pieces(weight.shape, weight.shard, target, tuple(tensor.shape), name):
-            rows = src[tuple(index[:-1]) + (slice(None),)]  # whole rows: quantized over their full width
+            whole_rows = (*index[:-1], slice(None))  # quantized over their full width
+            rows = src[whole_rows]
             cols = index[-1]
             weight.write_float(_region(dst), rows, (cols.start, cols.stop - cols.start), name)
 

@@ -34,6 +34,7 @@ weights and the checkpoint tensor being read)."""
 class QuantWeight(nn.Module):
     qdata: torch.Tensor
     scale: torch.Tensor
+
     def __init__(
         self,
         fmt: QuantFormat,
