@@ -37,6 +37,9 @@ class CacheConfig:
     kv_cache_memory: int | None = None
     """KV-cache budget in bytes, K/V pages only (default on CPU: what max_num_seqs sequences of max_model_len need,
     at most 4 GiB). Hybrid models' recurrent state has its own --state-cache-memory."""
+    kv_cache_dtype: str = "auto"
+    """K/V pages' dtype: auto (the model's dtype) or fp8 (e4m3, one scale of 1.0 per tensor, vLLM's default: half
+    of bf16's bytes; attention reads them back in the model's dtype). The GDN state stays fp32 (docs/models.md)."""
     state_cache_memory: int | None = None
     """Hybrid models (Gated DeltaNet layers) only: bytes of the recurrent-state pool, separate from (and allocated
     before) --kv-cache-memory, which covers K/V pages only. One slot holds a sequence's whole GDN state whatever
@@ -65,6 +68,10 @@ class CacheConfig:
         _positive("num_pages", self.num_pages)
         _positive("kv_cache_memory", self.kv_cache_memory)
         _positive("state_cache_memory", self.state_cache_memory)
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ValueError(
+                f"kv_cache_dtype: must be auto or fp8 (e4m3), got {self.kv_cache_dtype!r}; use --kv-cache-dtype fp8"
+            )
         _positive("state_snapshot_interval", self.state_snapshot_interval, allow_none=False)
         _positive("expert_cache_memory", self.expert_cache_memory)
         if self.expert_residency not in ("block", "step"):

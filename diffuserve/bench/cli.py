@@ -94,6 +94,12 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         "--quantization-group-size", type=positive_int, default=128, help="int4 group size (default: 128)"
     )
     model.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=("auto", "fp8"),
+        help="K/V pages' dtype: auto (the --dtype) or fp8 (e4m3); the GDN state stays fp32 (default: auto)",
+    )
+    model.add_argument(
         "--attention-backend",
         default="auto",
         choices=("auto", "loop", "batched", "flashinfer"),

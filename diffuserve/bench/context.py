@@ -46,8 +46,8 @@ class BenchContext:
     """The model's generation_config.json decoding knobs (what a request that sets none gets)."""
     probe_seconds: float
     engine_options: dict[str, Any]
-    """--moe-backend, --attention-backend, --enforce-eager and --quantization, given to every engine unless a variant
-    overrides them."""
+    """--moe-backend, --attention-backend, --kv-cache-dtype, --enforce-eager and --quantization, given to every engine
+    unless a variant overrides them."""
 
     def engine(
         self, block_length: int, max_num_seqs: int, max_model_len: int, baseline: str | None = None, **options: Any
@@ -107,7 +107,7 @@ def make_context(ns: argparse.Namespace) -> BenchContext:
         args=args,
         dtype=str(dtype).removeprefix("torch."),
         device=device,
-        cost=model_cost(args, itemsize, itemsize),
+        cost=model_cost(args, itemsize, 1 if getattr(ns, "kv_cache_dtype", "auto") == "fp8" else itemsize),
         rates=measure_machine(device, dtype, seconds=ns.probe_seconds),
         environment=environment(device),
         seed=ns.seed,
@@ -116,6 +116,7 @@ def make_context(ns: argparse.Namespace) -> BenchContext:
         engine_options={
             "moe_backend": getattr(ns, "moe_backend", "auto"),
             "attention_backend": getattr(ns, "attention_backend", "auto"),
+            "kv_cache_dtype": getattr(ns, "kv_cache_dtype", "auto"),
             "enforce_eager": getattr(ns, "enforce_eager", None),
             **quantization_options(ns, single=getattr(ns, "bench_command", None) != "latency"),
         },

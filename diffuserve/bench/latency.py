@@ -91,6 +91,7 @@ def _calibration(
             "max_num_batched_tokens": SchedulerConfig().max_num_batched_tokens,
         },
         ctx.engine_options.get("quantization"),
+        ctx.engine_options.get("kv_cache_dtype", "auto"),
     )
     calibration["fit"]["runs"] = [f"{ns.num_iters_warmup} warm-up iteration(s) on their own engine"]
     return calibration
