@@ -64,6 +64,8 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "load-memory": benchmarks_quant.load_memory,
     "quant-accuracy": benchmarks_quant.quant_accuracy,
     "quant-kl": benchmarks_quant.quant_kl,
+    "long-context-chunks": benchmarks_quant.long_context_chunks,
+    "long-context": benchmarks_quant.long_context_summary,
 }
 """Region name -> the renderer that fills it (tests/docs checks that each has exactly one region)."""
 

@@ -103,3 +103,48 @@ def quant_kl(load: Load) -> str:
     run = load("quant-kl")["result"]
     rows = [[r["family"], r["method"], f"{r['kl']:.2e}", f"{100 * r['top1_agreement']:.1f}"] for r in run["rows"]]
     return table(["family", "weights", "KL(bf16 || quantized) nats / position", "top-1 same %"], rows)
+
+
+def long_context_chunks(load: Load) -> str:
+    """Prefill time of each 8K chunk as the context grows, bf16 K/V beside fp8 K/V (scripts/long_context.py)."""
+    runs = load("long-context")["result"]["runs"]
+    names = [r["cache_dtype"] for r in runs]
+    rows = []
+    for i, chunk in enumerate(runs[0]["chunks"]):
+        rows.append([i + 1, f"{chunk['context_end']:,}", *(f"{r['chunks'][i]['seconds']:.2f}" for r in runs)])
+    return table(["chunk", "context after it", *(f"{n} K/V s" for n in names)], rows)
+
+
+def long_context_summary(load: Load) -> str:
+    """Per K/V dtype: prefill and decode time, the request's K/V + state bytes against the planner's, peak RSS."""
+    result = load("long-context")["result"]
+    rows = []
+    for r in result["runs"]:
+        engine, plan = r["engine_bytes"], r["planned_bytes"]
+        rows.append(
+            [
+                "`long-context.json`",
+                r["cache_dtype"],
+                f"{r['prompt_tokens']:,} + {r['output_tokens']}",
+                f"{sum(c['seconds'] for c in r['chunks']):.1f}",
+                f"{1000 * r['decode_mean_s']:.1f}",
+                f"{engine['kv'] / 2**20:.2f} + {engine['state'] / 2**10:.1f} KiB",
+                f"{plan['kv'] / 2**20:.2f} + {plan['state'] / 2**10:.1f} KiB",
+                "yes" if engine["kv"] + engine["state"] == plan["kv"] + plan["state"] else "no",
+                f"{r['peak_rss'] / 2**30:.2f}",
+            ]
+        )
+    return table(
+        [
+            "run",
+            "K/V",
+            "tokens",
+            "prefill s",
+            "decode ms / step",
+            "engine K/V MiB + state",
+            "planned",
+            "equal",
+            "peak RSS GiB",
+        ],
+        rows,
+    )
