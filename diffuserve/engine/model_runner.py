@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from diffuserve.engine.block_decoding import BlockDecoding
-from diffuserve.engine.cache.paged_step import PagedMetadataBuilder
+from diffuserve.engine.cache.paged_step import PagedMetadataBuilder, WindowMetadataBuilder
 from diffuserve.engine.cache.state_step import StateMetadataBuilder, StatePlan, state_slot
 from diffuserve.engine.executor import ForwardInputs, ModelExecutor
 from diffuserve.engine.experts import ExpertOffload, ExpertTracker
@@ -56,12 +56,16 @@ class StepBatch:
 
 class ModelRunner:
     supports_prompt_scoring = True
-    """Whether prompt_logprobs can be computed (not by the benchmark baselines that rebuild state)."""
+    """Whether prompt_logprobs can be computed (not by the benchmark baselines that rebuild state, nor for a model
+    with sliding-window layers)."""
 
     def __init__(self, executor: ModelExecutor, decoding: BlockDecoding, expert_stats: bool = False) -> None:
         self.executor, self.decoding = executor, decoding
         self.block_length, self.device = decoding.block_length, executor.device
         self.rules = executor.model.step_rules
+        # Prompt scoring's variants read the full-attention pages only: a model with window groups cannot score.
+        if executor.sizes.windows:
+            self.supports_prompt_scoring = False
         self.has_state = executor.caches.state is not None
         """The model has a RecurrentState cache: each step carries a `StatePlan`."""
         self.state = StateMetadataBuilder(self.block_length, not self.rules.autoregressive, self.device)
@@ -115,12 +119,14 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         blocks: list[BlockRows] = []
-        paged = PagedMetadataBuilder("kv", self.executor.page_size, self.block_length, self.rules, self.device)
+        groups = self._page_groups()
+        paged = groups[0]  # the full-attention pages: what prompt scoring's variants read
         for work in scheduled:
             if not work.num_tokens:
                 continue  # a request that only scores this step
             request = work.request
-            paged.add(work, len(ids))
+            for group in groups:
+                group.add(work, len(ids))
             ids += request.known_tokens(work.commit_start, work.commit_end)
             if work.has_block:
                 blocks.append(
@@ -139,7 +145,7 @@ class ModelRunner:
         num_rows = len(ids)
         for index, request in scoring.previous_rows:
             scoring.logit_rows[index] = num_rows + state_slot(request)
-        metadata: tuple[object, ...] = (paged.build(),)
+        metadata: tuple[object, ...] = tuple(group.build() for group in groups)
         if self.has_state:
             metadata += (self.plan_state(scheduled, scoring.variants),)
         forward = ForwardInputs(
@@ -150,6 +156,15 @@ class ModelRunner:
         )
         rows = [row for block in blocks for row in self._logit_rows(block, num_rows)]
         return StepBatch(forward, blocks, torch.tensor(rows, dtype=torch.long, device=self.device), scoring)
+
+    def _page_groups(self) -> list[PagedMetadataBuilder]:
+        """A metadata builder per page group, in the executor's order: the full-attention pages, then each
+        sliding-window group."""
+        args = (self.executor.page_size, self.block_length, self.rules, self.device)
+        windows = self.executor.sizes.windows
+        return [PagedMetadataBuilder("kv", *args)] + [
+            WindowMetadataBuilder(name, window, *args) for name, (window, _) in windows.items()
+        ]
 
     def plan_state(self, scheduled: list[ScheduledRequest], variants: list[tuple[int, Request]]) -> StatePlan:
         """The step's recurrent-state plan; `variants`: each scoring variant's first row and request."""
