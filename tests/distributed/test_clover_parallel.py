@@ -9,18 +9,12 @@ meets a multi-process engine once. Sizes that do not divide the GDN heads are re
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.structured_outputs import StructuredOutputsParams
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
-SHAPE = dict(num_attention_heads=8, linear_num_key_heads=4, linear_num_value_heads=8)
-"""clover-moe-tiny with 4 GDN key heads (8 value heads) and 8 query heads over 2 K/V heads: 4 ranks split the GDN
-and query heads and replicate the K/V heads."""
 CASES = {
     "tp2": dict(tensor_parallel_size=2, block=32, diffusion=True),
     "tp2+ep2": dict(
@@ -34,18 +28,6 @@ the N ranks, whole experts over the same N): "ep N" is N ranks with experts whol
 blocks and the 2-rank cases 32-token ones, to keep the processes' time small."""
 LOGIT_ATOL = 1e-4
 PAGES = {4: 6, 32: 8}
-
-
-@pytest.fixture(scope="module")
-def clover_dirs(tmp_path_factory) -> dict[bool, Path]:
-    root = tmp_path_factory.mktemp("clover-parallel")
-    config = make_clover_moe_config(**SHAPE)
-    return {
-        diffusion: write_clover_moe_checkpoint(
-            root / f"diffusion-{diffusion}", config, seed=5, init_std=0.05, logit_scale=8.0, diffusion=diffusion
-        )
-        for diffusion in (True, False)
-    }
 
 
 def _prompts(block: int) -> list[list[int]]:
