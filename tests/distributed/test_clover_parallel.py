@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
+from diffuserve.cli import main
 from diffuserve.structured_outputs import StructuredOutputsParams
 
 CASES = {
@@ -149,3 +150,25 @@ def test_parallel_clover_gives_one_devices_tokens_and_logits(clover_dirs, name):
 def test_sizes_that_do_not_divide_the_gdn_heads_are_refused_before_any_process(clover_dirs, options, message):
     with pytest.raises(ValueError, match=message):
         LLM(str(clover_dirs[True]), num_pages=16, **options)
+
+
+def test_cli_refuses_a_size_that_does_not_divide_the_heads_in_one_line(clover_dirs, capsys, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("a worker process was started")
+
+    monkeypatch.setattr("diffuserve.distributed.launcher._spawn_workers", never)
+    assert main(["serve", str(clover_dirs[True]), "--port", "0", "--tensor-parallel-size", "3"]) == 2
+    assert capsys.readouterr().err == (
+        "diffuserve serve: error: tensor_parallel_size: 3 does not divide the model's 8 attention heads "
+        "(num_attention_heads); use one of 1, 2, 4\n"
+    )
+
+
+def test_cli_refuses_a_size_that_differs_from_torchruns_world_in_one_line(clover_dirs, capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["serve", str(clover_dirs[True]), "--port", "0", "--tensor-parallel-size", "4"]) == 2
+    assert capsys.readouterr().err == (
+        "diffuserve serve: error: tensor_parallel_size: 4 differs from torchrun's 2 processes; "
+        "pass --tensor-parallel-size 2\n"
+    )
