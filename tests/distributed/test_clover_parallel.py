@@ -9,11 +9,14 @@ meets a multi-process engine once. Sizes that do not divide the GDN heads are re
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.cli import main
+from diffuserve.distributed.group import ParallelGroup
 from diffuserve.structured_outputs import StructuredOutputsParams
 
 CASES = {
@@ -92,6 +95,74 @@ def _run(llm: LLM, block: int) -> tuple[list, LogitsRecorder]:
     return outputs, recorder
 
 
+class CollectiveCounter:
+    """Elements rank 0 all-reduces per token of a forward (every all-reduce in a forward is [N, ...] for its N
+    tokens or N x k routed rows), from the last forward that ran."""
+
+    def __init__(self, llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.elements, self.tokens = 0, 1
+        executor = llm.engine.runner.executor
+        forward, all_reduce = executor.forward, ParallelGroup.all_reduce
+
+        def counted_forward(inputs):
+            self.elements, self.tokens = 0, len(inputs.input_ids)
+            return forward(inputs)
+
+        def counted_all_reduce(group, tensor):
+            self.elements += tensor.numel()
+            return all_reduce(group, tensor)
+
+        monkeypatch.setattr(executor, "forward", counted_forward)
+        monkeypatch.setattr(ParallelGroup, "all_reduce", counted_all_reduce)
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.elements * 4 / self.tokens  # fp32 activations
+
+
+def _rank_0_footprint(llm: LLM) -> dict[str, float]:
+    """What rank 0 holds: its parameters' bytes, its K/V bytes per token and GDN state bytes per slot."""
+    executor = llm.engine.runner.executor
+    kv = executor.caches.paged["kv"]
+    kv_bytes = sum(t.numel() * t.element_size() for t in kv.k_caches + kv.v_caches)
+    assert executor.caches.state is not None
+    return {
+        "weight_bytes": sum(p.numel() * p.element_size() for p in executor.model.parameters()),
+        "kv_bytes_per_token": kv_bytes / (kv.num_pages * kv.page_size),
+        "state_bytes_per_sequence": executor.caches.state.state_bytes_per_slot(),
+    }
+
+
+def _plan(model_dir: str, case: dict, capsys: pytest.CaptureFixture) -> dict:
+    """`diffuserve plan DIR -tp N [-ep N] --weight-dtype fp32 --kv-cache-dtype fp32 --json`, as printed."""
+    size = str(case["tensor_parallel_size"])
+    expert = ["-ep", size] if case.get("enable_expert_parallel") else []
+    capsys.readouterr()
+    assert (
+        main(["plan", model_dir, "-tp", size, *expert, "--weight-dtype", "fp32", "--kv-cache-dtype", "fp32", "--json"])
+        == 0
+    )
+    return json.loads(capsys.readouterr().out)
+
+
+def _check_the_plan(plan: dict, footprint: dict[str, float], collectives: CollectiveCounter, case: dict) -> None:
+    """Per device, K/V and state bytes exactly, weights within 2 %; the planner's communication term per token
+    equals the bytes the engine's all-reduces move (a ring all-reduce sends 2 (P - 1) / P of them) with tensor
+    parallelism, and bounds them from above with experts whole per rank (it prices an all-to-all dispatch and
+    combine besides the tensor-parallel all-reduces; the engine sums the routed rows in one all-reduce)."""
+    memory, forward = plan["memory_per_device"], plan["decode"]["forward"]
+    assert footprint["kv_bytes_per_token"] == memory["kv_bytes_per_token"]
+    assert footprint["state_bytes_per_sequence"] == memory["state_bytes_per_sequence"]
+    assert footprint["weight_bytes"] == pytest.approx(memory["weight_bytes"], rel=0.02)
+    size = case["tensor_parallel_size"]
+    moved = collectives.bytes_per_token * 2 * (size - 1) / size
+    planned = forward["t_comm"] * plan["hardware"]["interconnect_bytes_per_s"] / forward["tokens"]
+    if case.get("enable_expert_parallel"):
+        assert moved <= planned
+    else:
+        assert moved == pytest.approx(planned, rel=1e-9)
+
+
 def _logprob_values(outputs: list) -> list[float]:
     values = []
     for out in outputs:
@@ -103,7 +174,7 @@ def _logprob_values(outputs: list) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", list(CASES))
-def test_parallel_clover_gives_one_devices_tokens_and_logits(clover_dirs, name):
+def test_parallel_clover_gives_one_devices_tokens_and_logits(clover_dirs, name, capsys, monkeypatch):
     case = CASES[name]
     model_dir, block = str(clover_dirs[case["diffusion"]]), case["block"]
     options = _engine_options(case)
@@ -114,11 +185,13 @@ def test_parallel_clover_gives_one_devices_tokens_and_logits(clover_dirs, name):
         enable_expert_parallel=case.get("enable_expert_parallel", False),
         **options,
     )
+    collectives = CollectiveCounter(parallel, monkeypatch)
     try:
         got, many = _run(parallel, block)
-        stats = parallel.engine.stats()
+        stats, footprint = parallel.engine.stats(), _rank_0_footprint(parallel)
     finally:
         parallel.engine.shutdown()
+    _check_the_plan(_plan(model_dir, case, capsys), footprint, collectives, case)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
     assert len(many.logits) == len(one.logits)
     for step, (a, b) in enumerate(zip(many.logits, one.logits)):
@@ -130,7 +203,7 @@ def test_parallel_clover_gives_one_devices_tokens_and_logits(clover_dirs, name):
     assert stats.state is not None and stats.state.hit_rate > 0, "later prompts should restore state snapshots"
     workers = parallel.engine.runner.executor.runtime.processes
     assert len(workers) == case["tensor_parallel_size"] - 1
-    assert all(not p.is_alive() and p.exitcode == 0 for p in workers)
+    assert [(p.is_alive(), p.exitcode) for p in workers] == [(False, 0)] * len(workers), "workers exit cleanly"
 
 
 @pytest.mark.parametrize(
