@@ -208,15 +208,24 @@ class ModelRunner:
         request = block.work.request
         params = request.params
         rows = logits[block.logit_start : block.logit_start + len(block.positions)]  # [M, V]
-        rows = self._forbid_tokens(request, block.positions, rows)
+        structured = self.structured if params.structured_outputs is not None else None
+        # Unstructured, the mask token keeps its logit: propose counts its mass and never proposes it.
+        rows = self._forbid_tokens(request, block.positions, rows, forbid_mask=structured is not None)
         generator = self._generator(request)
-        if params.structured_outputs is not None and self.structured is not None:
-            proposal, written = self.structured.decode(request, rows, block.positions, generator, self.block_length)
+        if structured is not None:
+            proposal, written = structured.decode(request, rows, block.positions, generator, self.block_length)
             return block_write(proposal, torch.tensor(written, dtype=torch.long, device=self.device))
         decoder = DECODERS[params.decoder]
         positions = torch.tensor(block.positions, dtype=torch.long, device=self.device)
         proposal = propose(
-            rows, positions, self.block_length, params, generator, decoder.needs_entropy, params.logprobs
+            rows,
+            positions,
+            self.block_length,
+            params,
+            generator,
+            decoder.needs_entropy,
+            params.logprobs,
+            request.mask_token_id,
         )
         canvas = torch.tensor(request.canvas, device=self.device)  # [B]
         write = decoder.decide(
@@ -224,12 +233,14 @@ class ModelRunner:
         )
         return block_write(proposal, write.nonzero().flatten())
 
-    def _forbid_tokens(self, request: Request, positions: list[int], rows: torch.Tensor) -> torch.Tensor:
+    def _forbid_tokens(
+        self, request: Request, positions: list[int], rows: torch.Tensor, forbid_mask: bool = True
+    ) -> torch.Tensor:
         """rows [M, V]: this block's rows of the step's decode logits, at canvas `positions`, edited in place
-        (no other block or reader shares them): the mask token at -inf everywhere (a position given it would stay
-        masked, and a model that ranks it first, as random weights can, would never finish its block), and
-        below min_tokens the stop ids at -inf too."""
-        if 0 <= request.mask_token_id < rows.shape[-1]:
+        (no other block or reader shares them): the mask token at -inf everywhere unless `forbid_mask` is False
+        (then `propose` keeps it out; a position given it would stay masked, and a model that ranks it first, as
+        random weights can, would never finish its block), and below min_tokens the stop ids at -inf too."""
+        if forbid_mask and 0 <= request.mask_token_id < rows.shape[-1]:
             rows[:, request.mask_token_id] = float("-inf")
         first_generated = request.block_start - request.num_prompt_tokens
         early = [i for i, index in enumerate(positions) if first_generated + index < request.params.min_tokens]
