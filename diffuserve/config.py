@@ -44,10 +44,6 @@ class CacheConfig:
     """Hybrid models with prefix caching: snapshot a sequence's recurrent state every this many KV pages of its
     committed prefix (and at the last page boundary of its prompt), so a later request sharing the prefix
     restores it."""
-    recurrent_state: str = "keep"
-    """Hybrid models: keep (a state pool; each step advances the state over its new tokens only). Baselines of
-    `bench compare`: recompute (no cache: each step recomputes every request's committed prefix) and rescan (K/V
-    cached, but each step rebuilds the GDN state by scanning the prefix's kept projections; no prefix snapshots)."""
     gpu_memory_utilization: float = 0.9
     """Fraction of GPU memory the engine may use (weights + activations + KV cache) when no budget is given."""
     enable_prefix_caching: bool = True
@@ -69,8 +65,6 @@ class CacheConfig:
         _positive("state_cache_memory", self.state_cache_memory)
         _positive("state_snapshot_interval", self.state_snapshot_interval, allow_none=False)
         _positive("expert_cache_memory", self.expert_cache_memory)
-        if self.recurrent_state not in ("keep", "recompute", "rescan"):
-            raise ValueError(f"recurrent_state: must be keep, recompute or rescan, got {self.recurrent_state!r}")
         if self.expert_residency not in ("block", "step"):
             raise ValueError(f"expert_residency: must be block or step, got {self.expert_residency!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -129,6 +123,11 @@ class EngineConfig:
     """Hybrid models (Gated DeltaNet layers): what runs the causal GDN conv and delta rule. auto: the CUDA kernels
     of flash-linear-attention and causal-conv1d on a CUDA device where they are installed (the cuda-kernels
     extra), torch otherwise; torch: ours everywhere; fla: the kernels, an error where they cannot run."""
+    attention_backend: str = "auto"
+    """What computes the paged attention of a step (model/layers/attention_backends). auto: flashinfer on a CUDA
+    device where FlashInfer is installed (the cuda-kernels extra) and the dtype is float16 / bfloat16, batched
+    otherwise; loop: one SDPA per sequence (the reference); batched: the step's sequences in a few padded SDPA
+    calls; flashinfer: FlashInfer's varlen paged kernel, an error where it cannot run."""
     enforce_eager: bool | None = None
     """Run the model forward eagerly instead of through torch.compile (vLLM's flag). Default: compiled on CUDA
     (CUDA graphs), eager on CPU, where compiling took about 2 minutes and ran fp32 slower (docs/benchmarks.md);
@@ -150,6 +149,10 @@ class EngineConfig:
             raise ValueError(f"moe_backend: must be auto, loop, bmm or grouped_mm, got {self.moe_backend!r}")
         if self.gdn_backend not in ("auto", "torch", "fla"):
             raise ValueError(f"gdn_backend: must be auto, torch or fla, got {self.gdn_backend!r}")
+        if self.attention_backend not in ("auto", "loop", "batched", "flashinfer"):
+            raise ValueError(
+                f"attention_backend: must be auto, loop, batched or flashinfer, got {self.attention_backend!r}"
+            )
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:

@@ -13,7 +13,7 @@ import argparse
 import os
 from pathlib import Path
 
-from diffuserve.default_model import resolve_model as resolve_default
+from diffuserve.default_model import DEFAULT_MODEL_DIR
 
 ALLOW_PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken")
 """What a model directory needs: config/generation/tokenizer JSON, weights, sentencepiece or BPE files and
@@ -45,14 +45,25 @@ def looks_like_hub_id(model: str) -> bool:
 
 
 def resolve_model(model: str | None, revision: str | None = None, download_dir: str | None = None) -> str:
-    """A local model directory for `model`: itself if it is a path, the bundled model if None, else the Hub
-    snapshot of that id (downloaded unless HF_HUB_OFFLINE is set). ValueError with the fix otherwise."""
-    if model is None or not looks_like_hub_id(model):
-        if revision is not None:
-            target = model or "the bundled model"
-            raise ValueError(f"revision: only applies to Hub model ids (Org/Name), not to {target}; remove it")
-        return resolve_default(model)
-    return download(model, revision, download_dir)
+    """The one place a model argument becomes a local model directory: itself if it is a path, the bundled model
+    if None (or empty), else the Hub snapshot of that id (downloaded unless HF_HUB_OFFLINE is set). ValueError
+    with the fix otherwise."""
+    if model and looks_like_hub_id(model):
+        return download(model, revision, download_dir)
+    if revision is not None:
+        target = model or "the bundled model"
+        raise ValueError(f"revision: only applies to Hub model ids (Org/Name), not to {target}; remove it")
+    return model or bundled_model_dir()
+
+
+def bundled_model_dir() -> str:
+    """The bundled default model's directory; ValueError if the package was installed without it."""
+    if not (DEFAULT_MODEL_DIR / "config.json").is_file():
+        raise ValueError(
+            f"model: none given and the bundled default model is missing at {DEFAULT_MODEL_DIR}; "
+            "pass a model directory (or rebuild it with scripts/train_tiny_model.py)"
+        )
+    return str(DEFAULT_MODEL_DIR)
 
 
 def download(repo_id: str, revision: str | None, download_dir: str | None) -> str:

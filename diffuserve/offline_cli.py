@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
 from diffuserve.hub import add_hub_arguments, resolve_model
@@ -50,15 +50,13 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_params_from_args(args)
     prompts = [sys.stdin.read() if p == "-" else p for p in args.prompts]
     llm = build_llm(args)
-    inputs: list[str] | list[dict[str, Any]]
     if args.chat:
-        tokenizer = llm.engine.tokenizer
-        if tokenizer is None:
+        if llm.engine.tokenizer is None:
             raise ValueError("--chat: this model directory has no tokenizer")
-        inputs = [{"prompt_token_ids": tokenizer.encode_chat([{"role": "user", "content": p}])} for p in prompts]
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
     else:
-        inputs = list(prompts)
-    for prompt, out in zip(prompts, llm.generate(inputs, params)):
+        outputs = llm.generate(prompts, params)
+    for prompt, out in zip(prompts, outputs):
         completion = out.outputs[0]
         if args.json:
             print(

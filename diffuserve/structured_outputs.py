@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from diffuserve.engine.errors import RequestError
+from diffuserve.errors import RequestError
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 

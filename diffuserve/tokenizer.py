@@ -1,12 +1,12 @@
 """The model directory's tokenizer and chat template (via transformers' AutoTokenizer, offline, never running the
 checkpoint's own code).
 
-Owns text <-> token ids, chat formatting, and what the tokenizer says about its special tokens: which ids are
-special, which of them the chat template itself emits, how to encode text that merely spells a special token as
-plain text (what transformers' `split_special_tokens` does), and a lower bound on the token count of a text from
-its length alone (`min_num_tokens`), so that a server can refuse a prompt that cannot fit without tokenizing it.
-Knows nothing of the engine. Special tokens of the chat template are already in the rendered text, so chat
-prompts are encoded without adding them again (vLLM's convention).
+Owns text <-> token ids, rendering the chat template, and what the tokenizer says about its special tokens: which
+ids are special, which of them the chat template itself emits, how to encode text that merely spells a special
+token as plain text (what transformers' `split_special_tokens` does), and a lower bound on the token count of a
+text from its length alone (`min_num_tokens`), so that a server can refuse a prompt that cannot fit without
+tokenizing it. Knows nothing of the engine. A conversation's prompt ids are `chat_prompt.py`'s (it uses these
+pieces).
 
 Thread safety: every method only reads the tokenizer (transformers changes the Rust tokenizer's settings only
 when asked for truncation, padding or `split_special_tokens`, which nothing here does; plain-text encoding uses a
@@ -22,6 +22,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
 
+from diffuserve.errors import RequestError
 from diffuserve.tokenizer_bounds import chars_per_token_bound
 
 DEFUSED_CHAR = "\ue000"
@@ -97,9 +98,6 @@ class Tokenizer:
         )
         return cast(str, rendered)
 
-    def encode_chat(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> list[int]:
-        return self.encode(self.apply_chat_template(messages, **template_kwargs), add_special_tokens=False)
-
     # ---- special tokens ------------------------------------------------------------------------------------
     @cached_property
     def special_ids(self) -> frozenset[int]:
@@ -117,10 +115,10 @@ class Tokenizer:
         found: set[int] = set()
         for conversation in PROBE_CONVERSATIONS:
             try:
-                found |= set(self.encode_chat(conversation)) & self.special_ids
+                found |= set(self.encode(self.apply_chat_template(conversation), add_special_tokens=False))
             except Exception:  # a template may refuse a probe (roles, alternation): try the next one
                 continue
-        return frozenset(found)
+        return frozenset(found & self.special_ids)
 
     @cached_property
     def _special_pattern(self) -> re.Pattern[str] | None:
@@ -157,12 +155,13 @@ class Tokenizer:
         stay special, spelled ones are plain text. `reference` is the same conversation rendered with its
         contents `defuse`d, so a special token is the template's iff the two renderings agree on its span; the
         text between two of the template's special tokens is encoded as one plain-text piece (as transformers
-        encodes the pieces between special tokens). ValueError if the template does not copy contents verbatim
+        encodes the pieces between special tokens). RequestError if the template does not copy contents verbatim
         (the renderings differ in length): then the spans cannot be told apart."""
         if len(rendered) != len(reference):
-            raise ValueError(
-                "messages: a message spells a special token and this model's chat template changes "
-                "message text, so it cannot be encoded as plain text; remove the special token"
+            raise RequestError(
+                "messages",
+                "a message spells a special token and this model's chat template changes "
+                "message text, so it cannot be encoded as plain text; remove the special token",
             )
         encoding = self.hf(rendered, add_special_tokens=False, return_offsets_mapping=True)
         ids: list[int] = []

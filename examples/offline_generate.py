@@ -6,17 +6,16 @@ python examples/offline_generate.py [MODEL_DIR]
 import sys
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.default_model import resolve_model
+from diffuserve.hub import resolve_model
 
 llm = LLM(resolve_model(sys.argv[1] if len(sys.argv) > 1 else None))
 
 # Several prompts run through one engine concurrently; each completion reports its forwards (NFE) and
 # tokens per forward (TPF): block diffusion accepts several tokens per forward when the model is confident.
 conversations = [[{"role": "user", "content": q}] for q in ("What is 48+35?", "Reverse: 3 1 4 1 5")]
-prompts = [{"prompt_token_ids": llm.engine.tokenizer.encode_chat(c)} for c in conversations]
 for threshold in (0.95, 0.7):
     params = SamplingParams(max_tokens=64, decoder="threshold", threshold=threshold)
-    for conversation, out in zip(conversations, llm.generate(prompts, params)):
+    for conversation, out in zip(conversations, llm.chat(conversations, params)):
         completion = out.outputs[0]
         print(
             f"threshold {threshold}: {conversation[0]['content']!r} -> {completion.text!r} "

@@ -15,6 +15,10 @@
 #        scripts/gpu_check.sh --compiled [--device cpu]
 #   --compiled  the engine compiled as CUDA runs it by default (CUDA graphs, bucketed steps) vs eager on a random
 #               sdar-moe-bench in bf16: compile time, recompiles, tokens, decode speed at 1 and 16 requests
+#        scripts/gpu_check.sh --attention [--device cpu]
+#   --attention the attention backends (issue 23): loop vs batched vs FlashInfer (pip install -e '.[cuda-kernels]'
+#               first) on random steps of every runner shape (max diff), their time at 1 / 16 / 64 sequences, and
+#               the engine's greedy tokens with each on a random sdar-moe-bench in bf16
 # Output: the log and the JSON summary in $OUT (or /tmp/diffuserve-gpu-check), the JSON also as the last line.
 set -euo pipefail
 
@@ -37,6 +41,9 @@ elif [[ "${1:-}" == "--gdn-kernels" ]]; then
     shift
 elif [[ "${1:-}" == "--compiled" ]]; then
     SCRIPT=gpu_check_compiled
+    shift
+elif [[ "${1:-}" == "--attention" ]]; then
+    SCRIPT=gpu_check_attention
     shift
 fi
 if [[ " $* " != *" --dry-run "* && " $* " != *" --reduced "* && " $* " != *" cpu "* ]]; then

@@ -43,6 +43,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "compare": benchmarks_compare.compare,
     "compare-quiet": benchmarks_compare.compare_quiet,
     "compare-hybrid": benchmarks_compare.compare_hybrid,
+    "attention-backends": benchmarks_compare.attention_backends,
     "throughput": benchmarks_serving.throughput,
     "calibration": benchmarks_serving.calibration,
     "compare-batch1": benchmarks_batch1.compare_batch1,

@@ -43,11 +43,8 @@ ANSWER_SCHEMA = {
 
 
 def run(llm: LLM, examples: list[Example], specs: list[StructuredOutputsParams | None], unwrap: bool) -> dict:
-    prompts = [
-        {"prompt_token_ids": llm.engine.tokenizer.encode_chat([{"role": "user", "content": e.prompt}])}
-        for e in examples
-    ]
-    outs = llm.generate(prompts, [SamplingParams(max_tokens=32, structured_outputs=s) for s in specs])
+    conversations = [[{"role": "user", "content": e.prompt}] for e in examples]
+    outs = llm.chat(conversations, [SamplingParams(max_tokens=32, structured_outputs=s) for s in specs])
     texts = [o.outputs[0].text for o in outs]
     replies = [_answer(t) for t in texts] if unwrap else texts
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from diffuserve import LLM, EngineConfig, SamplingParams
-from diffuserve.engine.errors import ContextLengthExceeded, DuplicateRequestId, InvalidTokenIds, RequestError
+from diffuserve.errors import ContextLengthExceeded, DuplicateRequestId, InvalidTokenIds, RequestError
 
 
 def _edit_config(src, dst, **changes):

@@ -1,5 +1,5 @@
 """The package's import graph, read from the source with `ast` (every import counts, lazy and TYPE_CHECKING ones
-included): no import cycle runs through modules of different packages, and the packages keep their boundaries
+included): no import cycle at all (across packages or inside one), and the packages keep their boundaries
 (`diffuserve.distributed` knows process groups and channels only, never the engine or the model)."""
 
 from __future__ import annotations
@@ -106,6 +106,12 @@ def test_the_graph_sees_lazy_imports():
 def test_no_import_cycle_crosses_packages():
     crossing = [sorted(c) for c in strongly_connected(import_graph()) if len({_package(m) for m in c}) > 1]
     assert crossing == [], f"import cycles through several packages: {crossing}"
+
+
+def test_no_import_cycle_inside_a_package():
+    """Not even between two modules of one package: a module's dependencies form a tree a reader can follow."""
+    cycles = [sorted(c) for c in strongly_connected(import_graph()) if len(c) > 1]
+    assert cycles == [], f"import cycles: {cycles}"
 
 
 BOUNDARIES = [  # (package, packages it must never import), from docs/architecture.md

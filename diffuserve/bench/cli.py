@@ -77,6 +77,12 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         help="how MoE layers compute their experts (default: auto; loop = the reference path)",
     )
     model.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=("auto", "loop", "batched", "flashinfer"),
+        help="what computes paged attention (default: auto; loop = one SDPA per sequence, the reference)",
+    )
+    model.add_argument(
         "--enforce-eager",
         default=None,
         nargs="?",
@@ -160,6 +166,7 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
             "separate-commit",
             "ar",
             "engine-batched",
+            "attention-loop",
             "recompute-state",
             "gdn-rescan",
         ),
@@ -169,7 +176,8 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
         "baseline (block length 1), (e) engine-batched: the engine given all --num-prompts at "
         "once, (f) recompute-state: hybrid models recomputing the whole prefix every step (no cache), "
         "(g) gdn-rescan: hybrid models with K/V cached but the GDN state rebuilt every step by scanning the "
-        "prefix's kept projections; default: a, a0, b, b2, c, d",
+        "prefix's kept projections, (h) attention-loop: engine-batched with --attention-backend loop (one SDPA "
+        "per sequence: the attention before issue 23); default: a, a0, b, b2, c, d",
     )
 
 

@@ -9,18 +9,22 @@
   (d)  ar               the same model decoded autoregressively (block length 1): the AR baseline
   (e)  engine-batched   (only when asked) the engine given all --num-prompts prompts at once
   (f)  recompute-state  hybrid models (GDN layers): diffuserve recomputing every request's committed prefix each
-                        step through the whole model, with no cache at all (--recurrent-state recompute)
+                        step through the whole model, with no cache at all (bench/baselines/recompute.py)
   (g)  gdn-rescan       hybrid models: diffuserve with its K/V pages cached as usual but no GDN state carried
                         between steps: every step rebuilds it by scanning the committed prefix's kept
-                        projections (--recurrent-state rescan; model/layers/gdn_rescan)
+                        projections (bench/baselines/rescan.py)
+  (h)  attention-loop   (only when asked) engine-batched with --attention-backend loop: one SDPA per sequence in
+                        every layer, the attention before issue 23 (engine-batched_vs_attention-loop: the gain of
+                        the batched attention backend at --num-prompts concurrent sequences)
 
 For a hybrid model (clover_moe) the reference (b) is the naive clover_moe decode of diffuserve/testing (prefix
 recomputed causally every step, then the block previewed), since transformers has no block-diffusion GDN.
 
-Every other variant decodes each prompt alone (batch 1), so the ratios isolate the decoding method; (e) shows
-what batching adds over the one-at-a-time peers. tokens/s = generated tokens / wall time, prefill included (for
-the engine variants the median of interleaved rounds). At temperature 0, (a), (a0), (b), (b2), (c), (e), (f) and
-(g) must give identical tokens: the run checks it and exits 1 if not. Knows nothing of CLI parsing.
+Every other variant than (e) and (h) decodes each prompt alone (batch 1), so the ratios isolate the decoding
+method; (e) shows what batching adds over the one-at-a-time peers. tokens/s = generated tokens / wall time,
+prefill included (for the engine variants the median of interleaved rounds). At temperature 0, (a), (a0), (b),
+(b2), (c), (e), (f), (g) and (h) must give identical tokens: the run checks it and exits 1 if not. Knows nothing
+of CLI parsing.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ if TYPE_CHECKING:
 VARIANT_ORDER = (
     "engine",
     "engine-batched",
+    "attention-loop",
     "baseline",
     "reference",
     "transformers-kv",
@@ -59,10 +64,20 @@ VARIANT_ORDER = (
     "recompute-state",
     "gdn-rescan",
 )
-ENGINE_VARIANTS = ("engine", "engine-batched", "baseline", "separate-commit", "recompute-state", "gdn-rescan")
+ENGINE_VARIANTS = (
+    "engine",
+    "engine-batched",
+    "attention-loop",
+    "baseline",
+    "separate-commit",
+    "recompute-state",
+    "gdn-rescan",
+)
 SAME_TOKENS = (
     "engine",
     "engine-batched",
+    "attention-loop",
+    "attention-loop",
     "baseline",
     "reference",
     "transformers-kv",
@@ -70,8 +85,10 @@ SAME_TOKENS = (
     "recompute-state",
     "gdn-rescan",
 )
-RECURRENT_STATE = {"recompute-state": "recompute", "gdn-rescan": "rescan"}
-"""The hybrid-model baselines: variant -> --recurrent-state."""
+BASELINE_RUNNERS = {"recompute-state": "recompute", "gdn-rescan": "rescan"}
+"""The hybrid-model baselines: variant -> its runner (bench/baselines)."""
+ALL_AT_ONCE = ("engine-batched", "attention-loop")
+"""The variants given every prompt at once (the others decode each prompt alone)."""
 TARGETS = (
     (32, "engine", "reference", 5.0),
     (4, "engine", "separate-commit", 1.15),
@@ -128,17 +145,18 @@ def engine_variant(
     ctx: BenchContext, ns: argparse.Namespace, block: int, params: SamplingParams, name: str = "engine"
 ) -> EngineVariant:
     """A fresh engine (no prefix cache: repetitions must recompute the prompt as the reference does; one
-    sequence, except engine-batched), warmed up by one request of two blocks on a prompt that is not measured
-    (and, for a compiled forward, by every step shape the measured runs will see: the warm-up's compile is
-    reported, never timed)."""
-    batched = name == "engine-batched"
+    sequence, except engine-batched and attention-loop), warmed up by one request of two blocks on a prompt that
+    is not measured (and, for a compiled forward, by every step shape the measured runs will see: the warm-up's
+    compile is reported, never timed)."""
+    batched = name in ALL_AT_ONCE
     options: dict[str, Any] = {"moe_backend": "loop", "enforce_eager": True} if name == "baseline" else {}
-    if name in RECURRENT_STATE:
-        options["recurrent_state"] = RECURRENT_STATE[name]
+    if name == "attention-loop":
+        options["attention_backend"] = "loop"
     engine = ctx.engine(
         block,
         ns.num_prompts if batched else 1,
         max_model_len(ns.prompt_tokens, ns.output_tokens, block),
+        BASELINE_RUNNERS.get(name),
         fused_commit=name != "separate-commit",
         enable_prefix_caching=False,
         **options,
@@ -312,6 +330,10 @@ def run(ns: argparse.Namespace) -> int:
     ar = engine_variant(ctx, ns, 1, params) if "ar" in ns.variants else None
     results = [compare_block(ctx, ns, block, prompts, params, ar) for block in ns.block_lengths]
     print(table(results))
+    for r in results:
+        if "engine-batched_vs_attention-loop" in r["ratios"]:
+            ratio = r["ratios"]["engine-batched_vs_attention-loop"]
+            print(f"block {r['block_length']}: engine-batched {ratio:.2f}x attention-loop, {ns.num_prompts} sequences")
     for t in targets(results):
         print(
             f"block {t['block_length']}: {t['variant']} {t['ratio']:.2f}x {t['versus']} (target >= {t['minimum']}x): "

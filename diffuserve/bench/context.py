@@ -15,13 +15,14 @@ from typing import Any
 
 import torch
 
+from diffuserve.bench.baselines.engines import baseline_engine
 from diffuserve.bench.environment import environment
 from diffuserve.bench.flops import ModelCost, model_cost
 from diffuserve.bench.probes import MachineRates, measure_machine
 from diffuserve.bench.workload import BenchModel, prepare_model, random_prompts
 from diffuserve.config import EngineConfig
+from diffuserve.engine.cache.allocation import resolve_page_size
 from diffuserve.engine.engine_setup import GENERATION_KEYS, resolve_device
-from diffuserve.engine.kv_cache import resolve_page_size
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.loader import load_args, read_model_config, resolve_dtype
@@ -44,11 +45,14 @@ class BenchContext:
     """The model's generation_config.json decoding knobs (what a request that sets none gets)."""
     probe_seconds: float
     engine_options: dict[str, Any]
-    """--moe-backend and --enforce-eager, given to every engine unless a variant overrides them."""
+    """--moe-backend, --attention-backend and --enforce-eager, given to every engine unless a variant overrides them."""
 
-    def engine(self, block_length: int, max_num_seqs: int, max_model_len: int, **options: Any) -> LLMEngine:
+    def engine(
+        self, block_length: int, max_num_seqs: int, max_model_len: int, baseline: str | None = None, **options: Any
+    ) -> LLMEngine:
         """A fresh engine on the benchmark model, its KV cache holding max_num_seqs whole sequences of
-        max_model_len (so no run is ever preempted: preemption is not what these benchmarks measure)."""
+        max_model_len (so no run is ever preempted: preemption is not what these benchmarks measure);
+        `baseline`: one of bench/baselines' runners instead of the serving one."""
         page_size = resolve_page_size(None, block_length)
         num_pages = max_num_seqs * -(-(max_model_len + block_length) // page_size)
         config = EngineConfig.from_kwargs(
@@ -62,7 +66,7 @@ class BenchContext:
             num_pages=num_pages,
             **({"expert_stats": True} | self.engine_options | options),
         )
-        return LLMEngine(config)
+        return LLMEngine(config) if baseline is None else baseline_engine(config, baseline)
 
     def measure_rates(self) -> MachineRates:
         """The probes again (run right before and after each measured run, so that its efficiency is taken
@@ -109,6 +113,7 @@ def make_context(ns: argparse.Namespace) -> BenchContext:
         probe_seconds=ns.probe_seconds,
         engine_options={
             "moe_backend": getattr(ns, "moe_backend", "auto"),
+            "attention_backend": getattr(ns, "attention_backend", "auto"),
             "enforce_eager": getattr(ns, "enforce_eager", None),
         },
     )

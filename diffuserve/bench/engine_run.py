@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from diffuserve.engine.llm_engine import LLMEngine
-from diffuserve.engine.output_processor import RequestOutput
+from diffuserve.engine.outputs import RequestOutput
 from diffuserve.model.layers.attention import PagedAttentionInputs
 from diffuserve.sampling_params import SamplingParams
 

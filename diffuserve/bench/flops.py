@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diffuserve.model.clover_moe_config import hybrid_args, state_bytes_per_sequence
+from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.registry import cache_layout
 from diffuserve.planner.recurrent_state import RECURRENT_FLOPS_PER_STATE_ELEMENT
+
+ITEMSIZE_DTYPES = {4: "fp32", 2: "bf16", 1: "fp8"}
+"""Cache dtype names (model/shapes.py) by bytes per element."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +118,8 @@ def model_cost(args: ModelArgs, weight_itemsize: int, kv_itemsize: int) -> Model
         dense_weight_bytes=float(dense_params * weight_itemsize),
         expert_weight_bytes=float(expert_macs * weight_itemsize),
         num_moe_layers=num_moe,
-        kv_bytes_per_token=float(2 * num_attention * args.num_kv_heads * d * kv_itemsize),
-        state_bytes_per_seq=float(state_bytes_per_sequence(args, weight_itemsize) if hybrid else 0),
+        kv_bytes_per_token=float(cache_layout(args, ITEMSIZE_DTYPES[kv_itemsize]).kv_bytes_per_token()),
+        state_bytes_per_seq=float(cache_layout(args, ITEMSIZE_DTYPES[weight_itemsize]).state_bytes_per_sequence()),
         gdn_weight_bytes=float(gdn_params * weight_itemsize),
         gdn_flops_per_token=2.0 * (gdn_params + delta_rule_macs),
     )

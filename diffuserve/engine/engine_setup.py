@@ -7,6 +7,7 @@ hands it to the processes it spawns; under torchrun, ranks > 0 reach it through 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -19,15 +20,12 @@ from diffuserve.distributed.group import ParallelGroup, launched_by_torchrun, ra
 from diffuserve.distributed.launcher import ParallelRuntime, start_parallel
 from diffuserve.distributed.step_channel import StepChannel
 from diffuserve.distributed.worker import run_torchrun_worker
+from diffuserve.engine.block_decoding import BlockDecoding
+from diffuserve.engine.cache.manager import CacheManager
 from diffuserve.engine.executor import ModelExecutor
-from diffuserve.engine.hybrid_runner import HybridRunner
-from diffuserve.engine.kv_pages import PagePool
+from diffuserve.engine.grammar_decoding import StructuredDecoding
 from diffuserve.engine.model_runner import ModelRunner
-from diffuserve.engine.recompute_runner import RecomputeRunner, check_recompute_config
-from diffuserve.engine.rescan_runner import RescanRunner
 from diffuserve.engine.scheduler import Scheduler
-from diffuserve.engine.state_scheduling import StateSlots
-from diffuserve.engine.state_slots import StatePool
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.loader import load_args, read_model_config
 from diffuserve.model.registry import ModelFamily
@@ -54,9 +52,7 @@ class EngineComponents:
     tokenizer: Tokenizer | None
     runner: ModelRunner
     scheduler: Scheduler
-    pool: PagePool
-    state_pool: StatePool | None
-    """Hybrid models: the recurrent-state slots (None for models without GDN layers)."""
+    cache: CacheManager
     max_model_len: int
     generation_defaults: dict[str, Any]
     steps_capped_by_max_tokens: bool
@@ -83,17 +79,23 @@ def resolve_max_model_len(requested: int | None, args: ModelArgs) -> int:
     return requested
 
 
-def resolve_model(config: EngineConfig) -> tuple[ModelFamily, ModelArgs, int]:
+def load_model_args(config: EngineConfig) -> tuple[ModelFamily, ModelArgs, int]:
     """(family, args with the configured block length, max_model_len): what every rank derives alike."""
     family, args = load_args(config.model)
     args = args.replace(block_length=config.block_length or args.block_length)
     return family, args, resolve_max_model_len(config.max_model_len, args)
 
 
-def build_components(config: EngineConfig) -> EngineComponents:
-    family, args, max_model_len = resolve_model(config)
-    if family.has_recurrent_state:
-        check_recompute_config(config)
+RunnerFactory = Callable[[ModelExecutor, BlockDecoding, int], ModelRunner]
+"""(executor, block decoding, max_model_len) -> the model runner (a benchmark baseline's, bench/baselines)."""
+
+
+def serving_runner(config: EngineConfig) -> RunnerFactory:
+    return lambda executor, decoding, max_model_len: ModelRunner(executor, decoding, bool(config.expert_stats))
+
+
+def build_components(config: EngineConfig, make_runner: RunnerFactory | None = None) -> EngineComponents:
+    family, args, max_model_len = load_model_args(config)
     sched = config.scheduler
     if sched.max_num_batched_tokens < args.block_length:
         raise ValueError(
@@ -101,51 +103,22 @@ def build_components(config: EngineConfig) -> EngineComponents:
             f"raise it to at least {2 * args.block_length}"
         )
     executor = _build_executor(config, args, max_model_len)
-    recompute = family.has_recurrent_state and config.cache.recurrent_state == "recompute"
-    # Recompute keeps nothing between steps, so no page may be reused from the prefix cache either.
-    pool = PagePool(executor.num_pages, executor.page_size, config.cache.enable_prefix_caching and not recompute)
-    state_pool, state = _state_slots(config, executor) if family.has_recurrent_state and not recompute else (None, None)
+    cache = CacheManager.build(executor.sizes, config.cache, sched.max_num_batched_tokens)
     scheduler = Scheduler(
-        pool, sched.max_num_seqs, sched.max_num_batched_tokens, args.block_length, sched.fused_commit, state
+        cache, sched.max_num_seqs, sched.max_num_batched_tokens, args.block_length, sched.fused_commit
     )
-    runner = _runner(config, executor, family.has_recurrent_state, args.block_length, max_model_len)
+    tokenizer = _tokenizer(config.model)
+    structured = (
+        StructuredDecoding(tokenizer, args.vocab_size, list(args.eos_token_ids)) if tokenizer is not None else None
+    )
+    decoding = BlockDecoding(args.block_length, executor.device, config.seed, structured)
+    runner = (make_runner or serving_runner(config))(executor, decoding, max_model_len)
     _, generation = read_model_config(config.model)
     from_file = {k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None}
     defaults = {**family.decoding_defaults, **from_file}
     return EngineComponents(
-        args,
-        _tokenizer(config.model),
-        runner,
-        scheduler,
-        pool,
-        state_pool,
-        max_model_len,
-        defaults,
-        family.steps_capped_by_max_tokens,
+        args, tokenizer, runner, scheduler, cache, max_model_len, defaults, family.steps_capped_by_max_tokens
     )
-
-
-def _runner(
-    config: EngineConfig, executor: ModelExecutor, hybrid: bool, block_length: int, max_model_len: int
-) -> ModelRunner:
-    """The model runner of the family and, for hybrid models, of --recurrent-state."""
-    mode = config.cache.recurrent_state if hybrid else None
-    stats = bool(config.expert_stats)
-    if mode == "rescan":  # the history covers the last block, which may reach past max_model_len
-        return RescanRunner(executor, block_length, max_model_len + block_length, config.seed, stats)
-    runner_cls = {None: ModelRunner, "keep": HybridRunner, "recompute": RecomputeRunner}[mode]
-    return runner_cls(executor, block_length, config.seed, stats)
-
-
-def _state_slots(config: EngineConfig, executor: ModelExecutor) -> tuple[StatePool, StateSlots]:
-    """The slot pool over the executor's state cache (slot_bytes: what one slot holds in the cache)."""
-    cache = executor.state_cache
-    assert cache is not None, "a model with recurrent state gets a state cache"
-    slot_bytes = cache.state_bytes_per_slot() + cache.last_hidden[0].numel() * cache.last_hidden.element_size()
-    # A rescan snapshot would need the prefix's kept projections too: the baseline takes none (rescan_runner).
-    snapshots = config.cache.enable_prefix_caching and config.cache.recurrent_state == "keep"
-    pool = StatePool(cache.num_slots, slot_bytes, snapshots)
-    return pool, StateSlots(pool, executor.page_size, config.cache.state_snapshot_interval)
 
 
 def serve_worker_rank(config: EngineConfig, group: ParallelGroup, device: torch.device) -> None:
@@ -155,7 +128,7 @@ def serve_worker_rank(config: EngineConfig, group: ParallelGroup, device: torch.
 
 
 def worker_executor(config: EngineConfig, group: ParallelGroup, device: torch.device) -> ModelExecutor:
-    _, args, max_model_len = resolve_model(config)
+    _, args, max_model_len = load_model_args(config)
     return ModelExecutor.build(config, args, max_model_len, ParallelRuntime(group, StepChannel(group)), device)
 
 

@@ -1,5 +1,5 @@
-"""ModelExecutor: one rank's part of the model and everything its forward needs (the model shard, the KV cache of
-its KV heads, the recurrent-state pool of a hybrid model, expert offload), and the forward itself. Every rank
+"""ModelExecutor: one rank's part of the model and everything its forward needs (the model shard, its heads of
+every cache kind the model's layout declares, expert offload), and the forward itself. Every rank
 runs this same class: rank 0's executor is called by the model runner and first sends the step's inputs to the
 other ranks; a worker rank's executor sits in `loop()`, running each forward rank 0 sends until told to stop.
 Knows nothing of requests, decoders or scheduling; the inputs are plain picklable tensors built by the model
@@ -8,7 +8,6 @@ runner on rank 0. Also owns whether the forward runs compiled (`CompiledForward`
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -19,22 +18,30 @@ import torch
 import torch.nn.functional as F
 
 from diffuserve.config import EngineConfig
-from diffuserve.distributed.group import agree_min
 from diffuserve.distributed.launcher import ParallelRuntime
+from diffuserve.engine.cache.allocation import (
+    CacheRequest,
+    CacheTensors,
+    allocate_caches,
+    dtype_name,
+    resolve_page_size,
+)
+from diffuserve.engine.cache.manager import CacheSizes
 from diffuserve.engine.experts import ExpertOffload
-from diffuserve.engine.kv_cache import allocate_kv_cache, num_pages_for, resolve_page_size, spec_for
-from diffuserve.engine.state_cache import StateCache, StateCacheSpec, has_recurrent_state, num_slots_for
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.interface import DiffusionModel
-from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice
+from diffuserve.model.layers.attention_backends.selection import set_attention_backend
 from diffuserve.model.layers.gated_deltanet import set_gdn_backend
-from diffuserve.model.layers.gdn_rescan import GdnRescan
-from diffuserve.model.layers.gdn_step import RecurrentStepInputs, RowGroup
 from diffuserve.model.layers.moe.layer import set_moe_backend
 from diffuserve.model.layers.moe.offload_context import OffloadContext, offload_context
 from diffuserve.model.loader import load_model
+from diffuserve.model.registry import cache_layout
 
 logger = logging.getLogger(__name__)
+
+
+def model_dtype(model: DiffusionModel) -> torch.dtype:
+    return next(model.parameters()).dtype
 
 
 def should_compile(enforce_eager: bool | None, device: torch.device) -> bool:
@@ -94,78 +101,50 @@ class CompiledForward:
 
 
 @dataclass(frozen=True)
-class StatePlan:
-    """A step's recurrent-state work (hybrid models; see model/layers/gdn_step). Built by the model runner."""
-
-    commits: tuple[RowGroup, ...]
-    blocks: RowGroup | None
-    preview: bool
-    reset: torch.Tensor
-    """[S] slots set to the empty prefix's state before the forward (sequences starting at position 0)."""
-    restore: tuple[torch.Tensor, torch.Tensor] | None
-    """(snapshot slots, sequence slots): prefix-cache hits copied in before the forward."""
-    last_rows: torch.Tensor
-    """[S] the batch row of each committing sequence's last commit token ..."""
-    last_slots: torch.Tensor
-    """[S] ... and its slot: that row's final hidden state is kept as the slot's `last_hidden`."""
-    rescan: GdnRescan | None = None
-    """`--recurrent-state rescan` only: the kept projections the GDN layers rebuild the state from."""
-
-
-@dataclass(frozen=True)
 class ForwardInputs:
     input_ids: torch.Tensor
     """[N] the step's query tokens, requests one after another (see model_runner)."""
     positions: torch.Tensor
     """[N] their absolute positions."""
-    slot_mapping: torch.Tensor
-    """[N] the KV-cache slot each token's K/V is written to."""
-    sequences: tuple[SequenceSlice, ...]
+    metadata: tuple[Any, ...]
+    """One entry per cache kind, in the order of `CacheTensors.in_order` (engine/cache/metadata.py): the page
+    groups' `PagedStepMetadata`, then the recurrent state's `StatePlan`."""
     offload: OffloadContext | None = None
     """The step's diffusion blocks for expert offload (which decides residency at a block's first step); built
     only when offload is on."""
-    state: StatePlan | None = None
-    """Hybrid models: the GDN layers' slots and row groups (the recompute path refuses several ranks, so this
-    never travels to a worker)."""
 
     def to(self, device: torch.device | str) -> ForwardInputs:
-        sequences = tuple(
-            dataclasses.replace(s, key_slots=s.key_slots.to(device), mask=None if s.mask is None else s.mask.to(device))
-            for s in self.sequences
-        )
         return ForwardInputs(
             self.input_ids.to(device),
             self.positions.to(device),
-            self.slot_mapping.to(device),
-            sequences,
+            tuple(m.to(device) for m in self.metadata),
             self.offload,
-            self.state,
         )
 
 
 class ModelExecutor:
-    """One rank's model part and the state a forward needs. `k_caches` / `v_caches`: per layer
-    [num_pages * page_size, Hkv / tensor_parallel_size, D]. `runtime` is this rank's view of the parallel run (its
-    group and the step channel; on rank 0 also the worker processes)."""
+    """One rank's model part and the caches a forward needs (`caches`: every kind of the model's cache layout,
+    this rank's heads of them). `runtime` is this rank's view of the parallel run (its group and the step
+    channel; on rank 0 also the worker processes)."""
 
     def __init__(
         self,
         model: DiffusionModel,
-        k_caches: list[torch.Tensor],
-        v_caches: list[torch.Tensor],
+        caches: CacheTensors,
+        sizes: CacheSizes,
         offload: ExpertOffload | None,
-        page_size: int,
         device: torch.device,
         runtime: ParallelRuntime | None = None,
-        state_cache: StateCache | None = None,
+        hidden_size: int = 0,
     ) -> None:
         self.model, self.offload = model, offload
-        self.state_cache = state_cache
-        self.k_caches, self.v_caches = k_caches, v_caches
-        self.num_pages, self.page_size = k_caches[0].shape[0] // page_size, page_size
+        self.caches, self.sizes = caches, sizes
+        self._kinds = caches.in_order
+        self.page_size = sizes.page_size
         self.device = device
         self.runtime = runtime or ParallelRuntime()
         self._failure: str | None = None
+        self._no_rows = torch.zeros(0, hidden_size, dtype=model_dtype(model), device=device)
         self.run_model = CompiledForward(model, False, device)
         """The forward a step calls: `model`, or its compiled form (see `build`)."""
 
@@ -173,8 +152,8 @@ class ModelExecutor:
     def build(
         cls, config: EngineConfig, args: ModelArgs, max_model_len: int, runtime: ParallelRuntime, device: torch.device
     ) -> ModelExecutor:
-        """This rank's model part (experts in host memory under offload), expert cache and KV cache. Every rank calls
-        it; the ranks agree on the smallest page count, since rank 0 hands out pages for all of them."""
+        """This rank's model part (experts in host memory under offload), expert cache and caches. Every rank
+        calls it; the ranks agree on the cache sizes, since rank 0 hands out pages and slots for all of them."""
         group, offload = runtime.group, config.cache.expert_offload
         # The RoPE table covers the last block, which may reach past max_model_len.
         args, model = load_model(
@@ -193,25 +172,30 @@ class ModelExecutor:
             if offload
             else None
         )
-        page_size = resolve_page_size(config.cache.page_size, args.block_length)
         sched = config.scheduler
-        dtype = next(model.parameters()).dtype
-        state_cache = None
-        if has_recurrent_state(args) and config.cache.recurrent_state != "recompute":
-            # Allocated before the KV cache: on a GPU the K/V pages take what is left.
-            state_spec = StateCacheSpec(args, dtype)
-            num_slots = num_slots_for(config.cache, state_spec, sched.max_num_seqs)
-            state_cache = StateCache.allocate(state_spec, num_slots, device)
-        spec = spec_for(args, page_size, dtype, group.size)
-        reserve = sched.max_num_batched_tokens * (args.hidden_size * 32 + args.vocab_size * 4)
-        num_pages = num_pages_for(config.cache, spec, device, sched.max_num_seqs, max_model_len, reserve)
-        k_caches, v_caches = allocate_kv_cache(spec, agree_min(group, num_pages), device)
+        layout = cache_layout(args, dtype_name(model_dtype(model)))
+        want = CacheRequest(
+            config.cache,
+            resolve_page_size(config.cache.page_size, args.block_length),
+            sched.max_num_seqs,
+            sched.max_num_batched_tokens,
+            max_model_len,
+            args.hidden_size,
+            sched.max_num_batched_tokens * (args.hidden_size * 32 + args.vocab_size * 4),
+        )
+        caches, sizes = allocate_caches(layout, want, group, device)
         set_moe_backend(model, config.moe_backend)
         set_gdn_backend(model, config.gdn_backend, device)
-        executor = cls(model, k_caches, v_caches, experts, page_size, device, runtime, state_cache)
-        compiled = should_compile(config.enforce_eager, device) and not offload  # offload's hooks stay eager
+        set_attention_backend(model, config.attention_backend, device)
+        executor = cls(model, caches, sizes, experts, device, runtime, args.hidden_size)
+        # Offload's hooks stay eager, and so does the recurrent step, whose row groups are not bucket-padded.
+        compiled = should_compile(config.enforce_eager, device) and not offload and caches.state is None
         executor.run_model = CompiledForward(model, compiled, device)
         return executor
+
+    def carried_rows(self) -> torch.Tensor:
+        """[S, H] the hidden rows kept between steps (each state slot's last committed position), or [0, H]."""
+        return self.caches.state.last_hidden if self.caches.state is not None else self._no_rows
 
     def execute(self, inputs: ForwardInputs) -> torch.Tensor:
         """Rank 0: sends the step to the other ranks, then runs its own forward -> hidden states [N, H].
@@ -230,34 +214,20 @@ class ModelExecutor:
             raise RuntimeError(self._failure) from e
 
     def forward(self, inputs: ForwardInputs) -> torch.Tensor:
-        """This rank's forward -> hidden states [N, H] (the same on every rank after the last all-reduce)."""
-        attention = PagedAttentionInputs(inputs.slot_mapping, inputs.sequences, self.k_caches, self.v_caches)
-        if inputs.state is not None:
-            return self._forward_hybrid(inputs, attention, inputs.state)
+        """This rank's forward -> hidden states [N, H] (the same on every rank after the last all-reduce): each
+        cache kind prepares its tensors (restores, resets), the model runs over all of them, each kind keeps what
+        it carries to later steps."""
+        kinds = list(zip(self._kinds, inputs.metadata, strict=True))
+        for tensors, meta in kinds:
+            tensors.before_forward(meta)
+        bound = [tensors.bind(meta) for tensors, meta in kinds]
         if inputs.offload is None:
-            return self.run_model(inputs.input_ids, inputs.positions, attention)
-        with offload_context(inputs.offload):
-            return self.model(inputs.input_ids, inputs.positions, attention)
-
-    def _forward_hybrid(self, inputs: ForwardInputs, attention: PagedAttentionInputs, plan: StatePlan) -> torch.Tensor:
-        """A hybrid model's step: slots restored or reset, the forward (the GDN layers advance the slots), then
-        each committing sequence's last hidden row kept in its slot."""
-        cache = self.state_cache
-        assert cache is not None, "a state plan for a model without recurrent state"
-        if plan.restore is not None:
-            cache.copy(*plan.restore)
-        if plan.reset.numel():
-            cache.reset(plan.reset)
-        recurrent = RecurrentStepInputs(
-            cache.conv_caches, cache.recurrent_caches, plan.commits, plan.blocks, plan.preview, plan.rescan
-        )
-        if inputs.offload is None:
-            hidden = self.model(inputs.input_ids, inputs.positions, attention, recurrent)
+            hidden = self.run_model(inputs.input_ids, inputs.positions, *bound)
         else:
             with offload_context(inputs.offload):
-                hidden = self.model(inputs.input_ids, inputs.positions, attention, recurrent)
-        if plan.last_rows.numel():
-            cache.last_hidden.index_copy_(0, plan.last_slots, hidden[plan.last_rows])
+                hidden = self.model(inputs.input_ids, inputs.positions, *bound)
+        for tensors, meta in kinds:
+            tensors.after_forward(meta, hidden)
         return hidden
 
     def loop(self) -> None:

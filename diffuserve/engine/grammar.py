@@ -19,7 +19,7 @@ from typing import Any
 import llguidance
 import llguidance.hf
 
-from diffuserve.engine.errors import RequestError
+from diffuserve.errors import RequestError
 from diffuserve.structured_outputs import StructuredOutputsParams
 
 CACHE_SIZE = 256

@@ -6,23 +6,35 @@ Hub id (`diffuserve.hub`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, cast, overload
 
 from tqdm.auto import tqdm
 
+from diffuserve.chat_prompt import chat_token_ids
 from diffuserve.config import EngineConfig
 from diffuserve.engine.llm_engine import LLMEngine
-from diffuserve.engine.output_processor import RequestOutput
+from diffuserve.engine.outputs import RequestOutput
 from diffuserve.hub import resolve_model
 from diffuserve.sampling_params import SamplingParams
-from diffuserve.tool_format import template_messages, template_renders_tools
 
 PromptType = str | list[int] | dict[str, Any]
+Conversation = list[dict[str, Any]]
+"""OpenAI-shaped chat messages."""
 
 
 class LLM:
     def __init__(self, model: str, **kwargs: Any) -> None:
-        self.engine = LLMEngine(EngineConfig.from_kwargs(resolve_model(str(model)), **kwargs))
+        self._attach(LLMEngine(EngineConfig.from_kwargs(resolve_model(str(model)), **kwargs)))
+
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        """The offline API over an engine built elsewhere (a benchmark baseline's, bench/baselines)."""
+        llm = cls.__new__(cls)
+        llm._attach(engine)
+        return llm
+
+    def _attach(self, engine: LLMEngine) -> None:
+        self.engine = engine
         self._counter = 0
 
     def generate(
@@ -65,27 +77,62 @@ class LLM:
                         bar.update(1)
         return [finished[i] for i in ids]
 
+    @overload
     def chat(
         self,
-        messages: list[dict[str, Any]],
-        sampling_params: SamplingParams | None = None,
+        messages: Conversation,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         tools: list[dict[str, Any]] | None = None,
         use_tqdm: bool | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         **template_kwargs: Any,
-    ) -> RequestOutput:
-        """One conversation (OpenAI-shaped messages, `tool` results and assistant `tool_calls` included) through
-        the model's chat template, offering `tools` (OpenAI's function dicts; templates that do not render tools
-        get them in a system prompt, see tool_format). `template_kwargs` go to the template (e.g.
-        enable_thinking=False). Parse calls out of the reply with `diffuserve.tool_format.parse_calls`; force one
-        with `structured_outputs=StructuredOutputsParams(grammar=tool_format.call_grammar(tools, False))`."""
+    ) -> RequestOutput: ...
+
+    @overload
+    def chat(
+        self,
+        messages: list[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        use_tqdm: bool | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **template_kwargs: Any,
+    ) -> list[RequestOutput]: ...
+
+    def chat(
+        self,
+        messages: Conversation | list[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        use_tqdm: bool | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **template_kwargs: Any,
+    ) -> RequestOutput | list[RequestOutput]:
+        """One conversation (OpenAI-shaped messages, `tool` results and assistant `tool_calls` included), or a
+        list of them run concurrently (then one output per conversation, in order; one params for all or one per
+        conversation), through the model's chat template as the server renders them (`diffuserve.chat_prompt`:
+        text that spells a special token stays plain text), offering `tools` (OpenAI's function dicts; templates
+        that do not render tools get them in a system prompt, see tool_format). `template_kwargs` go to the
+        template (e.g. enable_thinking=False). Parse calls out of the reply with `diffuserve.tool_format.parse_calls`;
+        force one with `structured_outputs=StructuredOutputsParams(grammar=tool_format.call_grammar(tools, False))`."""
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
             raise ValueError("messages: this model directory has no tokenizer")
-        renders_tools = template_renders_tools(tokenizer.hf.chat_template)
-        if tools and renders_tools:
-            template_kwargs["tools"] = tools
-        prompt = tokenizer.encode_chat(template_messages(messages, tools, renders_tools), **template_kwargs)
-        return self.generate({"prompt_token_ids": prompt}, sampling_params, use_tqdm)[0]
+        is_batch = bool(messages) and isinstance(messages[0], list)
+        conversations = cast("list[Conversation]", messages if is_batch else [messages])
+        options = {
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message,
+            "template_kwargs": template_kwargs,
+        }
+        prompts: list[PromptType] = [
+            {"prompt_token_ids": chat_token_ids(tokenizer, c, tools, **options)} for c in conversations
+        ]
+        outputs = self.generate(prompts, sampling_params, use_tqdm)
+        return outputs if is_batch else outputs[0]
 
 
 def _unwrap(prompt: PromptType) -> str | list[int]:

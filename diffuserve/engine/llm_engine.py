@@ -1,17 +1,19 @@
 """LLMEngine: add_request / step / abort over the scheduler, the model runner and the output processor.
 
-A step reads `schedule -> execute -> scheduler.update_from_output -> output_processor.process_outputs`. Who
+A step reads `schedule -> execute -> scheduler.update_from_output -> output_processor.find_stop_strings ->
+scheduler.finish_requests -> output_processor.snapshot`. Who
 decides what:
 
 - `add_request` is the single authority on a request's validity (request id, prompt token ids, context
   length, stop token ids; the scheduler adds whether it can ever fit the KV cache) and raises the typed errors
-  of `engine.errors`; it resolves the request's `SamplingParams` into `ResolvedSamplingParams` and fans it out
+  of `diffuserve.errors`; it resolves the request's `SamplingParams` into `ResolvedSamplingParams` and fans it out
   into n engine requests.
 - The scheduler applies a step's results (commits, counts, tokens, block completion) and finishes requests on
   a stop id or on length. Every finish goes through `Scheduler.finish_requests` (or its own on stop ids and
   length): that is where a status becomes a finished one.
-- The output processor detokenizes, finds stop strings and returns the requests they end (`reqs_to_abort`);
-  the engine finishes those through the scheduler, as it does aborts and the requests of a failed step.
+- The output processor detokenizes and finds stop strings (`find_stop_strings`); the engine finishes those
+  requests through the scheduler, as it does aborts, grammar failures and the requests of a failed step, and only
+  then has the processor snapshot the outputs: the scheduler is the one owner of "finished".
 
 One failed step fails only the requests in it; the engine keeps serving the rest.
 
@@ -28,42 +30,50 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from diffuserve.config import EngineConfig
-from diffuserve.engine.engine_setup import build_components
-from diffuserve.engine.errors import (
+from diffuserve.engine.engine_setup import RunnerFactory, build_components
+from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest
+from diffuserve.engine.outputs import RequestOutput
+from diffuserve.engine.request import Request, RequestStatus, SchedulerOutput, StepUpdate
+from diffuserve.errors import (
     ContextLengthExceeded,
     DuplicateRequestId,
     InvalidTokenIds,
     RequestError,
     UnsupportedParameter,
 )
-from diffuserve.engine.grammar_decoding import StructuredDecoding
-from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest, RequestOutput
-from diffuserve.engine.request import Request, RequestStatus, SchedulerOutput, StepUpdate
 from diffuserve.sampling_params import ResolvedSamplingParams, SamplingParams
 
 if TYPE_CHECKING:
+    from diffuserve.engine.cache.manager import CacheManager
+    from diffuserve.engine.cache.paged import PagePool
+    from diffuserve.engine.cache.recurrent import SlotPool, StateStats
     from diffuserve.engine.experts import ExpertStatsSnapshot, OffloadStatsSnapshot
-    from diffuserve.engine.kv_pages import PagePool
     from diffuserve.engine.scheduler import Scheduler
-    from diffuserve.engine.state_slots import StatePool
 
 logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, make_runner: RunnerFactory | None = None) -> None:
+        """`make_runner`: a benchmark baseline's runner instead of the serving one (bench/baselines)."""
         self.config = config
-        parts = build_components(config)
+        parts = build_components(config, make_runner)
         self.args, self.tokenizer, self.runner = parts.args, parts.tokenizer, parts.runner
-        self.scheduler, self.pool, self.state_pool = parts.scheduler, parts.pool, parts.state_pool
+        self.scheduler, self.cache = parts.scheduler, parts.cache
         self.max_model_len, self.generation_defaults = parts.max_model_len, parts.generation_defaults
         self.steps_capped_by_max_tokens = parts.steps_capped_by_max_tokens
         self.counters = EngineCounters()
         self.output_processor = OutputProcessor(self.tokenizer)
-        if self.tokenizer is not None:
-            self.runner.structured = StructuredDecoding(
-                self.tokenizer, self.args.vocab_size, list(self.args.eos_token_ids)
-            )
+
+    @property
+    def pool(self) -> PagePool:
+        """The full-attention page pool."""
+        return self.cache.pool
+
+    @property
+    def state_pool(self) -> SlotPool | None:
+        """The recurrent-state slots (models with GDN layers), else None."""
+        return self.cache.slots
 
     @property
     def model_dir(self) -> Path:
@@ -114,7 +124,7 @@ class LLMEngine:
         if params.prompt_logprobs is not None and not self.runner.supports_prompt_scoring:
             raise UnsupportedParameter(
                 "prompt_logprobs",
-                "prompt scoring needs --recurrent-state keep (not recompute or rescan); remove the field",
+                "this engine cannot score prompts (a baseline rebuilding state, or sliding-window layers); remove it",
             )
         vocab = self.args.vocab_size
         bad = [t for t in params.stop_token_ids if t >= vocab]
@@ -140,22 +150,21 @@ class LLMEngine:
             return []
         started = time.perf_counter()
         try:
-            results = self.runner.execute(output.scheduled)
+            result = self.runner.execute(output.scheduled)
         except Exception as e:
             logger.exception("engine step failed; failing its %d requests", len(output.scheduled))
             return self._fail_step(output, f"{type(e).__name__}: {e}")
         seconds = time.perf_counter() - started
-        update = self.scheduler.update_from_output(output, results)
+        update = self.scheduler.update_from_output(output, result.writes)
         if output.num_batched_tokens:  # a step of requests with nothing left to compute ran no forward
             self.counters.record_step(output.num_batched_tokens, seconds, update)
         self._release(update)
-        self.output_processor.add_prompt_scores(self.runner.prompt_scores)
-        if self.runner.structured is not None and self.runner.structured.failures:  # fails its request only
-            for request_id, error in self.runner.structured.take_failures().items():
-                self._finish_requests([request_id], RequestStatus.FINISHED_ERROR, error)
-        processed = self.output_processor.process_outputs(update.requests, update.new_token_counts)
-        self._finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
-        return processed.request_outputs
+        self.output_processor.add_prompt_scores(result.prompt_scores)
+        for request_id, error in result.failures.items():  # a grammar failure fails its request only
+            self._finish_requests([request_id], RequestStatus.FINISHED_ERROR, error)
+        stopped = self.output_processor.find_stop_strings(update.requests)
+        self._finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        return self.output_processor.snapshot(update.requests, update.new_token_counts)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished
@@ -164,7 +173,7 @@ class LLMEngine:
         tracker = self.runner.experts
         experts = tracker.snapshot() if tracker is not None and tracker.enabled else None
         offload = self.runner.offload.snapshot() if self.runner.offload is not None else None
-        return self.counters.snapshot(self.scheduler, self.pool, experts, offload, self.state_pool)
+        return self.counters.snapshot(self.scheduler, self.cache, experts, offload)
 
     def shutdown(self) -> None:
         """Stops the worker processes of a multi-process engine (also done at interpreter exit)."""
@@ -174,7 +183,8 @@ class LLMEngine:
     def _check_structured(self, params: ResolvedSamplingParams) -> None:
         """RequestError unless the engine can constrain this request (a tokenizer, a non-editing decoder, a
         grammar that compiles)."""
-        if self.runner.structured is None:
+        structured = self.runner.decoding.structured
+        if structured is None:
             raise RequestError(
                 "structured_outputs", "this model directory has no tokenizer to compile grammars with; remove the field"
             )
@@ -185,7 +195,7 @@ class LLMEngine:
                 "leave the grammar); choose threshold, fixed or entropy",
             )
         assert params.structured_outputs is not None
-        self.runner.structured.check(params.structured_outputs)
+        structured.check(params.structured_outputs)
 
     def _finish_requests(self, request_ids: list[str], status: RequestStatus, error: str | None = None) -> None:
         """Finishes them through the scheduler and frees their generators in the runner."""
@@ -195,7 +205,8 @@ class LLMEngine:
     def _fail_step(self, output: SchedulerOutput, error: str) -> list[RequestOutput]:
         requests = [work.request for work in output.scheduled]
         self._finish_requests([r.request_id for r in requests], RequestStatus.FINISHED_ERROR, error)
-        return self.output_processor.process_outputs(requests, {}).request_outputs
+        self.output_processor.find_stop_strings(requests)
+        return self.output_processor.snapshot(requests, {})
 
     def _release(self, update: StepUpdate) -> None:
         """The runner's per-request state the step ended: generators of finished requests, expert unions of
@@ -221,19 +232,6 @@ class LLMEngine:
                 param, f"contains the mask token (id {self.args.mask_token_id}), which no prompt may hold; remove it"
             )
         return token_ids
-
-
-@dataclass(frozen=True)
-class StateStats:
-    slots_used: int
-    """Slots held by running sequences."""
-    slots_total: int
-    num_snapshots: int
-    """Slots holding a prefix snapshot (evictable)."""
-    slot_bytes: int
-    hit_rate: float
-    """Share of the looked-up prompt tokens restored from a state snapshot (with their pages): what a hybrid
-    model actually reuses."""
 
 
 @dataclass(frozen=True)
@@ -297,15 +295,14 @@ class EngineCounters:
     def snapshot(
         self,
         scheduler: Scheduler,
-        pool: PagePool,
+        cache: CacheManager,
         experts: ExpertStatsSnapshot | None = None,
         offload: OffloadStatsSnapshot | None = None,
-        state_pool: StatePool | None = None,
     ) -> EngineStats:
         return EngineStats(
             num_running=len(scheduler.running),
             num_waiting=len(scheduler.waiting),
-            kv_usage=pool.usage,
+            kv_usage=cache.pool.usage,
             prefix_hit_rate=scheduler.prefix_hit_rate,
             num_preemptions=scheduler.num_preemptions,
             num_steps=self.num_steps,
@@ -318,13 +315,5 @@ class EngineCounters:
             experts=experts,
             offload=offload,
             page_hit_rate=scheduler.page_hit_rate,
-            state=None
-            if state_pool is None
-            else StateStats(
-                state_pool.num_used_slots,
-                state_pool.num_slots,
-                state_pool.num_snapshots,
-                state_pool.slot_bytes,
-                scheduler.prefix_hit_rate,
-            ),
+            state=cache.state_stats(scheduler.prefix_hit_rate),
         )

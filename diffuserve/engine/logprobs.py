@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.engine.output_processor import Logprob, TokenLogprobs
+from diffuserve.engine.outputs import Logprob, TokenLogprobs
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,22 @@
 """Turns engine tokens into user-visible completions: detokenization, stop strings, and the n-way fan-in.
 
-Torch-free; the tokenizer is any object with `decode(ids, skip_special_tokens)`. Text is only ever shown up to
+Torch-free; the tokenizer is any object with `decode(ids, skip_special_tokens)`. Each completion's text is
+decoded incrementally (engine/detokenizer.py: a step decodes its new tokens, not the whole output), equal to a
+whole decode; stop strings are searched only where one can newly end. Text is only ever shown up to
 a point no stop string can still reach back over: a suffix that could be the start of a stop string is held back
 until the next block decides it, so a stream never shows text past a stop. A completion's logprobs follow its
 text: while it runs, only those of the tokens whose text is shown (`CompletionOutput.logprobs`).
 
 `OutputProcessor` owns the user requests (a prompt and its n completions, each an engine request). After each
-step it refreshes the completions of the step's requests and snapshots their user requests. A completion whose
-text reaches a stop string is reported finished ("stop") and its request id returned in `reqs_to_abort`: the
-processor never finishes a request itself, the engine does so through the scheduler.
+step it brings the completions of the step's requests up to their tokens and returns the requests whose text
+reached a stop string (`find_stop_strings`); the engine finishes those through the scheduler, the one owner of
+"finished", and only then does the processor snapshot the user requests (`snapshot`), from the statuses the
+scheduler set. It never decides a status.
 
 It also names the prompt scores the engine computes (`prompt_logprobs`, filled position by position; a
 request's output carries them once every prompt position is scored, which is before its first token).
 
-It also owns what the engine hands back to callers (`RequestOutput`, `CompletionOutput`, `RequestMetrics`:
-vLLM's shapes, plus the diffusion counters).
+What it hands back to callers (`RequestOutput`, `CompletionOutput`, ...) is defined in `engine/outputs.py`.
 """
 
 from __future__ import annotations
@@ -23,102 +25,20 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from diffuserve.engine.request import Request, RequestStatus
+from diffuserve.engine.detokenizer import REPLACEMENT_CHAR, Decoding, IncrementalDetokenizer, TokenTexts
+from diffuserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
+from diffuserve.engine.request import Request
 from diffuserve.sampling_params import ResolvedSamplingParams
-
-
-@dataclass(frozen=True)
-class Logprob:
-    """A token's log-probability under one distribution (vLLM's shape)."""
-
-    logprob: float
-    rank: int
-    """1-based rank of the token in that distribution (1: the most likely)."""
-    decoded_token: str | None = None
-
-
-TokenLogprobs = dict[int, Logprob]
-"""One position: the token there and the top-k alternatives from the same distribution, by token id."""
-
-
-@dataclass
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-    """stop, length, abort or error; None while running."""
-    stop_reason: int | str | None = None
-    """The stop token id or stop string that ended the completion."""
-    num_forwards: int = 0
-    """NFE: denoising forwards this completion took part in (prefill chunks excluded)."""
-    error: str | None = None
-    logprobs: list[TokenLogprobs] | None = None
-    """With SamplingParams.logprobs: per token, its logprob and the top alternatives, `decoded_token` filled.
-    One per token of `token_ids` once finished; while running, those of the tokens whose text `text` shows (a
-    token whose text is held back, for a stop string or an incomplete character, follows with its text)."""
-
-    @property
-    def tokens_per_forward(self) -> float:
-        """TPF = generated tokens / NFE."""
-        return len(self.token_ids) / self.num_forwards if self.num_forwards else 0.0
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
-class RequestMetrics:
-    arrival_time: float
-    first_token_time: float | None = None
-    """When the first block of generated tokens was final."""
-    finished_time: float | None = None
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    metrics: RequestMetrics
-    num_cached_tokens: int = 0
-    """Prompt tokens served from the prefix cache."""
-    new_token_counts: list[int] = field(default_factory=list)
-    """Per completion, tokens that became final in the step that produced this output."""
-    prompt_logprobs: list[TokenLogprobs | None] | None = None
-    """With SamplingParams.prompt_logprobs: per prompt position, the token's logprob and top alternatives
-    (None at position 0, which has no score); None until the whole prompt is scored."""
-
-    @property
-    def finished(self) -> bool:
-        return all(o.finished for o in self.outputs)
-
-    @property
-    def num_forwards(self) -> int:
-        return sum(o.num_forwards for o in self.outputs)
-
-    @property
-    def tokens_per_forward(self) -> float:
-        nfe = self.num_forwards
-        return sum(len(o.token_ids) for o in self.outputs) / nfe if nfe else 0.0
-
 
 MAX_UTF8_CONTINUATION = 3
 """A UTF-8 character is at most 4 bytes: the last 3 byte tokens may still be waiting for the rest."""
 
 
-class Decoding(Protocol):
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str: ...
-
-
-def find_stop_string(text: str, stops: list[str]) -> tuple[int, str] | None:
-    """Earliest (index, stop string) occurring in `text`, or None."""
-    hits = [(text.find(s), s) for s in stops if s in text]
-    return min(hits) if hits else None
+def find_stop_string(text: str, stops: list[str], start: int = 0) -> tuple[int, str] | None:
+    """Earliest (index, stop string) occurring in `text` at or after `start`, or None."""
+    hits = [(text.find(s, start), s) for s in stops]
+    return min(((i, s) for i, s in hits if i >= 0), default=None)
 
 
 def partial_stop_length(text: str, stops: list[str]) -> int:
@@ -134,7 +54,8 @@ def partial_stop_length(text: str, stops: list[str]) -> int:
 
 @dataclass
 class Completion:
-    """One of a request's n completions: its visible text so far, and whether a stop string ended it."""
+    """One of a request's n completions: its visible text so far, and whether a stop string ended it. Its text
+    is decoded incrementally (engine/detokenizer.py): a step's work does not grow with the output."""
 
     index: int
     params: ResolvedSamplingParams
@@ -143,31 +64,36 @@ class Completion:
     """Leading tokens of `output.token_ids` whose text `output.text` shows in full."""
     _logprobs: list[TokenLogprobs] = field(init=False, default_factory=list)
     """The logprobs of the tokens shown so far, `decoded_token` filled (tokens once shown never change)."""
+    _detokenizer: IncrementalDetokenizer | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.output = CompletionOutput(self.index, "", [])
 
     def update(self, tokenizer: Decoding | None, token_ids: list[int], finished: bool) -> bool:
-        """Re-derives text from the tokens; returns True if a stop string was hit (the caller finishes it)."""
+        """Brings the text up to the tokens (the previous ones plus any new ones at the end); returns True if a
+        stop string was hit (the caller finishes it)."""
         self.output.token_ids = list(token_ids)
         self.num_shown_tokens = len(token_ids)
         if tokenizer is None:
             return False
-        text = tokenizer.decode(token_ids, self.params.skip_special_tokens)
-        hit = find_stop_string(text, self.params.stop) if self.params.stop else None
+        if self._detokenizer is None:
+            self._detokenizer = IncrementalDetokenizer(tokenizer, self.params.skip_special_tokens)
+        detokenizer = self._detokenizer
+        text = detokenizer.update(token_ids, finished)
+        hit = self._find_stop(text, detokenizer.num_stable_chars)
         if hit is not None:
             index, stop = hit
             self.output.text = text[: index + (len(stop) if self.params.include_stop_str_in_output else 0)]
-            self.output.token_ids = self._tokens_through(tokenizer, token_ids, stop)
+            self.output.token_ids = token_ids[: self._num_tokens_through(index, stop, len(token_ids))]
             self.num_shown_tokens = len(self.output.token_ids)
             self.output.stop_reason = stop
             return True
         shown = text
         if not finished:
-            shown = self._without_incomplete_character(tokenizer, token_ids, text)
+            shown = self._without_incomplete_character(text, len(token_ids))
             shown = shown[: len(shown) - partial_stop_length(shown, self.params.stop)]
             if len(shown) < len(text) and self.params.logprobs is not None:
-                self.num_shown_tokens = self._num_tokens_within(tokenizer, token_ids, len(shown))
+                self.num_shown_tokens = self._num_tokens_within(len(token_ids), len(shown))
         self.output.text = shown
         return False
 
@@ -180,32 +106,48 @@ class Completion:
             )
         self.output.logprobs = self._logprobs[: self.num_shown_tokens]
 
-    def _num_tokens_within(self, tokenizer: Decoding, token_ids: list[int], length: int) -> int:
+    def _find_stop(self, text: str, num_stable: int) -> tuple[int, str] | None:
+        """The earliest stop string in `text`, searched only where it may end past the `num_stable` characters
+        that earlier updates already searched (a stop string there would have ended the completion)."""
+        if not self.params.stop:
+            return None
+        return find_stop_string(text, self.params.stop, max(0, num_stable - max(map(len, self.params.stop)) + 1))
+
+    def _num_tokens_within(self, num_tokens: int, length: int) -> int:
         """The most leading tokens whose text fits in the first `length` characters (what is shown): the held
         back suffix is short, so this drops a few tokens from the end."""
-        count = len(token_ids)
-        while count and len(tokenizer.decode(token_ids[:count], self.params.skip_special_tokens)) > length:
+        assert self._detokenizer is not None
+        count = num_tokens
+        while count:
+            offset, piece = self._detokenizer.prefix_text(count)
+            if offset + len(piece) <= length:
+                break
             count -= 1
         return count
 
-    def _without_incomplete_character(self, tokenizer: Decoding, token_ids: list[int], text: str) -> str:
+    def _without_incomplete_character(self, text: str, num_tokens: int) -> str:
         """Holds back replacement characters that the last few (byte) tokens may still complete into one
         character; invalid bytes further back are shown as they are."""
-        if not text.endswith("\ufffd"):
+        assert self._detokenizer is not None
+        if not text.endswith(REPLACEMENT_CHAR):
             return text
-        stable = tokenizer.decode(
-            token_ids[: max(0, len(token_ids) - MAX_UTF8_CONTINUATION)], self.params.skip_special_tokens
-        )
-        if not text.startswith(stable):
+        offset, piece = self._detokenizer.prefix_text(max(0, num_tokens - MAX_UTF8_CONTINUATION))
+        if text[offset : offset + len(piece)] != piece:  # the stable part's text is not where `text` has it
             return text
-        return stable + text[len(stable) :].rstrip("\ufffd")
+        stable = offset + len(piece)
+        return text[:stable] + text[stable:].rstrip(REPLACEMENT_CHAR)
 
-    def _tokens_through(self, tokenizer: Decoding, token_ids: list[int], stop: str) -> list[int]:
-        """The shortest token prefix whose text contains the stop string."""
-        for n in range(1, len(token_ids) + 1):
-            if stop in tokenizer.decode(token_ids[:n], self.params.skip_special_tokens):
-                return token_ids[:n]
-        return token_ids
+    def _num_tokens_through(self, index: int, stop: str, num_tokens: int) -> int:
+        """The shortest token prefix whose text holds the stop string where `text` has it (at `index`), decoding
+        prefixes from the last boundary before it on."""
+        assert self._detokenizer is not None
+        detokenizer = self._detokenizer
+        for count in range(detokenizer.num_tokens_before(index) + 1, num_tokens + 1):
+            offset, piece = detokenizer.prefix_text(count)
+            start = min(offset, index)  # the prefix's text from `start` on is this
+            if (detokenizer.text[start:offset] + piece)[index - start : index - start + len(stop)] == stop:
+                return count
+        return num_tokens
 
 
 @dataclass
@@ -239,18 +181,10 @@ class ParentRequest:
         )
 
 
-@dataclass(frozen=True)
-class ProcessedOutputs:
-    request_outputs: list[RequestOutput]
-    """One snapshot per user request that progressed, in the order of its first request in the step."""
-    reqs_to_abort: list[str]
-    """Engine request ids a stop string ended: the engine finishes them (FINISHED_STOPPED)."""
-
-
 class OutputProcessor:
     def __init__(self, tokenizer: Decoding | None) -> None:
         self.tokenizer = tokenizer
-        self._token_texts: dict[int, str] = {}
+        self._token_text = TokenTexts(tokenizer)
         """Each token id's text for logprobs (special tokens spelled out), decoded once."""
         self._parents: dict[str, ParentRequest] = {}
         self._children: dict[str, tuple[ParentRequest, Completion]] = {}  # engine request id -> its completion
@@ -283,16 +217,26 @@ class OutputProcessor:
                 }
             parent.num_scored += len(entries)
 
-    def process_outputs(self, requests: list[Request], new_token_counts: dict[str, int]) -> ProcessedOutputs:
-        """Refreshes the completions of `requests` (a step's) and snapshots their user requests; a finished
+    def find_stop_strings(self, requests: list[Request]) -> list[str]:
+        """Brings the completions of `requests` (a step's) up to their tokens; returns the ids of the unfinished
+        ones whose text reached a stop string. The processor decides no status: the engine finishes those
+        through the scheduler, then calls `snapshot`."""
+        hits = []
+        for request in requests:
+            _, completion = self._children[request.request_id]
+            stop_hit = completion.update(self.tokenizer, request.output_token_ids, request.status.is_finished)
+            if stop_hit and not request.status.is_finished:
+                hits.append(request.request_id)
+        return hits
+
+    def snapshot(self, requests: list[Request], new_token_counts: dict[str, int]) -> list[RequestOutput]:
+        """One output per user request among `requests`, as their (final, if finished) statuses say; a finished
         user request is forgotten after its last snapshot."""
         now = time.monotonic()
         touched: dict[int, ParentRequest] = {}
-        reqs_to_abort = []
         for request in requests:
             parent, completion = self._children[request.request_id]
-            if self._refresh(parent, completion, request, now):
-                reqs_to_abort.append(request.request_id)
+            self._fill(parent, completion, request, now)
             touched.setdefault(id(parent), parent)
         outputs = []
         for parent in touched.values():
@@ -301,35 +245,23 @@ class OutputProcessor:
                 parent.metrics.finished_time = now
                 self._forget(parent)
             outputs.append(out)
-        return ProcessedOutputs(outputs, reqs_to_abort)
+        return outputs
 
-    def _refresh(self, parent: ParentRequest, completion: Completion, request: Request, now: float) -> bool:
-        """Updates one completion from its request; True if a stop string ends the (unfinished) request."""
-        status = request.status
-        stop_hit = completion.update(self.tokenizer, request.output_token_ids, status.is_finished)
+    def _fill(self, parent: ParentRequest, completion: Completion, request: Request, now: float) -> None:
+        """Copies a request's counters, logprobs, trace and finish into its completion's output."""
         if request.params.logprobs is not None:
             completion.show_logprobs(request.output_logprobs, self._token_text)
-        stops = stop_hit and not status.is_finished
-        if stops:
-            status = RequestStatus.FINISHED_STOPPED  # what the engine is about to make it
         out = completion.output
         out.num_forwards, out.error = request.num_forwards, request.error
-        if status.is_finished:
-            out.finish_reason = status.finish_reason
-            if not stop_hit and out.stop_reason is None:
+        if request.params.record_denoising:
+            out.denoising_steps = list(request.denoising_steps)
+        if request.status.is_finished:
+            out.finish_reason = request.status.finish_reason
+            if out.stop_reason is None:  # a stop string's is already there
                 out.stop_reason = request.stop_reason
         if out.token_ids and parent.metrics.first_token_time is None:
             parent.metrics.first_token_time = now
         parent.num_cached_tokens = request.num_cached_tokens
-        return stops
-
-    def _token_text(self, token: int) -> str | None:
-        if self.tokenizer is None:
-            return None
-        text = self._token_texts.get(token)
-        if text is None:
-            text = self._token_texts[token] = self.tokenizer.decode([token], skip_special_tokens=False)
-        return text
 
     def _forget(self, parent: ParentRequest) -> None:
         self._parents.pop(parent.request_id, None)

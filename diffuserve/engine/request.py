@@ -14,12 +14,15 @@ they are provisional until the block is final, and neither committed nor used to
 A request that asks for logprobs keeps, per canvas position, those of the step that last wrote it, and per
 output token those of its final value (`output_logprobs`, aligned with `output_token_ids`).
 
+A request that records its denoising (`params.record_denoising`) keeps, per step, the output positions the step
+wrote and their tokens (`denoising_steps`): what a client needs to watch a block settle.
+
 A request says when its tokens end it (`stop_check`: a stop id or the length) but never finishes itself: its
 status moves to a finished one only in `Scheduler.finish_requests`.
 
 Also what the scheduler hands out and takes back each step, in terms of requests: the work it planned
-(`SchedulerOutput` of `ScheduledRequest`s), what the model runner wrote into each block (`BlockWrite`) and what
-applying the step's results changed (`StepUpdate`).
+(`SchedulerOutput` of `ScheduledRequest`s), what the model runner computed (`StepResult`: what it wrote into each
+block, `BlockWrite`, prompt scores, grammar failures) and what applying the step's results changed (`StepUpdate`).
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from diffuserve.engine.outputs import DenoisingStep
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 if TYPE_CHECKING:
-    from diffuserve.engine.output_processor import TokenLogprobs
+    from diffuserve.engine.outputs import TokenLogprobs
 
 
 class RequestStatus(enum.IntEnum):
@@ -94,26 +98,39 @@ class Request:
     block_is_final: bool = False
     """The canvas can no longer change: the block may be committed and its tokens used to stop."""
     num_computed_tokens: int = 0
-    page_ids: list[int] = field(default_factory=list)
+    pages: dict[str, list[int]] = field(default_factory=dict)
+    """Per page group (engine/cache/paged.py): the request's page table."""
     page_hashes: list[int] = field(default_factory=list)
     """Prefix-cache hashes of this request's leading full, committed pages."""
     state_slot: int | None = None
-    """Hybrid models: the recurrent-state slot the request holds while running."""
+    """The recurrent-state slot the request holds while running (models with a RecurrentState cache)."""
     num_forwards: int = 0
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache at the request's first admission."""
     last_scheduled_step: int = -1
     score_cursor: int = 1
     """With params.prompt_logprobs: the next prompt position to score (position 0 has no score)."""
-    score_page_ids: list[int] = field(default_factory=list)
-    """Pages lent to this step's scoring variants for their K/V (scratch, never cached); freed with the step."""
+    score_pages: dict[str, list[int]] = field(default_factory=dict)
+    """Per page group: pages lent to this step's scoring variants for their K/V (scratch, never cached); freed
+    with the step."""
     stop_reason: int | str | None = None
     error: str | None = None
+    denoising_steps: list[DenoisingStep] = field(default_factory=list)
+    """With params.record_denoising: every denoising step's writes, oldest first (empty otherwise)."""
 
     def __post_init__(self) -> None:
         self.open_block(len(self.prompt_token_ids) // self.block_length * self.block_length)
 
     # ---- geometry ------------------------------------------------------------------------------------------
+    @property
+    def page_ids(self) -> list[int]:
+        """The full-attention page table (page i holds positions [i * page_size, (i + 1) * page_size))."""
+        return self.pages.get("kv", [])
+
+    @property
+    def score_page_ids(self) -> list[int]:
+        return self.score_pages.get("kv", [])
+
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
@@ -181,10 +198,25 @@ class Request:
         if logprobs is not None:
             for (index, _), entry in zip(accepted, logprobs, strict=True):
                 self.canvas_logprobs[index] = entry
+        if self.params.record_denoising:
+            self._record_step(accepted)
         if self.mask_token_id in self.canvas:  # still masked (a proposal may be the mask token itself)
             return
         settled = not had_masks and not changed
         self.block_is_final = settled or self.num_post_edit_steps >= self.params.post_edit_budget
+
+    def _record_step(self, accepted: list[tuple[int, int]]) -> None:
+        """Keeps the step's writes in output positions (canvas index i is output position block_start + i - P)."""
+        offset = self.block_start - self.num_prompt_tokens
+        self.denoising_steps.append(
+            DenoisingStep(
+                block=(self.block_start - self.num_prefill_positions) // self.block_length,
+                step=self.step_in_block,
+                start=max(0, offset),
+                end=offset + self.block_length,
+                writes=tuple((offset + index, token) for index, token in accepted),
+            )
+        )
 
     def stop_check(self) -> TokenStop | None:
         """After a step: whether the tokens end the request, by a stop id with everything before it decided, or
@@ -301,6 +333,18 @@ class BlockWrite:
     """(canvas index, token) pairs."""
     logprobs: list[TokenLogprobs] | None = None
     """For a request that asks for logprobs: each written token's, in the order of `accepted`."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What the model runner computed in one step."""
+
+    writes: dict[str, BlockWrite] = field(default_factory=dict)
+    """Per request id with a block: what the step writes into it."""
+    prompt_scores: dict[str, list[tuple[int, TokenLogprobs]]] = field(default_factory=dict)
+    """Per request id scoring its prompt: (prompt position, logprobs) of the positions scored this step."""
+    failures: dict[str, str] = field(default_factory=dict)
+    """Per request id whose grammar failed while decoding: the message; the engine fails those requests alone."""
 
 
 @dataclass

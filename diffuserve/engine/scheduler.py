@@ -10,10 +10,10 @@ and a current block. One engine step spends a token budget (`max_num_batched_tok
 Running requests come first, least recently scheduled first (so a tight budget rotates among them); waiting
 requests are admitted FCFS after them while pages, budget and `max_num_seqs` allow. When pages run out, the most
 recently admitted running request is preempted: its pages are freed, its tokens and canvas kept, and it is
-recomputed later. A request is only admitted if its whole life fits in the pool, so the oldest request can
-always proceed: no deadlock. Hybrid models (GDN layers) also need a recurrent-state slot per running request
-(`state_scheduling`): admission takes one, every finish, abort or preemption frees it; a running request never
-waits for a slot, so the rule stays deadlock-free.
+recomputed later. A request is only admitted if its whole life fits in the cache, so the oldest request can
+always proceed: no deadlock. Which memory a request holds (pages of K/V, a sliding window of them, a
+recurrent-state slot) is the cache manager's business (engine/cache): the scheduler asks it whether work fits,
+to take it, to reuse a prefix and to give everything back, and never learns which kinds a model has.
 
 After the forward, `update_from_output` applies the step to the requests (commits, NFE counts, the accepted
 tokens, block completion) and finishes those whose tokens end them (a stop id, or the length).
@@ -23,14 +23,11 @@ the output processor finds, for aborts and for failed steps. Knows nothing of te
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from collections.abc import Mapping
 
-from diffuserve.engine.errors import ContextLengthExceeded
-from diffuserve.engine.kv_pages import PagePool, chain_hash
+from diffuserve.engine.cache.manager import CacheManager
 from diffuserve.engine.request import BlockWrite, Request, RequestStatus, ScheduledRequest, SchedulerOutput, StepUpdate
-from diffuserve.engine.state_scheduling import StateSlots
 
 NO_WRITE = BlockWrite([])
 """A step that wrote nothing into a request's block (a grammar failure, or no result for it)."""
@@ -39,16 +36,13 @@ NO_WRITE = BlockWrite([])
 class Scheduler:
     def __init__(
         self,
-        pool: PagePool,
+        cache: CacheManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
         block_length: int,
         fused_commit: bool = True,
-        state: StateSlots | None = None,
     ) -> None:
-        self.pool = pool
-        self.state = state
-        """Hybrid models: the recurrent-state slots (None: the model keeps no state)."""
+        self.cache = cache
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.block_length = block_length
         self.fused_commit = fused_commit
@@ -60,10 +54,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_prefix_queried_tokens = 0
         self.num_prefix_hit_tokens = 0
-        """Prompt tokens reused from the prefix cache (for hybrid models: pages and a state snapshot)."""
+        """Prompt tokens reused from the prefix cache (every cache kind restored: pages, a state snapshot)."""
         self.num_prefix_page_hit_tokens = 0
-        """Prompt tokens whose pages the prefix cache held (hybrid models use them only up to a snapshot)."""
-        self._page_hits = 0  # of the request _match_prefix last matched
+        """Prompt tokens whose full-attention pages the prefix cache held (other kinds may reuse fewer)."""
 
     # ---- public API ----------------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -73,34 +66,13 @@ class Scheduler:
         self.waiting.append(request)
 
     def check_fits(self, request: Request) -> None:
-        """Raises ContextLengthExceeded if the request's whole life needs more pages than the cache has; it names
-        the prompt when even one generated token would not fit."""
-        page_size, num_pages = self.pool.page_size, self.pool.num_pages
-        needed = -(-request.total_tokens_needed() // page_size) + (1 if request.num_unscored else 0)  # + scratch
-        slots = self.state.pool.num_slots if self.state else 1
-        if needed <= num_pages and slots >= 1:
-            return
-        prompt_only = -(-(request.num_prompt_tokens + 1) // page_size) > num_pages
-        state = (
-            ""
-            if self.state is None
-            else (
-                f" and one recurrent-state slot of {self.state.pool.slot_bytes / 2**20:.2f} MiB (the state cache holds "
-                f"{slots}; --state-cache-memory)"
-            )
-        )
-        raise ContextLengthExceeded(
-            "prompt" if prompt_only else "max_tokens",
-            f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({request.params.max_tokens}) need "
-            f"{needed} KV pages of {page_size} tokens{state}, the cache has {num_pages} pages; lower max_tokens or "
-            "raise --num-pages / --kv-cache-memory",
-        )
+        """Raises ContextLengthExceeded if the request's whole life needs more than the cache has."""
+        self.cache.check_fits(request)
 
     def schedule(self) -> SchedulerOutput:
         """Picks this step's work and allocates its pages. Mutates request statuses, pages and queues."""
         self.num_steps += 1
-        if self.state is not None:
-            self.state.start_step()
+        self.cache.start_step()
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
@@ -108,9 +80,9 @@ class Scheduler:
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             work = self._plan(request, budget)
-            if work is None or not self._reserve_pages(work, scheduled, preempted):
+            if work is None or not self._reserve(work, scheduled, preempted):
                 continue
-            scheduled.append(self.state.with_snapshot(work) if self.state else work)
+            scheduled.append(self.cache.allocate(work))
             budget -= work.num_tokens
         if not preempted:
             budget = self._admit_waiting(budget, scheduled)
@@ -129,9 +101,7 @@ class Scheduler:
         update = StepUpdate()
         for work in output.scheduled:
             request = work.request
-            self._commit(work)
-            if self.state is not None:
-                self.state.apply(work)
+            self.cache.apply(work)
             self._end_scoring(work, update)
             update.num_prefill_tokens += max(0, min(work.commit_end, request.num_prefill_positions) - work.commit_start)
             new = self._apply_block(work, writes.get(request.request_id, NO_WRITE), update) if work.has_block else 0
@@ -189,27 +159,13 @@ class Scheduler:
         return len(request.output_token_ids) - before
 
     def _end_scoring(self, work: ScheduledRequest, update: StepUpdate) -> None:
-        """After the forward: the scored positions advance the cursor and the scratch pages go back; a request
-        with max_tokens 0 finishes (length, no tokens) once its prompt is scored."""
+        """After the forward: the scored positions advance the cursor (the cache took its scratch pages back); a
+        request with max_tokens 0 finishes (length, no tokens) once its prompt is scored."""
         request = work.request
         request.score_cursor = max(request.score_cursor, work.score_end)
-        self.pool.free(request.score_page_ids)
-        request.score_page_ids = []
         if request.params.max_tokens == 0 and not request.num_unscored:
             self._finish(request, RequestStatus.FINISHED_LENGTH)
             update.finished.append(request)
-
-    def _commit(self, work: ScheduledRequest) -> None:
-        """After the forward: the commit range's K/V are final; full pages join the prefix cache."""
-        request = work.request
-        request.num_computed_tokens = max(request.num_computed_tokens, work.commit_end)
-        page_size = self.pool.page_size
-        while len(request.page_hashes) < request.num_computed_tokens // page_size:
-            i = len(request.page_hashes)
-            parent = request.page_hashes[-1] if request.page_hashes else None
-            page_hash = chain_hash(parent, request.known_tokens(i * page_size, (i + 1) * page_size))
-            request.page_hashes.append(page_hash)
-            self.pool.register(request.page_ids[i], page_hash)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         """The one transition into a finished status: the request leaves the queues and its pages are freed."""
@@ -219,7 +175,7 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
-        self._release(request)
+        self.cache.release(request)
 
     # ---- planning ------------------------------------------------------------------------------------------
     def _plan(self, request: Request, budget: int) -> ScheduledRequest | None:
@@ -229,8 +185,8 @@ class Scheduler:
         max_tokens 0 has no block: once scored it gets an empty piece of work, which finishes it."""
         start = request.num_computed_tokens
         pending = max(0, request.commit_target - start)
-        limit = self.state.scoring_commit_limit(request) if self.state is not None else pending
-        chunk = min(pending, budget // self.block_length * self.block_length, limit)
+        limit = self.cache.commit_limit(request) - start
+        chunk = min(pending, budget // self.block_length * self.block_length, max(limit, 0))
         score_start, score_end = self._plan_scoring(request, start + chunk, budget - chunk)
         left = budget - chunk - (score_end - score_start) * self.block_length
         is_block_commit = request.block_start > request.num_prefill_positions
@@ -254,91 +210,43 @@ class Scheduler:
         ready = min(request.num_prompt_tokens, commit_end + self.block_length)  # commit_end is block-aligned
         return cursor, cursor + max(0, min(ready - cursor, budget // self.block_length))
 
-    def _pages_needed(self, work: ScheduledRequest) -> int:
-        """The request's new pages up to the work's last query, plus scratch pages for its scoring variants."""
-        own = -(-work.query_end // self.pool.page_size) - len(work.request.page_ids)
-        return max(own, 0) + -(-work.num_score_tokens // self.pool.page_size)
-
-    def _allocate(self, work: ScheduledRequest) -> None:
-        pages = self.pool.allocate(self._pages_needed(work))
-        num_scratch = -(-work.num_score_tokens // self.pool.page_size)
-        work.request.page_ids += pages[: len(pages) - num_scratch]
-        work.request.score_page_ids = pages[len(pages) - num_scratch :]
-
-    def _reserve_pages(self, work: ScheduledRequest, scheduled: list, preempted: list[Request]) -> bool:
-        """Allocates the pages `work` needs, preempting the youngest unscheduled running requests if the pool
-        is short. Returns False if `work`'s own request had to be preempted."""
-        needed = self._pages_needed(work)
+    def _reserve(self, work: ScheduledRequest, scheduled: list, preempted: list[Request]) -> bool:
+        """Makes room for `work`, preempting the youngest unscheduled running requests while the cache is short.
+        Returns False if `work`'s own request had to be preempted."""
         busy = {s.request.request_id for s in scheduled}
-        while not self.pool.can_allocate(needed):
+        while not self.cache.can_allocate(work):
             victims = [r for r in self.running if r.request_id not in busy]
             victim = victims[-1]  # `work.request` itself is among them, so never empty
             self._preempt(victim)
             preempted.append(victim)
             if victim is work.request:
                 return False
-        self._allocate(work)
         return True
 
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            restore_from = self._match_prefix(request)
+            page_hits = self.cache.match_prefix(request)
             work = self._plan(request, budget)
-            if (
-                work is None
-                or not self.pool.can_allocate(self._pages_needed(work))
-                or (self.state is not None and not self.state.can_admit(restore_from))
-            ):
-                self._release(request)  # drop the prefix pages again; retry next step
+            if work is None or not self.cache.can_allocate(work):
+                self.cache.release(request)  # drop the prefix again; retry next step
                 break
             self.waiting.popleft()
-            self._allocate(work)
-            if self.state is not None:
-                self.state.admit(request, restore_from)
-                work = self.state.with_snapshot(dataclasses.replace(work, restore_from=restore_from))
+            work = self.cache.allocate(work)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            self.num_prefix_queried_tokens += request.block_start // self.pool.page_size * self.pool.page_size
+            self.num_prefix_queried_tokens += request.block_start // self.cache.page_size * self.cache.page_size
             self.num_prefix_hit_tokens += request.num_computed_tokens
-            self.num_prefix_page_hit_tokens += self._page_hits
+            self.num_prefix_page_hit_tokens += page_hits
             if request.num_forwards == 0:
                 request.num_cached_tokens = request.num_computed_tokens
             scheduled.append(work)
             budget -= work.num_tokens
         return budget
 
-    def _match_prefix(self, request: Request) -> int | None:
-        """Reuses cached pages for the request's committed-able prefix (whole pages before its block); for a
-        hybrid model only as far as a state snapshot reaches. Returns the snapshot slot to restore, if any."""
-        page_size = self.pool.page_size
-        num_full = self.state.max_prefix_pages(request) if self.state else request.block_start // page_size
-        hashes, parent = [], None
-        for i in range(num_full):
-            parent = chain_hash(parent, request.known_tokens(i * page_size, (i + 1) * page_size))
-            hashes.append(parent)
-        pages = self.pool.match_prefix(hashes)
-        self._page_hits = len(pages) * page_size
-        restore_from = None
-        if self.state is not None:
-            usable, restore_from = self.state.usable_prefix(hashes[: len(pages)])
-            self.pool.free(pages[usable:])
-            pages = pages[:usable]
-        request.page_ids = pages
-        request.page_hashes = hashes[: len(pages)]
-        request.num_computed_tokens = len(pages) * page_size
-        return restore_from
-
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
-        self._release(request)
+        self.cache.release(request)
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
         self.num_preemptions += 1
-
-    def _release(self, request: Request) -> None:
-        if self.state is not None:
-            self.state.release(request)
-        self.pool.free(request.page_ids + request.score_page_ids)
-        request.page_ids, request.page_hashes, request.score_page_ids = [], [], []
-        request.num_computed_tokens = 0

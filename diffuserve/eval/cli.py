@@ -29,9 +29,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from diffuserve import LLM
-    from diffuserve.default_model import resolve_model
     from diffuserve.eval.harness import decoding_sweep, evaluate, format_table
     from diffuserve.eval.tasks import GENERATORS, TASKS, heldout_examples
+    from diffuserve.hub import resolve_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

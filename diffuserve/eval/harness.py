@@ -68,11 +68,8 @@ def decoding_sweep(thresholds: Sequence[float], block_length: int) -> list[tuple
 
 def evaluate(llm: LLM, examples: Sequence[Example], params: SamplingParams, label: str = "") -> EvalResult:
     """Generates a reply to every example in one batch and scores it by exact match."""
-    tokenizer = llm.engine.tokenizer
-    if tokenizer is None:
-        raise ValueError("model: the model directory has no tokenizer, so chat prompts cannot be built")
-    prompts = [{"prompt_token_ids": tokenizer.encode_chat([{"role": "user", "content": e.prompt}])} for e in examples]
-    outputs = llm.generate(prompts, params.replace(max_tokens=MAX_TOKENS))
+    conversations = [[{"role": "user", "content": e.prompt}] for e in examples]
+    outputs = llm.chat(conversations, params.replace(max_tokens=MAX_TOKENS))
     correct: dict[str, list[bool]] = {}
     num_tokens = num_forwards = 0
     for example, output in zip(examples, outputs):

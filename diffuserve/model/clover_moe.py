@@ -26,7 +26,7 @@ from torch import nn
 
 from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.interface import DiffusionModel
+from diffuserve.model.interface import DiffusionModel, StepRules
 from diffuserve.model.layers.attention import PagedAttentionInputs, RotaryEmbedding
 from diffuserve.model.layers.gated_attention import GatedAttention, KVState
 from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnState
@@ -115,6 +115,12 @@ class CloverMoeForBlockDiffusion(DiffusionModel):
     @property
     def has_diffusion(self) -> bool:
         return hybrid_args(self.args).has_diffusion
+
+    @property
+    def step_rules(self) -> StepRules:
+        """The GDN prefix is causal; without the diffusion tensors the model decodes next-token (shifted)."""
+        shift = hybrid_args(self.args).prediction_shift or not self.has_diffusion
+        return StepRules(prediction_shift=shift, causal_commits=True, autoregressive=not self.has_diffusion)
 
     def empty_state(self) -> HybridState:
         return HybridState(0, (None,) * len(self.model.layers))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from diffuserve.model.config import ModelArgs, _eos_ids, _first, _require, parse_rope
+from diffuserve.model.shapes import CacheLayout, PagedKV, RecurrentState
 
 LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
 NO_MASK_TOKEN = -1
@@ -230,17 +231,13 @@ def with_diffusion(args: ModelArgs, has_diffusion: bool) -> ModelArgs:
     return args.replace(extra={**args.extra, "hybrid": replace(hybrid_args(args), has_diffusion=has_diffusion)})
 
 
-def state_bytes_per_sequence(args: ModelArgs, dtype_bytes: int = 2) -> int:
-    """Bytes of GDN state one sequence holds, whatever its length: per GDN layer S [Hv, Dk, Dv] fp32 and the conv
-    ring [conv_dim, k - 1] in the model dtype (`dtype_bytes` per value)."""
+def cache_layout(args: ModelArgs, dtype: str) -> CacheLayout:
+    """Per layer: a GDN layer's recurrent state (S in fp32, the conv ring in `dtype`) or an attention layer's
+    K/V pages."""
     hybrid = hybrid_args(args)
     gdn = hybrid.gdn
-    per_layer = gdn.num_value_heads * gdn.key_head_dim * gdn.value_head_dim * 4
-    per_layer += gdn.conv_dim * (gdn.conv_kernel - 1) * dtype_bytes
-    return per_layer * sum(hybrid.is_gdn(i) for i in range(args.num_layers))
-
-
-def kv_bytes_per_token(args: ModelArgs, dtype_bytes: int = 2) -> int:
-    """Bytes of K and V one token adds: the attention layers only."""
-    num_attention = args.num_layers - sum(hybrid_args(args).is_gdn(i) for i in range(args.num_layers))
-    return 2 * args.num_kv_heads * args.head_dim * dtype_bytes * num_attention
+    state = RecurrentState(
+        gdn.num_key_heads, gdn.num_value_heads, gdn.key_head_dim, gdn.value_head_dim, gdn.conv_kernel, dtype
+    )
+    kv = PagedKV(args.num_kv_heads, args.head_dim, dtype)
+    return CacheLayout(tuple(state if hybrid.is_gdn(i) else kv for i in range(args.num_layers)))

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import torch
 
 from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion
+from diffuserve.model.clover_moe_config import cache_layout as clover_moe_cache_layout
 from diffuserve.model.clover_moe_config import clover_moe_args_from_hf
 from diffuserve.model.clover_moe_weights import (
     clover_moe_checkpoint_args,
@@ -21,6 +22,7 @@ from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.llada2 import LLaDA2ForBlockDiffusion
 from diffuserve.model.llada2_weights import llada2_checkpoint_tensors, llada2_weight_target
 from diffuserve.model.sdar import SDARForBlockDiffusion
+from diffuserve.model.shapes import CacheLayout, attention_layout
 from diffuserve.model.weight_names import WeightTarget, qwen3_checkpoint_tensors, qwen3_weight_target
 
 
@@ -49,13 +51,15 @@ class ModelFamily:
     """The family's reference decoding knobs (SamplingParams names); generation_config.json overrides them."""
     checkpoint_args: Callable[[ModelArgs, Path], ModelArgs] | None = None
     """(args, model directory) -> args refined by the checkpoint itself (e.g. which optional tensors it has)."""
+    cache_layout: Callable[[ModelArgs, str], CacheLayout] = lambda args, dtype: attention_layout(
+        args.num_layers, args.num_kv_heads, args.head_dim, dtype
+    )
+    """(args, cache dtype name) -> the cache each layer needs (model/shapes.py); default: every layer full
+    attention."""
     steps_capped_by_max_tokens: bool = False
     """The reference caps a request's denoising steps per block at its max_tokens (LLaDA2's `generate`: `steps =
     min(steps, gen_length // minimal_topk)`, minimal_topk 1), so an answer shorter than a block accepts more
     tokens per step."""
-    has_recurrent_state: bool = False
-    """Layers with per-sequence recurrent state, which the paged engine does not cache yet: the engine runs the
-    family through its recompute path (engine/recompute_runner)."""
 
 
 SDAR = ModelFamily("sdar", SDARForBlockDiffusion, qwen3_args_from_hf, qwen3_weight_target, qwen3_checkpoint_tensors)
@@ -80,7 +84,7 @@ CLOVER_MOE = ModelFamily(
     clover_moe_weight_target,
     clover_moe_checkpoint_tensors,
     checkpoint_args=clover_moe_checkpoint_args,
-    has_recurrent_state=True,
+    cache_layout=clover_moe_cache_layout,
 )
 
 ARCHITECTURES: dict[str, ModelFamily] = {
@@ -134,3 +138,9 @@ def family_for(config: dict) -> ModelFamily:
     if archs[0] not in ARCHITECTURES:
         raise ValueError(f"config.json: architecture {archs[0]!r} is not supported; supported: {SUPPORTED}")
     return ARCHITECTURES[archs[0]]
+
+
+def cache_layout(args: ModelArgs, dtype: str) -> CacheLayout:
+    """The cache layout of a model of `args` (its family's) with caches in `dtype`."""
+    family = ARCHITECTURES.get(args.architecture, SDAR)
+    return family.cache_layout(args, dtype)

@@ -28,6 +28,10 @@ class Shardable(Protocol):
 
 def check_parallel_sizes(args: ModelArgs, size: int, expert_parallel: bool) -> None:
     """Raises ValueError naming the first model dimension that `size` ranks cannot split evenly."""
+    if "hybrid" in args.extra:
+        raise ValueError(
+            f"tensor_parallel_size: {size} is not supported for models with recurrent layers (clover_moe) yet; use 1"
+        )
     if expert_parallel and not args.is_moe:
         raise ValueError("enable_expert_parallel: the model has no experts; drop --enable-expert-parallel")
     dims = [

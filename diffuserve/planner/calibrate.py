@@ -9,11 +9,10 @@ bench writes with. Knows nothing of how the bench measures.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diffuserve.planner.calibration_record import REQUIRED_KEYS, Calibration, missing_keys
+from diffuserve.planner.calibration_record import REQUIRED_KEYS, Calibration, CalibrationCheck, missing_keys
 from diffuserve.planner.inputs import CostInputs, Workload
 from diffuserve.planner.plan import Plan, make_plan
 from diffuserve.planner.units import fmt_time
@@ -28,20 +27,6 @@ __all__ = [
     "parse_calibration",
     "plan_bench_run",
 ]
-
-
-@dataclass(frozen=True)
-class CalibrationCheck:
-    predicted_tokens_per_s: float
-    measured_tokens_per_s: float
-    predicted_forward_s: float
-    measured_forward_s: float | None
-    formulas: tuple[str, ...]
-
-    @property
-    def relative_error(self) -> float:
-        """(predicted - measured) / measured."""
-        return (self.predicted_tokens_per_s - self.measured_tokens_per_s) / self.measured_tokens_per_s
 
 
 def load_calibration(path: str | Path) -> Calibration:

@@ -195,3 +195,19 @@ def missing_keys(data: dict[str, Any]) -> list[str]:
 
 def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class CalibrationCheck:
+    """The planner's prediction of a bench run beside what the run measured (planner/calibrate.py makes one)."""
+
+    predicted_tokens_per_s: float
+    measured_tokens_per_s: float
+    predicted_forward_s: float
+    measured_forward_s: float | None
+    formulas: tuple[str, ...]
+
+    @property
+    def relative_error(self) -> float:
+        """(predicted - measured) / measured."""
+        return (self.predicted_tokens_per_s - self.measured_tokens_per_s) / self.measured_tokens_per_s

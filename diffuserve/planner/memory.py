@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from diffuserve.model.shapes import PagedKV, SlidingWindowKV, heads_per_rank
 from diffuserve.planner.inputs import KV_BYTES, WEIGHT_BYTES, Deployment
 from diffuserve.planner.model_spec import AttentionGroup, ModelSpec
 from diffuserve.planner.params import ParamCounts
 from diffuserve.planner.recurrent_state import state_bytes_per_sequence, state_formula
-from diffuserve.planner.units import GiB, ceil_div, fmt_bytes, fmt_count, round_up
+from diffuserve.planner.units import GiB, ceil_div, fmt_bytes, fmt_count
 
 NCCL_OVERHEAD_BYTES = 2 * GiB
 """Communicator buffers once a replica spans devices (llm-d-planner measured ~2.1 GiB at TP >= 2)."""
@@ -60,13 +61,19 @@ def page_size_for(deployment: Deployment, block_length: int) -> int:
 
 def kv_heads_per_device(group: AttentionGroup, tensor_parallel_size: int) -> int:
     """KV heads split over TP ranks; a rank keeps at least one (heads are replicated when TP > Hkv)."""
-    return ceil_div(group.num_kv_heads, tensor_parallel_size)
+    return heads_per_rank(group.num_kv_heads, tensor_parallel_size)
+
+
+def kv_spec(group: AttentionGroup, deployment: Deployment) -> PagedKV:
+    """The engine's cache spec of one of the group's layers (model/shapes.py)."""
+    if group.window is None:
+        return PagedKV(group.num_kv_heads, group.head_dim, deployment.kv_dtype)
+    return SlidingWindowKV(group.num_kv_heads, group.head_dim, deployment.kv_dtype, group.window)
 
 
 def kv_bytes_per_token(deployment: Deployment, group: AttentionGroup) -> float:
-    """2 (K and V) * L * Hkv_per_device * D * bytes per element."""
-    heads = kv_heads_per_device(group, deployment.tensor_parallel_size)
-    return 2 * group.num_layers * heads * group.head_dim * KV_BYTES[deployment.kv_dtype]
+    """2 (K and V) * L * Hkv_per_device * D * bytes per element: the layers' spec, as the engine sizes it."""
+    return group.num_layers * kv_spec(group, deployment).bytes_per_token(deployment.tensor_parallel_size)
 
 
 def kv_bytes_per_sequence(spec: ModelSpec, deployment: Deployment, context: int, block_length: int) -> float:
@@ -76,10 +83,9 @@ def kv_bytes_per_sequence(spec: ModelSpec, deployment: Deployment, context: int,
     being denoised (the block's first query looks back `window` tokens), rounded to pages.
     """
     page = page_size_for(deployment, block_length)
-    tokens = round_up(context, page)
     total = 0.0
     for group in spec.attention:
-        kept = tokens if group.window is None else min(tokens, round_up(group.window + block_length, page))
+        kept = kv_spec(group, deployment).tokens_kept(context, block_length, page)
         total += kv_bytes_per_token(deployment, group) * kept
     return total
 

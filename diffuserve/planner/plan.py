@@ -23,7 +23,7 @@ from diffuserve.planner.sizing import RateSizing, size_for_rate
 from diffuserve.planner.units import fmt_count
 
 if TYPE_CHECKING:
-    from diffuserve.planner.calibrate import CalibrationCheck
+    from diffuserve.planner.calibration_record import CalibrationCheck
 
 ACTIVE_DEFINITION = "active = parameters one token uses, embeddings and LM head included, routed experts x k/E"
 

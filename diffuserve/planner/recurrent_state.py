@@ -9,12 +9,13 @@ nothing of KV pages, pools or time: memory, capacity and the roofline call it.
 
 from __future__ import annotations
 
+from diffuserve.model.shapes import DTYPE_BYTES, RecurrentState
 from diffuserve.planner.hybrid_config import LinearAttentionGroup
 from diffuserve.planner.inputs import Deployment
 from diffuserve.planner.model_spec import ModelSpec
 from diffuserve.planner.units import fmt_bytes
 
-STATE_BYTES = 4
+STATE_BYTES = DTYPE_BYTES[RecurrentState.state_dtype]
 """S is kept in fp32 whatever the weights are (the delta rule accumulates over the whole sequence)."""
 RECURRENT_FLOPS_PER_STATE_ELEMENT = 7
 """Per token, head and element of S [Dk, Dv]: decay S * exp(g) 1, S^T k 2, the rank-1 update k (x) u 2, the
@@ -26,12 +27,18 @@ def activation_bytes(deployment: Deployment) -> int:
     return 4 if deployment.weight_dtype == "fp32" else 2
 
 
+def state_spec(group: LinearAttentionGroup, deployment: Deployment) -> RecurrentState:
+    """The engine's cache spec of one GDN layer (model/shapes.py): the conv ring in the activation dtype."""
+    conv = "fp32" if activation_bytes(deployment) == 4 else "bf16"
+    return RecurrentState(
+        group.num_key_heads, group.num_value_heads, group.key_head_dim, group.value_head_dim, group.conv_kernel, conv
+    )
+
+
 def state_bytes_per_layer(group: LinearAttentionGroup, deployment: Deployment) -> tuple[float, float]:
     """(S, conv ring) bytes of one sequence in one GDN layer on one device."""
-    tp = deployment.tensor_parallel_size
-    s = group.num_value_heads * group.key_head_dim * group.value_head_dim * STATE_BYTES / tp
-    ring = (group.conv_kernel - 1) * group.conv_dim * activation_bytes(deployment) / tp
-    return s, ring
+    spec, tp = state_spec(group, deployment), deployment.tensor_parallel_size
+    return float(spec.state_bytes(tp)), float(spec.ring_bytes(tp))
 
 
 def state_bytes_per_sequence(spec: ModelSpec, deployment: Deployment) -> float:
@@ -39,7 +46,7 @@ def state_bytes_per_sequence(spec: ModelSpec, deployment: Deployment) -> float:
     group = spec.linear_attention
     if group is None:
         return 0.0
-    return group.num_layers * sum(state_bytes_per_layer(group, deployment))
+    return float(group.num_layers * state_spec(group, deployment).bytes_per_sequence(deployment.tensor_parallel_size))
 
 
 def recurrent_flops(spec: ModelSpec, tokens: float) -> float:

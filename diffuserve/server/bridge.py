@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from diffuserve.engine.llm_engine import EngineStats
-from diffuserve.engine.output_processor import RequestOutput
+from diffuserve.engine.outputs import RequestOutput
 from diffuserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 Owns the `APIError` exception the handlers raise and the translation of FastAPI's own failures (malformed JSON,
 schema violations, unknown routes) into that shape, with 400 for bad input (OpenAI and vLLM use 400 where
 FastAPI would say 422). Unexpected exceptions are logged with their traceback and answered with a 500 that
-carries no internals. Knows nothing of the engine but its typed request errors (`diffuserve.engine.errors`).
+carries no internals. Knows nothing of the engine; the typed request errors it maps come from `diffuserve.errors`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from diffuserve.engine.errors import RequestError
+from diffuserve.errors import RequestError
 from diffuserve.server.response_models import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,8 @@
 """From an OpenAI request's prompt or messages to the token ids the engine takes, with the checks on them.
 
-Completions take text, token ids, or a list of either (one engine request per prompt); chat messages are
-rendered with the model's own chat template (text content only) and encoded without adding special tokens again.
+Completions take text, token ids, or a list of either (one engine request per prompt); chat messages go through
+the chat renderer the offline API uses too (`diffuserve/chat_prompt.py`: the model's own chat template, text
+content only, no special tokens added again), so the same messages are the same tokens offline and here.
 A prompt that leaves no room within max_model_len, or an explicit max_tokens that does not fit, is a 400 with
 both numbers (OpenAI's `context_length_exceeded`: the engine only clamps max_tokens to the room left). A text so
 long that it cannot fit whatever it encodes to is refused from its length alone, before tokenizing
@@ -23,37 +24,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
-import jinja2
-
-from diffuserve.server.errors import bad_request
+from diffuserve.chat_prompt import render_conversation
+from diffuserve.errors import RequestError
+from diffuserve.server.errors import bad_request, from_value_error
 from diffuserve.server.protocol import ChatCompletionRequest, ChatMessage, Tool
 from diffuserve.server.tool_calls import check_messages
 from diffuserve.tokenizer import Tokenizer
-from diffuserve.tool_format import template_messages, template_renders_tools
-
-TEMPLATE_ROLES = {"developer": "system"}
-"""Roles the chat template sees under another name (OpenAI's `developer` is its newer name for `system`)."""
-
-RESERVED_TEMPLATE_KWARGS = frozenset(
-    {
-        "conversation",
-        "messages",
-        "tools",
-        "documents",
-        "chat_template",
-        "add_generation_prompt",
-        "continue_final_message",
-        "tokenize",
-        "padding",
-        "truncation",
-        "max_length",
-        "return_tensors",
-        "return_dict",
-        "return_assistant_tokens_mask",
-        "tokenizer_kwargs",
-    }
-)
-"""apply_chat_template's own arguments: chat_template_kwargs may only pass variables to the template."""
 
 
 @dataclass(frozen=True)
@@ -192,48 +168,27 @@ def render_chat(
     template_kwargs: dict[str, Any] | None = None,
     tools: list[Tool] | None = None,
 ) -> Prompt:
+    """The request's messages through the shared chat renderer (`diffuserve/chat_prompt.py`, as `LLM.chat`), with
+    the server's checks: tool messages, the length bound before tokenizing, no mask token."""
     if tokenizer is None:
         raise bad_request("messages: this model directory has no tokenizer (nor chat template)", "messages")
-    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(template_kwargs or {}))
-    if reserved:
-        raise bad_request(f"chat_template_kwargs: {reserved} are not template variables", "chat_template_kwargs")
-    if add_generation_prompt and continue_final_message:
-        raise bad_request(
-            "continue_final_message: cannot be combined with add_generation_prompt=true", "continue_final_message"
-        )
     check_messages(messages)
-    renders_tools = template_renders_tools(tokenizer.hf.chat_template)
     tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
-    conversation = template_messages([_message(m) for m in messages], tool_dicts, renders_tools)
-    options = {
-        "add_generation_prompt": add_generation_prompt,
-        "continue_final_message": continue_final_message,
-        **(template_kwargs or {}),
-    }
-    if tool_dicts and renders_tools:
-        options["tools"] = tool_dicts
-    text = _render(tokenizer, conversation, options)
-    check_length(tokenizer, text, rules.max_model_len, "messages")
-    if not any(tokenizer.spells_special(m["content"] or "") for m in conversation):
-        token_ids = encode(tokenizer, text, "messages", add_special_tokens=False)
-    else:
-        _check_unicode(text, "messages")
-        reference = _render(
-            tokenizer, [{**m, "content": tokenizer.defuse(m["content"] or "")} for m in conversation], options
-        )
-        try:
-            token_ids = tokenizer.encode_rendered(text, reference)
-        except ValueError as e:
-            raise bad_request(str(e), "messages") from e
-    check_special_ids(tokenizer, token_ids, frozenset({rules.mask_token_id}), rules.mask_token_id, "messages")
-    return Prompt(text, token_ids)
-
-
-def _render(tokenizer: Tokenizer, conversation: list[dict[str, str]], options: dict[str, Any]) -> str:
     try:
-        return tokenizer.apply_chat_template(conversation, **options)
-    except (ValueError, TypeError, jinja2.TemplateError) as e:
-        raise bad_request(f"messages: the model's chat template rejected them: {e}", "messages") from e
+        chat = render_conversation(
+            tokenizer,
+            [_message(m) for m in messages],
+            tool_dicts,
+            add_generation_prompt,
+            continue_final_message,
+            template_kwargs,
+        )
+        check_length(tokenizer, chat.text, rules.max_model_len, "messages")
+        token_ids = chat.token_ids()
+    except RequestError as e:
+        raise from_value_error(e, "messages") from e
+    check_special_ids(tokenizer, token_ids, frozenset({rules.mask_token_id}), rules.mask_token_id, "messages")
+    return Prompt(chat.text, token_ids)
 
 
 def encode(tokenizer: Tokenizer, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
@@ -251,10 +206,10 @@ def _check_unicode(text: str, param: str) -> None:
 
 
 def _message(message: ChatMessage) -> dict[str, Any]:
+    """A wire message as the OpenAI dict the chat renderer takes (only the fields the template sees)."""
     content = message.content
-    if isinstance(content, list):
-        content = "\n".join(part.text for part in content)
-    out: dict[str, Any] = {"role": TEMPLATE_ROLES.get(message.role, message.role), "content": content}
+    parts = [part.model_dump() for part in content] if isinstance(content, list) else content
+    out: dict[str, Any] = {"role": message.role, "content": parts}
     if message.tool_calls:
         out["tool_calls"] = [c.model_dump() for c in message.tool_calls]
     if message.tool_call_id is not None:

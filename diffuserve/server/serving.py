@@ -26,11 +26,12 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from diffuserve.engine.output_processor import RequestOutput
+from diffuserve.engine.detokenizer import TokenTexts
+from diffuserve.engine.outputs import RequestOutput
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.server.bridge import AsyncEngine, EngineDeadError, EngineRequest, OutputStream, QueueFullError
 from diffuserve.server.chat_output import ChatOutputFormat
-from diffuserve.server.cli import ServerConfig
+from diffuserve.server.config import ServerConfig
 from diffuserve.server.errors import APIError, bad_request, engine_unavailable, from_value_error, queue_full
 from diffuserve.server.metrics import ServerMetrics
 from diffuserve.server.parsing import chat_params, completion_params
@@ -90,6 +91,11 @@ class OpenAIServing:
     )
     """Where large prompts are tokenized: one thread, so that huge requests queue behind each other rather than
     taking every core from the engine."""
+    token_texts: TokenTexts = field(init=False)
+    """Token texts for the denoising stream extension, decoded once per token id."""
+
+    def __post_init__(self) -> None:
+        self.token_texts = TokenTexts(self.tokenizer)
 
     @property
     def max_model_len(self) -> int:
@@ -209,6 +215,7 @@ class OpenAIServing:
             chat_format or ChatOutputFormat(),
             params.logprobs,
             scoring=scoring or PromptScoring(),
+            denoising=self.token_texts if params.record_denoising else None,
         )
         return stream, ctx
 

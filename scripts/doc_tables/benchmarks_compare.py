@@ -93,3 +93,40 @@ def compare_hybrid(load: Load) -> str:
                 ]
             )
     return table(["block", "variant", "tokens/s", "NFE", "TPF", "forwards/s", "engine speed-up", "same tokens"], rows)
+
+
+ATTENTION_RUNS = ("attention-backends-1", "attention-backends-16", "attention-backends-64")
+"""Issue 23: the batched attention backend against the per-sequence loop at 1, 16 and 64 concurrent sequences."""
+
+
+def attention_backends(load: Load) -> str:
+    rows = []
+    for name in ATTENTION_RUNS:
+        run = load(name)["result"]
+        r = run["results"][0]
+        batched, loop = r["variants"]["engine-batched"], r["variants"]["attention-loop"]
+        rows.append(
+            [
+                run["workload"]["num_prompts"],
+                f"`{name}.json`",
+                sig3(batched["tokens_per_s"]),
+                sig3(loop["tokens_per_s"]),
+                batched["nfe"],
+                f"**{r['ratios']['engine-batched_vs_attention-loop']:.2f}x**",
+                "yes" if r["identical_tokens"] else "NO",
+                f"{run['environment']['load_average_start'][0]:.1f} -> {run['environment']['load_average_end'][0]:.1f}",
+            ]
+        )
+    return table(
+        [
+            "concurrent sequences",
+            "run",
+            "batched tokens/s",
+            "loop tokens/s",
+            "NFE",
+            "batched vs loop",
+            "same tokens",
+            "load",
+        ],
+        rows,
+    )

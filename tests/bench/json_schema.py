@@ -167,6 +167,7 @@ COMPARE = {
                             for k in (
                                 "engine",
                                 "engine-batched",
+                                "attention-loop",
                                 "baseline",
                                 "reference",
                                 "transformers-kv",

@@ -53,3 +53,20 @@ def test_compare_variants_agree(bench_model_dir, run_bench, tmp_path):
     assert "same tokens" in text
     if plot_args(tmp_path):
         assert pngs(tmp_path) == {"compare_tokens_per_s.png"}
+
+
+def test_compare_the_attention_backends(bench_model_dir, run_bench):
+    """(e) with the default (batched) attention against (h), the same engine with the per-sequence loop: same
+    tokens and forwards, the ratio reported."""
+    sizes = ["--block-lengths", "4", "--prompt-tokens", "6", "--output-tokens", "8", "--num-prompts", "3"]
+    variants = ["--variants", "engine-batched", "attention-loop"]
+    code, result, text = run_bench(
+        ["compare", "--model", str(bench_model_dir), *sizes, "--repeats", "1", *variants, *FAST]
+    )
+    assert code == 0 and validate(result, COMPARE) == []
+    (row,) = result["results"]
+    v = row["variants"]
+    assert list(v) == ["engine-batched", "attention-loop"] and row["identical_tokens"] is True
+    assert v["engine-batched"]["nfe"] == v["attention-loop"]["nfe"] and v["attention-loop"]["generated_tokens"] == 24
+    assert set(row["ratios"]) == {"engine-batched_vs_attention-loop"}
+    assert "attention-loop" in text

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from diffuserve import LLM, SamplingParams
+from diffuserve.engine.cache.paged_step import PagedStepMetadata
 from diffuserve.engine.executor import ForwardInputs
 from diffuserve.model.layers.attention import SequenceSlice, block_causal_mask
 from tests.conftest import tiny_checkpoint, write_llada2_checkpoint
@@ -49,7 +50,7 @@ def _prefill(block_length: int, num_tokens: int) -> ForwardInputs:
     positions = torch.arange(num_tokens)
     ids = (positions * 37 + 11) % 250 + 1
     sequence = SequenceSlice(0, num_tokens, positions, block_causal_mask(positions, num_tokens, block_length))
-    return ForwardInputs(ids, positions, positions, (sequence,))
+    return ForwardInputs(ids, positions, (PagedStepMetadata(positions, (sequence,)),))
 
 
 @torch.inference_mode()

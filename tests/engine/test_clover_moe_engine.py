@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
+from diffuserve.bench.baselines.engines import baseline_llm
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.testing.reference_clover_moe import ReferenceSettings, reference_block_decode
 
@@ -70,11 +71,15 @@ def test_block_diffusion_matches_the_reference_decoder(tmp_path):
     "kwargs, field",
     [
         (dict(tensor_parallel_size=2), "tensor_parallel_size"),
-        (dict(expert_offload=True, recurrent_state="recompute"), "expert_offload"),
-        (dict(expert_offload=True, recurrent_state="rescan"), "expert_offload"),
+        (dict(expert_offload=True, baseline="recompute"), "expert_offload"),
+        (dict(expert_offload=True, baseline="rescan"), "expert_offload"),
     ],
 )
 def test_hybrid_models_refuse_what_they_cannot_do(ar_dir, kwargs, field):
     """Tensor parallelism (GDN heads are not sharded yet), and expert offload outside the state pool."""
+    baseline = kwargs.pop("baseline", None)
     with pytest.raises(ValueError, match=f"^{field}: .*recurrent layers"):
-        LLM(str(ar_dir), device="cpu", max_model_len=256, **kwargs)
+        if baseline is None:
+            LLM(str(ar_dir), device="cpu", max_model_len=256, **kwargs)
+        else:
+            baseline_llm(str(ar_dir), baseline, device="cpu", max_model_len=256, **kwargs)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
+from diffuserve.engine.cache.paged_step import PagedMetadataBuilder
 from diffuserve.engine.decoders import DECODERS, Proposal
 from diffuserve.engine.request import Request, RequestStatus
 from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice, block_causal_mask
@@ -116,10 +117,11 @@ def test_committed_kv_are_those_of_the_final_edited_tokens(llm, reference):
     assert edited_blocks & set(range(0, request.num_computed_tokens, block))  # an edited block was committed
     length = request.num_computed_tokens
     expected_k, expected_v = _single_pass_kv(engine, request.known_tokens(0, length))
-    slots = engine.runner._key_slots(request.page_ids, length)
+    builder = PagedMetadataBuilder("kv", engine.cache.page_size, block, engine.runner.rules, torch.device("cpu"))
+    slots = builder.key_slots(request.page_ids, length)
     for layer, (k, v) in enumerate(zip(expected_k, expected_v)):
-        assert torch.allclose(engine.runner.executor.k_caches[layer][slots], k, atol=1e-5)
-        assert torch.allclose(engine.runner.executor.v_caches[layer][slots], v, atol=1e-5)
+        assert torch.allclose(engine.runner.executor.caches.paged["kv"].k_caches[layer][slots], k, atol=1e-5)
+        assert torch.allclose(engine.runner.executor.caches.paged["kv"].v_caches[layer][slots], v, atol=1e-5)
     while engine.has_unfinished_requests():
         engine.step()
     prompt, params = [5, 9, 14], EDIT.replace(max_tokens=40, ignore_eos=True)
@@ -129,8 +131,8 @@ def test_committed_kv_are_those_of_the_final_edited_tokens(llm, reference):
 def _single_pass_kv(engine, tokens: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """K/V of `tokens` from one block-causal forward into fresh caches: what a no-cache reference computes."""
     length = len(tokens)
-    k_caches = [torch.zeros_like(c) for c in engine.runner.executor.k_caches]
-    v_caches = [torch.zeros_like(c) for c in engine.runner.executor.v_caches]
+    k_caches = [torch.zeros_like(c) for c in engine.runner.executor.caches.paged["kv"].k_caches]
+    v_caches = [torch.zeros_like(c) for c in engine.runner.executor.caches.paged["kv"].v_caches]
     positions = torch.arange(length)
     mask = block_causal_mask(positions, length, engine.args.block_length)
     inputs = PagedAttentionInputs(positions, (SequenceSlice(0, length, positions, mask),), k_caches, v_caches)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
+from diffuserve.bench.baselines.engines import baseline_llm
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
 
@@ -34,8 +35,11 @@ def _prompts(lengths: list[int], seed: int) -> list[list[int]]:
     return [torch.randint(10, 250, (n,), generator=generator).tolist() for n in lengths]
 
 
-def _generate(model_dir, prompts: list[list[int]], max_tokens: int, noise: bool = False, **kwargs) -> list[list[int]]:
-    llm = LLM(str(model_dir), device="cpu", **{"max_model_len": 160, **kwargs})
+def _generate(
+    model_dir, prompts: list[list[int]], max_tokens: int, noise: bool = False, baseline: str | None = None, **kwargs
+) -> list[list[int]]:
+    kwargs = {"device": "cpu", "max_model_len": 160, **kwargs}
+    llm = LLM(str(model_dir), **kwargs) if baseline is None else baseline_llm(str(model_dir), baseline, **kwargs)
     if noise:
         _overwrite_state_before_every_forward(llm)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, threshold=0.5)
@@ -48,7 +52,7 @@ def _overwrite_state_before_every_forward(llm: LLM) -> None:
     forward = executor.forward
 
     def noisy_forward(inputs):
-        for t in executor.state_cache.conv_caches + executor.state_cache.recurrent_caches:
+        for t in executor.caches.state.conv_caches + executor.caches.state.recurrent_caches:
             t.normal_()
         return forward(inputs)
 
@@ -63,7 +67,7 @@ def test_rescan_equals_the_kept_state(model_dirs, diffusion):
     max_tokens = 14 if diffusion else 6
     kept = _generate(model_dirs[diffusion], prompts, max_tokens, max_num_batched_tokens=12)
     rescan = _generate(
-        model_dirs[diffusion], prompts, max_tokens, noise=True, max_num_batched_tokens=12, recurrent_state="rescan"
+        model_dirs[diffusion], prompts, max_tokens, noise=True, max_num_batched_tokens=12, baseline="rescan"
     )
     assert rescan == kept
 
@@ -78,7 +82,7 @@ def test_rescan_under_preemption_equals_an_unconstrained_run(model_dirs):
     prompts = _prompts([5, 17, 30, 9, 22, 13], seed=6)
     free = _generate(model_dirs[True], prompts, 24)
     # 8 pages of 16 tokens for 6 requests of up to 54 positions: some are preempted and rescan what they rewrite.
-    llm = LLM(str(model_dirs[True]), device="cpu", max_model_len=160, num_pages=8, recurrent_state="rescan")
+    llm = baseline_llm(str(model_dirs[True]), "rescan", device="cpu", max_model_len=160, num_pages=8)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, threshold=0.5)
     assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)] == free
     assert llm.engine.stats().num_preemptions > 0

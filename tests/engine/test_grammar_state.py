@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from diffuserve.default_model import DEFAULT_MODEL_DIR
-from diffuserve.engine.errors import RequestError
 from diffuserve.engine.grammar import GrammarCompiler
 from diffuserve.engine.grammar_state import GrammarState
+from diffuserve.errors import RequestError
 from diffuserve.structured_outputs import StructuredOutputsParams
 from diffuserve.tokenizer import Tokenizer
 

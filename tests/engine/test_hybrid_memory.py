@@ -26,8 +26,8 @@ llm = LLM(model_dir, device="cpu", max_model_len=context + block, max_num_seqs=1
 prompt = [(7 * i) % 200 + 10 for i in range(context - block)]
 out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=block, ignore_eos=True))[0]
 executor = llm.engine.runner.executor
-kv = sum(t.numel() * t.element_size() for t in executor.k_caches + executor.v_caches)
-state = executor.state_cache.state_bytes_per_slot() * executor.state_cache.num_slots
+kv = executor.caches.paged["kv"].num_bytes
+state = executor.caches.state.state_bytes_per_slot() * executor.caches.state.num_slots
 print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "kv": kv, "state": state,
                   "tokens": len(out.outputs[0].token_ids)}))
 """

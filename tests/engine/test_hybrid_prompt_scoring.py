@@ -9,8 +9,10 @@ from __future__ import annotations
 import pytest
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.engine import hybrid_runner, prompt_scoring, state_scheduling
-from diffuserve.engine.errors import UnsupportedParameter
+from diffuserve.bench.baselines.engines import baseline_llm
+from diffuserve.engine import prompt_scoring
+from diffuserve.engine.cache import recurrent, state_step
+from diffuserve.errors import UnsupportedParameter
 from diffuserve.model.loader import load_model
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.testing.reference_scoring import reference_hybrid_prompt_log_probs
@@ -85,7 +87,7 @@ def test_a_scoring_request_restores_no_state_past_its_next_scored_block(model_di
     assert not _mismatches(_score(llm, PROMPT[:12]).prompt_logprobs, expected[12], PROMPT[:12])
     apply_source_mutation(
         monkeypatch,
-        state_scheduling,
+        recurrent,
         "if request.num_unscored:\n            # No state",
         "if False:\n            # No state",
     )
@@ -99,9 +101,9 @@ def test_a_scoring_request_restores_no_state_past_its_next_scored_block(model_di
     [
         (prompt_scoring, "p % block - self.shift", "p % block"),
         (
-            hybrid_runner,
-            "previews.append((row, self._state_slot(request), -1))",
-            "commits[(9, self.block_length, False)].append((row, self._state_slot(request), -1))",
+            state_step,
+            "previews.append((row, state_slot(request), -1))",
+            "commits[(9, self.block_length, False)].append((row, state_slot(request), -1))",
         ),
     ],
     ids=["reads-row-p", "variant-advances-the-state"],
@@ -119,7 +121,7 @@ def test_broken_variants_fail_the_equality(kind, model_dir, expected, monkeypatc
 def test_state_rebuilding_modes_refuse_prompt_logprobs(tmp_path, mode):
     config = make_clover_moe_config(block_length=BLOCK, num_hidden_layers=4)
     model_dir = write_clover_moe_checkpoint(tmp_path / "clover", config, seed=1)
-    llm = LLM(str(model_dir), device="cpu", max_model_len=64, recurrent_state=mode)
+    llm = baseline_llm(str(model_dir), mode, device="cpu", max_model_len=64)
     with pytest.raises(UnsupportedParameter, match="prompt_logprobs"):
         _score(llm, PROMPT)
     out = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(max_tokens=0))[0]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
+from diffuserve.bench.baselines.engines import baseline_llm
 from diffuserve.model.loader import load_model
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.testing.reference_clover_moe import ReferenceSettings, reference_block_decode
@@ -62,7 +63,8 @@ def test_every_decoder_equals_the_recompute_engine(model_dirs, decoder):
     prompts = _prompts(LENGTHS[4], seed=1)
     params = _params(10, decoder=decoder, steps=2, entropy_bound=0.5, edit_threshold=0.6)
     kept = _generate(_llm(model_dirs[4], max_num_batched_tokens=12), prompts, params)
-    assert kept == _generate(_llm(model_dirs[4], recurrent_state="recompute"), prompts, params)
+    recompute = baseline_llm(str(model_dirs[4]), "recompute", device="cpu", max_model_len=256)
+    assert kept == _generate(recompute, prompts, params)
 
 
 def test_separate_commit_forwards_equal_the_fused_commit(model_dirs):
@@ -156,7 +158,7 @@ def test_a_storm_of_aborts_returns_every_slot_and_page(model_dirs):
 
 
 def test_a_request_that_cannot_fit_alone_is_refused_with_the_numbers(model_dirs):
-    from diffuserve.engine.errors import ContextLengthExceeded
+    from diffuserve.errors import ContextLengthExceeded
 
     llm = _llm(model_dirs[4], num_pages=2)
     with pytest.raises(
@@ -173,17 +175,18 @@ def test_state_budget_too_small_for_one_slot_is_refused(model_dirs):
 
 
 def test_measured_state_per_sequence_equals_the_formula(model_dirs):
-    from diffuserve.model.clover_moe_config import state_bytes_per_sequence
+    from diffuserve.model.clover_moe_config import cache_layout
 
     engine = _llm(model_dirs[4]).engine
-    cache = engine.runner.executor.state_cache
-    assert cache.state_bytes_per_slot() == state_bytes_per_sequence(engine.args, dtype_bytes=4)  # fp32 checkpoint
+    cache = engine.runner.executor.caches.state
+    state_bytes = cache_layout(engine.args, "fp32").state_bytes_per_sequence()  # fp32 checkpoint
+    assert cache.state_bytes_per_slot() == state_bytes
     hidden_row = engine.args.hidden_size * 4
-    assert engine.state_pool.slot_bytes == state_bytes_per_sequence(engine.args, 4) + hidden_row
+    assert engine.state_pool.slot_bytes == state_bytes + hidden_row
     # The state does not grow with context; only the K/V pages (attention layers only) do.
     long = _llm(model_dirs[4], max_model_len=1024).engine
-    assert long.runner.executor.state_cache.state_bytes_per_slot() == cache.state_bytes_per_slot()
-    assert len(long.runner.executor.k_caches) == 1  # 4 layers: 3 GDN + 1 attention
+    assert long.runner.executor.caches.state.state_bytes_per_slot() == cache.state_bytes_per_slot()
+    assert len(long.runner.executor.caches.paged["kv"].k_caches) == 1  # 4 layers: 3 GDN + 1 attention
 
 
 def test_routing_statistics_are_recorded_for_hybrid_models(model_dirs):

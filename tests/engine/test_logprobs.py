@@ -14,9 +14,11 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.engine.errors import RequestError
-from diffuserve.engine.output_processor import Completion, CompletionOutput, Logprob
+from diffuserve.bench.baselines.engines import baseline_llm
+from diffuserve.engine.output_processor import Completion
+from diffuserve.engine.outputs import CompletionOutput, Logprob
 from diffuserve.engine.request import Request
+from diffuserve.errors import RequestError
 from diffuserve.sampling_params import MAX_LOGPROBS
 from diffuserve.structured_outputs import StructuredOutputsParams
 from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
@@ -145,11 +147,11 @@ def test_hybrid_runners_give_the_same_logprobs(tmp_path):
             tmp_path / str(diffusion), config, seed=12, init_std=0.1, logit_scale=20.0, diffusion=diffusion
         )
         runs = [
-            [
-                o.outputs[0]
-                for o in LLM(str(model_dir), device="cpu", max_model_len=256, **kwargs).generate(prompts, params)
-            ]
-            for kwargs in ({}, {"recurrent_state": "recompute"})
+            [o.outputs[0] for o in llm.generate(prompts, params)]
+            for llm in (
+                LLM(str(model_dir), device="cpu", max_model_len=256),
+                baseline_llm(str(model_dir), "recompute", device="cpu", max_model_len=256),
+            )
         ]
         for kept, recomputed in zip(*runs):
             assert kept.token_ids == recomputed.token_ids and kept.logprobs is not None

@@ -28,10 +28,13 @@ def test_planned_kv_and_state_are_what_the_engine_allocates(tmp_path, capsys):
     config = make_clover_moe_config("clover-moe-bench", torch_dtype="bfloat16")
     model_dir = str(write_clover_moe_checkpoint(tmp_path / "bench", config, seed=0))
     executor = LLM(model_dir, max_model_len=CONTEXT, max_num_seqs=2, num_pages=80).engine.runner.executor
-    kv_pool = sum(t.numel() * t.element_size() for t in executor.k_caches + executor.v_caches)
-    kv_per_token = kv_pool / (executor.num_pages * executor.page_size)
-    state = executor.state_cache.state_bytes_per_slot()
-    assert len(executor.k_caches) == 2 and len(executor.state_cache.recurrent_caches) == 6
+    kv_pool = sum(
+        t.numel() * t.element_size()
+        for t in executor.caches.paged["kv"].k_caches + executor.caches.paged["kv"].v_caches
+    )
+    kv_per_token = kv_pool / (executor.sizes.num_pages * executor.page_size)
+    state = executor.caches.state.state_bytes_per_slot()
+    assert len(executor.caches.paged["kv"].k_caches) == 2 and len(executor.caches.state.recurrent_caches) == 6
 
     plan = _plan(capsys, model_dir)
     memory, capacity = plan["memory_per_device"], plan["capacity"]

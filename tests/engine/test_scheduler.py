@@ -7,10 +7,11 @@ import random
 
 import pytest
 
-from diffuserve.engine.errors import ContextLengthExceeded
-from diffuserve.engine.kv_pages import PagePool
+from diffuserve.engine.cache.manager import CacheManager
+from diffuserve.engine.cache.paged import PagedKind, PagePool
 from diffuserve.engine.request import BlockWrite, Request, RequestStatus
 from diffuserve.engine.scheduler import Scheduler
+from diffuserve.errors import ContextLengthExceeded
 from diffuserve.sampling_params import SamplingParams
 
 MASK = 999
@@ -22,7 +23,8 @@ def make_request(rid: str, prompt_len: int, max_tokens: int = 8, block: int = 4,
 
 
 def make_scheduler(num_pages=64, page_size=4, max_num_seqs=8, budget=64, block=4, fused=True) -> Scheduler:
-    return Scheduler(PagePool(num_pages, page_size), max_num_seqs, budget, block, fused)
+    cache = CacheManager([PagedKind("kv", PagePool(num_pages, page_size))])
+    return Scheduler(cache, max_num_seqs, budget, block, fused)
 
 
 def run_step(scheduler: Scheduler) -> list:
@@ -30,7 +32,7 @@ def run_step(scheduler: Scheduler) -> list:
     out = scheduler.schedule()
     accepted = {w.request.request_id: BlockWrite([(i, 7) for i in w.request.masked_indices()]) for w in out.scheduled}
     scheduler.update_from_output(out, accepted)
-    scheduler.pool.check_invariants()
+    scheduler.cache.pool.check_invariants()
     return out.scheduled
 
 
@@ -90,7 +92,7 @@ def test_preemption_frees_the_youngest_and_everything_completes():
     drain(scheduler)
     assert scheduler.num_preemptions > 0
     assert all(r.status.is_finished and len(r.output_token_ids) == 24 for r in requests)
-    assert scheduler.pool.num_free_pages == scheduler.pool.num_pages
+    assert scheduler.cache.pool.num_free_pages == scheduler.cache.pool.num_pages
 
 
 def test_request_larger_than_the_cache_is_rejected():
@@ -128,7 +130,7 @@ def test_step_results_finish_requests_on_stop_ids_and_length():
         ("stop", RequestStatus.FINISHED_STOPPED, [7], 7),
         ("long", RequestStatus.FINISHED_LENGTH, [9] * 6, None),
     ]
-    assert scheduler.pool.num_free_pages == scheduler.pool.num_pages
+    assert scheduler.cache.pool.num_free_pages == scheduler.cache.pool.num_pages
 
 
 def test_prefix_is_reused_by_a_later_request():
@@ -152,7 +154,7 @@ def test_abort_frees_pages_at_once():
     assert request.page_ids
     assert scheduler.finish_requests(["a", "unknown"], RequestStatus.FINISHED_ABORTED) == [request]
     assert request.status == RequestStatus.FINISHED_ABORTED
-    assert scheduler.pool.num_free_pages == scheduler.pool.num_pages and not scheduler.has_unfinished
+    assert scheduler.cache.pool.num_free_pages == scheduler.cache.pool.num_pages and not scheduler.has_unfinished
     assert scheduler.finish_requests(["a"], RequestStatus.FINISHED_ERROR) == []  # finished once only
 
 
@@ -169,7 +171,7 @@ def test_random_workloads_never_deadlock_or_leak(seed):
         scheduler.add(r)
     drain(scheduler, max_steps=2000)
     assert all(r.status.is_finished for r in requests)
-    assert scheduler.pool.num_free_pages == scheduler.pool.num_pages
+    assert scheduler.cache.pool.num_free_pages == scheduler.cache.pool.num_pages
 
 
 def test_prompt_scoring_rides_with_the_commits_it_needs_and_the_block_waits_for_it():
@@ -190,7 +192,7 @@ def test_prompt_scoring_rides_with_the_commits_it_needs_and_the_block_waits_for_
         written = BlockWrite([(i, 7) for i in request.masked_indices()])
         scheduler.update_from_output(out, {"a": written} if work.has_block else {})
         assert request.score_page_ids == []
-        scheduler.pool.check_invariants()
+        scheduler.cache.pool.check_invariants()
     assert plans == [
         (0, 12, 1, 2, False),  # three prompt blocks committed, one variant in the 4 tokens left
         (12, 12, 2, 6, False),
@@ -198,7 +200,7 @@ def test_prompt_scoring_rides_with_the_commits_it_needs_and_the_block_waits_for_
         (12, 12, 10, 13, True),  # the last variants, and the block in the same forward
         (12, 16, 13, 13, True),
     ]
-    assert scheduler.pool.num_free_pages == scheduler.pool.num_pages
+    assert scheduler.cache.pool.num_free_pages == scheduler.cache.pool.num_pages
 
 
 def test_max_tokens_zero_commits_only_what_scoring_reads_and_finishes_without_a_block():

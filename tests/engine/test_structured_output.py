@@ -12,8 +12,8 @@ import pytest
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.engine import grammar_decoding
-from diffuserve.engine.errors import RequestError
 from diffuserve.engine.grammar_state import GrammarState
+from diffuserve.errors import RequestError
 from diffuserve.structured_outputs import StructuredOutputsParams
 from diffuserve.tool_format import call_grammar, parse_calls
 

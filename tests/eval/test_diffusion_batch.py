@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from diffuserve.chat_prompt import chat_token_ids
 from diffuserve.eval.tasks import Example, heldout_examples
 from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
 from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
@@ -38,7 +39,7 @@ def test_prompt_encoding_matches_the_chat_template(tmp_path):
     write_byte_tokenizer(tmp_path, 272)
     tokenizer = Tokenizer(tmp_path)
     for example in heldout_examples(3):
-        assert encode_prompt(example.prompt) == tokenizer.encode_chat([{"role": "user", "content": example.prompt}])
+        assert encode_prompt(example.prompt) == chat_token_ids(tokenizer, [{"role": "user", "content": example.prompt}])
 
 
 def test_noisy_blocks_see_what_the_engine_sees():

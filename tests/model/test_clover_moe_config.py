@@ -6,10 +6,9 @@ from __future__ import annotations
 from diffuserve.model.clover_moe_config import (
     FULL_ATTENTION,
     LINEAR_ATTENTION,
+    cache_layout,
     clover_moe_args_from_hf,
     hybrid_args,
-    kv_bytes_per_token,
-    state_bytes_per_sequence,
 )
 
 REAL_SHAPE = dict(
@@ -39,9 +38,9 @@ def test_defaults_are_the_35b_a3b_shape():
 def test_state_sizes_of_the_real_model():
     """docs/models.md: 20 KiB of K/V per token (10 layers x 2 x 2 heads x 256 x 2 B); per sequence 30 x (2 MiB
     S + 8192 x 3 x 2 B conv ring) = 60 MiB + 1,474,560 B."""
-    args = clover_moe_args_from_hf(REAL_SHAPE)
-    assert kv_bytes_per_token(args) == 20 * 1024
-    assert state_bytes_per_sequence(args) == 30 * (32 * 128 * 128 * 4 + 8192 * 3 * 2) == 60 * 2**20 + 1_474_560
+    layout = cache_layout(clover_moe_args_from_hf(REAL_SHAPE), "bf16")
+    assert layout.kv_bytes_per_token() == 20 * 1024
+    assert layout.state_bytes_per_sequence() == 30 * (32 * 128 * 128 * 4 + 8192 * 3 * 2) == 60 * 2**20 + 1_474_560
 
 
 def test_text_config_and_mrope():

@@ -25,7 +25,7 @@ import uvicorn
 from diffuserve.config import EngineConfig
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.server.app import build_app
-from diffuserve.server.cli import ServerConfig
+from diffuserve.server.config import ServerConfig
 from diffuserve.server.serving import OpenAIServing
 
 API_KEY = "test-key"

@@ -7,8 +7,8 @@ import httpx
 import openai
 import pytest
 
-from diffuserve.engine.errors import ContextLengthExceeded, InvalidTokenIds, RequestError
-from diffuserve.server.cli import ServerConfig
+from diffuserve.errors import ContextLengthExceeded, InvalidTokenIds, RequestError
+from diffuserve.server.config import ServerConfig
 from tests.server.conftest import MODEL_NAME, LiveServer
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from diffuserve.server.cli import ServerConfig
+from diffuserve.server.config import ServerConfig
 from tests.server.conftest import API_KEY, MODEL_NAME, LiveServer, sse_events
 
 # One token per forward, far from the end: still running whenever the test looks. (This prompt's answer starts

@@ -18,7 +18,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from diffuserve.server.cli import ServerConfig
+from diffuserve.server.config import ServerConfig
 from tests.server.conftest import LiveServer
 
 EXAMPLES = {
@@ -30,6 +30,8 @@ EXAMPLES = {
     ("/tokenize", GenerationMode.NEGATIVE): 5,
     ("/detokenize", GenerationMode.POSITIVE): 5,
     ("/detokenize", GenerationMode.NEGATIVE): 5,
+    ("/plan", GenerationMode.POSITIVE): 10,
+    ("/plan", GenerationMode.NEGATIVE): 10,
 }
 
 

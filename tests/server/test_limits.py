@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from diffuserve.server.cli import ServerConfig
+from diffuserve.server.config import ServerConfig
 from diffuserve.server.guards import default_max_request_bytes
 from tests.server.conftest import API_KEY, MODEL_NAME, LiveServer, sse_events
 

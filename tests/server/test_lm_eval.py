@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from diffuserve.default_model import DEFAULT_MODEL_DIR
-from diffuserve.server.cli import ServerConfig
+from diffuserve.server.config import ServerConfig
 from tests.server.conftest import LiveServer
 
 lm_eval = pytest.importorskip("lm_eval")

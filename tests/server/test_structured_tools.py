@@ -14,7 +14,7 @@ import jsonschema_rs
 import pytest
 from pydantic import BaseModel
 
-from diffuserve.server.cli import ServerConfig
+from diffuserve.server.config import ServerConfig
 from tests.server.conftest import LiveServer
 
 TOOLS_TEMPLATE = (

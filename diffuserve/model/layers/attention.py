@@ -6,10 +6,11 @@ RMSNorm, RoPE, GQA, output projection. Which keys a query sees (block-causal) an
 none) are decided by the `AttentionInputs` the caller passes. Under tensor parallelism (`shard_`) each rank keeps
 its own query and KV heads (qkv_proj column-parallel, o_proj row-parallel) and caches only its KV heads.
 
-**K/V** (`paged_attention`, `dense_attention`): attention over a paged KV cache under the block-causal mask, plus
-the dense (no-cache) reference path. The per-step metadata says, for a flattened batch of query tokens, where
-each token's K/V is written and which cached slots each sequence reads; `model_runner` builds it, this module
-only gathers, writes and attends. Slot layout (one tensor per layer, shared by all sequences):
+**K/V** (`paged_attention`, `dense_attention`): attention over a paged KV cache under the step's masks, plus the
+dense (no-cache) reference path. `paged_attention` writes the step's K/V into the layer's cache and hands the
+real query rows to the layer's attention backend (attention_backends: loop, batched, flashinfer), which reads
+the step's `PagedAttentionInputs` (attention_backends/interface: the sequences' key slots and masks, built by
+`model_runner`). Slot layout (one tensor per layer, shared by all sequences):
 
     k_cache [num_slots, Hkv, D]     slot = page_id * page_size + offset_in_page
 
@@ -36,6 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from diffuserve.model.config import ModelArgs, RopeArgs
+from diffuserve.model.layers.attention_backends.batched import BatchedBackend
+from diffuserve.model.layers.attention_backends.interface import AttentionBackend, PagedAttentionInputs
+from diffuserve.model.layers.attention_backends.interface import SequenceSlice as SequenceSlice  # the engine's import
 from diffuserve.model.layers.linear import RowParallelLinear, column_parallel
 from diffuserve.model.layers.norm import RMSNorm
 
@@ -154,30 +158,6 @@ class RotaryEmbedding(nn.Module):
 
 
 @dataclass(frozen=True)
-class SequenceSlice:
-    """One sequence's queries in the flattened step batch."""
-
-    query_start: int
-    query_len: int
-    key_slots: torch.Tensor
-    """[L] long: cache slot of each key position 0..L-1 (L = last query position + 1)."""
-    mask: torch.Tensor | None
-    """[Lq, L] bool, True = may attend; None when every query may see every key (one block of queries)."""
-
-
-@dataclass(frozen=True)
-class PagedAttentionInputs:
-    """Everything attention needs for one engine step. Built by the model runner, read by every layer."""
-
-    slot_mapping: torch.Tensor
-    """[N] long: the cache slot that receives each query token's K/V."""
-    sequences: tuple[SequenceSlice, ...]
-    k_caches: list[torch.Tensor]
-    """Per layer [num_slots, Hkv, D]."""
-    v_caches: list[torch.Tensor]
-
-
-@dataclass(frozen=True)
 class DenseAttentionInputs:
     """No cache: every query attends over the given batch itself under an explicit mask (reference, training)."""
 
@@ -195,44 +175,27 @@ def block_causal_mask(query_positions: torch.Tensor, key_len: int, block_length:
 
 
 def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: PagedAttentionInputs, layer_id: int, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    inputs: PagedAttentionInputs,
+    layer_id: int,
+    scale: float,
+    backend: AttentionBackend,
 ) -> torch.Tensor:
     """q [N, Hq, D], k/v [N, Hkv, D] for the step's tokens (and any padding rows after them) -> [N, Hq * D].
 
     Writes the step's K/V into the cache first, so queries see their own block (and a block committed in the
-    same forward) through the same gather as the cached prefix.
+    same forward) through the same gather as the cached prefix; `backend` then attends the real rows.
     """
     k_cache, v_cache = inputs.k_caches[layer_id], inputs.v_caches[layer_id]
     num_tokens = inputs.slot_mapping.shape[0]  # a bucket-padded forward has rows past it: no K/V, output 0
     k_cache.index_copy_(0, inputs.slot_mapping, k[:num_tokens].to(k_cache.dtype))
     v_cache.index_copy_(0, inputs.slot_mapping, v[:num_tokens].to(v_cache.dtype))
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    out = q.new_empty(q.shape[0], num_heads * head_dim)
-    out[num_tokens:] = 0  # the sequences below cover every real row
-    for seq in inputs.sequences:
-        rows = slice(seq.query_start, seq.query_start + seq.query_len)
-        keys = k_cache.index_select(0, seq.key_slots).to(q.dtype)  # [L, Hkv, D]
-        values = v_cache.index_select(0, seq.key_slots).to(q.dtype)
-        out[rows] = _attend_gqa(q[rows], keys, values, seq.mask, scale)
-    return out
-
-
-def _attend_gqa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
-) -> torch.Tensor:
-    """q [Lq, Hq, D], k/v [L, Hkv, D] -> [Lq, Hq * D]. The G = Hq / Hkv query heads of one KV head are folded
-    into the query length, so SDPA runs with batch Hkv and never materialises repeated K/V."""
-    q_len, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
-    group = num_heads // num_kv_heads
-    q = q.view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(num_kv_heads, group * q_len, head_dim)
-    if mask is not None:
-        mask = mask.repeat(group, 1)  # [G * Lq, L], row g * Lq + i is query i of head g
-    # A leading batch dimension lets PyTorch pick its fused (flash) CPU kernel; 3-D inputs take the slow path.
-    out = F.scaled_dot_product_attention(
-        q[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask, scale=scale
-    )[0]
-    return out.view(num_kv_heads, group, q_len, head_dim).permute(2, 0, 1, 3).reshape(q_len, num_heads * head_dim)
+    out = backend.attend(q[:num_tokens], k_cache, v_cache, inputs, scale)
+    if num_tokens == q.shape[0]:
+        return out
+    return torch.cat([out, out.new_zeros(q.shape[0] - num_tokens, out.shape[1])])
 
 
 def dense_attention(
@@ -266,6 +229,8 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if qk_norm else None
         self.rotary = rotary
+        self.attention_backend: AttentionBackend = BatchedBackend()
+        """What computes the paged attention (attention_backends.selection.set_attention_backend)."""
 
     def shard_(self, group: ParallelGroup) -> None:
         """Keeps this rank's heads: Hq / size query and Hkv / size KV heads (sizes checked by the caller)."""
@@ -297,4 +262,4 @@ class Attention(nn.Module):
         eager). The graph breaks here instead; the projections, norms and RoPE around it stay compiled."""
         if isinstance(attn, DenseAttentionInputs):
             return dense_attention(q, k, v, attn, self.scale)
-        return paged_attention(q, k, v, attn, self.layer_id, self.scale)
+        return paged_attention(q, k, v, attn, self.layer_id, self.scale, self.attention_backend)

@@ -7,7 +7,7 @@ A sequence's K/V so far is a `KVState`. `forward` is causal over the new tokens 
 K/V appended; `preview` (block diffusion) lets every position of a block see the whole state and the whole block
 (block-causal) and appends nothing. The attention itself is the shared dense path (layers/attention).
 In the engine, `forward_paged` runs a flattened step batch over the engine's paged K/V cache instead (which keys
-a query sees is the mask the engine built; see layers/attention).
+a query sees is the mask the engine built; see layers/attention), through the layer's attention backend.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from diffuserve.model.layers.attention import (
     dense_attention,
     paged_attention,
 )
+from diffuserve.model.layers.attention_backends.batched import BatchedBackend
+from diffuserve.model.layers.attention_backends.interface import AttentionBackend
 from diffuserve.model.layers.hybrid_norm import ZeroCenteredRMSNorm
 
 
@@ -51,6 +53,8 @@ class GatedAttention(nn.Module):
         self.q_norm = ZeroCenteredRMSNorm(self.head_dim, args.rms_norm_eps)
         self.k_norm = ZeroCenteredRMSNorm(self.head_dim, args.rms_norm_eps)
         self.rotary = rotary
+        self.attention_backend: AttentionBackend = BatchedBackend()
+        """What computes `forward_paged`'s attention (attention_backends.selection.set_attention_backend)."""
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, state: KVState | None = None
@@ -78,7 +82,7 @@ class GatedAttention(nn.Module):
         k = self.k_proj(x).view(length, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(length, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, self.q_norm(q), self.k_norm(k))
-        out = paged_attention(q, k, v, attn, cache_index, self.head_dim**-0.5)  # [N, Hq * D]
+        out = paged_attention(q, k, v, attn, cache_index, self.head_dim**-0.5, self.attention_backend)  # [N, Hq * D]
         return self.o_proj(out * torch.sigmoid(gate.reshape(length, -1)))
 
     def _project(

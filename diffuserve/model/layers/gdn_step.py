@@ -23,11 +23,11 @@ Pool layout, per GDN layer (slot = a sequence's or a prefix snapshot's place in 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnInputs, GdnState
-from diffuserve.model.layers.gdn_rescan import GdnRescan
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,17 @@ class RowGroup:
     """[S] long: each sequence's state slot."""
     snapshot_slots: torch.Tensor | None = None
     """[S] long: slots that also receive the state after this run (prefix-cache snapshots), or None."""
+
+
+class StepObserver(Protocol):
+    """A hook into every GDN layer's step, for benchmark baselines that rebuild state differently (bench/
+    baselines): called before the layer reads its slots, and with each commit run's scan inputs."""
+
+    def before_layer(
+        self, layer: GatedDeltaNet, gdn_index: int, conv_cache: torch.Tensor, recurrent_cache: torch.Tensor
+    ) -> None: ...
+
+    def on_commit(self, gdn_index: int, rows: torch.Tensor, inputs: GdnInputs) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -56,9 +67,8 @@ class RecurrentStepInputs:
     """Every sequence's block (B tokens each), or None when the step has no block."""
     preview: bool
     """Blocks are previewed (block diffusion); False: run causally, the state dropped (autoregressive)."""
-    rescan: GdnRescan | None = None
-    """The rescan baseline only (`--recurrent-state rescan`): every slot of the step is rebuilt from its kept
-    projections before the commits, and the commits' projections are kept (gdn_rescan)."""
+    observer: StepObserver | None = None
+    """A benchmark baseline's hook (None when serving)."""
 
 
 def gdn_step(layer: GatedDeltaNet, x: torch.Tensor, inputs: RecurrentStepInputs, gdn_index: int) -> torch.Tensor:
@@ -67,16 +77,16 @@ def gdn_step(layer: GatedDeltaNet, x: torch.Tensor, inputs: RecurrentStepInputs,
     The projections (in and out) run once over all N rows: at batch 1 a step's commit and its block would
     otherwise each read the layer's projection weights."""
     conv_cache, recurrent_cache = inputs.conv_caches[gdn_index], inputs.recurrent_caches[gdn_index]
-    if inputs.rescan is not None:
-        inputs.rescan.rebuild(layer, gdn_index, conv_cache, recurrent_cache)
+    if inputs.observer is not None:
+        inputs.observer.before_layer(layer, gdn_index, conv_cache, recurrent_cache)
     projected = layer.project(x)  # [N, ...]
     gdn = layer.gdn
     o = x.new_empty(x.shape[0], gdn.num_value_heads, gdn.value_head_dim, dtype=torch.float32)
     for group in inputs.commits:
         state = GdnState(conv_cache[group.slots], recurrent_cache[group.slots])
         group_inputs = GdnInputs(*(t[group.rows] for t in projected))  # [S, L, ...]
-        if inputs.rescan is not None:
-            inputs.rescan.record(gdn_index, group.rows, group_inputs)
+        if inputs.observer is not None:
+            inputs.observer.on_commit(gdn_index, group.rows, group_inputs)
         group_o, state = layer.scan(group_inputs, state)
         o[group.rows] = group_o.transpose(1, 2)
         conv_cache.index_copy_(0, group.slots, state.conv.to(conv_cache.dtype))

@@ -8,11 +8,11 @@ import random
 
 import pytest
 
-from diffuserve.engine.state_slots import OutOfStateSlots, StatePool
+from diffuserve.engine.cache.recurrent import OutOfStateSlots, SlotPool
 
 
 def test_slots_are_allocated_and_freed():
-    pool = StatePool(num_slots=2, slot_bytes=100)
+    pool = SlotPool(num_slots=2, slot_bytes=100)
     a, b = pool.allocate(), pool.allocate()
     assert {a, b} == {0, 1} and pool.num_used_slots == 2 and not pool.can_allocate()
     with pytest.raises(OutOfStateSlots):
@@ -25,7 +25,7 @@ def test_slots_are_allocated_and_freed():
 
 
 def test_snapshots_use_spare_slots_and_are_evicted_lru_but_never_while_restored():
-    pool = StatePool(num_slots=3, slot_bytes=100)
+    pool = SlotPool(num_slots=3, slot_bytes=100)
     running = pool.allocate()
     first, second = pool.reserve_snapshot(11), pool.reserve_snapshot(22)
     assert pool.reserve_snapshot(33) is None  # no spare slot: a snapshot never evicts
@@ -43,13 +43,13 @@ def test_snapshots_use_spare_slots_and_are_evicted_lru_but_never_while_restored(
 
 
 def test_snapshots_off_reserves_nothing():
-    pool = StatePool(num_slots=2, slot_bytes=100, enable_snapshots=False)
+    pool = SlotPool(num_slots=2, slot_bytes=100, enable_snapshots=False)
     assert pool.reserve_snapshot(1) is None
 
 
 def test_random_operations_keep_the_invariants():
     rng = random.Random(0)
-    pool = StatePool(num_slots=6, slot_bytes=1)
+    pool = SlotPool(num_slots=6, slot_bytes=1)
     held: list[int] = []
     for _ in range(2000):
         op, keep = rng.random(), {pool.lookup(rng.randrange(8))}
@@ -66,7 +66,8 @@ def test_random_operations_keep_the_invariants():
 
 
 def test_metrics_show_state_slots_and_both_hit_rates():
-    from diffuserve.engine.llm_engine import EngineStats, StateStats
+    from diffuserve.engine.cache.recurrent import StateStats
+    from diffuserve.engine.llm_engine import EngineStats
     from diffuserve.server.metrics import ServerMetrics
 
     metrics = ServerMetrics("m")

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from diffuserve.engine.kv_pages import OutOfPages, PagePool, chain_hash
+from diffuserve.engine.cache.paged import OutOfPages, PagePool, chain_hash
 
 
 def test_allocate_free_and_all_or_nothing():

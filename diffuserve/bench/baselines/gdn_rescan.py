@@ -1,4 +1,4 @@
-"""The GDN-prefix rescan: a benchmark baseline (`--recurrent-state rescan`, `bench compare`'s gdn-rescan) for the
+"""The GDN-prefix rescan: a benchmark baseline (`bench compare`'s gdn-rescan, bench/baselines/rescan.py) for the
 question "what does keeping the recurrent state buy?". It is the engine with its K/V pages cached as usual, but
 no GDN state carried from one step to the next: each GDN layer keeps, per committed position, the inputs of its
 causal scan (`GdnInputs`: the pre-conv qkv projection, g and beta; the cheapest tensors the state is a function
@@ -10,7 +10,8 @@ step's own tokens. Neither the layer projections (kept) nor the prefix's outputs
 alone) are recomputed: this is the cheapest way to do without the state.
 
 History layout, per GDN layer: `GdnInputs` with B = state slots and T = positions ([num_slots, max_len, ...]),
-addressed flat as row slot * max_len + position. The engine builds the row indices (engine/rescan_runner).
+addressed flat as row slot * max_len + position. The rescan runner builds the row indices. It is the GDN
+step's observer (model/layers/gdn_step.StepObserver): `before_layer` rebuilds, `on_commit` records.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class GdnRescan:
     write_rows: torch.Tensor
     """[N] the flat history row of each step-batch row (only commit rows are written)."""
 
-    def rebuild(
+    def before_layer(
         self, layer: GatedDeltaNet, gdn_index: int, conv_cache: torch.Tensor, recurrent_cache: torch.Tensor
     ) -> None:
         """Overwrites the step's slots with the state after their committed prefix, scanned from zero."""
@@ -52,7 +53,7 @@ class GdnRescan:
             conv_cache.index_copy_(0, group.slots, state.conv.to(conv_cache.dtype))
             recurrent_cache.index_copy_(0, group.slots, state.recurrent)
 
-    def record(self, gdn_index: int, rows: torch.Tensor, projected: GdnInputs) -> None:
+    def on_commit(self, gdn_index: int, rows: torch.Tensor, projected: GdnInputs) -> None:
         """Keeps the scan inputs of the commit tokens at step-batch rows `rows` [S, L] (projected: [S, L, ...])."""
         targets = self.write_rows[rows].flatten()
         for kept, values in zip(self.history[gdn_index], projected):

@@ -1,0 +1,79 @@
+"""The gdn-rescan baseline of `bench compare` for models with recurrent layers, never a serving mode: the engine
+as it is (paged K/V for the attention layers, one flattened batch, fused commit, the decoders) except that no GDN
+state is carried between steps. The GDN layers keep each committed position's scan inputs in this runner's
+history buffers and rebuild every scheduled sequence's state from them at each step (gdn_rescan.py), through the
+GDN step's observer hook.
+
+The state slots still exist (they are where a step's rebuilt state lives while the step runs, and where the
+slot's `last_hidden` row is kept) but are overwritten before every read. The engine runs without prefix caching
+(a snapshot would have to carry the history too); a preempted request rescans what its resumed commits rewrite,
+as the kept state path recomputes it.
+
+History buffers, per GDN layer: [num_slots, history_length, ...] (`GdnInputs`: conv_dim in the model dtype, g and
+beta fp32), sized for the longest sequence and its last block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import torch
+
+from diffuserve.bench.baselines.gdn_rescan import GdnRescan, PrefixGroup
+from diffuserve.engine.block_decoding import BlockDecoding
+from diffuserve.engine.cache.state_step import StatePlan, state_slot
+from diffuserve.engine.executor import ModelExecutor
+from diffuserve.engine.model_runner import ModelRunner
+from diffuserve.engine.request import Request, ScheduledRequest
+from diffuserve.model.layers.gated_deltanet import GdnInputs
+
+
+class RescanRunner(ModelRunner):
+    supports_prompt_scoring = False  # the baseline rebuilds slots from kept commits; its variants are untested
+
+    def __init__(
+        self, executor: ModelExecutor, decoding: BlockDecoding, history_length: int, expert_stats: bool = False
+    ) -> None:
+        super().__init__(executor, decoding, expert_stats)
+        cache = executor.caches.state
+        assert cache is not None, "the rescan baseline needs a recurrent state"
+        self.history_length = history_length
+
+        def buffer(width: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(cache.num_slots, history_length, width, dtype=dtype, device=self.device)
+
+        self.history = [
+            GdnInputs(
+                buffer(conv.shape[1], conv.dtype),
+                buffer(state.shape[1], torch.float32),
+                buffer(state.shape[1], torch.float32),
+            )
+            for conv, state in zip(cache.conv_caches, cache.recurrent_caches)
+        ]
+
+    def plan_state(self, scheduled: list[ScheduledRequest], variants: list[tuple[int, Request]]) -> StatePlan:
+        """The serving plan, with the GDN layers observed: every slot rebuilt, every commit's inputs kept."""
+        rescan = GdnRescan(self.history, self._prefixes(scheduled), self._write_rows(scheduled))
+        return dataclasses.replace(super().plan_state(scheduled, variants), observer=rescan)
+
+    def _prefixes(self, scheduled: list[ScheduledRequest]) -> tuple[PrefixGroup, ...]:
+        """The step's sequences by committed length: everything before their commit tokens is committed."""
+        by_length: dict[int, list[int]] = defaultdict(list)
+        for work in scheduled:
+            if work.commit_start:
+                by_length[work.commit_start].append(state_slot(work.request))
+        groups = []
+        for length, slots in sorted(by_length.items()):
+            slot_ids = torch.tensor(slots, dtype=torch.long, device=self.device)
+            rows = slot_ids[:, None] * self.history_length + torch.arange(length, device=self.device)
+            groups.append(PrefixGroup(rows, slot_ids))
+        return tuple(groups)
+
+    def _write_rows(self, scheduled: list[ScheduledRequest]) -> torch.Tensor:
+        """[N] the flat history row of each step-batch row (its slot's row at its position)."""
+        rows = [
+            state_slot(work.request) * self.history_length + torch.arange(work.query_start, work.query_end)
+            for work in scheduled
+        ]
+        return torch.cat(rows).to(self.device)
