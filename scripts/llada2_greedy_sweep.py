@@ -26,7 +26,8 @@ answers shorter than a block, so `steps = min(steps, gen_length)` caps them), `-
 seed and setting, the `old` rule's first differing steps, then a final JSON line.
 
 Needs transformers 4.x (the reference file imports names that 5.x removed) ahead of the installed one, and a
-dFactory checkout (the stand-ins for its `veomni` imports are defined here: none is reached at inference):
+dFactory checkout or bare clone (stand-ins for its `veomni` imports are defined here: a logger, expert
+parallelism off, no Liger kernels, and the training-only loss and fused-MoE functions raising if reached):
 
     pip install --target /tmp/tf4 transformers==4.57.1
     git clone https://github.com/inclusionAI/dFactory /tmp/dFactory
@@ -34,7 +35,8 @@ dFactory checkout (the stand-ins for its `veomni` imports are defined here: none
     PYTHONPATH=/tmp/tf4:$PWD python scripts/llada2_greedy_sweep.py --dfactory /tmp/dFactory \\
         --released /tmp/released_modeling_llada2_moe.py
 
-About 25 minutes on 2 busy CPU cores with the defaults.
+About 20 minutes on 2 busy CPU cores with the defaults (one thread; the engine batched, the references one
+request at a time).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ MODULE_FILES = ("__init__.py", "configuration_llada2_moe.py", "modeling_llada2_m
 
 
 def install_veomni_stand_ins() -> None:
-    """dFactory's file imports four veomni names for training; inference reaches none of them (a call raises)."""
+    """The veomni names dFactory's file imports: a logger, expert parallelism off, no Liger kernels; the loss
+    and the fused MoE (training only) raise if ever called."""
 
     def unused(*args: object, **kwargs: object) -> None:
         raise NotImplementedError("a veomni training path was reached")
