@@ -67,6 +67,12 @@ class BlockDecoding:
         rows = self.forbid_tokens(request, [index], row)
         positions = torch.tensor([index], device=self.device)
         params = request.params
+        if params.structured_outputs is not None and self.structured is not None:
+            # The grammar walk over the one position: the grammar's mask, then the decoder accepts it (>= 1 a step).
+            proposal, written = self.structured.decode(
+                request, rows, [index], self.generator(request), self.block_length
+            )
+            return block_write(proposal, torch.tensor(written, dtype=torch.long, device=self.device))
         proposal = propose(
             rows, positions, self.block_length, params, self.generator(request), num_logprobs=params.logprobs
         )
