@@ -100,10 +100,11 @@ def memory_breakdown(
     block_length: int,
 ) -> MemoryBreakdown:
     """Weights, workspace and overhead on one device of a replica; the KV pool is what remains."""
-    tp, shards = deployment.tensor_parallel_size, deployment.expert_shards
+    shards = deployment.expert_shards
     dtype = deployment.weight_dtype
     b_emb = WEIGHT_BYTES[embedding_dtype(dtype)]
-    dense_bytes, expert_bytes, weight_formulas = _weight_bytes(spec, params, dtype)
+    dense = split_dense_params(spec, params, deployment) + params.router + params.norms
+    dense_bytes, expert_bytes, weight_formulas = _weight_bytes(spec, params, dtype, dense)
     usable = device_bytes * deployment.gpu_memory_utilization
     activation, act_formula = _workspace(spec, deployment, block_length)
     overhead = _overhead(deployment, runtime_overhead_bytes)
@@ -111,9 +112,9 @@ def memory_breakdown(
     formulas = (
         f"usable = {fmt_bytes(device_bytes)} x gpu_memory_utilization {deployment.gpu_memory_utilization} "
         f"= {fmt_bytes(usable)}",
-        f"{weight_formulas[0]} / tp {tp} = {fmt_bytes(dense_bytes / tp)}",
-        f"embeddings + LM head = {fmt_count(params.embeddings)} x {b_emb:.4g} B / tp {tp} "
-        f"= {fmt_bytes(params.embeddings * b_emb / tp)}",
+        weight_formulas[0],
+        f"embeddings + LM head = {fmt_count(params.embeddings)} x {b_emb:.4g} B, whole on every device "
+        f"= {fmt_bytes(params.embeddings * b_emb)}",
         f"{weight_formulas[1]} / max(tp, ep) {shards} = {fmt_bytes(expert_bytes / shards)}",
         act_formula,
         f"runtime overhead = {fmt_bytes(overhead)}"
@@ -124,8 +125,8 @@ def memory_breakdown(
     return MemoryBreakdown(
         device_bytes=device_bytes,
         usable_bytes=usable,
-        dense_weight_bytes=dense_bytes / tp,
-        embedding_bytes=params.embeddings * b_emb / tp,
+        dense_weight_bytes=dense_bytes,
+        embedding_bytes=params.embeddings * b_emb,
         expert_weight_bytes=expert_bytes / shards,
         activation_bytes=activation,
         overhead_bytes=overhead,
@@ -135,30 +136,55 @@ def memory_breakdown(
     )
 
 
-def _weight_bytes(spec: ModelSpec, params: ParamCounts, dtype: str) -> tuple[float, float, tuple[str, str]]:
-    """(dense bytes, routed-expert bytes, their two formulas) for the whole model."""
-    dense = params.non_expert - params.embeddings
+def _weight_bytes(
+    spec: ModelSpec, params: ParamCounts, dtype: str, dense: float
+) -> tuple[float, float, tuple[str, str]]:
+    """(one device's dense bytes for its `dense` non-expert parameters, the whole model's routed-expert bytes,
+    their two formulas). Quantized: the device's share of the quantized dense bytes (scales included)."""
     if dtype not in QUANTIZED_DTYPES:
         b_w = WEIGHT_BYTES[dtype]
         return (
             dense * b_w,
             params.routed_experts * b_w,
             (
-                f"attention/dense weights = {fmt_count(dense)} params x {b_w:.4g} B ({dtype})",
+                f"attention/dense weights per device = {fmt_count(dense)} params (split over tp: attention with "
+                f"K/V heads replicated past Hkv, linear attention, dense MLP, shared experts unless ep > 1; whole: "
+                f"routers, norms) x {b_w:.4g} B ({dtype}) = {fmt_bytes(dense * b_w)}",
                 f"routed experts = {fmt_count(params.routed_experts)} x {b_w:.4g} B",
             ),
         )
     q = quantized_bytes(spec, params, dtype)
+    share = dense / max(params.non_expert - params.embeddings, 1)
     quantized_dense = q.quantized_params - params.routed_experts
     return (
-        q.dense,
+        q.dense * share,
         q.experts,
         (
-            f"attention/dense weights = {fmt_count(quantized_dense)} params {dtype} (+ scales) + "
-            f"{fmt_count(dense - quantized_dense)} in 16 bits (norms, routers, gates) = {fmt_bytes(q.dense)}",
+            f"attention/dense weights per device = {share:.3g} x ({fmt_count(quantized_dense)} params {dtype} "
+            f"(+ scales) + {fmt_count(params.non_expert - params.embeddings - quantized_dense)} in 16 bits (norms, "
+            f"routers, gates)) = {fmt_bytes(q.dense * share)}",
             f"routed experts = {fmt_count(params.routed_experts)} x {dtype} (+ scales) = {fmt_bytes(q.experts)}",
         ),
     )
+
+
+def split_dense_params(spec: ModelSpec, params: ParamCounts, deployment: Deployment) -> float:
+    """One device's share of the non-expert parameters the engine splits over tp ranks: attention (the K/V
+    projections of a device's heads_per_rank KV heads, so replicated when tp > Hkv), linear attention, dense
+    MLPs, and the shared experts unless experts are whole per rank (ep > 1 keeps them whole, as the engine's
+    expert parallelism does). Routers, norms, embeddings and the LM head stay whole (model/tensor_parallel.py)."""
+    tp = deployment.tensor_parallel_size
+    kv = sum(
+        g.num_layers * (2 if g.has_v_proj else 1) * spec.hidden_size * g.num_kv_heads * g.head_dim
+        for g in spec.attention
+    )
+    kv_share = sum(
+        g.num_layers * (2 if g.has_v_proj else 1) * spec.hidden_size * heads_per_rank(g.num_kv_heads, tp) * g.head_dim
+        for g in spec.attention
+    )
+    shared = params.shared_experts if deployment.expert_parallel_size > 1 else params.shared_experts / tp
+    split = params.attention - kv + params.linear_attention + params.dense_mlp
+    return split / tp + kv_share + shared
 
 
 def _is_parallel(deployment: Deployment) -> bool:
