@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from diffuserve.quant_scheme import DEFAULT_TARGETS, QuantScheme, make_scheme
+
 
 def _positive(name: str, value: int | float | None, allow_none: bool = True) -> None:
     if value is None and allow_none:
@@ -35,6 +37,9 @@ class CacheConfig:
     kv_cache_memory: int | None = None
     """KV-cache budget in bytes, K/V pages only (default on CPU: what max_num_seqs sequences of max_model_len need,
     at most 4 GiB). Hybrid models' recurrent state has its own --state-cache-memory."""
+    kv_cache_dtype: str = "auto"
+    """K/V pages' dtype: auto (the model's dtype) or fp8 (e4m3, one scale of 1.0 per tensor, vLLM's default: half
+    of bf16's bytes; attention reads them back in the model's dtype). The GDN state stays fp32 (docs/models.md)."""
     state_cache_memory: int | None = None
     """Hybrid models (Gated DeltaNet layers) only: bytes of the recurrent-state pool, separate from (and allocated
     before) --kv-cache-memory, which covers K/V pages only. One slot holds a sequence's whole GDN state whatever
@@ -63,6 +68,10 @@ class CacheConfig:
         _positive("num_pages", self.num_pages)
         _positive("kv_cache_memory", self.kv_cache_memory)
         _positive("state_cache_memory", self.state_cache_memory)
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ValueError(
+                f"kv_cache_dtype: must be auto or fp8 (e4m3), got {self.kv_cache_dtype!r}; use --kv-cache-dtype fp8"
+            )
         _positive("state_snapshot_interval", self.state_snapshot_interval, allow_none=False)
         _positive("expert_cache_memory", self.expert_cache_memory)
         if self.expert_residency not in ("block", "step"):
@@ -132,6 +141,16 @@ class EngineConfig:
     """Run the model forward eagerly instead of through torch.compile (vLLM's flag). Default: compiled on CUDA
     (CUDA graphs), eager on CPU, where compiling took about 2 minutes and ran fp32 slower (docs/benchmarks.md);
     false compiles on CPU too."""
+    quantization: str | None = None
+    """Quantize a 16/32-bit checkpoint's weights while loading (weight-only; vLLM's flag): int8 (per output
+    channel, symmetric), int4 (groups of --quantization-group-size input columns, asymmetric) or fp8 (e4m3, per
+    output channel). Pre-quantized checkpoints (FP8, GPTQ, AWQ, compressed-tensors) load as they are, without it."""
+    quantization_targets: str = DEFAULT_TARGETS
+    """With --quantization: which weights, comma-separated: experts, shared_expert, dense_mlp, attention, gdn,
+    lm_head, or all. Norms, routers, embeddings and the GDN gates and conv stay 16/32-bit (docs/models.md)."""
+    quantization_group_size: int = 128
+    """With --quantization int4: input columns sharing one scale and zero point (must divide every quantized
+    weight's input width)."""
     expert_stats: bool | None = None
     """Keep MoE routing statistics (experts touched per step and per block, load imbalance: /metrics and
     `bench`). Each step copies every MoE layer's routing to the host, so the default is on where they are
@@ -153,6 +172,17 @@ class EngineConfig:
             raise ValueError(
                 f"attention_backend: must be auto, loop, batched or flashinfer, got {self.attention_backend!r}"
             )
+        scheme = self.quant_scheme
+        if self.cache.expert_offload and scheme.method is not None and "experts" in scheme.targets:
+            raise ValueError(
+                "expert_offload: offloading quantized experts is not supported yet; drop --expert-offload or "
+                "leave experts out of --quantization-targets"
+            )
+
+    @property
+    def quant_scheme(self) -> QuantScheme:
+        """The validated quantize-on-load request (method None: none)."""
+        return make_scheme(self.quantization, self.quantization_targets, self.quantization_group_size)
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:
@@ -247,6 +277,15 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple
             metavar=f.name.upper() if kind is not parse_bool else "{true,false}",
             help=docs.get(f.name, "") + ("" if default is None else f" (default: {default})"),
         )
+
+
+QUANTIZATION_FIELDS = ("quantization", "quantization_targets", "quantization_group_size")
+
+
+def add_quantization_arguments(parser: argparse.ArgumentParser) -> None:
+    """Only the --quantization flags of EngineConfig (commands that take no other engine option)."""
+    skip = tuple(name for name in _flat_field_names() if name not in QUANTIZATION_FIELDS)
+    add_config_arguments(parser, EngineConfig, skip=(*skip, "model"))
 
 
 def engine_config_from_args(model: str, args: argparse.Namespace) -> EngineConfig:

@@ -19,6 +19,10 @@
 #        scripts/gpu_check.sh --compiled [--device cpu]
 #   --compiled  the engine compiled as CUDA runs it by default (CUDA graphs, bucketed steps) vs eager on a random
 #               sdar-moe-bench in bf16: compile time, recompiles, tokens, decode speed at 1 and 16 requests
+#        scripts/gpu_check.sh --quantization fp8|int4 [--device cpu]
+#   --quantization  issue 25: the quantized matmuls at Clover-35B-A3B shapes against the dequantize-then-matmul
+#               reference and bf16 (scaled_mm fp8 / tinygemm int4 on sm90), the engine quantized on load vs bf16 on
+#               sdar-moe-bench and clover-moe-bench, a `diffuserve quantize` checkpoint loaded on the GPU
 #        scripts/gpu_check.sh --attention [--device cpu]
 #   --attention the attention backends (issue 23): loop vs batched vs FlashInfer (pip install -e '.[cuda-kernels]'
 #               first) on random steps of every runner shape (max diff), their time at 1 / 16 / 64 sequences, and
@@ -48,6 +52,9 @@ elif [[ "${1:-}" == "--gdn-kernels" ]]; then
     shift
 elif [[ "${1:-}" == "--compiled" ]]; then
     SCRIPT=gpu_check_compiled
+    shift
+elif [[ "${1:-}" == "--quantization" ]]; then
+    SCRIPT=gpu_check_quant
     shift
 elif [[ "${1:-}" == "--attention" ]]; then
     SCRIPT=gpu_check_attention

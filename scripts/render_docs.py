@@ -26,7 +26,7 @@ from typing import Any
 # The renderers live beside this script (scripts/doc_tables), not in the package: importable from the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.doc_tables import benchmarks_batch1, benchmarks_compare, benchmarks_serving, models, moe
+from scripts.doc_tables import benchmarks_batch1, benchmarks_compare, benchmarks_quant, benchmarks_serving, models, moe
 from scripts.doc_tables.cells import Load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +60,12 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "training": models.training,
     "accuracy-vs-tpf": models.accuracy_vs_tpf,
     "structured-tpf": models.structured_tpf,
+    "quant-latency": benchmarks_quant.quant_latency,
+    "load-memory": benchmarks_quant.load_memory,
+    "quant-accuracy": benchmarks_quant.quant_accuracy,
+    "quant-kl": benchmarks_quant.quant_kl,
+    "long-context-chunks": benchmarks_quant.long_context_chunks,
+    "long-context": benchmarks_quant.long_context_summary,
 }
 """Region name -> the renderer that fills it (tests/docs checks that each has exactly one region)."""
 

@@ -22,9 +22,7 @@ def tiny_checkpoint(
     config = make_config(
         "sdar-moe-tiny",
         block_length=block_length,
-        first_k_dense_replace=1,
-        shared_expert_intermediate_size=48,
-        **overrides,
+        **{"first_k_dense_replace": 1, "shared_expert_intermediate_size": 48, **overrides},
     )
     return write_random_checkpoint(root / name, config, seed=seed, logit_scale=logit_scale)
 

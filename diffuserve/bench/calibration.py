@@ -84,15 +84,19 @@ def calibration_object(
     measured_decode_tokens_per_s: float,
     measured_forward_time_s: float,
     deployment: dict[str, int],
+    quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> dict[str, Any]:
-    """The object under the JSON line's "calibration" key (schema_version 1)."""
+    """The object under the JSON line's "calibration" key (schema_version 1). `quantization`: the weights'
+    format when quantized on load (then the planner's weight dtype); the K/V are in `dtype` unless
+    `kv_cache_dtype` is fp8."""
     planner_dtype = PLANNER_DTYPES.get(dtype)
     if planner_dtype is None:
         raise ValueError(f"dtype: {dtype} has no planner spelling; use one of {', '.join(PLANNER_DTYPES)}")
     return Calibration(
         model_config=model_config,
-        weight_dtype=planner_dtype,
-        kv_dtype=planner_dtype,
+        weight_dtype=quantization or planner_dtype,
+        kv_dtype="fp8" if kv_cache_dtype == "fp8" else planner_dtype,
         hardware_memory_bytes=memory_bytes,
         hardware_bandwidth_bytes_per_s=rates.bandwidth_bytes_per_s,
         hardware_flops_per_s=rates.flops_per_s,

@@ -11,6 +11,7 @@ import argparse
 import importlib
 
 from diffuserve.config import parse_bool
+from diffuserve.quant_scheme import DEFAULT_TARGETS
 
 MODULES = {
     "latency": "diffuserve.bench.latency",
@@ -75,6 +76,28 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         default="auto",
         choices=("auto", "loop", "bmm", "grouped_mm"),
         help="how MoE layers compute their experts (default: auto; loop = the reference path)",
+    )
+    model.add_argument(
+        "--quantization",
+        nargs="+",
+        default=["none"],
+        choices=("none", "fp8", "int8", "int4"),
+        help="weights quantized on load (none = the --dtype weights); latency takes several and runs each in turn, "
+        "one table of bytes per forward and decode tokens/s side by side (default: none)",
+    )
+    model.add_argument(
+        "--quantization-targets",
+        default=DEFAULT_TARGETS,
+        help=f"which weights --quantization quantizes (default: {DEFAULT_TARGETS})",
+    )
+    model.add_argument(
+        "--quantization-group-size", type=positive_int, default=128, help="int4 group size (default: 128)"
+    )
+    model.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=("auto", "fp8"),
+        help="K/V pages' dtype: auto (the --dtype) or fp8 (e4m3); the GDN state stays fp32 (default: auto)",
     )
     model.add_argument(
         "--attention-backend",

@@ -26,6 +26,7 @@ from diffuserve.engine.engine_setup import GENERATION_KEYS, resolve_device
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.loader import load_args, read_model_config, resolve_dtype
+from diffuserve.quant_scheme import DEFAULT_TARGETS
 from diffuserve.sampling_params import SamplingParams
 
 
@@ -45,7 +46,8 @@ class BenchContext:
     """The model's generation_config.json decoding knobs (what a request that sets none gets)."""
     probe_seconds: float
     engine_options: dict[str, Any]
-    """--moe-backend, --attention-backend and --enforce-eager, given to every engine unless a variant overrides them."""
+    """--moe-backend, --attention-backend, --kv-cache-dtype, --enforce-eager and --quantization, given to every engine
+    unless a variant overrides them."""
 
     def engine(
         self, block_length: int, max_num_seqs: int, max_model_len: int, baseline: str | None = None, **options: Any
@@ -105,7 +107,7 @@ def make_context(ns: argparse.Namespace) -> BenchContext:
         args=args,
         dtype=str(dtype).removeprefix("torch."),
         device=device,
-        cost=model_cost(args, itemsize, itemsize),
+        cost=model_cost(args, itemsize, 1 if getattr(ns, "kv_cache_dtype", "auto") == "fp8" else itemsize),
         rates=measure_machine(device, dtype, seconds=ns.probe_seconds),
         environment=environment(device),
         seed=ns.seed,
@@ -114,11 +116,29 @@ def make_context(ns: argparse.Namespace) -> BenchContext:
         engine_options={
             "moe_backend": getattr(ns, "moe_backend", "auto"),
             "attention_backend": getattr(ns, "attention_backend", "auto"),
+            "kv_cache_dtype": getattr(ns, "kv_cache_dtype", "auto"),
             "enforce_eager": getattr(ns, "enforce_eager", None),
             "tensor_parallel_size": getattr(ns, "tensor_parallel_size", 1),
             "enable_expert_parallel": getattr(ns, "enable_expert_parallel", False),
+            **quantization_options(ns, single=getattr(ns, "bench_command", None) != "latency"),
         },
     )
+
+
+def quantization_options(ns: argparse.Namespace, single: bool, method: str | None = None) -> dict[str, Any]:
+    """The engine's --quantization options of a run (`method`: one of several, else the only one given)."""
+    methods = getattr(ns, "quantization", ["none"])
+    if method is None:
+        if single and len(methods) > 1:
+            raise ValueError(
+                f"quantization: this benchmark runs one, got {' '.join(methods)}; `bench latency` takes several"
+            )
+        method = methods[0]
+    return {
+        "quantization": None if method == "none" else method,
+        "quantization_targets": getattr(ns, "quantization_targets", DEFAULT_TARGETS),
+        "quantization_group_size": getattr(ns, "quantization_group_size", 128),
+    }
 
 
 def sampling_params(ns: argparse.Namespace, output_tokens: int) -> SamplingParams:

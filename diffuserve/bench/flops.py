@@ -10,11 +10,12 @@ A multiply-add is 2 FLOPs; elementwise work (norms, RoPE, softmax, SiLU) is not 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.registry import cache_layout
+from diffuserve.model.weight_bytes import WeightBytes
 from diffuserve.planner.recurrent_state import RECURRENT_FLOPS_PER_STATE_ELEMENT
 
 ITEMSIZE_DTYPES = {4: "fp32", 2: "bf16", 1: "fp8"}
@@ -72,6 +73,18 @@ class ModelCost:
     def gdn_step_bytes(self, num_seqs: int) -> float:
         """The GDN layers' floor for one step: their mixers' weights, and the step's states read and written."""
         return self.gdn_weight_bytes + num_seqs * self.state_traffic_per_seq
+
+
+def with_measured_weights(cost: ModelCost, weights: WeightBytes, args: ModelArgs) -> ModelCost:
+    """`cost` with the weight bytes a loaded model really holds (quantized weights with their scales): what
+    every forward reads in full, one routed expert, and the GDN mixers."""
+    experts = max(cost.num_moe_layers * args.num_experts, 1)
+    return replace(
+        cost,
+        dense_weight_bytes=float(weights.per_forward_dense),
+        expert_weight_bytes=weights.routed_experts / experts,
+        gdn_weight_bytes=float(weights.gdn),
+    )
 
 
 def _mixers(args: ModelArgs) -> tuple[int, int, int, int]:

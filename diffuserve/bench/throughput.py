@@ -86,6 +86,8 @@ def _calibration(ctx: BenchContext, ns: argparse.Namespace, runs: list[tuple[dic
             "max_num_seqs": target["concurrency"],
             "max_num_batched_tokens": SchedulerConfig().max_num_batched_tokens,
         },
+        ctx.engine_options.get("quantization"),
+        ctx.engine_options.get("kv_cache_dtype", "auto"),
     )
     calibration["fit"]["runs"] = [f"block {r['block_length']} {r['mode']} x{r['concurrency']}" for r, _ in fit_runs]
     calibration["fit"]["fit_on_predicted_run"] = not others

@@ -166,6 +166,7 @@ class ModelExecutor:
             torch.device("cpu") if offload else None,
             config.load_format,
             config.seed,
+            config.quant_scheme,
         )
         experts = (
             ExpertOffload(model, device, config.cache.expert_cache_memory, config.cache.expert_residency)
@@ -174,6 +175,8 @@ class ModelExecutor:
         )
         sched = config.scheduler
         layout = cache_layout(args, dtype_name(model_dtype(model)))
+        if config.cache.kv_cache_dtype != "auto":
+            layout = layout.with_kv_dtype(config.cache.kv_cache_dtype)
         want = CacheRequest(
             config.cache,
             resolve_page_size(config.cache.page_size, args.block_length),

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from diffuserve.config import QUANTIZATION_FIELDS, add_quantization_arguments
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model directory (default: the bundled default model)")
@@ -23,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--default-only", action="store_true", help="score only the model's default decoding")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--dtype", default="auto", help="auto (the checkpoint's), float32, bfloat16 or float16")
+    add_quantization_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     if args.num_per_task < 1:
         raise ValueError(f"num_per_task: got {args.num_per_task}, must be >= 1")
     thresholds = _parse_thresholds(args.thresholds)
-    llm = LLM(resolve_model(args.model))
+    quantization = {k: v for k, v in vars(args).items() if k in QUANTIZATION_FIELDS}
+    llm = LLM(resolve_model(args.model), dtype=args.dtype, **quantization)
     sweep = decoding_sweep(thresholds, llm.engine.args.block_length)
     if args.default_only:
         sweep = sweep[:1]
@@ -53,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         json.dumps(
             {
                 "model": llm.engine.config.model,
+                "dtype": llm.engine.config.dtype,
+                "quantization": llm.engine.config.quantization,
                 "num_examples": len(examples),
                 "defaults": llm.engine.generation_defaults,
                 "results": [r.summary() for r in results],

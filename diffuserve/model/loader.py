@@ -5,6 +5,8 @@ only the ids of the special tokens a family's config.json leaves to them (see sp
 
 Under tensor / expert parallelism every rank reads the full checkpoint tensors and copies only its slices: a
 parameter tagged with a `ShardSpec` (layers/linear) takes the pieces of each tensor that fall in its rank's part.
+Quantized weights (model/quant) are built in place of their layers after sharding and take their tensors through
+the quantized loader (quantized on the way, or decoded from a pre-quantized checkpoint's parts).
 """
 
 from __future__ import annotations
@@ -23,10 +25,15 @@ from tqdm.auto import tqdm
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.materialize import init_dummy_weights, materialize
+from diffuserve.model.quant.apply import FormatFor, finalize_, quant_weights, quantize_modules_
+from diffuserve.model.quant.checkpoint_base import CheckpointQuant
+from diffuserve.model.quant.loading import QuantLoader, quant_plan
 from diffuserve.model.registry import ModelFamily, deprecation_notice, family_for
 from diffuserve.model.special_tokens import fill_special_token_ids
 from diffuserve.model.tensor_parallel import apply_tp
 from diffuserve.model.weight_names import WeightTarget
+from diffuserve.model.weight_pieces import local_pieces
+from diffuserve.quant_scheme import QuantScheme
 
 if TYPE_CHECKING:
     from diffuserve.distributed.group import ParallelGroup
@@ -105,58 +112,59 @@ def iter_checkpoint(model_dir: str | Path, progress: bool | None = False) -> Ite
 
 
 def load_weights(
-    model: nn.Module, family: ModelFamily, args: ModelArgs, model_dir: str | Path, progress: bool | None = False
+    model: nn.Module,
+    family: ModelFamily,
+    args: ModelArgs,
+    model_dir: str | Path,
+    progress: bool | None = False,
+    reader: CheckpointQuant | None = None,
 ) -> None:
-    """Copies every checkpoint tensor into its parameter slice (this rank's part of it); checks full coverage."""
-    params = dict(model.named_parameters())
+    """Copies every checkpoint tensor into its parameter slice (this rank's part of it); checks full coverage.
+    Quantized weights take their tensors through `QuantLoader` (`reader`: a pre-quantized checkpoint's format)."""
+    quant = QuantLoader(model, family, args, reader)
+    params = {name: p for name, p in model.named_parameters() if name not in quant.part_names}
     loaded = dict.fromkeys(params, 0)
     for name, tensor in iter_checkpoint(model_dir, progress):
+        if quant.take(name, tensor):
+            continue
         target = family.weight_target(name, args)
         if target is None or (args.tie_word_embeddings and name == "lm_head.weight"):
+            continue
+        if target.param in quant.weights:
+            quant.write_float(target, tensor, name)
             continue
         if target.param not in params:
             raise ValueError(
                 f"checkpoint: unexpected weight {name!r} (no parameter {target.param!r} in {args.architecture})"
             )
+        _check_unquantized(name, tensor)
         for dst, src in _local_views(params[target.param], target, tensor, name):
             dst.copy_(src)
             loaded[target.param] += src.numel()
+    quant.check_complete(model_dir)
     missing = [name for name, param in params.items() if loaded[name] != param.numel()]
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise ValueError(f"checkpoint: missing weights {shown} in {str(model_dir)!r}")
 
 
+def _check_unquantized(name: str, tensor: torch.Tensor) -> None:
+    """A tensor for a 16/32-bit parameter must be 16/32-bit: quantized values without their scales (a missing
+    `_scale_inv`, a config.json without its quantization_config) would load as nonsense."""
+    if tensor.dtype not in DTYPES.values():
+        raise ValueError(
+            f"checkpoint: {name!r} is {str(tensor.dtype).removeprefix('torch.')} but nothing says how to dequantize "
+            "it (no scales beside it, or no quantization_config in config.json)"
+        )
+
+
 def _local_views(
     param: nn.Parameter, target: WeightTarget, tensor: torch.Tensor, name: str
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(destination, source) pairs: the whole target slice, or, for a sharded parameter, the pieces of the
-    checkpoint tensor that fall in this rank's part (full coordinates -> local ones, see ShardSpec)."""
-    spec = getattr(param, "shard", None)
-    data = param.data
-    full = list(data.shape)
-    if spec is not None:
-        full[spec.dim] = spec.full_size
-    starts, lengths = [0] * len(full), list(full)
-    if target.expert is not None:
-        starts[0], lengths[0] = target.expert, 1
-    row_dim = 0 if target.expert is None else 1
-    if target.rows is not None:
-        starts[row_dim], lengths[row_dim] = target.row_start, target.rows
-    expected = lengths[1:] if target.expert is not None else lengths
-    if list(tensor.shape) != expected:
-        raise ValueError(f"checkpoint: weight {name!r} has shape {list(tensor.shape)}, expected {expected}")
+    """(destination, source) views of checkpoint tensor `name` in `param` (this rank's part; weight_pieces)."""
     src = tensor.unsqueeze(0) if target.expert is not None else tensor  # aligned with the parameter's dims
-    if spec is None:
-        return [(target.view(data), tensor)]
-    pairs = []
-    for src_offset, dst_offset, length in spec.pieces(starts[spec.dim], lengths[spec.dim]):
-        dst_index = [slice(s, s + n) for s, n in zip(starts, lengths)]
-        dst_index[spec.dim] = slice(dst_offset, dst_offset + length)
-        src_index = [slice(None)] * len(full)
-        src_index[spec.dim] = slice(src_offset, src_offset + length)
-        pairs.append((data[tuple(dst_index)], src[tuple(src_index)]))
-    return pairs
+    pieces = local_pieces(tuple(param.shape), getattr(param, "shard", None), target, tuple(tensor.shape), name)
+    return [(param.data[dst], src[src_index]) for dst, src_index in pieces]
 
 
 def build_model(
@@ -167,9 +175,11 @@ def build_model(
     device: str | torch.device,
     group: ParallelGroup | None = None,
     expert_device: torch.device | None = None,
+    format_for: FormatFor | None = None,
 ) -> DiffusionModel:
     """The family's model, this rank's part of it when `group` spans several ranks, allocated once (on the meta
-    device first, see materialize); routed experts on `expert_device` if given (expert offload)."""
+    device first, see materialize); routed experts on `expert_device` if given (expert offload); the weights
+    `format_for` names quantized (model/quant: after sharding, so each rank holds quantized parts of its shape)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -177,6 +187,8 @@ def build_model(
             model = family.model_cls(args, max_model_len)
         if group is not None and group.size > 1:
             apply_tp(model, group)
+        if format_for is not None:
+            quantize_modules_(model, format_for, dtype)
         materialize(model, torch.device(device), expert_device)
     finally:
         torch.set_default_dtype(previous)
@@ -193,24 +205,35 @@ def load_model(
     expert_device: torch.device | None = None,
     load_format: str = "auto",
     seed: int = 0,
+    quantization: QuantScheme | None = None,
 ) -> tuple[ModelArgs, DiffusionModel]:
     """Builds the family's model (this rank's part) in the resolved dtype and loads its weights: from the
-    checkpoint (`auto`), or seeded random ones (`dummy`, no weights on disk needed)."""
+    checkpoint (`auto`), or seeded random ones (`dummy`, no weights on disk needed). Weights are quantized as a
+    pre-quantized checkpoint says, or as `quantization` asks of a 16/32-bit one (model/quant)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format: {load_format!r} is not supported; use one of {', '.join(LOAD_FORMATS)}")
     family, parsed = load_args(model_dir)
     args = args or parsed
+    resolved = resolve_dtype(dtype, args)
+    plan = quant_plan(read_model_config(model_dir)[0], model_dir, family, args, quantization)
+    if plan is not None and plan.reader is not None and load_format == "dummy":
+        raise ValueError("load_format: dummy makes 16-bit weights; it cannot stand in for a pre-quantized checkpoint")
     model = build_model(
         family,
         args,
         max_model_len or args.max_position_embeddings,
-        resolve_dtype(dtype, args),
+        resolved,
         device,
         group,
         expert_device,
+        plan.format_for if plan is not None else None,
     )
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:
-        load_weights(model, family, args, model_dir, None if group is None or group.rank == 0 else False)
+        progress = None if group is None or group.rank == 0 else False
+        load_weights(model, family, args, model_dir, progress, plan.reader if plan is not None else None)
+    if plan is not None:
+        finalize_(model, resolved)
+        logger.info("quantized %d weights: %s", len(quant_weights(model)), plan.label)
     return args, model.eval()

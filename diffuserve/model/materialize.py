@@ -15,6 +15,7 @@ from torch import nn
 
 from diffuserve.model.layers.attention import RotaryEmbedding
 from diffuserve.model.layers.moe.layer import FusedExperts
+from diffuserve.model.quant.apply import fill_dummy_, quant_weights
 
 logger = logging.getLogger(__name__)
 DUMMY_STD = 0.02
@@ -58,11 +59,16 @@ def pin_host_memory(tensor: torch.Tensor) -> None:
 
 @torch.no_grad()
 def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
-    """Fills every parameter with normal(0, DUMMY_STD) (norms 1 + that) in chunks, without a full-size temporary.
+    """Fills every parameter with normal(0, DUMMY_STD) (norms 1 + that) in chunks, without a full-size temporary
+    (quantized weights: such values, quantized chunk by chunk).
     Host-resident parameters (offloaded experts) are generated on the GPU when there is one and copied over: a
     35B model's experts fill in seconds instead of minutes."""
     maker = torch.device("cuda") if torch.cuda.is_available() else None
+    quantized = {f"{name}.{p}" for name, w in quant_weights(model).items() for p, _ in w.named_parameters()}
+    fill_dummy_(model, seed, DUMMY_STD)
     for index, (name, param) in enumerate(model.named_parameters()):
+        if name in quantized:
+            continue
         device = maker if param.device.type == "cpu" and maker is not None else param.device
         generator = torch.Generator(device=device).manual_seed(seed + index)
         for chunk in param.data.view(-1).split(1 << 26):

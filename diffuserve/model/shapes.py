@@ -17,7 +17,7 @@ Knows nothing of torch, pages in use, requests or hardware.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 """Bytes per element of each cache dtype name."""
@@ -147,6 +147,10 @@ class CacheLayout:
     def state_bytes_per_sequence(self, tensor_parallel_size: int = 1) -> int:
         """The recurrent state one sequence holds over every GDN layer, on one rank."""
         return sum(s.bytes_per_sequence(tensor_parallel_size) for s in self.recurrent)
+
+    def with_kv_dtype(self, dtype: str) -> CacheLayout:
+        """Every attention layer's K/V in `dtype` (`--kv-cache-dtype`); the recurrent state keeps its own dtypes."""
+        return CacheLayout(tuple(replace(s, dtype=dtype) if isinstance(s, PagedKV) else s for s in self.layers))
 
 
 def attention_layout(num_layers: int, num_kv_heads: int, head_dim: int, dtype: str) -> CacheLayout:

@@ -15,12 +15,14 @@ WEIGHT_BYTES = {
     "fp32": 4.0,
     "bf16": 2.0,
     "fp16": 2.0,
-    "fp8": 1.0 + 4 / (128 * 128),
-    "int8": 1.0 + 2 / 128,
-    "int4": 0.5 + 2 / 128,
+    "fp8": 1.0 + 4 / 2048,
+    "int8": 1.0 + 2 / 2048,
+    "int4": 0.5 + 4 / 128,
 }
-"""Bytes per weight, scales included: FP8 one fp32 scale per 128x128 block; INT8/INT4 one bf16 scale per group
-of 128 weights (weight-only quantization)."""
+"""Bytes per weight, scales included, as the engine stores them (model/quant): FP8 one fp32 scale per output
+channel, INT8 one bf16 scale per output channel (both shown for 2048 input columns), INT4 a bf16 scale and zero
+per group of 128. Memory takes quantized weights matrix by matrix instead (planner/quantized_weights.py: the real
+widths, and the norms, routers and gates that stay 16-bit)."""
 KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 
@@ -33,7 +35,8 @@ class Deployment:
     expert_parallel_size: int = 1
     """Devices the routed experts are split over, whole experts each (1 = experts sliced by tensor parallel)."""
     weight_dtype: str = "bf16"
-    """fp32, bf16, fp16, fp8, int8 or int4 (embeddings and LM head stay bf16 under quantization)."""
+    """fp32, bf16, fp16, fp8, int8 or int4 (quantized as the engine's --quantization does: embeddings, LM head,
+    norms and routers stay bf16)."""
     kv_dtype: str = "bf16"
     """KV-cache element type: fp32, bf16, fp16 or fp8."""
     gpu_memory_utilization: float = 0.9

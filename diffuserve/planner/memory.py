@@ -14,6 +14,7 @@ from diffuserve.model.shapes import PagedKV, SlidingWindowKV, heads_per_rank
 from diffuserve.planner.inputs import KV_BYTES, WEIGHT_BYTES, Deployment
 from diffuserve.planner.model_spec import AttentionGroup, ModelSpec
 from diffuserve.planner.params import ParamCounts
+from diffuserve.planner.quantized_weights import QUANTIZED_DTYPES, quantized_bytes
 from diffuserve.planner.recurrent_state import state_bytes_per_sequence, state_formula
 from diffuserve.planner.units import GiB, ceil_div, fmt_bytes, fmt_count
 
@@ -99,10 +100,11 @@ def memory_breakdown(
     block_length: int,
 ) -> MemoryBreakdown:
     """Weights, workspace and overhead on one device of a replica; the KV pool is what remains."""
-    tp, shards = deployment.tensor_parallel_size, deployment.expert_shards
-    b_w, dtype = WEIGHT_BYTES[deployment.weight_dtype], deployment.weight_dtype
+    shards = deployment.expert_shards
+    dtype = deployment.weight_dtype
     b_emb = WEIGHT_BYTES[embedding_dtype(dtype)]
     dense = split_dense_params(spec, params, deployment) + params.router + params.norms
+    dense_bytes, expert_bytes, weight_formulas = _weight_bytes(spec, params, dtype, dense)
     usable = device_bytes * deployment.gpu_memory_utilization
     activation, act_formula = _workspace(spec, deployment, block_length)
     overhead = _overhead(deployment, runtime_overhead_bytes)
@@ -110,13 +112,10 @@ def memory_breakdown(
     formulas = (
         f"usable = {fmt_bytes(device_bytes)} x gpu_memory_utilization {deployment.gpu_memory_utilization} "
         f"= {fmt_bytes(usable)}",
-        f"attention/dense weights per device = {fmt_count(dense)} params (split over tp {tp}: attention with "
-        f"K/V heads replicated past Hkv, linear attention, dense MLP, shared experts unless ep > 1; whole: "
-        f"routers, norms) x {b_w:.4g} B ({dtype}) = {fmt_bytes(dense * b_w)}",
+        weight_formulas[0],
         f"embeddings + LM head = {fmt_count(params.embeddings)} x {b_emb:.4g} B, whole on every device "
         f"= {fmt_bytes(params.embeddings * b_emb)}",
-        f"routed experts = {fmt_count(params.routed_experts)} x {b_w:.4g} B / max(tp, ep) {shards} "
-        f"= {fmt_bytes(params.routed_experts * b_w / shards)}",
+        f"{weight_formulas[1]} / max(tp, ep) {shards} = {fmt_bytes(expert_bytes / shards)}",
         act_formula,
         f"runtime overhead = {fmt_bytes(overhead)}"
         + (" (incl. 2 GiB NCCL buffers)" if _is_parallel(deployment) else ""),
@@ -126,14 +125,46 @@ def memory_breakdown(
     return MemoryBreakdown(
         device_bytes=device_bytes,
         usable_bytes=usable,
-        dense_weight_bytes=dense * b_w,
+        dense_weight_bytes=dense_bytes,
         embedding_bytes=params.embeddings * b_emb,
-        expert_weight_bytes=params.routed_experts * b_w / shards,
+        expert_weight_bytes=expert_bytes / shards,
         activation_bytes=activation,
         overhead_bytes=overhead,
         kv_bytes_per_token=full_per_token,
         state_bytes_per_sequence=state_bytes_per_sequence(spec, deployment),
         formulas=formulas,
+    )
+
+
+def _weight_bytes(
+    spec: ModelSpec, params: ParamCounts, dtype: str, dense: float
+) -> tuple[float, float, tuple[str, str]]:
+    """(one device's dense bytes for its `dense` non-expert parameters, the whole model's routed-expert bytes,
+    their two formulas). Quantized: the device's share of the quantized dense bytes (scales included)."""
+    if dtype not in QUANTIZED_DTYPES:
+        b_w = WEIGHT_BYTES[dtype]
+        return (
+            dense * b_w,
+            params.routed_experts * b_w,
+            (
+                f"attention/dense weights per device = {fmt_count(dense)} params (split over tp: attention with "
+                f"K/V heads replicated past Hkv, linear attention, dense MLP, shared experts unless ep > 1; whole: "
+                f"routers, norms) x {b_w:.4g} B ({dtype}) = {fmt_bytes(dense * b_w)}",
+                f"routed experts = {fmt_count(params.routed_experts)} x {b_w:.4g} B",
+            ),
+        )
+    q = quantized_bytes(spec, params, dtype)
+    share = dense / max(params.non_expert - params.embeddings, 1)
+    quantized_dense = q.quantized_params - params.routed_experts
+    return (
+        q.dense * share,
+        q.experts,
+        (
+            f"attention/dense weights per device = {share:.3g} x ({fmt_count(quantized_dense)} params {dtype} "
+            f"(+ scales) + {fmt_count(params.non_expert - params.embeddings - quantized_dense)} in 16 bits (norms, "
+            f"routers, gates)) = {fmt_bytes(q.dense * share)}",
+            f"routed experts = {fmt_count(params.routed_experts)} x {dtype} (+ scales) = {fmt_bytes(q.experts)}",
+        ),
     )
 
 

@@ -132,10 +132,11 @@ THROUGHPUT = {
 }
 LATENCY = {
     "type": "object",
-    "required": [*_HEADER, "machine", "batch_latency_s", "result", "peak_memory_bytes", "calibration"],
+    "required": [*_HEADER, "weight_dtype", "machine", "batch_latency_s", "result", "peak_memory_bytes", "calibration"],
     "properties": {
         **_HEADER_PROPS,
         "bench": {"enum": ["latency"]},
+        "weight_dtype": {"enum": ["fp32", "bf16", "fp16", "fp8", "int8", "int4"]},
         "machine": MACHINE,
         "result": RUN,
         "batch_latency_s": DISTRIBUTION,

@@ -3,6 +3,8 @@ schema, the counts add up, and `diffuserve plan --calibrate` accepts the calibra
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from diffuserve.bench.accuracy import accuracy_vs_tpf
@@ -89,6 +91,39 @@ def test_latency_json(bench_model_dir, run_bench, tmp_path):
     assert missing_keys(result["calibration"]) == []
     if plot_args(tmp_path):
         assert pngs(tmp_path) == {"latency_percentiles.png"}
+
+
+def test_latency_runs_weight_formats_side_by_side(bench_model_dir, run_bench, tmp_path):
+    """`--quantization none int8 int4`: one run per format, the bytes per forward the loaded models hold (int8 about
+    half of fp32's... here a quarter plus the 32-bit norms and embeddings), and calibrations the planner takes."""
+    sizes = ["--batch-size", "1", "--num-iters", "1", "--prompt-tokens", "5", "--output-tokens", "8"]
+    code, result, text = run_bench(
+        [
+            "latency",
+            "--model",
+            str(bench_model_dir),
+            *sizes,
+            "--quantization",
+            "none",
+            "int8",
+            "int4",
+            "--quantization-group-size",
+            "32",
+            *FAST,
+        ]
+    )
+    assert code == 0 and validate(result, LATENCY) == []
+    rows = result["comparison"]
+    assert (
+        [r["weight_dtype"] for r in rows] == ["fp32", "int8", "int4"] == [v["weight_dtype"] for v in result["variants"]]
+    )
+    assert rows[0]["bytes_ratio"] == 1.0 and rows[2]["bytes_ratio"] < rows[1]["bytes_ratio"] < 0.6
+    assert rows[2]["weight_bytes"] < rows[1]["weight_bytes"] < rows[0]["weight_bytes"]
+    assert "MB read / forward" in text
+    for variant in result["variants"]:
+        path = tmp_path / f"{variant['weight_dtype']}.json"
+        path.write_text(json.dumps({"calibration": variant["calibration"]}))
+        assert main(["plan", "--calibrate", str(path)]) == 0
 
 
 def test_latency_reports_gdn_layers_against_their_floor(run_bench, tmp_path):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from diffuserve.planner.inputs import Deployment
 from diffuserve.planner.memory import kv_bytes_per_sequence, kv_bytes_per_token, memory_breakdown
 from diffuserve.planner.model_presets import load_model
@@ -43,10 +41,26 @@ def test_tensor_and_expert_parallel_split_weights():
 
 
 def test_fp8_weights_keep_bf16_embeddings():
-    """FP8: 1 B + one fp32 scale per 128x128 block (4/16384 B) per weight; embeddings stay 2 B."""
+    """FP8 as the engine stores it: 1 B per weight + one fp32 scale per output row. Per expert: 3 x 1024 x 512
+    = 1,572,864 B of values, 1024 gate_up rows + 1024 down rows x 4 B = 8,192 B of scales; 32 experts ->
+    50,331,648 + 262,144. Embeddings stay 2 B."""
     memory = _breakdown(toy_spec(), Deployment(weight_dtype="fp8"))
-    assert memory.expert_weight_bytes == pytest.approx(50_331_648 * (1 + 4 / 16384))
+    assert memory.expert_weight_bytes == 50_331_648 + 262_144
     assert memory.embedding_bytes == 4_096_000
+
+
+def test_int4_and_int8_weights_count_their_scales_and_zeros():
+    """INT4: 0.5 B per weight; per group of 128 a bf16 scale and a bf16 zero (4 B). Per expert gate_up 1024 rows x
+    8 groups x 4 B + down 1024 rows x 4 groups x 4 B = 49,152 B; 32 experts -> 25,165,824 + 1,572,864. INT8: 1 B
+    + one bf16 scale per row (2,048 rows x 2 B per expert). Attention (dense): qkv 1,536 rows and o 1,024 rows of
+    1024 columns per layer, 4 layers, int8 -> 10,485,760 B + 2,560 x 4 x 2 B of scales; the rest (router 8 x 1024,
+    q/k norms 2 x 128, norms 2 x 1024 per layer and the final norm) stays 2 B."""
+    int4 = _breakdown(toy_spec(), Deployment(weight_dtype="int4"))
+    assert int4.expert_weight_bytes == 25_165_824 + 1_572_864
+    int8 = _breakdown(toy_spec(), Deployment(weight_dtype="int8"))
+    assert int8.expert_weight_bytes == 50_331_648 + 32 * 2048 * 2
+    unquantized = 4 * (8 * 1024 + 2 * 128 + 2 * 1024) + 1024
+    assert int8.dense_weight_bytes == 10_485_760 + 2_560 * 4 * 2 + unquantized * 2
 
 
 def test_gqa_kv_bytes_per_token_and_replication_beyond_kv_heads():

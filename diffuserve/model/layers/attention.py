@@ -13,6 +13,8 @@ the step's `PagedAttentionInputs` (attention_backends/interface: the sequences' 
 `model_runner`). Slot layout (one tensor per layer, shared by all sequences):
 
     k_cache [num_slots, Hkv, D]     slot = page_id * page_size + offset_in_page
+                                    model dtype, or e4m3 (`--kv-cache-dtype fp8`: written by `write_kv`,
+                                    read back in the model's dtype by every backend)
 
     sequence s:  key positions 0 .. L-1  ->  key_slots[s] (page table expanded to slots)
                  queries = the last Lq of those positions (whole diffusion blocks)
@@ -174,6 +176,21 @@ def block_causal_mask(query_positions: torch.Tensor, key_len: int, block_length:
     return (query_positions // block_length)[:, None] >= (keys // block_length)[None, :]
 
 
+FP8_MAX = 448.0
+"""The largest finite e4m3 value: an fp8 K/V cache saturates there (one scale of 1.0 per tensor)."""
+
+
+def write_kv(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+    """cache[slots] = x [n, Hkv, D] in the cache's dtype. An fp8 (e4m3) cache takes x rounded to nearest, clamped
+    to +-448 (a plain cast would turn larger values into NaN on some devices), written through a byte view: CPU
+    index_copy_ has no fp8 kernel, and bytes copy the same on any device."""
+    if cache.dtype != torch.float8_e4m3fn:
+        cache.index_copy_(0, slots, x.to(cache.dtype))
+        return
+    codes = x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    cache.view(torch.uint8).index_copy_(0, slots, codes.view(torch.uint8))
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -190,8 +207,8 @@ def paged_attention(
     """
     k_cache, v_cache = inputs.k_caches[layer_id], inputs.v_caches[layer_id]
     num_tokens = inputs.slot_mapping.shape[0]  # a bucket-padded forward has rows past it: no K/V, output 0
-    k_cache.index_copy_(0, inputs.slot_mapping, k[:num_tokens].to(k_cache.dtype))
-    v_cache.index_copy_(0, inputs.slot_mapping, v[:num_tokens].to(v_cache.dtype))
+    write_kv(k_cache, inputs.slot_mapping, k[:num_tokens])
+    write_kv(v_cache, inputs.slot_mapping, v[:num_tokens])
     out = backend.attend(q[:num_tokens], k_cache, v_cache, inputs, scale)
     if num_tokens == q.shape[0]:
         return out

@@ -178,6 +178,11 @@ class FusedExperts(nn.Module):
             local = expert - self.expert_offset
             sorted_out[rows] = run_expert(sorted_x[rows], self.gate_up_proj[local], self.down_proj[local])
 
+    def compute(self, backend: str, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """x [N, H], routing weights / ids [N, K] -> the weighted sum of each token's experts [N, H] (`backend`:
+        see dispatch; quantized experts replace this, model/quant/experts)."""
+        return run_experts(backend, x, weights, ids, self.gate_up_proj, self.down_proj)
+
     def shard_experts_(self, group: ParallelGroup) -> None:
         """Expert parallel: keep experts [rank * E / size, (rank + 1) * E / size), whole."""
         total, per_rank = self.num_experts, self.num_experts // group.size
@@ -260,7 +265,7 @@ class SparseMoeBlock(nn.Module):
         how many rows each expert gets is data (host syncs, data-dependent shapes), so a compiled forward breaks
         its graph here rather than recompile for every routing; the router and shared expert stay compiled."""
         if self.runner is None and self.group is None:
-            return run_experts(self.backend, x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj)
+            return self.experts.compute(self.backend, x, weights, ids)
         groups = group_by_expert(ids, self.num_experts)
         sorted_x = x.index_select(0, groups.token_of)  # [A, H]
         sorted_out = torch.zeros_like(sorted_x)  # expert parallel: other ranks' rows stay 0 here
