@@ -17,6 +17,9 @@ from diffuserve.model.clover_moe_weights import (
     clover_moe_weight_target,
 )
 from diffuserve.model.config import ModelArgs, llada2_args_from_hf, qwen3_args_from_hf
+from diffuserve.model.diffusion_gemma import DiffusionGemmaForBlockDiffusion
+from diffuserve.model.diffusion_gemma_config import diffusion_gemma_args_from_hf
+from diffuserve.model.diffusion_gemma_weights import diffusion_gemma_checkpoint_tensors, diffusion_gemma_weight_target
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.llada2 import LLaDA2ForBlockDiffusion
 from diffuserve.model.llada2_weights import llada2_checkpoint_tensors, llada2_weight_target
@@ -56,6 +59,9 @@ class ModelFamily:
     has_recurrent_state: bool = False
     """Layers with per-sequence recurrent state, which the paged engine does not cache yet: the engine runs the
     family through its recompute path (engine/recompute_runner)."""
+    engine_unsupported: str | None = None
+    """Why the serving engine cannot run the family yet (None: it can). The model and its reference decoding
+    still load standalone; `loader.load_args(..., for_engine=True)` refuses the family with this reason."""
 
 
 SDAR = ModelFamily("sdar", SDARForBlockDiffusion, qwen3_args_from_hf, qwen3_weight_target, qwen3_checkpoint_tensors)
@@ -83,6 +89,19 @@ CLOVER_MOE = ModelFamily(
     has_recurrent_state=True,
 )
 
+# DiffusionGemma-26B-A4B (transformers' `DiffusionGemmaForBlockDiffusion`); see diffusion_gemma.py.
+DIFFUSION_GEMMA = ModelFamily(
+    "diffusion_gemma",
+    DiffusionGemmaForBlockDiffusion,
+    diffusion_gemma_args_from_hf,
+    diffusion_gemma_weight_target,
+    diffusion_gemma_checkpoint_tensors,
+    engine_unsupported=(
+        "its random-token canvases, sliding-window K/V and self-conditioning are not in the engine yet (issue 27, "
+        "phase 2); the model and its reference decoding run standalone (diffuserve.engine.diffusion_gemma_generate)"
+    ),
+)
+
 ARCHITECTURES: dict[str, ModelFamily] = {
     "SDARForCausalLM": SDAR,
     "SDARMoeForCausalLM": SDAR,
@@ -91,6 +110,7 @@ ARCHITECTURES: dict[str, ModelFamily] = {
     "Qwen3MoeForCausalLM": SDAR,
     "LLaDA2MoeModelLM": LLADA2,
     "CloverMoeModelLM": CLOVER_MOE,
+    "DiffusionGemmaForBlockDiffusion": DIFFUSION_GEMMA,
     # The base model's text trunk: runs autoregressively (no block-diffusion tensors).
     "Qwen3_5MoeForCausalLM": CLOVER_MOE,
     "Qwen3_5MoeForConditionalGeneration": CLOVER_MOE,
