@@ -139,6 +139,12 @@ def _check_text(text: dict) -> None:
     activation = text.get("hidden_activation", "gelu_pytorch_tanh")
     if activation not in ACTIVATIONS:
         raise ValueError(f"config.json: hidden_activation {activation!r} is not supported; expected {ACTIVATIONS}")
+    if text.get("attention_bias"):
+        raise ValueError(
+            "config.json: text_config.attention_bias is true; transformers then keeps the encoder's attention "
+            "biases apart from the decoder's (its weight ties skip biases), which diffuserve does not model: the "
+            "published DiffusionGemma has none; set it to false"
+        )
     heads = int(_require(text, "num_attention_heads"))
     for key in ("num_key_value_heads", "num_global_key_value_heads"):
         if text.get(key) and heads % int(text[key]):
@@ -189,7 +195,6 @@ def diffusion_gemma_args_from_hf(config: dict, generation_config: dict | None = 
         rope=RopeArgs(theta=sliding.rope.theta),
         max_position_embeddings=int(text.get("max_position_embeddings") or 131_072),
         tie_word_embeddings=True,
-        attention_bias=bool(text.get("attention_bias", False)),
         eos_token_ids=() if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),),
         pad_token_id=generation_config.get("pad_token_id", text.get("pad_token_id")),
         torch_dtype=_first(text, "dtype", "torch_dtype", default=_first(config, "dtype", "torch_dtype")),

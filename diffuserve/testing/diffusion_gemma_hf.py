@@ -11,6 +11,7 @@ imported by what serves.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ TINY_VISION: dict[str, Any] = dict(
 )
 
 
-def _randomize(model: Any, seed: int, init_std: float, logit_scale: float) -> None:
+def _randomize(model: Any, seed: int, init_std: float, logit_scale: float, feedback: float) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
@@ -49,6 +50,7 @@ def _randomize(model: Any, seed: int, init_std: float, logit_scale: float) -> No
             is_scale = name.endswith(("norm.weight", "layer_scalar", ".scale", "per_expert_scale"))
             tensor.copy_(1.0 + 0.3 * noise if is_scale else init_std * noise)
         model.model.decoder.norm.weight.mul_(logit_scale)  # the final norm scales the logits, nothing else
+        model.model.decoder.self_conditioning.down_proj.weight.mul_(feedback)
 
 
 def write_hf_checkpoint(
@@ -58,6 +60,7 @@ def write_hf_checkpoint(
     seed: int = 0,
     init_std: float = 0.05,
     logit_scale: float = 8.0,
+    feedback: float = 1.0,
     generation: dict[str, Any] | None = None,
 ) -> Path:
     """A transformers-written checkpoint of a tiny random DiffusionGemma (`TINY_TEXT` updated by `text`);
@@ -72,8 +75,9 @@ def write_hf_checkpoint(
     if not text_config.num_experts:
         config._experts_implementation = "eager"  # the grouped_mm default cannot run 0 experts (torch.histc)
     model = transformers.DiffusionGemmaForBlockDiffusion(config).eval()
-    _randomize(model, seed, init_std, logit_scale)
-    model.generation_config = transformers.DiffusionGemmaGenerationConfig(**(generation or {}))
+    _randomize(model, seed, init_std, logit_scale, feedback)
+    # A deep copy: the config class pops `_cls_name` out of the caller's nested sampler_config dict.
+    model.generation_config = transformers.DiffusionGemmaGenerationConfig(**copy.deepcopy(generation or {}))
     out = Path(out_dir)
     model.save_pretrained(out)
     return out
