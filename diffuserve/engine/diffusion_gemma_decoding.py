@@ -48,8 +48,9 @@ class DenoiseStep:
 
 
 def random_canvas(length: int, vocab_size: int, generator: torch.Generator | None) -> torch.Tensor:
-    """[length] uniform random token ids (the initial canvas, and the renoise draws)."""
-    return torch.randint(0, vocab_size, (1, length), generator=generator)[0]
+    """[length] uniform random token ids (the initial canvas, and the renoise draws), on the generator's device."""
+    device = generator.device if generator is not None else None
+    return torch.randint(0, vocab_size, (1, length), generator=generator, device=device)[0]
 
 
 def step_temperature(step: int, knobs: RenoiseDefaults) -> torch.Tensor:
@@ -90,13 +91,13 @@ def denoise_step(
     entropy = token_entropy(tempered)
     accepted = entropy_bound_accept(entropy, knobs.entropy_bound)
     kept = torch.where(accepted, drawn, canvas)
-    noise = random_canvas(canvas.shape[0], logits.shape[-1], generator)
+    noise = random_canvas(canvas.shape[0], logits.shape[-1], generator).to(canvas.device)
     return DenoiseStep(renoise(kept, accepted, noise), tempered.argmax(dim=-1), tempered, accepted, entropy)
 
 
-def empty_history(knobs: RenoiseDefaults, length: int) -> torch.Tensor:
+def empty_history(knobs: RenoiseDefaults, length: int, device: torch.device | None = None) -> torch.Tensor:
     """[S, C] long of -1: no argmax canvas seen yet (S = stability_threshold)."""
-    return torch.full((knobs.stability_threshold, length), -1, dtype=torch.long)
+    return torch.full((knobs.stability_threshold, length), -1, dtype=torch.long, device=device)
 
 
 def should_stop(history: torch.Tensor, result: DenoiseStep, knobs: RenoiseDefaults) -> tuple[bool, torch.Tensor]:

@@ -97,13 +97,14 @@ class _Caches:
         return index * self.per_request[kind] + local
 
 
-def _rows(seq: _Sequence, canvas_length: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+def _rows(seq: _Sequence, canvas_length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """(token ids, positions, is_canvas) of the sequence's rows this forward."""
     if seq.encoded < seq.committed:  # prompt chunks and finished canvases: at most C rows, for the ring
         end = min(seq.committed, seq.encoded + canvas_length)
-        return torch.tensor(seq.output.tokens[seq.encoded : end]), torch.arange(seq.encoded, end), False
+        ids = torch.tensor(seq.output.tokens[seq.encoded : end], device=device)
+        return ids, torch.arange(seq.encoded, end, device=device), False
     assert seq.canvas is not None, "a sequence with nothing to commit has a canvas"
-    return seq.canvas, torch.arange(seq.committed, seq.committed + canvas_length), True
+    return seq.canvas, torch.arange(seq.committed, seq.committed + canvas_length, device=device), True
 
 
 def _attention(caches: _Caches, batch: list[tuple[int, torch.Tensor, bool]]) -> GemmaAttentionInputs:
@@ -113,7 +114,8 @@ def _attention(caches: _Caches, batch: list[tuple[int, torch.Tensor, bool]]) -> 
     for kind in (SLIDING, FULL):
         slices, mappings, start = [], [], 0
         for index, positions, is_canvas in batch:
-            keys = torch.arange(key_start(kind, caches.window, int(positions[0])), int(positions[-1]) + 1)
+            first = key_start(kind, caches.window, int(positions[0]))
+            keys = torch.arange(first, int(positions[-1]) + 1, device=positions.device)
             mask = rows_mask(kind, caches.window, positions, keys, is_canvas)
             slices.append(SequenceSlice(start, len(positions), caches.slots(kind, index, keys), mask))
             mappings.append(caches.slots(kind, index, positions))
@@ -125,13 +127,13 @@ def _attention(caches: _Caches, batch: list[tuple[int, torch.Tensor, bool]]) -> 
 def _start_canvas(seq: _Sequence, canvas_length: int, vocab_size: int) -> None:
     seq.canvas = random_canvas(canvas_length, vocab_size, seq.generator)
     seq.step, seq.soft = 0, None
-    seq.history = empty_history(seq.request.knobs, canvas_length)
+    seq.history = empty_history(seq.request.knobs, canvas_length, seq.canvas.device)
 
 
 def _finish_canvas(seq: _Sequence, tokens: torch.Tensor, max_canvases: int, canvas_length: int, vocab: int) -> None:
     """Appends the canvas's final tokens; ends the request (EOS or length) or starts its next canvas."""
     knobs = seq.request.knobs
-    is_eos = torch.isin(tokens, torch.tensor(knobs.eos_token_ids, dtype=torch.long))
+    is_eos = torch.isin(tokens, torch.tensor(knobs.eos_token_ids, dtype=torch.long, device=tokens.device))
     generated = seq.committed + canvas_length - len(seq.request.prompt)
     seq.finished = bool(is_eos.any()) or generated >= knobs.max_new_tokens or generated >= max_canvases * canvas_length
     if is_eos.any() and knobs.pad_token_id is not None:
@@ -162,12 +164,13 @@ def _decode(seq: _Sequence, logits: torch.Tensor, model: DiffusionGemmaForBlockD
 def _forward(model: DiffusionGemmaForBlockDiffusion, caches: _Caches, active: list[tuple[int, _Sequence]]) -> None:
     """One forward over every active sequence's rows, then each canvas's step."""
     canvas_length = gemma_args(model.args).canvas_length
-    rows = [(index, seq, *_rows(seq, canvas_length)) for index, seq in active]
+    weight = model.model.embed_tokens.weight
+    rows = [(index, seq, *_rows(seq, canvas_length, weight.device)) for index, seq in active]
     ids = torch.cat([r[2] for r in rows])
     positions = torch.cat([r[3] for r in rows])
-    is_canvas = torch.cat([torch.full((len(r[3]),), r[4]) for r in rows])
-    hidden_size = model.args.hidden_size
-    soft = [s.soft if s.soft is not None else torch.zeros(canvas_length, hidden_size) for _, s, *_, c in rows if c]
+    is_canvas = torch.cat([torch.full((len(r[3]),), r[4], device=weight.device) for r in rows])
+    zeros = weight.new_zeros(canvas_length, model.args.hidden_size)
+    soft = [s.soft if s.soft is not None else zeros for _, s, *_, c in rows if c]
     attn = _attention(caches, [(index, pos, c) for index, _, _, pos, c in rows])
     hidden = model(ids, positions, attn, is_canvas, torch.cat(soft) if soft else None)
     logits = model.compute_logits(hidden[is_canvas]).split(canvas_length)
@@ -188,7 +191,8 @@ def generate(model: DiffusionGemmaForBlockDiffusion, requests: list[GemmaRequest
     canvas = gemma.canvas_length
     max_len = max(len(r.prompt) + math.ceil(r.knobs.max_new_tokens / canvas) * canvas for r in requests)
     caches = _Caches(model, len(requests), max_len)
-    seqs = [_Sequence(r, torch.Generator().manual_seed(r.seed), GemmaOutput(list(r.prompt))) for r in requests]
+    device = model.model.embed_tokens.weight.device
+    seqs = [_Sequence(r, torch.Generator(device).manual_seed(r.seed), GemmaOutput(list(r.prompt))) for r in requests]
     while active := [(i, s) for i, s in enumerate(seqs) if not s.finished]:
         _forward(model, caches, active)
     return [s.output for s in seqs]
