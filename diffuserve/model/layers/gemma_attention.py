@@ -22,6 +22,8 @@ from torch import nn
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.diffusion_gemma_config import SLIDING, gemma_args
 from diffuserve.model.layers.attention import AttentionInputs, DenseAttentionInputs, dense_attention, paged_attention
+from diffuserve.model.layers.attention_backends.batched import BatchedBackend
+from diffuserve.model.layers.attention_backends.interface import AttentionBackend
 from diffuserve.model.layers.gemma_norm import GemmaRMSNorm
 from diffuserve.model.layers.gemma_rotary import GemmaRotary
 
@@ -58,6 +60,8 @@ class GemmaAttention(nn.Module):
         self.k_norm = GemmaRMSNorm(self.head_dim, args.rms_norm_eps)
         self.v_norm = GemmaRMSNorm(self.head_dim, args.rms_norm_eps, with_scale=False)
         self.rotary = rotary
+        self.attention_backend: AttentionBackend = BatchedBackend()
+        """What computes the paged attention (attention_backends.selection.set_attention_backend)."""
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: GemmaAttentionInputs) -> torch.Tensor:
         """x [N, H] (paged) or [Bt, T, H] (dense); positions of the same leading shape -> same shape as x."""
@@ -76,4 +80,4 @@ class GemmaAttention(nn.Module):
         """q [..., Hq, D], k/v [..., Hkv, D] -> [..., Hq * D] (the graph breaks here, as in layers/attention)."""
         if isinstance(attn, DenseAttentionInputs):
             return dense_attention(q, k, v, attn, ATTENTION_SCALE)
-        return paged_attention(q, k, v, attn, self.cache_index, ATTENTION_SCALE)
+        return paged_attention(q, k, v, attn, self.cache_index, ATTENTION_SCALE, self.attention_backend)
