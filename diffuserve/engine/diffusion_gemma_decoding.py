@@ -15,7 +15,7 @@ One canvas of C positions starts as C uniformly random tokens. Each step, from t
                      then the last step's argmax (not the sampled canvas)
 
 The next step's self-conditioning input is the model's soft embedding of this step's tempered logits (the model
-computes it: `soft_embeddings`). Random draws happen in transformers' order (initial canvas; then per step the
+computes it: `self_conditioning_input`). Random draws happen in transformers' order (initial canvas; then per step the
 sample, then the renoise tokens), so one generator per request reproduces transformers' `generate` for that
 request. The arithmetic follows transformers' `LinearTemperatureScheduleLogitsProcessor`, `EntropyBoundSampler`
 and `StableAndConfidentStoppingCriteria` (generation_diffusion_gemma.py) operation by operation, fp32 included.

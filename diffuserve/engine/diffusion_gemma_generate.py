@@ -35,6 +35,7 @@ from diffuserve.engine.diffusion_gemma_decoding import (
 from diffuserve.model.diffusion_gemma import DiffusionGemmaForBlockDiffusion
 from diffuserve.model.diffusion_gemma_config import FULL, SLIDING, RenoiseDefaults, gemma_args
 from diffuserve.model.diffusion_gemma_masks import key_start, rows_mask
+from diffuserve.model.interface import CanvasInputs
 from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice
 from diffuserve.model.layers.gemma_attention import GemmaAttentionInputs
 
@@ -158,7 +159,7 @@ def _decode(seq: _Sequence, logits: torch.Tensor, model: DiffusionGemmaForBlockD
         max_canvases = math.ceil(knobs.max_new_tokens / gemma.canvas_length)
         _finish_canvas(seq, result.argmax, max_canvases, gemma.canvas_length, model.args.vocab_size)
     else:
-        seq.canvas, seq.soft = result.canvas, model.soft_embeddings(result.logits)
+        seq.canvas, seq.soft = result.canvas, model.self_conditioning_input(result.logits)
 
 
 def _forward(model: DiffusionGemmaForBlockDiffusion, caches: _Caches, active: list[tuple[int, _Sequence]]) -> None:
@@ -172,7 +173,8 @@ def _forward(model: DiffusionGemmaForBlockDiffusion, caches: _Caches, active: li
     zeros = weight.new_zeros(canvas_length, model.args.hidden_size)
     soft = [s.soft if s.soft is not None else zeros for _, s, *_, c in rows if c]
     attn = _attention(caches, [(index, pos, c) for index, _, _, pos, c in rows])
-    hidden = model(ids, positions, attn, is_canvas, torch.cat(soft) if soft else None)
+    canvas = CanvasInputs(is_canvas.nonzero().flatten(), torch.cat(soft) if soft else zeros[:0])
+    hidden = model(ids, positions, attn.full, attn.sliding, canvas)
     logits = model.compute_logits(hidden[is_canvas]).split(canvas_length)
     canvases = iter(logits)
     for _, seq, _, pos, is_canvas_rows in rows:

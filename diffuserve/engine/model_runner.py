@@ -1,7 +1,8 @@
 """Runs one engine step on the model (rank 0): builds the flattened batch and each cache kind's metadata, has the
 executor run the forward, decodes every block. One runner for every family: what differs between them is data,
 the model's `StepRules` (which keys a query sees, which row predicts a position) and its cache layout (which
-metadata the step carries: engine/cache/metadata.py).
+metadata the step carries: one entry per page group, then the recurrent state, then the canvas rows with their
+self-conditioning input, which the runner keeps after decoding).
 
 Input: the scheduler's work list. Output: a `StepResult` (per request, the canvas positions accepted this step
 and their tokens, with their logprobs for requests that ask; the prompt scores; the grammar failures). It reads
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from diffuserve.engine.block_decoding import BlockDecoding
-from diffuserve.engine.cache.paged_step import PagedMetadataBuilder
+from diffuserve.engine.cache.paged_step import PagedMetadataBuilder, WindowMetadataBuilder
 from diffuserve.engine.cache.state_step import StateMetadataBuilder, StatePlan, state_slot
 from diffuserve.engine.executor import ForwardInputs, ModelExecutor
 from diffuserve.engine.experts import ExpertOffload, ExpertTracker
@@ -55,9 +56,6 @@ class StepBatch:
 
 
 class ModelRunner:
-    supports_prompt_scoring = True
-    """Whether prompt_logprobs can be computed (not by the benchmark baselines that rebuild state)."""
-
     def __init__(self, executor: ModelExecutor, decoding: BlockDecoding, expert_stats: bool = False) -> None:
         self.executor, self.decoding = executor, decoding
         self.block_length, self.device = decoding.block_length, executor.device
@@ -67,6 +65,13 @@ class ModelRunner:
         self.state = StateMetadataBuilder(self.block_length, not self.rules.autoregressive, self.device)
         self.experts = ExpertTracker(executor.model) if expert_stats else None
         """Routing statistics (`EngineConfig.expert_stats`); None when off."""
+
+    @property
+    def supports_prompt_scoring(self) -> bool:
+        """Whether prompt_logprobs can be computed: not over sliding-window groups, nor for renoise canvases (the
+        block chain rule scores masked positions; a canvas has none), nor by the benchmark baselines that rebuild
+        state (they say so)."""
+        return len(self.executor.caches.paged) == 1 and not self.rules.renoise_canvas
 
     @property
     def model(self) -> DiffusionModel:
@@ -115,18 +120,20 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         blocks: list[BlockRows] = []
-        paged = PagedMetadataBuilder("kv", self.executor.page_size, self.block_length, self.rules, self.device)
+        groups = self._page_groups()
+        paged = groups[0]
         for work in scheduled:
             if not work.num_tokens:
                 continue  # a request that only scores this step
             request = work.request
-            paged.add(work, len(ids))
+            for group in groups:
+                group.add(work, len(ids))
             ids += request.known_tokens(work.commit_start, work.commit_end)
             if work.has_block:
                 blocks.append(
                     BlockRows(work, len(ids), self.decoding.read_positions(request, self.rules.autoregressive))
                 )
-                ids += request.canvas
+                ids += self.decoding.block_tokens(request)
             positions += range(work.query_start, work.query_end)
         scoring = ScoringRows(shift=self.rules.prediction_shift, causal=self.rules.autoregressive)
         for work in scheduled:
@@ -139,9 +146,11 @@ class ModelRunner:
         num_rows = len(ids)
         for index, request in scoring.previous_rows:
             scoring.logit_rows[index] = num_rows + state_slot(request)
-        metadata: tuple[object, ...] = (paged.build(),)
+        metadata: tuple[object, ...] = tuple(group.build() for group in groups)
         if self.has_state:
             metadata += (self.plan_state(scheduled, scoring.variants),)
+        if self.executor.caches.canvas is not None:
+            metadata += (self._canvas_inputs(blocks),)
         forward = ForwardInputs(
             torch.tensor(ids, dtype=torch.long, device=self.device),
             torch.tensor(positions, dtype=torch.long, device=self.device),
@@ -154,6 +163,22 @@ class ModelRunner:
     def plan_state(self, scheduled: list[ScheduledRequest], variants: list[tuple[int, Request]]) -> StatePlan:
         """The step's recurrent-state plan; `variants`: each scoring variant's first row and request."""
         return self.state.plan(scheduled, variants)
+
+    def _page_groups(self) -> list[PagedMetadataBuilder]:
+        """A metadata builder per page group, "kv" first (the order of the caches' tensors)."""
+        page_size, block, rules, device = self.executor.page_size, self.block_length, self.rules, self.device
+        builders = [PagedMetadataBuilder("kv", page_size, block, rules, device)]
+        for name, (window, _) in self.executor.sizes.windows.items():
+            builders.append(WindowMetadataBuilder(name, window, page_size, block, rules, device))
+        return builders
+
+    def _canvas_inputs(self, blocks: list[BlockRows]) -> object:
+        """The step's canvas rows and each canvas's self-conditioning input (zeros at a canvas's first step)."""
+        assert self.executor.caches.canvas is not None, "a model with a canvas state"
+        rows = [b.token_start + i for b in blocks for i in range(self.block_length)]
+        slots = [canvas_slot(b.work.request) for b in blocks]
+        first_steps = [b.work.request.step_in_block == 0 for b in blocks]
+        return self.executor.caches.canvas.inputs(rows, slots, first_steps)
 
     def _logit_rows(self, block: BlockRows, num_rows: int) -> list[int]:
         """The rows predicting the block's read positions: their own, or (AR shift) the previous position's, the
@@ -187,12 +212,30 @@ class ModelRunner:
     def _decode_blocks(self, batch: StepBatch, hidden: torch.Tensor) -> dict[str, BlockWrite]:
         logits = self.model.compute_logits(hidden.index_select(0, batch.logit_rows))  # [M, V]
         writes, start = {}, 0
+        carried: list[tuple[int, torch.Tensor]] = []  # (canvas slot, tempered logits [C, V]) of going-on canvases
         for block in batch.blocks:
             request = block.work.request
             rows = logits[start : start + len(block.positions)]
             start += len(block.positions)
             if self.rules.autoregressive:
                 writes[request.request_id] = self.decoding.next_token(request, rows, block.positions[0])
+            elif request.params.is_renoise:
+                writes[request.request_id], tempered = self.decoding.decode_renoise(request, rows)
+                if tempered is not None:
+                    carried.append((canvas_slot(request), tempered))
             else:
                 writes[request.request_id] = self.decoding.decode(request, rows, block.positions)
+        if carried:
+            self._keep_self_conditioning(carried)
         return writes
+
+    def _keep_self_conditioning(self, carried: list[tuple[int, torch.Tensor]]) -> None:
+        """The next step's self-conditioning input of every canvas that goes on, in one batched pass."""
+        assert self.executor.caches.canvas is not None, "renoise canvases keep their input in the canvas pool"
+        soft = self.model.self_conditioning_input(torch.cat([logits for _, logits in carried]))  # [k x C, H]
+        self.executor.caches.canvas.keep([slot for slot, _ in carried], soft)
+
+
+def canvas_slot(request: Request) -> int:
+    assert request.canvas_slot is not None, "a running request of a model with a canvas state holds a slot"
+    return request.canvas_slot

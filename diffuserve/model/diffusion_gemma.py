@@ -5,9 +5,11 @@ stack run two ways with one set of weights (transformers ties its encoder to its
     canvas rows    (decoder): bidirectional over the canvas and the cached prefix; their K/V are never kept;
                               input = RMSNorm(embedding + SelfConditioning(previous step's soft embeddings))
 
-Both roles may share one forward (`is_canvas` says which row is which); they differ only in the mask (the
-attention inputs: diffusion_gemma_masks), the canvas rows' self-conditioning and the layer scalar each role
-multiplies a layer's output by (`encoder_layer_scalar` / `layer_scalar`: separate buffers in the checkpoint).
+Both roles may share one forward (`CanvasInputs.rows` says which rows are canvas rows); they differ only in the
+mask (the attention inputs: diffusion_gemma_masks), the canvas rows' self-conditioning and the layer scalar each
+role multiplies a layer's output by (`encoder_layer_scalar` / `layer_scalar`: separate buffers in the checkpoint).
+The forward takes the engine's inputs in its cache layout's order (diffusion_gemma_config.cache_layout): the full
+layers' attention inputs, the sliding layers', then the canvas rows with their self-conditioning input.
 Layers: input / post-attention RMSNorms around attention (layers/gemma_attention: 5 sliding : 1 full, K = V on
 full layers), then the dense GeGLU beside the routed experts (layers/gemma_moe). Embeddings times sqrt(H); logits
 soft-capped `cap * tanh(logits / cap)` in fp32; no logit shift (the logit at a canvas position predicts that
@@ -24,7 +26,8 @@ from torch import nn
 
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.diffusion_gemma_config import FULL, SLIDING, gemma_args
-from diffuserve.model.interface import DiffusionModel
+from diffuserve.model.interface import CanvasInputs, DiffusionModel, StepRules
+from diffuserve.model.layers.attention import AttentionInputs
 from diffuserve.model.layers.gemma_attention import GemmaAttention, GemmaAttentionInputs
 from diffuserve.model.layers.gemma_moe import GeGLU, GemmaFeedForward
 from diffuserve.model.layers.gemma_norm import GemmaRMSNorm
@@ -98,30 +101,41 @@ class DiffusionGemmaForBlockDiffusion(DiffusionModel):
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.lm_head.weight = self.model.embed_tokens.weight
 
+    @property
+    def step_rules(self) -> StepRules:
+        """Committed rows causal, canvas rows bidirectional over the prefix and the canvas; renoise canvases."""
+        return StepRules(causal_commits=True, renoise_canvas=True)
+
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        attn: GemmaAttentionInputs,
-        is_canvas: torch.Tensor,
-        soft_embeddings: torch.Tensor | None = None,
+        full: AttentionInputs,
+        sliding: AttentionInputs,
+        canvas: CanvasInputs,
     ) -> torch.Tensor:
-        """input_ids, positions, is_canvas [N] with paged inputs (or [Bt, T] with dense ones) -> hidden [..., H]
-        before the final norm. `soft_embeddings` [M, H]: the canvas rows' (in row order) self-conditioning input,
-        from `soft_embeddings(previous step's logits)`; None on a canvas's first step (zeros, as the reference)."""
-        x = self.model.scaled_embedding(input_ids)
-        if bool(is_canvas.any()):
-            canvas = x[is_canvas]  # [M, H]
-            soft = torch.zeros_like(canvas) if soft_embeddings is None else soft_embeddings.to(canvas.dtype)
-            x = x.clone()
-            x[is_canvas] = self.model.self_conditioning(canvas, soft)
+        """input_ids, positions [N] with paged inputs (or [Bt, T] with dense ones) -> hidden [..., H] before the
+        final norm. `canvas.rows` index the flattened rows (rows past them, e.g. bucket padding, are committed
+        rows); `canvas.soft` [M, H] is their self-conditioning input (zeros on a canvas's first step, as the
+        reference's None)."""
+        x = self.model.scaled_embedding(input_ids)  # [..., H]
+        lead, hidden = x.shape[:-1], x.shape[-1]
+        flat = x.reshape(-1, hidden)
+        is_canvas = torch.zeros(flat.shape[0], dtype=torch.bool, device=flat.device)
+        if canvas.rows.numel():
+            is_canvas[canvas.rows] = True
+            conditioned = self.model.self_conditioning(flat[canvas.rows], canvas.soft.to(flat.dtype))
+            flat = flat.index_copy(0, canvas.rows, conditioned)
+        x, is_canvas = flat.view(*lead, hidden), is_canvas.view(lead)
+        attn = GemmaAttentionInputs(sliding, full)
         for layer in self.model.layers:
             x = layer(x, positions, attn, is_canvas)
         return x
 
-    def soft_embeddings(self, logits: torch.Tensor) -> torch.Tensor:
-        """A step's processed logits [M, V] -> the next step's self-conditioning input [M, H]:
-        softmax (fp32) @ embedding table x sqrt(H), in the table's dtype (transformers' decoder, step 1.c.v)."""
+    def self_conditioning_input(self, logits: torch.Tensor) -> torch.Tensor:
+        """A step's processed logits [M, V] -> the next step's self-conditioning input [M, H], its soft
+        embeddings: softmax (fp32) @ embedding table x sqrt(H), in the table's dtype (transformers' decoder, step
+        1.c.v)."""
         weight = self.model.embed_tokens.weight
         probs = logits.to(weight.dtype).softmax(dim=-1, dtype=torch.float32).to(weight.dtype)
         return (probs @ weight) * torch.tensor(self.model.embed_scale).to(weight.dtype)

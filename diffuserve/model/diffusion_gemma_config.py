@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diffuserve.model.config import ModelArgs, RopeArgs, _first, _require
+from diffuserve.model.shapes import CacheLayout, CanvasState, PagedKV, SlidingWindowKV
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 NO_MASK_TOKEN = -1
@@ -259,3 +260,29 @@ def check_renoise(knobs: RenoiseDefaults) -> None:
     for name, value, ok, expected in checks:
         if not ok:
             raise ValueError(f"generation_config.json: `{name}` is {value}; expected {expected}")
+
+
+def generation_defaults(generation: dict) -> dict[str, Any]:
+    """generation_config.json -> the request defaults (SamplingParams names) of a DiffusionGemma model: the renoise
+    decoder with the file's knobs (`max_denoising_steps` is `steps`), transformers' where the file has none."""
+    knobs = renoise_defaults(generation)
+    return {
+        "decoder": "renoise",
+        "steps": knobs.max_denoising_steps,
+        "entropy_bound": knobs.entropy_bound,
+        "t_min": knobs.t_min,
+        "t_max": knobs.t_max,
+        "stability_threshold": knobs.stability_threshold,
+        "confidence_threshold": knobs.confidence_threshold,
+    }
+
+
+def cache_layout(args: ModelArgs, dtype: str) -> CacheLayout:
+    """Full layers: K/V of every position (their own head shape); sliding layers: only their window's
+    (`SlidingWindowKV`, window W: a committed row sees its last W positions, a canvas row the W - 1 before the
+    canvas); beside them, each running canvas's self-conditioning input."""
+    gemma = gemma_args(args)
+    full = PagedKV(gemma.full.num_kv_heads, gemma.full.head_dim, dtype)
+    sliding = SlidingWindowKV(gemma.sliding.num_kv_heads, gemma.sliding.head_dim, dtype, gemma.sliding_window)
+    layers = tuple(sliding if kind == SLIDING else full for kind in gemma.layer_types)
+    return CacheLayout(layers, CanvasState(args.block_length, args.hidden_size, dtype))

@@ -58,13 +58,10 @@ def read_model_config(model_dir: str | Path) -> tuple[dict, dict]:
     return read_json(path / "config.json"), read_json(generation) if generation.is_file() else {}
 
 
-def load_args(model_dir: str | Path, for_engine: bool = True) -> tuple[ModelFamily, ModelArgs]:
-    """(family, args) of a model directory; `for_engine`: refuse a family the serving engine cannot run yet."""
+def load_args(model_dir: str | Path) -> tuple[ModelFamily, ModelArgs]:
+    """(family, args) of a model directory."""
     config, generation = read_model_config(model_dir)
     family = family_for(config)
-    if for_engine and family.engine_unsupported:
-        arch = config["architectures"][0]
-        raise ValueError(f"model: {arch} ({family.name}) is not served by the engine yet: {family.engine_unsupported}")
     _notify_deprecated(config, Path(model_dir))
     config = fill_special_token_ids(config, generation, family.special_tokens, Path(model_dir))
     args = family.parse_args(config, generation)
@@ -197,14 +194,12 @@ def load_model(
     expert_device: torch.device | None = None,
     load_format: str = "auto",
     seed: int = 0,
-    for_engine: bool = True,
 ) -> tuple[ModelArgs, DiffusionModel]:
     """Builds the family's model (this rank's part) in the resolved dtype and loads its weights: from the
-    checkpoint (`auto`), or seeded random ones (`dummy`, no weights on disk needed). `for_engine=False` loads
-    a family the engine cannot serve yet (standalone use, see load_args)."""
+    checkpoint (`auto`), or seeded random ones (`dummy`, no weights on disk needed)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format: {load_format!r} is not supported; use one of {', '.join(LOAD_FORMATS)}")
-    family, parsed = load_args(model_dir, for_engine)
+    family, parsed = load_args(model_dir)
     args = args or parsed
     model = build_model(
         family,

@@ -19,7 +19,9 @@ from diffuserve.model.clover_moe_weights import (
 )
 from diffuserve.model.config import ModelArgs, llada2_args_from_hf, qwen3_args_from_hf
 from diffuserve.model.diffusion_gemma import DiffusionGemmaForBlockDiffusion
+from diffuserve.model.diffusion_gemma_config import cache_layout as diffusion_gemma_cache_layout
 from diffuserve.model.diffusion_gemma_config import diffusion_gemma_args_from_hf
+from diffuserve.model.diffusion_gemma_config import generation_defaults as diffusion_gemma_generation_defaults
 from diffuserve.model.diffusion_gemma_weights import diffusion_gemma_checkpoint_tensors, diffusion_gemma_weight_target
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.llada2 import LLaDA2ForBlockDiffusion
@@ -63,9 +65,9 @@ class ModelFamily:
     """The reference caps a request's denoising steps per block at its max_tokens (LLaDA2's `generate`: `steps =
     min(steps, gen_length // minimal_topk)`, minimal_topk 1), so an answer shorter than a block accepts more
     tokens per step."""
-    engine_unsupported: str | None = None
-    """Why the serving engine cannot run the family yet (None: it can). The model and its reference decoding
-    still load standalone; `loader.load_args(..., for_engine=True)` refuses the family with this reason."""
+    generation_defaults: Callable[[dict], dict[str, Any]] | None = None
+    """(generation_config.json) -> request defaults under SamplingParams names, for a family whose file spells its
+    knobs its own way (None: the file's keys that are SamplingParams names, engine_setup.GENERATION_KEYS)."""
 
 
 SDAR = ModelFamily("sdar", SDARForBlockDiffusion, qwen3_args_from_hf, qwen3_weight_target, qwen3_checkpoint_tensors)
@@ -100,10 +102,8 @@ DIFFUSION_GEMMA = ModelFamily(
     diffusion_gemma_args_from_hf,
     diffusion_gemma_weight_target,
     diffusion_gemma_checkpoint_tensors,
-    engine_unsupported=(
-        "its random-token canvases, sliding-window K/V and self-conditioning are not in the engine yet (issue 27, "
-        "phase 2); the model and its reference decoding run standalone (diffuserve.engine.diffusion_gemma_generate)"
-    ),
+    cache_layout=diffusion_gemma_cache_layout,
+    generation_defaults=diffusion_gemma_generation_defaults,
 )
 
 ARCHITECTURES: dict[str, ModelFamily] = {

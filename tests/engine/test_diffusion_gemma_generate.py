@@ -42,7 +42,7 @@ FAST_CANVAS = 4
 def _checkpoint(tmp_path_factory, name: str, generation: dict, canvas_length: int = 16, **text):
     out = tmp_path_factory.mktemp(name)
     model_dir = write_hf_checkpoint(out, text, canvas_length, seed=3, feedback=0.1, generation=generation)
-    _, ours = load_model(model_dir, for_engine=False)
+    _, ours = load_model(model_dir)
     return load_hf_model(model_dir), ours, renoise_defaults(read_model_config(model_dir)[1])
 
 

@@ -13,11 +13,13 @@ from diffuserve.model.diffusion_gemma_config import (
     SLIDING,
     GemmaRope,
     RenoiseDefaults,
+    cache_layout,
     diffusion_gemma_args_from_hf,
     gemma_args,
     renoise_defaults,
 )
 from diffuserve.model.loader import load_args
+from diffuserve.model.shapes import PagedKV
 from diffuserve.planner.model_presets import DIFFUSION_GEMMA_GENERATION_CONFIG, MODEL_PRESETS
 
 PUBLISHED = MODEL_PRESETS["DiffusionGemma-26B-A4B"].config
@@ -115,9 +117,26 @@ def test_bad_generation_config_names_the_field(field, value, expected):
         renoise_defaults({field: value})
 
 
-def test_the_engine_refuses_the_family_until_it_serves_it(tmp_path):
+def test_the_family_declares_its_caches_and_request_defaults(tmp_path):
+    """Full layers page K/V of their own shape, sliding layers a window group, a canvas state of C x H beside
+    them; generation_config.json's renoise knobs become the request defaults under SamplingParams names."""
     (tmp_path / "config.json").write_text(json.dumps(_config()))
-    with pytest.raises(ValueError, match=r"^model: DiffusionGemmaForBlockDiffusion \(diffusion_gemma\) is not served"):
-        load_args(tmp_path)
-    family, args = load_args(tmp_path, for_engine=False)
+    family, args = load_args(tmp_path)
     assert family.name == "diffusion_gemma" and args.block_length == 256
+    layout = cache_layout(args, "bf16")
+    gemma = gemma_args(args)
+    assert layout.groups == [f"window{gemma.sliding_window}", "kv"]
+    assert [s.group == "kv" for s in layout.layers] == [t == FULL for t in gemma.layer_types]
+    assert layout.paged("kv")[0] == PagedKV(gemma.full.num_kv_heads, gemma.full.head_dim, "bf16")
+    assert layout.canvas is not None and layout.canvas.bytes_per_sequence() == 256 * args.hidden_size * 2
+    generation = {"max_denoising_steps": 12, "sampler_config": {"entropy_bound": 0.5}, "t_min": 0.1}
+    assert family.generation_defaults is not None
+    assert family.generation_defaults(generation) == {
+        "decoder": "renoise",
+        "steps": 12,
+        "entropy_bound": 0.5,
+        "t_min": 0.1,
+        "t_max": 0.8,
+        "stability_threshold": 1,
+        "confidence_threshold": 0.005,
+    }

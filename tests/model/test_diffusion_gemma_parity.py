@@ -15,6 +15,7 @@ import torch
 
 from diffuserve.model.diffusion_gemma_config import FULL, SLIDING, gemma_args
 from diffuserve.model.diffusion_gemma_masks import dense_inputs
+from diffuserve.model.interface import CanvasInputs
 from diffuserve.model.loader import load_model
 from diffuserve.testing.diffusion_gemma_hf import load_hf_model, write_hf_checkpoint
 
@@ -41,8 +42,9 @@ def _ours(model, args, prompt: torch.Tensor, canvas: torch.Tensor, sc_logits: to
     positions = torch.arange(ids.shape[1])
     is_canvas = positions >= prompt.shape[1]
     attn = dense_inputs(gemma_args(args), positions, is_canvas)
-    soft = None if sc_logits is None else model.soft_embeddings(sc_logits[0])
-    hidden = model(ids, positions[None], attn, is_canvas[None], soft)
+    rows = is_canvas.nonzero().flatten()  # the canvas's rows of the flattened [1, P + C] batch
+    soft = torch.zeros(CANVAS, args.hidden_size) if sc_logits is None else model.self_conditioning_input(sc_logits[0])
+    hidden = model(ids, positions[None], attn.full, attn.sliding, CanvasInputs(rows, soft))
     return model.compute_logits(hidden[:, prompt.shape[1] :])
 
 
@@ -50,7 +52,7 @@ def _ours(model, args, prompt: torch.Tensor, canvas: torch.Tensor, sc_logits: to
 def test_canvas_logits_match_transformers(tmp_path, case):
     model_dir = write_hf_checkpoint(tmp_path / "m", CASES[case], canvas_length=CANVAS, seed=5)
     hf = load_hf_model(model_dir)
-    args, ours = load_model(model_dir, for_engine=False)
+    args, ours = load_model(model_dir)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for prompt_len in (5, 20):  # window 8: inside it, and across it (the canvas sees only 7 of 20)
@@ -71,7 +73,7 @@ def test_float64_is_the_same_arithmetic(tmp_path):
 
     model_dir = write_hf_checkpoint(tmp_path / "m", canvas_length=CANVAS, seed=5)
     hf = transformers.DiffusionGemmaForBlockDiffusion.from_pretrained(model_dir, experts_implementation="eager")
-    args, ours = load_model(model_dir, for_engine=False)
+    args, ours = load_model(model_dir)
     hf, ours = hf.eval().double(), ours.double()
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, args.vocab_size, (1, 20), generator=generator)
@@ -87,7 +89,7 @@ def test_each_part_matters(tmp_path):
     decoder's layer scalars on the encoder rows misses transformers' logits by far more than the tolerance."""
     model_dir = write_hf_checkpoint(tmp_path / "m", canvas_length=CANVAS, seed=5)
     hf = load_hf_model(model_dir)
-    args, ours = load_model(model_dir, for_engine=False)
+    args, ours = load_model(model_dir)
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, args.vocab_size, (1, 20), generator=generator)
     canvas = torch.randint(0, args.vocab_size, (1, CANVAS), generator=generator)
@@ -111,7 +113,7 @@ def test_transformers_checkpoint_names_all_load(tmp_path):
     from diffuserve.model.loader import iter_checkpoint
 
     model_dir = write_hf_checkpoint(tmp_path / "m", canvas_length=CANVAS)
-    args, _ = load_model(model_dir, for_engine=False)
+    args, _ = load_model(model_dir)
     skipped = [name for name, _ in iter_checkpoint(model_dir) if diffusion_gemma_weight_target(name, args) is None]
     assert skipped and all(
         name.startswith(("model.encoder.vision_tower.", "model.encoder.embed_vision.")) for name in skipped
@@ -128,7 +130,7 @@ def test_our_writer_round_trips_through_transformers(tmp_path):
 
     model_dir = write_diffusion_gemma_checkpoint(tmp_path / "m", make_diffusion_gemma_config(), seed=7)
     hf = load_hf_model(model_dir)
-    args, ours = load_model(model_dir, for_engine=False)
+    args, ours = load_model(model_dir)
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, args.vocab_size, (1, 12), generator=generator)
     canvas = torch.randint(0, args.vocab_size, (1, CANVAS), generator=generator)
