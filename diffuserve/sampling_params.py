@@ -122,6 +122,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     """Score the prompt: each prompt token's log-probability under the block chain rule (docs/server.md, "Prompt
     scoring"; the first token has none) with this many top alternatives (0 .. MAX_LOGPROBS); None = not scored."""
+    record_denoising: bool = False
+    """Keep every denoising step's writes (which output positions it decided, and their tokens), for the
+    outputs to carry (`CompletionOutput.denoising_steps`; the server's `stream_options.include_denoising`)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -243,6 +246,7 @@ class SamplingParams:
             structured_outputs=self.structured_outputs,
             logprobs=self.logprobs,
             prompt_logprobs=self.prompt_logprobs,
+            record_denoising=self.record_denoising,
             **knobs,
         )
 
@@ -287,6 +291,8 @@ class ResolvedSamplingParams:
     """Top alternatives per generated token; None = no logprobs computed (SamplingParams.logprobs)."""
     prompt_logprobs: int | None = None
     """Top alternatives per scored prompt token; None = the prompt is not scored (SamplingParams.prompt_logprobs)."""
+    record_denoising: bool = False
+    """Whether the request keeps each denoising step's writes (SamplingParams.record_denoising)."""
 
     @property
     def is_greedy(self) -> bool:

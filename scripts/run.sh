@@ -3,7 +3,9 @@
 #   bash scripts/run.sh serve [ARGS...]   start the OpenAI-compatible server on the bundled default model
 #   bash scripts/run.sh test  [ARGS...]   run the lint, the type check and the test suite
 # On a machine without an NVIDIA GPU the CPU build of PyTorch is installed first, so that the package's
-# `torch>=2.4` requirement does not pull a multi-GB CUDA build.
+# `torch>=2.4` requirement does not pull a multi-GB CUDA build. `test` also installs Debian's chromium and
+# chromium-driver for the web console's browser tests when they are missing and it can (root with apt-get);
+# without them those tests are skipped, saying why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 job="${1:-}"; shift || true
@@ -22,11 +24,25 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
 fi
 "$VPY" -m pip install --quiet -e ".[test,plot]"
 
+install_browser() {
+  if command -v chromedriver >/dev/null 2>&1; then
+    return
+  fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing chromium and chromium-driver for the browser tests" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } \
+      >/dev/null 2>&1 || echo "could not install chromium: the browser tests will be skipped" >&2
+  else
+    echo "no chromedriver (and no root apt-get to install it): the browser tests will be skipped" >&2
+  fi
+}
+
 case "$job" in
   serve)
     exec .venv/bin/diffuserve serve "$@"
     ;;
   test)
+    install_browser
     .venv/bin/ruff check .
     .venv/bin/ruff format --check .
     .venv/bin/mypy diffuserve

@@ -126,3 +126,20 @@ class IncrementalDetokenizer:
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, self.skip_special_tokens)
+
+
+class TokenTexts:
+    """Each token id's text alone, special tokens spelled out (logprobs' `decoded_token`, the denoising view), decoded
+    once per id."""
+
+    def __init__(self, tokenizer: Decoding | None) -> None:
+        self.tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def __call__(self, token: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self.tokenizer.decode([token], skip_special_tokens=False)
+        return text

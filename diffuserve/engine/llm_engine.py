@@ -1,6 +1,7 @@
 """LLMEngine: add_request / step / abort over the scheduler, the model runner and the output processor.
 
-A step reads `schedule -> execute -> scheduler.update_from_output -> output_processor.process_outputs`. Who
+A step reads `schedule -> execute -> scheduler.update_from_output -> output_processor.find_stop_strings ->
+scheduler.finish_requests -> output_processor.snapshot`. Who
 decides what:
 
 - `add_request` is the single authority on a request's validity (request id, prompt token ids, context
@@ -10,8 +11,9 @@ decides what:
 - The scheduler applies a step's results (commits, counts, tokens, block completion) and finishes requests on
   a stop id or on length. Every finish goes through `Scheduler.finish_requests` (or its own on stop ids and
   length): that is where a status becomes a finished one.
-- The output processor detokenizes, finds stop strings and returns the requests they end (`reqs_to_abort`);
-  the engine finishes those through the scheduler, as it does aborts and the requests of a failed step.
+- The output processor detokenizes and finds stop strings (`find_stop_strings`); the engine finishes those
+  requests through the scheduler, as it does aborts, grammar failures and the requests of a failed step, and only
+  then has the processor snapshot the outputs: the scheduler is the one owner of "finished".
 
 One failed step fails only the requests in it; the engine keeps serving the rest.
 
@@ -42,8 +44,9 @@ from diffuserve.errors import (
 from diffuserve.sampling_params import ResolvedSamplingParams, SamplingParams
 
 if TYPE_CHECKING:
+    from diffuserve.engine.cache.manager import CacheManager
     from diffuserve.engine.cache.paged import PagePool
-    from diffuserve.engine.cache.recurrent import SlotPool
+    from diffuserve.engine.cache.recurrent import SlotPool, StateStats
     from diffuserve.engine.experts import ExpertStatsSnapshot, OffloadStatsSnapshot
     from diffuserve.engine.scheduler import Scheduler
 
@@ -119,12 +122,11 @@ class LLMEngine:
                 f"{self.max_model_len}; shorten the prompt or raise --max-model-len",
             )
         if params.prompt_logprobs is not None and not self.runner.supports_prompt_scoring:
-            why = (
-                "is not defined for renoise canvases (the block chain rule scores masked positions; a canvas has none)"
-                if self.runner.rules.renoise_canvas
-                else "is not run by this engine's runner (a baseline that rebuilds state, or sliding-window caches)"
+            raise UnsupportedParameter(
+                "prompt_logprobs",
+                "this engine cannot score prompts (a baseline rebuilding state, sliding-window layers, or renoise "
+                "canvases, which have no masked positions to score); remove it",
             )
-            raise UnsupportedParameter("prompt_logprobs", f"prompt scoring {why}; remove the field")
         vocab = self.args.vocab_size
         bad = [t for t in params.stop_token_ids if t >= vocab]
         if bad:
@@ -162,9 +164,9 @@ class LLMEngine:
         self.output_processor.add_prompt_scores(result.prompt_scores)
         for request_id, error in result.failures.items():  # a grammar failure fails its request only
             self._finish_requests([request_id], RequestStatus.FINISHED_ERROR, error)
-        processed = self.output_processor.process_outputs(update.requests, update.new_token_counts)
-        self._finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
-        return processed.request_outputs
+        stopped = self.output_processor.find_stop_strings(update.requests)
+        self._finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        return self.output_processor.snapshot(update.requests, update.new_token_counts)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished
@@ -173,7 +175,7 @@ class LLMEngine:
         tracker = self.runner.experts
         experts = tracker.snapshot() if tracker is not None and tracker.enabled else None
         offload = self.runner.offload.snapshot() if self.runner.offload is not None else None
-        return self.counters.snapshot(self.scheduler, self.pool, experts, offload, self.state_pool)
+        return self.counters.snapshot(self.scheduler, self.cache, experts, offload)
 
     def shutdown(self) -> None:
         """Stops the worker processes of a multi-process engine (also done at interpreter exit)."""
@@ -235,7 +237,8 @@ class LLMEngine:
     def _fail_step(self, output: SchedulerOutput, error: str) -> list[RequestOutput]:
         requests = [work.request for work in output.scheduled]
         self._finish_requests([r.request_id for r in requests], RequestStatus.FINISHED_ERROR, error)
-        return self.output_processor.process_outputs(requests, {}).request_outputs
+        self.output_processor.find_stop_strings(requests)
+        return self.output_processor.snapshot(requests, {})
 
     def _release(self, update: StepUpdate) -> None:
         """The runner's per-request state the step ended: generators of finished requests, expert unions of
@@ -261,19 +264,6 @@ class LLMEngine:
                 param, f"contains the mask token (id {self.args.mask_token_id}), which no prompt may hold; remove it"
             )
         return token_ids
-
-
-@dataclass(frozen=True)
-class StateStats:
-    slots_used: int
-    """Slots held by running sequences."""
-    slots_total: int
-    num_snapshots: int
-    """Slots holding a prefix snapshot (evictable)."""
-    slot_bytes: int
-    hit_rate: float
-    """Share of the looked-up prompt tokens restored from a state snapshot (with their pages): what a hybrid
-    model actually reuses."""
 
 
 @dataclass(frozen=True)
@@ -337,15 +327,14 @@ class EngineCounters:
     def snapshot(
         self,
         scheduler: Scheduler,
-        pool: PagePool,
+        cache: CacheManager,
         experts: ExpertStatsSnapshot | None = None,
         offload: OffloadStatsSnapshot | None = None,
-        state_pool: SlotPool | None = None,
     ) -> EngineStats:
         return EngineStats(
             num_running=len(scheduler.running),
             num_waiting=len(scheduler.waiting),
-            kv_usage=pool.usage,
+            kv_usage=cache.pool.usage,
             prefix_hit_rate=scheduler.prefix_hit_rate,
             num_preemptions=scheduler.num_preemptions,
             num_steps=self.num_steps,
@@ -358,13 +347,5 @@ class EngineCounters:
             experts=experts,
             offload=offload,
             page_hit_rate=scheduler.page_hit_rate,
-            state=None
-            if state_pool is None
-            else StateStats(
-                state_pool.num_used_slots,
-                state_pool.num_slots,
-                state_pool.num_snapshots,
-                state_pool.slot_bytes,
-                scheduler.prefix_hit_rate,
-            ),
+            state=cache.state_stats(scheduler.prefix_hit_rate),
         )

@@ -56,22 +56,23 @@ class StepBatch:
 
 
 class ModelRunner:
+    supports_prompt_scoring = True
+    """Whether prompt_logprobs can be computed (not by the benchmark baselines that rebuild state, nor for a model
+    with sliding-window layers or renoise canvases)."""
+
     def __init__(self, executor: ModelExecutor, decoding: BlockDecoding, expert_stats: bool = False) -> None:
         self.executor, self.decoding = executor, decoding
         self.block_length, self.device = decoding.block_length, executor.device
         self.rules = executor.model.step_rules
+        # Prompt scoring's variants read the full-attention pages only: a model with window groups cannot score;
+        # the block chain rule scores masked positions, and a renoise canvas has none.
+        if executor.sizes.windows or self.rules.renoise_canvas:
+            self.supports_prompt_scoring = False
         self.has_state = executor.caches.state is not None
         """The model has a RecurrentState cache: each step carries a `StatePlan`."""
         self.state = StateMetadataBuilder(self.block_length, not self.rules.autoregressive, self.device)
         self.experts = ExpertTracker(executor.model) if expert_stats else None
         """Routing statistics (`EngineConfig.expert_stats`); None when off."""
-
-    @property
-    def supports_prompt_scoring(self) -> bool:
-        """Whether prompt_logprobs can be computed: not over sliding-window groups, nor for renoise canvases (the
-        block chain rule scores masked positions; a canvas has none), nor by the benchmark baselines that rebuild
-        state (they say so)."""
-        return len(self.executor.caches.paged) == 1 and not self.rules.renoise_canvas
 
     @property
     def model(self) -> DiffusionModel:
@@ -121,7 +122,7 @@ class ModelRunner:
         positions: list[int] = []
         blocks: list[BlockRows] = []
         groups = self._page_groups()
-        paged = groups[0]
+        paged = groups[0]  # the full-attention pages: what prompt scoring's variants read
         for work in scheduled:
             if not work.num_tokens:
                 continue  # a request that only scores this step
@@ -160,17 +161,18 @@ class ModelRunner:
         rows = [row for block in blocks for row in self._logit_rows(block, num_rows)]
         return StepBatch(forward, blocks, torch.tensor(rows, dtype=torch.long, device=self.device), scoring)
 
+    def _page_groups(self) -> list[PagedMetadataBuilder]:
+        """A metadata builder per page group, in the executor's order: the full-attention pages, then each
+        sliding-window group."""
+        args = (self.executor.page_size, self.block_length, self.rules, self.device)
+        windows = self.executor.sizes.windows
+        return [PagedMetadataBuilder("kv", *args)] + [
+            WindowMetadataBuilder(name, window, *args) for name, (window, _) in windows.items()
+        ]
+
     def plan_state(self, scheduled: list[ScheduledRequest], variants: list[tuple[int, Request]]) -> StatePlan:
         """The step's recurrent-state plan; `variants`: each scoring variant's first row and request."""
         return self.state.plan(scheduled, variants)
-
-    def _page_groups(self) -> list[PagedMetadataBuilder]:
-        """A metadata builder per page group, "kv" first (the order of the caches' tensors)."""
-        page_size, block, rules, device = self.executor.page_size, self.block_length, self.rules, self.device
-        builders = [PagedMetadataBuilder("kv", page_size, block, rules, device)]
-        for name, (window, _) in self.executor.sizes.windows.items():
-            builders.append(WindowMetadataBuilder(name, window, page_size, block, rules, device))
-        return builders
 
     def _canvas_inputs(self, blocks: list[BlockRows]) -> object:
         """The step's canvas rows and each canvas's self-conditioning input (zeros at a canvas's first step)."""

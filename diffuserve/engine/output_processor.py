@@ -8,9 +8,10 @@ until the next block decides it, so a stream never shows text past a stop. A com
 text: while it runs, only those of the tokens whose text is shown (`CompletionOutput.logprobs`).
 
 `OutputProcessor` owns the user requests (a prompt and its n completions, each an engine request). After each
-step it refreshes the completions of the step's requests and snapshots their user requests. A completion whose
-text reaches a stop string is reported finished ("stop") and its request id returned in `reqs_to_abort`: the
-processor never finishes a request itself, the engine does so through the scheduler.
+step it brings the completions of the step's requests up to their tokens and returns the requests whose text
+reached a stop string (`find_stop_strings`); the engine finishes those through the scheduler, the one owner of
+"finished", and only then does the processor snapshot the user requests (`snapshot`), from the statuses the
+scheduler set. It never decides a status.
 
 It also names the prompt scores the engine computes (`prompt_logprobs`, filled position by position; a
 request's output carries them once every prompt position is scored, which is before its first token).
@@ -25,9 +26,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from diffuserve.engine.detokenizer import REPLACEMENT_CHAR, Decoding, IncrementalDetokenizer
+from diffuserve.engine.detokenizer import REPLACEMENT_CHAR, Decoding, IncrementalDetokenizer, TokenTexts
 from diffuserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
-from diffuserve.engine.request import Request, RequestStatus
+from diffuserve.engine.request import Request
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 MAX_UTF8_CONTINUATION = 3
@@ -180,18 +181,10 @@ class ParentRequest:
         )
 
 
-@dataclass(frozen=True)
-class ProcessedOutputs:
-    request_outputs: list[RequestOutput]
-    """One snapshot per user request that progressed, in the order of its first request in the step."""
-    reqs_to_abort: list[str]
-    """Engine request ids a stop string ended: the engine finishes them (FINISHED_STOPPED)."""
-
-
 class OutputProcessor:
     def __init__(self, tokenizer: Decoding | None) -> None:
         self.tokenizer = tokenizer
-        self._token_texts: dict[int, str] = {}
+        self._token_text = TokenTexts(tokenizer)
         """Each token id's text for logprobs (special tokens spelled out), decoded once."""
         self._parents: dict[str, ParentRequest] = {}
         self._children: dict[str, tuple[ParentRequest, Completion]] = {}  # engine request id -> its completion
@@ -224,16 +217,26 @@ class OutputProcessor:
                 }
             parent.num_scored += len(entries)
 
-    def process_outputs(self, requests: list[Request], new_token_counts: dict[str, int]) -> ProcessedOutputs:
-        """Refreshes the completions of `requests` (a step's) and snapshots their user requests; a finished
+    def find_stop_strings(self, requests: list[Request]) -> list[str]:
+        """Brings the completions of `requests` (a step's) up to their tokens; returns the ids of the unfinished
+        ones whose text reached a stop string. The processor decides no status: the engine finishes those
+        through the scheduler, then calls `snapshot`."""
+        hits = []
+        for request in requests:
+            _, completion = self._children[request.request_id]
+            stop_hit = completion.update(self.tokenizer, request.output_token_ids, request.status.is_finished)
+            if stop_hit and not request.status.is_finished:
+                hits.append(request.request_id)
+        return hits
+
+    def snapshot(self, requests: list[Request], new_token_counts: dict[str, int]) -> list[RequestOutput]:
+        """One output per user request among `requests`, as their (final, if finished) statuses say; a finished
         user request is forgotten after its last snapshot."""
         now = time.monotonic()
         touched: dict[int, ParentRequest] = {}
-        reqs_to_abort = []
         for request in requests:
             parent, completion = self._children[request.request_id]
-            if self._refresh(parent, completion, request, now):
-                reqs_to_abort.append(request.request_id)
+            self._fill(parent, completion, request, now)
             touched.setdefault(id(parent), parent)
         outputs = []
         for parent in touched.values():
@@ -242,35 +245,23 @@ class OutputProcessor:
                 parent.metrics.finished_time = now
                 self._forget(parent)
             outputs.append(out)
-        return ProcessedOutputs(outputs, reqs_to_abort)
+        return outputs
 
-    def _refresh(self, parent: ParentRequest, completion: Completion, request: Request, now: float) -> bool:
-        """Updates one completion from its request; True if a stop string ends the (unfinished) request."""
-        status = request.status
-        stop_hit = completion.update(self.tokenizer, request.output_token_ids, status.is_finished)
+    def _fill(self, parent: ParentRequest, completion: Completion, request: Request, now: float) -> None:
+        """Copies a request's counters, logprobs, trace and finish into its completion's output."""
         if request.params.logprobs is not None:
             completion.show_logprobs(request.output_logprobs, self._token_text)
-        stops = stop_hit and not status.is_finished
-        if stops:
-            status = RequestStatus.FINISHED_STOPPED  # what the engine is about to make it
         out = completion.output
         out.num_forwards, out.error = request.num_forwards, request.error
-        if status.is_finished:
-            out.finish_reason = status.finish_reason
-            if not stop_hit and out.stop_reason is None:
+        if request.params.record_denoising:
+            out.denoising_steps = list(request.denoising_steps)
+        if request.status.is_finished:
+            out.finish_reason = request.status.finish_reason
+            if out.stop_reason is None:  # a stop string's is already there
                 out.stop_reason = request.stop_reason
         if out.token_ids and parent.metrics.first_token_time is None:
             parent.metrics.first_token_time = now
         parent.num_cached_tokens = request.num_cached_tokens
-        return stops
-
-    def _token_text(self, token: int) -> str | None:
-        if self.tokenizer is None:
-            return None
-        text = self._token_texts.get(token)
-        if text is None:
-            text = self._token_texts[token] = self.tokenizer.decode([token], skip_special_tokens=False)
-        return text
 
     def _forget(self, parent: ParentRequest) -> None:
         self._parents.pop(parent.request_id, None)

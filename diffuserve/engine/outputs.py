@@ -25,6 +25,23 @@ TokenLogprobs = dict[int, Logprob]
 """One position: the token there and the top-k alternatives from the same distribution, by token id."""
 
 
+@dataclass(frozen=True)
+class DenoisingStep:
+    """What one denoising step wrote into a request's block, in output positions (0 = the first generated token).
+
+    The block's generated positions are [start, end): the first block starts after the prompt's tail, so its
+    span may be shorter than the block length."""
+
+    block: int
+    """The block's index among the request's generated blocks (0 = the block the prompt's tail opens)."""
+    step: int
+    """The step's number within its block, from 1."""
+    start: int
+    end: int
+    writes: tuple[tuple[int, int], ...]
+    """(output position, token) pairs the step accepted (or, for decoder=edit, rewrote); empty if none."""
+
+
 @dataclass
 class CompletionOutput:
     index: int
@@ -41,6 +58,9 @@ class CompletionOutput:
     """With SamplingParams.logprobs: per token, its logprob and the top alternatives, `decoded_token` filled.
     One per token of `token_ids` once finished; while running, those of the tokens whose text `text` shows (a
     token whose text is held back, for a stop string or an incomplete character, follows with its text)."""
+    denoising_steps: list[DenoisingStep] | None = None
+    """With SamplingParams.record_denoising: every denoising step's writes so far, oldest first (a copy: the
+    engine's list goes on growing). They may reach past `token_ids` (a block's positions after a stop)."""
 
     @property
     def tokens_per_forward(self) -> float:

@@ -15,7 +15,7 @@ read from the clean stream's row p - 1, the last committed position (the row a b
 is decoded from), so it needs no variant. There a variant is a block preview of the request's state slot: the
 GDN layers read the state after the committed blocks (never writing it) and the attention layers read the
 committed pages and the variant's own K/V, so the step must commit exactly the blocks before the scored block
-(engine/state_scheduling.py). A checkpoint without the block-diffusion tensors is autoregressive and scores as a
+(engine/cache/recurrent.py). A checkpoint without the block-diffusion tensors is autoregressive and scores as a
 plain causal LM: its variants are run causally (causal mask, GDN state advanced in a copy that is dropped), so
 row p - 1 is the clean causal forward's, giving log p(x_p | x_<p).
 

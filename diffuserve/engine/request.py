@@ -18,6 +18,9 @@ they are provisional until the block is final, and neither committed nor used to
 A request that asks for logprobs keeps, per canvas position, those of the step that last wrote it, and per
 output token those of its final value (`output_logprobs`, aligned with `output_token_ids`).
 
+A request that records its denoising (`params.record_denoising`) keeps, per step, the output positions the step
+wrote and their tokens (`denoising_steps`): what a client needs to watch a block settle.
+
 A request says when its tokens end it (`stop_check`: a stop id or the length) but never finishes itself: its
 status moves to a finished one only in `Scheduler.finish_requests`.
 
@@ -33,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from diffuserve.engine.outputs import DenoisingStep
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 if TYPE_CHECKING:
@@ -117,6 +121,8 @@ class Request:
     with the step."""
     stop_reason: int | str | None = None
     error: str | None = None
+    denoising_steps: list[DenoisingStep] = field(default_factory=list)
+    """With params.record_denoising: every denoising step's writes, oldest first (empty otherwise)."""
 
     def __post_init__(self) -> None:
         self.open_block(self.num_prefill_positions)
@@ -204,6 +210,8 @@ class Request:
         if logprobs is not None:
             for (index, _), entry in zip(accepted, logprobs, strict=True):
                 self.canvas_logprobs[index] = entry
+        if self.params.record_denoising:
+            self._record_step(accepted)
         if self.params.is_renoise:
             self.block_is_final = bool(final)
             return
@@ -211,6 +219,19 @@ class Request:
             return
         settled = not had_masks and not changed
         self.block_is_final = settled or self.num_post_edit_steps >= self.params.post_edit_budget
+
+    def _record_step(self, accepted: list[tuple[int, int]]) -> None:
+        """Keeps the step's writes in output positions (canvas index i is output position block_start + i - P)."""
+        offset = self.block_start - self.num_prompt_tokens
+        self.denoising_steps.append(
+            DenoisingStep(
+                block=(self.block_start - self.num_prefill_positions) // self.block_length,
+                step=self.step_in_block,
+                start=max(0, offset),
+                end=offset + self.block_length,
+                writes=tuple((offset + index, token) for index, token in accepted),
+            )
+        )
 
     def stop_check(self) -> TokenStop | None:
         """After a step: whether the tokens end the request, by a stop id with everything before it decided, or

@@ -48,10 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list_presets:
         print("\n".join(_preset_lines()))
         return 0
-    calibration = load_calibration(args.calibrate) if args.calibrate else None
-    spec, preset = _model(args, calibration)
-    hardware = _hardware(args, calibration)
-    plan = _plan(args, spec, preset, hardware, calibration)
+    plan = build_plan(args)
     if args.json:
         document = plan_to_dict(plan)
         if args.explain:
@@ -62,6 +59,21 @@ def run(args: argparse.Namespace) -> int:
     if args.chart:
         print(f"chart written to {write_chart(plan, args.chart)}")
     return 0
+
+
+def default_args() -> argparse.Namespace:
+    """The flags of `diffuserve plan` with none given: every default, as the command line has them."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args([])
+
+
+def build_plan(args: argparse.Namespace) -> Plan:
+    """The plan these flags ask for (what `run` prints); ValueError, naming the field, when it cannot be made."""
+    calibration = load_calibration(args.calibrate) if args.calibrate else None
+    spec, preset = _model(args, calibration)
+    hardware = _hardware(args, calibration)
+    return _plan(args, spec, preset, hardware, calibration)
 
 
 def _plan(

@@ -3,6 +3,7 @@
 Routes only translate HTTP to `OpenAIServing` calls. The engine-loop thread starts and stops with the app
 (lifespan). The API key and the body size limit are checked by `guards.RequestGuard` before any body is read;
 the protected routes also declare the bearer scheme as a dependency, only so that /openapi.json documents it.
+The web console (console.py) is mounted unless --no-web-console; the planner routes (plan_api.py) always are.
 """
 
 from __future__ import annotations
@@ -18,16 +19,22 @@ from fastapi.security import HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from diffuserve import __version__
+from diffuserve.sampling_params import DECODERS, SamplingParams
 from diffuserve.server.bridge import AsyncEngine
 from diffuserve.server.config import ServerConfig
+from diffuserve.server.console import Console, console_api_routes, console_routes, load_assets
 from diffuserve.server.errors import engine_unavailable, install_error_handlers
-from diffuserve.server.guards import RequestGuard, default_max_request_bytes
+from diffuserve.server.guards import Credentials, RequestGuard, default_max_request_bytes
 from diffuserve.server.metrics import ServerMetrics
+from diffuserve.server.plan_api import Planner
+from diffuserve.server.plan_models import PlanPresets, PlanRequest, PlanResponse
 from diffuserve.server.prompts import PromptRules
 from diffuserve.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from diffuserve.server.response_models import (
     ChatCompletionResponse,
     CompletionResponse,
+    ConsoleConfig,
+    DecodingDefaults,
     DetokenizeResponse,
     ErrorResponse,
     ModelCard,
@@ -54,7 +61,7 @@ _bearer = HTTPBearer(auto_error=False, description="The server's --api-key (or D
 def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
     """The server for `engine`; its state is `app.state.serving` (an OpenAIServing)."""
     model_name = config.served_model_name or str(engine.config.model)
-    metrics = ServerMetrics(model_name, vllm_names=config.metrics_vllm_names)
+    metrics = ServerMetrics(model_name, vllm_names=config.metrics_vllm_names, num_kv_pages=engine.pool.num_pages)
     bridge = AsyncEngine(engine, config.max_waiting_requests, metrics)
     tokenizer = Tokenizer(engine.config.model) if engine.tokenizer is not None else None
     rules = PromptRules.build(
@@ -79,14 +86,49 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
     )
     app.state.serving = serving
     install_error_handlers(app)
+    credentials = Credentials(config.api_key)
     app.add_middleware(
         RequestGuard,
-        api_key=config.api_key,
+        credentials=credentials,
         max_request_bytes=config.max_request_bytes or default_max_request_bytes(engine.max_model_len),
     )
     app.include_router(_public_routes(serving))
-    app.include_router(_api_routes(serving), dependencies=[Depends(_bearer)], responses=ERRORS)
+    protected = [_api_routes(serving), _plan_routes(Planner(model_name, str(engine.config.model)))]
+    if not config.no_web_console:
+        console = Console(credentials, _console_config(engine, model_name, config), load_assets())
+        app.include_router(console_routes(console))
+        protected.append(console_api_routes(console))
+    for router in protected:
+        app.include_router(router, dependencies=[Depends(_bearer)], responses=ERRORS)
     return app
+
+
+def _console_config(engine: LLMEngine, model_name: str, config: ServerConfig) -> ConsoleConfig:
+    defaults = SamplingParams(max_tokens=1).with_defaults(engine.generation_defaults)
+    return ConsoleConfig(
+        model=model_name,
+        max_model_len=engine.max_model_len,
+        block_length=engine.args.block_length,
+        decoders=list(DECODERS),
+        defaults=DecodingDefaults(
+            temperature=defaults.temperature, decoder=defaults.decoder, threshold=defaults.threshold
+        ),
+        api_key_required=config.api_key is not None,
+    )
+
+
+def _plan_routes(planner: Planner) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/plan/presets")
+    async def presets() -> PlanPresets:
+        return planner.presets()
+
+    @router.post("/plan")
+    async def plan(body: PlanRequest) -> PlanResponse:
+        return planner.plan(body)
+
+    return router
 
 
 def _public_routes(serving: OpenAIServing) -> APIRouter:

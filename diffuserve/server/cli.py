@@ -149,7 +149,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def usage_hint(config: ServerConfig, port: int) -> str:
-    """A curl command and a Python one-liner (openai client) that work against this server as started."""
+    """A curl command and a Python one-liner (openai client) that work against this server as started, and the
+    web console's address."""
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
     base = f"http://{host}:{port}/v1"
     auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if config.api_key else ""  # never echo the key itself
@@ -161,7 +162,8 @@ def usage_hint(config: ServerConfig, port: int) -> str:
         f"print(c.chat.completions.create(model={config.served_model_name!r}, "
         f"messages={messages!r}).choices[0].message.content)"
     )
+    console = "" if config.no_web_console else f"\n  or open the web console: http://{host}:{port}/"
     return (
         f"Try it:\n  curl -s {base}/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'\n"
-        f'  python -c "{client}"'
+        f'  python -c "{client}"{console}'
     )

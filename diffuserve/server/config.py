@@ -36,6 +36,8 @@ class ServerConfig:
     dashboards made for vLLM work unchanged."""
     uvicorn_log_level: str = "info"
     """Log level of the HTTP server: critical, error, warning, info, debug or trace."""
+    no_web_console: bool = False
+    """Do not serve the web console (GET /: chat, the denoising view, the planner, live metrics)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -101,6 +101,8 @@ class MetricSeries:
         self.running = make(Gauge, "num_requests_running", "Requests in the running batch.")
         self.waiting = make(Gauge, "num_requests_waiting", "Requests waiting to be scheduled (incl. preempted).")
         self.kv_usage = make(Gauge, "kv_cache_usage_perc", "Fraction of KV-cache pages in use (1 = 100 %).")
+        self.kv_pages_used = make(Gauge, "kv_cache_pages_used", "KV-cache pages in use (held by requests).")
+        self.kv_pages_total = make(Gauge, "kv_cache_pages_total", "KV-cache pages in the pool.")
         self.prefix_hit_rate = make(
             Gauge,
             "prefix_cache_hit_rate",

@@ -41,10 +41,13 @@ class _Tracker:
 class ServerMetrics(MetricSeries):
     """The engine observer (engine-loop thread): requests added, outputs, aborts, a stats snapshot per step."""
 
-    def __init__(self, model_name: str, vllm_names: bool = False) -> None:
+    def __init__(self, model_name: str, vllm_names: bool = False, num_kv_pages: int = 0) -> None:
+        """`num_kv_pages`: the pool's size (0: unknown; the page counts stay 0)."""
         super().__init__(model_name, vllm_names)
         self._trackers: dict[str, _Tracker] = {}
         self._last: EngineStats | None = None
+        self.num_kv_pages = num_kv_pages
+        self.kv_pages_total.set(num_kv_pages)
 
     def request_added(self, request: EngineRequest, arrival_time: float) -> None:
         self._trackers[request.request_id] = _Tracker(arrival_time, request.params.n)
@@ -105,6 +108,7 @@ class ServerMetrics(MetricSeries):
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_usage)
+        self.kv_pages_used.set(round(stats.kv_usage * self.num_kv_pages))  # usage = 1 - free / total
         self.prefix_hit_rate.set(stats.prefix_hit_rate)
         self.page_hit_rate.set(stats.page_hit_rate)
         if stats.state is not None:

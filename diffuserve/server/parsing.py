@@ -154,6 +154,7 @@ def _sampling_params(
             max_post_edit_steps=request.max_post_edit_steps,
             structured_outputs=structured,
             logprobs=logprobs,
+            record_denoising=request.stream_options is not None and request.stream_options.include_denoising,
         )
     except ValueError as e:
         raise from_value_error(e) from e

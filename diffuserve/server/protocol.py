@@ -52,6 +52,9 @@ class StreamOptions(RequestModel):
     """Send a final chunk with `usage` (and no choices) before `data: [DONE]`."""
     continuous_usage_stats: bool = False
     """vLLM extension: every chunk carries the usage so far."""
+    include_denoising: bool = False
+    """diffuserve extension: before each delta, a chunk with `denoising` (and no choices) listing, per denoising
+    step, the output positions it decided and their tokens (docs/server.md, "Denoising stream")."""
 
 
 class JsonSchemaFormat(RequestModel):

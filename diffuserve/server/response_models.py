@@ -158,6 +158,40 @@ class CompletionChunk(ResponseFields):
     choices: list[CompletionChoice]
 
 
+class DenoisingStepOut(ResponseModel):
+    """One denoising step of one choice (`stream_options.include_denoising`), in output positions: 0 is the
+    choice's first generated token."""
+
+    index: int
+    """The choice."""
+    block: int
+    """The block's index among the choice's generated blocks, from 0."""
+    step: int
+    """The step's number within its block, from 1."""
+    block_start: int
+    block_end: int
+    """The block's generated positions are [block_start, block_end) (the first block may be shorter: the
+    prompt's tail fills its start)."""
+    positions: list[int]
+    """The positions this step decided (or, with decoder edit, rewrote)."""
+    token_ids: list[int]
+    """Their tokens, in the order of `positions`."""
+    tokens: list[str] | None
+    """Each token's text, special tokens spelled out (null without a tokenizer)."""
+
+
+class ChatCompletionDenoisingChunk(ChatCompletionChunk):
+    """A chunk of the denoising extension: `choices` is empty."""
+
+    denoising: list[DenoisingStepOut]
+
+
+class CompletionDenoisingChunk(CompletionChunk):
+    """A chunk of the denoising extension: `choices` is empty."""
+
+    denoising: list[DenoisingStepOut]
+
+
 class ModelCard(ResponseModel):
     id: str
     object: Literal["model"] = "model"
@@ -185,6 +219,24 @@ class DetokenizeResponse(ResponseModel):
 
 class VersionResponse(ResponseModel):
     version: str
+
+
+class DecodingDefaults(ResponseModel):
+    temperature: float
+    decoder: str
+    threshold: float
+
+
+class ConsoleConfig(ResponseModel):
+    """What the web console needs to know of the served model (GET /console/config)."""
+
+    model: str
+    max_model_len: int
+    block_length: int
+    decoders: list[str]
+    defaults: DecodingDefaults
+    """The knobs a request that sets none is decoded with (the model's generation config, else built in)."""
+    api_key_required: bool
 
 
 class ErrorInfo(ResponseModel):

@@ -13,7 +13,8 @@ with `data: [DONE]\\n\\n`; `stream_options.include_usage` adds a last chunk with
 logprobs, prompt_logprobs) sends each choice's first chunk (the echoed prompt and its scores, server/
 prompt_logprobs.py) once the engine has scored the prompt, which is before its first token; with echo, the
 generated tokens' text offsets continue after the prompt's. An engine failure becomes a `data: {"error": {...}}`
-frame before `[DONE]`. Closing the stream (client gone) aborts the unfinished requests.
+frame before `[DONE]`. Closing the stream (client gone) aborts the unfinished requests. With
+`stream_options.include_denoising`, chunks of the denoising steps (server/denoising.py) come before each delta.
 
 Knows nothing of routes or of the engine's internals.
 """
@@ -26,9 +27,11 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
+from diffuserve.engine.detokenizer import TokenTexts
 from diffuserve.engine.outputs import CompletionOutput, RequestOutput
 from diffuserve.server.bridge import EngineDeadError, OutputStream
 from diffuserve.server.chat_output import ChatDeltas, ChatOutputFormat
+from diffuserve.server.denoising import DenoisingTrace
 from diffuserve.server.errors import APIError, engine_failed, engine_unavailable
 from diffuserve.server.logprobs import chat_logprobs, completion_logprobs, text_length
 from diffuserve.server.prompt_logprobs import PromptScoring, concat_logprobs, end_offset
@@ -38,10 +41,12 @@ from diffuserve.server.response_models import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
+    ChatCompletionDenoisingChunk,
     ChatCompletionResponse,
     ChatLogprobs,
     CompletionChoice,
     CompletionChunk,
+    CompletionDenoisingChunk,
     CompletionLogprobs,
     CompletionResponse,
     DeltaMessage,
@@ -68,6 +73,8 @@ class ResponseContext:
     """Top alternatives per token the request asked for; None: no logprobs."""
     scoring: PromptScoring = field(default_factory=PromptScoring)
     """Which prompt scores completions choices carry."""
+    denoising: TokenTexts | None = None
+    """With stream_options.include_denoising: how the denoising chunks name tokens; None: no such chunks."""
 
     def choice_index(self, request_id: str, completion_index: int) -> int:
         return self.request_ids.index(request_id) * self.n + completion_index
@@ -232,7 +239,10 @@ async def completion_events(
     if echo and not unscored:
         for index in range(len(ctx.prompts) * ctx.n):
             yield chunk([CompletionChoice(index=index, text=ctx.prompts[index // ctx.n].text)])
+    trace = _denoising_trace(ctx)
     async for output in stream:
+        if trace is not None and (steps := trace.take(output)):
+            yield CompletionDenoisingChunk(**trace.chunk_fields, denoising=steps)
         if output.request_id in unscored and output.prompt_logprobs is not None:
             unscored.discard(output.request_id)
             choices = _scored_prompt_choices(ctx, output, echo)
@@ -282,7 +292,10 @@ async def chat_events(
     for index in range(len(ctx.prompts) * ctx.n):
         yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
     states: dict[int, ChatDeltas] = {}
+    trace = _denoising_trace(ctx)
     async for output in stream:
+        if trace is not None and (steps := trace.take(output)):
+            yield ChatCompletionDenoisingChunk(**trace.chunk_fields, denoising=steps)
         for index, _, c in deltas.of(output):
             delta = states.setdefault(index, ChatDeltas(ctx.chat_format)).delta(c.text, c.finished)
             if delta is None and not c.finished:
@@ -300,3 +313,11 @@ async def chat_events(
             )
     if options is not None and options.include_usage:
         yield chunk([], final=True)
+
+
+def _denoising_trace(ctx: ResponseContext) -> DenoisingTrace | None:
+    """The trace of a response that asked for denoising chunks; None for one that did not."""
+    if ctx.denoising is None:
+        return None
+    fields = {"id": ctx.response_id, "created": ctx.created, "model": ctx.model, "choices": []}
+    return DenoisingTrace(ctx.denoising, ctx.choice_index, fields)

@@ -26,6 +26,7 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from diffuserve.engine.detokenizer import TokenTexts
 from diffuserve.engine.outputs import RequestOutput
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.server.bridge import AsyncEngine, EngineDeadError, EngineRequest, OutputStream, QueueFullError
@@ -90,6 +91,11 @@ class OpenAIServing:
     )
     """Where large prompts are tokenized: one thread, so that huge requests queue behind each other rather than
     taking every core from the engine."""
+    token_texts: TokenTexts = field(init=False)
+    """Token texts for the denoising stream extension, decoded once per token id."""
+
+    def __post_init__(self) -> None:
+        self.token_texts = TokenTexts(self.tokenizer)
 
     @property
     def max_model_len(self) -> int:
@@ -209,6 +215,7 @@ class OpenAIServing:
             chat_format or ChatOutputFormat(),
             params.logprobs,
             scoring=scoring or PromptScoring(),
+            denoising=self.token_texts if params.record_denoising else None,
         )
         return stream, ctx
 

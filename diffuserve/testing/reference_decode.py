@@ -47,6 +47,8 @@ class ReferenceResult:
     """Accepted tokens rewritten by an editing decoder."""
     logprobs: list[ReferenceLogprob] | None = None
     """With params.logprobs: one per answer token."""
+    decided_at: list[int] = field(default_factory=list)
+    """Per answer token, the forward (from 1) at which it became final, as `forwards_to_answer` counts them."""
 
     @property
     def num_forwards(self) -> int:
@@ -98,7 +100,8 @@ def reference_generate(
     answer = _cut(seq.tokens[num_prompt : num_prompt + max_tokens], stop_ids, params.min_tokens)
     to_answer = max(seq.final_at[num_prompt : num_prompt + len(answer)], default=0)
     logprobs = None if params.logprobs is None else [seq.logprobs[num_prompt + g] for g in range(len(answer))]
-    return ReferenceResult(answer, steps_per_block, to_answer, seq.edits, logprobs)
+    decided_at = seq.final_at[num_prompt : num_prompt + len(answer)]
+    return ReferenceResult(answer, steps_per_block, to_answer, seq.edits, logprobs, decided_at)
 
 
 def _decode_block(

@@ -100,6 +100,8 @@ def test_usage_hint_is_self_contained():
     assert "examples/" not in hint and "secret" not in hint
     assert "http://127.0.0.1:8123/v1" in hint and "from openai import OpenAI" in hint
     assert "os.environ['DIFFUSERVE_API_KEY']" in hint
+    assert "web console: http://127.0.0.1:8123/" in hint
+    assert "web console" not in usage_hint(ServerConfig(served_model_name="m", no_web_console=True), 8123)
 
 
 def test_serve_a_hub_id_offline_and_sigterm_drains_for_at_most_the_shutdown_timeout(

@@ -30,6 +30,8 @@ EXAMPLES = {
     ("/tokenize", GenerationMode.NEGATIVE): 5,
     ("/detokenize", GenerationMode.POSITIVE): 5,
     ("/detokenize", GenerationMode.NEGATIVE): 5,
+    ("/plan", GenerationMode.POSITIVE): 10,
+    ("/plan", GenerationMode.NEGATIVE): 10,
 }
 
 

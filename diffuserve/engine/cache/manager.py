@@ -32,7 +32,7 @@ from diffuserve.config import CacheConfig
 from diffuserve.engine.cache.canvas import CanvasKind
 from diffuserve.engine.cache.kind import CacheKind
 from diffuserve.engine.cache.paged import PagedKind, PagePool, chain_hash
-from diffuserve.engine.cache.recurrent import RecurrentKind, SlotPool
+from diffuserve.engine.cache.recurrent import RecurrentKind, SlotPool, StateStats
 from diffuserve.engine.request import Request, ScheduledRequest
 from diffuserve.errors import ContextLengthExceeded
 
@@ -81,6 +81,10 @@ class CacheManager:
     def pool(self) -> PagePool:
         """The full-attention pages: what bounds a request's length."""
         return self._pages.pool
+
+    def state_stats(self, hit_rate: float) -> StateStats | None:
+        """The recurrent-state slots' statistics (None: the model keeps no recurrent state)."""
+        return self.slots.stats(hit_rate) if self.slots is not None else None
 
     def check_fits(self, request: Request) -> None:
         """Raises ContextLengthExceeded if the request's whole life exceeds some kind's capacity; it names the

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict, deque
 from collections.abc import Set
+from dataclasses import dataclass
 
 from diffuserve.engine.cache.kind import CacheKind
 from diffuserve.engine.cache.paged import chain_hash
@@ -34,6 +35,21 @@ from diffuserve.engine.request import Request, ScheduledRequest, StateSnapshot
 
 class OutOfStateSlots(RuntimeError):
     """`allocate` found no free or evictable slot."""
+
+
+@dataclass(frozen=True)
+class StateStats:
+    """The slot pool as /metrics and `bench` report it."""
+
+    slots_used: int
+    """Slots held by running sequences."""
+    slots_total: int
+    num_snapshots: int
+    """Slots holding a prefix snapshot (evictable)."""
+    slot_bytes: int
+    hit_rate: float
+    """Share of the looked-up prompt tokens restored from a state snapshot (with their pages): what a hybrid
+    model actually reuses."""
 
 
 class SlotPool:
@@ -112,6 +128,10 @@ class SlotPool:
         self._snapshots[slot] = prefix_hash
         self._slot_of[prefix_hash] = slot
         self.num_snapshots_taken += 1
+
+    def stats(self, hit_rate: float) -> StateStats:
+        """A point-in-time view; `hit_rate`: the scheduler's share of prompt tokens restored."""
+        return StateStats(self.num_used_slots, self.num_slots, self.num_snapshots, self.slot_bytes, hit_rate)
 
     def check_invariants(self) -> None:
         free, snaps = set(self._free), set(self._snapshots)

@@ -1,0 +1,56 @@
+"""The denoising stream extension (`stream_options.include_denoising`): per denoising step, which output positions
+it decided and their tokens, sent as chunks of their own (no choices) before the text they lead to.
+
+The engine's outputs carry each completion's whole trace so far (`CompletionOutput.denoising_steps`, cumulative,
+so a slow reader that only sees the latest output loses nothing); `DenoisingTrace` remembers, per choice, how many
+steps were sent and turns the rest into wire entries, naming each token by its text. Knows nothing of HTTP or of
+how the engine decides positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from diffuserve.engine.detokenizer import TokenTexts
+from diffuserve.engine.output_processor import RequestOutput
+from diffuserve.engine.outputs import DenoisingStep
+from diffuserve.server.response_models import DenoisingStepOut
+
+
+@dataclass
+class DenoisingTrace:
+    """Turns the cumulative traces of one response's completions into the steps not sent yet."""
+
+    texts: TokenTexts
+    choice_index: Callable[[str, int], int]
+    chunk_fields: dict[str, Any]
+    """What a denoising chunk shares with the response's other chunks (id, created, model, no choices)."""
+    sent: dict[int, int] = field(default_factory=dict)
+    """Per choice, the steps already sent."""
+
+    def take(self, output: RequestOutput) -> list[DenoisingStepOut]:
+        """The steps of `output`'s completions that were not sent yet (then marked sent), in choice order."""
+        steps = []
+        for completion in output.outputs:
+            index = self.choice_index(output.request_id, completion.index)
+            trace = completion.denoising_steps or []
+            steps += [self._entry(index, step) for step in trace[self.sent.get(index, 0) :]]
+            self.sent[index] = len(trace)
+        return steps
+
+    def _entry(self, index: int, step: DenoisingStep) -> DenoisingStepOut:
+        positions = [position for position, _ in step.writes]
+        token_ids = [token for _, token in step.writes]
+        texts = [self.texts(token) for token in token_ids]
+        return DenoisingStepOut(
+            index=index,
+            block=step.block,
+            step=step.step,
+            block_start=step.start,
+            block_end=step.end,
+            positions=positions,
+            token_ids=token_ids,
+            tokens=None if any(text is None for text in texts) else [text or "" for text in texts],
+        )
