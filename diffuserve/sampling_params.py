@@ -64,7 +64,6 @@ MODEL_DEFAULTED = (
 """Knobs whose None is filled from the model's generation config."""
 
 
-
 @dataclass(frozen=True)
 class SamplingParams:
     n: int = 1
@@ -197,7 +196,8 @@ class SamplingParams:
             f"below t_max ({self.t_max})",
         )
         _check(
-            self.stability_threshold is None or (type(self.stability_threshold) is int and self.stability_threshold >= 0),
+            self.stability_threshold is None
+            or (type(self.stability_threshold) is int and self.stability_threshold >= 0),
             "stability_threshold",
             self.stability_threshold,
             "an integer >= 0",

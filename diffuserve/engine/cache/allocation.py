@@ -1,9 +1,9 @@
 """Allocates every cache a model's layout declares on one rank: the recurrent-state slots first (their count is
 fixed by --state-cache-memory or max_num_seqs), the canvas slots (max_num_seqs, rank 0 only), then the
-sliding-window groups (bounded by their window), then the full-attention pages from what is left of the budget. The ranks agree on the smallest page count, since rank 0
-hands out pages for all of them. Returns the tensors and their sizes (`CacheSizes`, what the torch-free cache
-manager is built from). Sizes come from the layout's specs, so what is allocated is what the planner and the
-bench count.
+sliding-window groups (bounded by their window), then the full-attention pages from what is left of the budget.
+The ranks agree on the smallest page count, since rank 0 hands out pages for all of them. Returns the tensors
+and their sizes (`CacheSizes`, what the torch-free cache manager is built from). Sizes come from the layout's
+specs, so what is allocated is what the planner and the bench count.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 exist. Torch-free.
 
 The kinds come from the model's cache layout (model/shapes.py): always the full-attention pages ("kv"), and, as
-the family declares them, sliding-window page groups, the recurrent-state slots and the canvas slots. A kind (`CacheKind`) owns the
-ids of its memory (pages or slots) and which request holds which; the manager calls every kind at the same points
-of a request's life and combines the answers:
+the family declares them, sliding-window page groups, the recurrent-state slots and the canvas slots. A kind
+(`CacheKind`) owns the ids of its memory (pages or slots) and which request holds which; the manager calls every
+kind at the same points of a request's life and combines the answers:
 
     check_fits      could the request's whole life ever fit?            (at add; it must fit every kind)
     prefix_limit    how far may a prefix hit reach?                     (admission; the least of them)
