@@ -29,8 +29,9 @@ class BlockDecoding:
         self.block_length, self.device = block_length, device
         self.structured = structured
         """Grammar-constrained decoding of requests with structured_outputs (None without a tokenizer)."""
-        self.renoise = RenoiseDecoding(block_length, vocab_size, device)
-        """The renoise decoder's canvases (decoder=renoise; `vocab_size` is what its random tokens range over)."""
+        self.vocab_size = vocab_size
+        """What a renoise canvas's random tokens range over."""
+        self._renoise: RenoiseDecoding | None = None
         self._seed_source = random.Random(seed)
         self._generators: dict[str, torch.Generator] = {}
 
@@ -50,6 +51,13 @@ class BlockDecoding:
         if request.params.is_renoise:
             return self.renoise.canvas_tokens(request, self.sampling_generator(request))
         return request.canvas
+
+    @property
+    def renoise(self) -> RenoiseDecoding:
+        """The renoise decoder's canvases (decoder=renoise), made with the first such request."""
+        if self._renoise is None:
+            self._renoise = RenoiseDecoding(self.block_length, self.vocab_size, self.device)
+        return self._renoise
 
     def decode_renoise(self, request: Request, rows: torch.Tensor) -> tuple[BlockWrite, torch.Tensor | None]:
         """rows [C, V]: a renoise canvas's logits -> (the step's write, the tempered logits its next step is
@@ -93,7 +101,8 @@ class BlockDecoding:
     def release(self, request_id: str) -> None:
         """Forgets a finished request's generator, grammar state and canvas."""
         self._generators.pop(request_id, None)
-        self.renoise.release(request_id)
+        if self._renoise is not None:
+            self._renoise.release(request_id)
         if self.structured is not None and request_id in self.structured.states:
             self.structured.release(request_id)
 
