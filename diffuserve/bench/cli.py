@@ -149,6 +149,12 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-tokens", type=positive_int, default=256, help="default: 256")
     parser.add_argument("--num-prompts", type=positive_int, default=1, help="prompts, each decoded alone (default: 1)")
     parser.add_argument(
+        "--denoising-steps",
+        type=positive_int,
+        default=None,
+        help="renoise canvases (DiffusionGemma): max_denoising_steps (default: the model's)",
+    )
+    parser.add_argument(
         "--repeats",
         type=positive_int,
         default=3,
