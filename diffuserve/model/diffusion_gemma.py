@@ -104,7 +104,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionModel):
     @property
     def step_rules(self) -> StepRules:
         """Committed rows causal, canvas rows bidirectional over the prefix and the canvas; renoise canvases."""
-        return StepRules(causal_commits=True, renoise_canvas=True)
+        return StepRules(causal_commits=True, renoise_canvas=True, block_window_from_start=True)
 
     def forward(
         self,

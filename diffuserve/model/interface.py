@@ -34,6 +34,10 @@ class StepRules:
     random tokens, never masks, is decoded by the renoise decoder only (every position read every step) and is
     committed whole once that decoder ends it. With `causal_commits` a page's K/V depend on the tokens up to it
     only, so pages need not hold whole blocks."""
+    block_window_from_start: bool = False
+    """On sliding-window layers a block's rows share the window behind the block's first position (the block is
+    denoised as a whole: DiffusionGemma's canvas rows see the W - 1 positions before the canvas); otherwise every
+    row's window ends at its own position."""
 
     def page_multiple(self, block_length: int) -> int:
         """What a page size must be a multiple of: the block length (a page's K/V then belong to whole blocks,
