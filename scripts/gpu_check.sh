@@ -9,6 +9,10 @@
 #   --clover    issue 15 instead: Clover-35B-A3B in the published layout (GDN + gated attention, 256 experts):
 #               load time, memory per sequence measured vs planned, decode at 1/8/32 concurrent, a 128K request
 #   --reduced   with --clover: the same code at a reduced size and context on the CPU
+#        scripts/gpu_check.sh --clover --tensor-parallel-size N [--device cpu] [extra gpu_check_clover_tp.py flags]
+#   --clover --tensor-parallel-size N   issue 24: clover-moe-bench over N GPUs (NCCL): tokens of tp N and tp N with
+#               whole experts vs one GPU, rank 0's weights / K/V / state bytes vs the planner, bench throughput
+#               at tp 1 and N with the all-reduce time per step (--device cpu: the gloo dry run)
 #        scripts/gpu_check.sh --gdn-kernels [--device cpu]
 #   --gdn-kernels  the GDN layers on the torch path vs flash-linear-attention / causal-conv1d (pip install -e
 #               '.[cuda-kernels]' first): logits and greedy tokens of a random clover-moe-bench checkpoint
@@ -33,7 +37,10 @@ if ! "$PYTHON" -c "import torch, safetensors, tokenizers" 2>/dev/null; then
     exit 2
 fi
 SCRIPT=gpu_check
-if [[ "${1:-}" == "--clover" ]]; then
+if [[ "${1:-}" == "--clover" && "${2:-}" == "--tensor-parallel-size" ]]; then
+    SCRIPT=gpu_check_clover_tp
+    shift
+elif [[ "${1:-}" == "--clover" ]]; then
     SCRIPT=gpu_check_clover
     shift
 elif [[ "${1:-}" == "--gdn-kernels" ]]; then

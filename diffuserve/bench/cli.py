@@ -83,6 +83,21 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         help="what computes paged attention (default: auto; loop = one SDPA per sequence, the reference)",
     )
     model.add_argument(
+        "--tensor-parallel-size",
+        type=positive_int,
+        default=1,
+        help="ranks the model is split over (worker processes on this machine; default: 1)",
+    )
+    model.add_argument(
+        "--enable-expert-parallel",
+        default=False,
+        nargs="?",
+        const=True,
+        type=parse_bool,
+        metavar="{true,false}",
+        help="with --tensor-parallel-size N: whole experts per rank (default: false)",
+    )
+    model.add_argument(
         "--enforce-eager",
         default=None,
         nargs="?",

@@ -116,6 +116,8 @@ def make_context(ns: argparse.Namespace) -> BenchContext:
             "moe_backend": getattr(ns, "moe_backend", "auto"),
             "attention_backend": getattr(ns, "attention_backend", "auto"),
             "enforce_eager": getattr(ns, "enforce_eager", None),
+            "tensor_parallel_size": getattr(ns, "tensor_parallel_size", 1),
+            "enable_expert_parallel": getattr(ns, "enable_expert_parallel", False),
         },
     )
 
@@ -154,7 +156,9 @@ def warm_up(ctx: BenchContext, block_length: int, prompt_tokens: int, params: Sa
         engine.add_request(f"warm-up-{i}", prompt, short)
     while engine.has_unfinished_requests():
         engine.step()
-    return sum(p.numel() for p in engine.runner.model.parameters())
+    num_params = sum(p.numel() for p in engine.runner.model.parameters())
+    engine.shutdown()  # a multi-process engine's workers
+    return num_params
 
 
 def max_model_len(prompt_tokens: int, output_tokens: int, block_length: int) -> int:

@@ -4,7 +4,9 @@ shape of the forward (query tokens, logit rows, attention pairs, K/V read).
 The model time comes from forward hooks on the model and its LM head (no engine code is changed to measure
 it), so "engine overhead" = step wall time - model time: scheduling, batch building, decoders, bookkeeping.
 On a hybrid model the GDN layers' time is taken the same way: from each GDN layer's input norm to its
-post-mixer norm (the mixer, its input norm and the residual add).
+post-mixer norm (the mixer, its input norm and the residual add). Under tensor / expert parallelism the time
+rank 0 spends in its all-reduces (the collective itself plus waiting for the slowest rank) is taken by wrapping
+ParallelGroup.all_reduce in this process for the run (the workers are other processes and are not touched).
 Knows nothing of reporting.
 """
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from diffuserve.distributed.group import ParallelGroup
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.engine.outputs import RequestOutput
 from diffuserve.model.layers.attention import PagedAttentionInputs
@@ -41,6 +44,10 @@ class StepRecord:
     """Tokens that became final in this step."""
     gdn_s: float = 0.0
     """Hybrid models: inside the GDN layers' mixers (0 for attention-only models)."""
+    comm_s: float = 0.0
+    """Several ranks: rank 0's time inside the forward's all-reduces (0 on one device)."""
+    comm_bytes: int = 0
+    """Several ranks: bytes rank 0 handed to its all-reduces in the forward."""
 
 
 @dataclass
@@ -84,7 +91,8 @@ class ForwardProbe:
         self.reset()
 
     def reset(self) -> None:
-        self.model_s = self.gdn_s = 0.0
+        self.model_s = self.gdn_s = self.comm_s = 0.0
+        self.comm_bytes = 0
         self.num_tokens = self.num_logit_rows = self.attention_pairs = self.kv_tokens_read = self.num_seqs = 0
 
     def __enter__(self) -> ForwardProbe:
@@ -105,11 +113,23 @@ class ForwardProbe:
                     before.register_forward_pre_hook(self._before_gdn),
                     after.register_forward_pre_hook(self._after_gdn),
                 ]
+        self._all_reduce = ParallelGroup.all_reduce
+        probe, all_reduce = self, self._all_reduce
+
+        def timed_all_reduce(group: ParallelGroup, tensor: torch.Tensor) -> torch.Tensor:
+            started = probe._now()
+            out = all_reduce(group, tensor)
+            probe.comm_s += probe._now() - started
+            probe.comm_bytes += tensor.numel() * tensor.element_size()
+            return out
+
+        ParallelGroup.all_reduce = timed_all_reduce  # type: ignore[method-assign,assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:
         for handle in self._handles:
             handle.remove()
+        ParallelGroup.all_reduce = self._all_reduce  # type: ignore[method-assign]
 
     def _now(self) -> float:
         if self.device.type == "cuda":
@@ -183,6 +203,8 @@ def run_requests(
                         counters.num_prefill_tokens - prefill,
                         counters.num_generated_tokens - generated,
                         probe.gdn_s,
+                        probe.comm_s,
+                        probe.comm_bytes,
                     )
                 )
                 if on_step is not None:

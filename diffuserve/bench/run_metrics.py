@@ -122,5 +122,7 @@ def run_summary(
         "latency": latencies(record),
         "efficiency": efficiency(steps, cost, rates, touched),
         "gdn": gdn_roofline(steps, cost, rates),
+        "comm_s_per_step": sum(s.comm_s for s in steps) / len(steps) if steps else 0.0,
+        "comm_bytes_per_step": sum(s.comm_bytes for s in steps) / len(steps) if steps else 0.0,
         "experts": asdict(experts) if experts else None,
     }

@@ -37,6 +37,7 @@ def _measure(
     )
     rates = mean_rates(before, ctx.measure_rates())
     summary = run_summary(record, ctx.cost, rates, engine.stats().experts)
+    engine.shutdown()  # a multi-process engine's workers
     mode = "sequential" if sequential else "concurrent"
     print(f"throughput: {label}: {summary['tokens_per_s']:,.1f} tokens/s", file=sys.stderr, flush=True)
     return {
@@ -81,7 +82,7 @@ def _calibration(ctx: BenchContext, ns: argparse.Namespace, runs: list[tuple[dic
         target["decode_tokens_per_s"],
         target["mean_decode_step_s"],
         {
-            "tensor_parallel_size": 1,
+            "tensor_parallel_size": ns.tensor_parallel_size,
             "max_num_seqs": target["concurrency"],
             "max_num_batched_tokens": SchedulerConfig().max_num_batched_tokens,
         },
@@ -127,6 +128,7 @@ def table(results: list[dict[str, Any]]) -> str:
         "NFE/req",
         "seqs/step",
         "step ms",
+        "comm ms/step",
         "FLOP/s %mm",
         "bytes %bw",
         "overhead %",
@@ -149,6 +151,7 @@ def table(results: list[dict[str, Any]]) -> str:
                 r["nfe_per_request"],
                 r["mean_seqs_per_decode_step"],
                 1000 * r["mean_decode_step_s"],
+                1000 * r["comm_s_per_step"],
                 100 * (eff["matmul_fraction"] or 0.0),
                 100 * (eff["bandwidth_fraction"] or 0.0),
                 100 * (eff["overhead_fraction"] or 0.0),
@@ -189,6 +192,8 @@ def run_throughput(ns: argparse.Namespace) -> dict[str, Any]:
             "block_lengths": ns.block_lengths,
             "concurrency": ns.concurrency,
             "sequential": ns.sequential,
+            "tensor_parallel_size": ns.tensor_parallel_size,
+            "enable_expert_parallel": ns.enable_expert_parallel,
             **decoding(ctx, sampling_params(ns, ns.output_tokens)),
         },
         "results": results,

@@ -68,6 +68,11 @@ class ParallelRuntime:
                 return f"worker rank {rank} exited with code {process.exitcode}"
         return None
 
+    def lost_worker(self) -> str | None:
+        """Without waiting: "worker rank r exited with code N" for the first local worker no longer alive (a worker
+        that reported an error first: its traceback), else None. Cheap enough to poll while the engine idles."""
+        return self.failure() if any(p.exitcode is not None for p in self.processes) else None
+
     def _record(self, rank: int, message: object) -> None:
         if self._error is None and isinstance(message, tuple) and message[0] == "error":
             self._error = f"worker rank {rank} failed:\n{message[1]}"

@@ -68,14 +68,25 @@ class BlockDecoding:
     def decode(self, request: Request, rows: torch.Tensor, positions: list[int]) -> BlockWrite:
         """rows [M, V]: the block's logits at canvas `positions` -> what the decoder writes this step."""
         params = request.params
-        rows = self.forbid_tokens(request, positions, rows)
+        structured = self.structured if params.structured_outputs is not None else None
+        # Unstructured, the mask token keeps its logit: propose counts its mass and never proposes it.
+        rows = self.forbid_tokens(request, positions, rows, forbid_mask=structured is not None)
         generator = self.generator(request)
-        if params.structured_outputs is not None and self.structured is not None:
-            proposal, written = self.structured.decode(request, rows, positions, generator, self.block_length)
+        if structured is not None:
+            proposal, written = structured.decode(request, rows, positions, generator, self.block_length)
             return block_write(proposal, torch.tensor(written, dtype=torch.long, device=self.device))
         decoder = DECODERS[params.decoder]
         index = torch.tensor(positions, dtype=torch.long, device=self.device)
-        proposal = propose(rows, index, self.block_length, params, generator, decoder.needs_entropy, params.logprobs)
+        proposal = propose(
+            rows,
+            index,
+            self.block_length,
+            params,
+            generator,
+            decoder.needs_entropy,
+            params.logprobs,
+            request.mask_token_id,
+        )
         canvas = torch.tensor(request.canvas, device=self.device)  # [B]
         write = decoder.decide(
             proposal, canvas, canvas == request.mask_token_id, request.step_in_block, params, self.block_length
@@ -87,6 +98,12 @@ class BlockDecoding:
         rows = self.forbid_tokens(request, [index], row)
         positions = torch.tensor([index], device=self.device)
         params = request.params
+        if params.structured_outputs is not None and self.structured is not None:
+            # The grammar walk over the one position: the grammar's mask, then the decoder accepts it (>= 1 a step).
+            proposal, written = self.structured.decode(
+                request, rows, [index], self.generator(request), self.block_length
+            )
+            return block_write(proposal, torch.tensor(written, dtype=torch.long, device=self.device))
         proposal = propose(
             rows, positions, self.block_length, params, self.generator(request), num_logprobs=params.logprobs
         )
@@ -106,12 +123,14 @@ class BlockDecoding:
         if self.structured is not None and request_id in self.structured.states:
             self.structured.release(request_id)
 
-    def forbid_tokens(self, request: Request, positions: list[int], rows: torch.Tensor) -> torch.Tensor:
+    def forbid_tokens(
+        self, request: Request, positions: list[int], rows: torch.Tensor, forbid_mask: bool = True
+    ) -> torch.Tensor:
         """rows [M, V]: this block's rows of the step's decode logits, at canvas `positions`, edited in place
-        (no other block or reader shares them): the mask token at -inf everywhere (a position given it would stay
-        masked, and a model that ranks it first, as random weights can, would never finish its block), and
-        below min_tokens the stop ids at -inf too."""
-        if 0 <= request.mask_token_id < rows.shape[-1]:
+        (no other block or reader shares them): the mask token at -inf everywhere unless `forbid_mask` is False
+        (then `propose` keeps it out; a position given it would stay masked, and a model that ranks it first, as
+        random weights can, would never finish its block), and below min_tokens the stop ids at -inf too."""
+        if forbid_mask and 0 <= request.mask_token_id < rows.shape[-1]:
             rows[:, request.mask_token_id] = float("-inf")
         first_generated = request.block_start - request.num_prompt_tokens
         early = [i for i, index in enumerate(positions) if first_generated + index < request.params.min_tokens]

@@ -4,10 +4,11 @@ policies). Pure functions over tensors.
 
 Every tensor here is canvas-shaped, [B] for one request's current block of B positions. A proposal carries, at
 each position the decoder asked logits for (`logit_positions`: the masked ones, and for the edit decoder also
-the accepted generated ones), the token the model proposes and its confidence (the probability of that token
-under the sampling distribution) and entropy, and for a request that asks for logprobs the token's logprob and
-its top alternatives under that distribution (engine/logprobs.py); other positions hold -inf confidence and
-+inf entropy, so they are never chosen. `torch.topk` runs over the whole block exactly as the SDAR / LLaDA2
+the accepted generated ones), the token the model proposes (never the mask token) and its confidence (the
+probability of that token under the sampling distribution; at temperature 0 the softmax of the whole vocabulary,
+the mask token's mass included, as in the references) and entropy, and for a request that asks for logprobs
+the token's logprob and its top alternatives (engine/logprobs.py); other positions hold -inf confidence and +inf
+entropy, so they are never chosen. `torch.topk` runs over the whole block exactly as the SDAR / LLaDA2
 references run it, so ties break the same way.
 """
 
@@ -68,22 +69,37 @@ def propose(
     generator: torch.Generator | None,
     need_entropy: bool = False,
     num_logprobs: int | None = None,
+    mask_token_id: int | None = None,
 ) -> Proposal:
     """logits [M, V] fp32 at canvas indices `positions` [M] -> canvas-shaped Proposal [B].
 
-    temperature 0: the argmax and its softmax probability; otherwise a multinomial draw from the tempered,
-    filtered distribution and that distribution's probability of the drawn token. `num_logprobs` (not None):
-    also the tokens' logprobs under that same distribution, with that many top alternatives.
+    temperature 0: the argmax of the logits (lowest index on ties) and its probability under the softmax over
+    the whole vocabulary; otherwise a multinomial draw from the tempered, filtered distribution and that
+    distribution's probability of the drawn token. `num_logprobs` (not None): also the tokens' logprobs under
+    the proposing distribution, with that many top alternatives.
+
+    `mask_token_id` (not None): `logits` still hold the mask token's logit and the mask token is never proposed
+    (a position given it would stay masked). At temperature 0 its probability still counts, as in the LLaDA2 and
+    SDAR references' softmax: the confidence and entropy are those of the whole vocabulary's distribution, and a
+    row whose argmax is the mask token proposes its best other token. Sampled, and in the logprobs, the mask
+    token has probability 0 (the distribution renormalised without it).
     """
+    if mask_token_id is not None and not 0 <= mask_token_id < logits.shape[-1]:
+        mask_token_id = None  # outside the LM head's vocabulary: never proposed anyway
     if params.is_greedy:
         scores = logits
-        probs = torch.softmax(scores, dim=-1)
-        confidence, tokens = probs.max(dim=-1)
+        probs = torch.softmax(scores, dim=-1)  # [M, V], the mask token included
+        tokens = best_token(scores, mask_token_id)
+        if mask_token_id is not None and num_logprobs is not None:
+            scores = _without(scores, mask_token_id)  # logprobs: the mask token at probability 0
     else:
-        scores = filter_logits(logits / params.temperature, params.top_k, params.top_p)
+        tempered = logits / params.temperature
+        if mask_token_id is not None:
+            tempered[:, mask_token_id] = float("-inf")  # our own copy: never drawn
+        scores = filter_logits(tempered, params.top_k, params.top_p)
         probs = torch.softmax(scores, dim=-1)
         tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        confidence = probs.gather(-1, tokens[:, None]).squeeze(-1)
+    confidence = probs.gather(-1, tokens[:, None]).squeeze(-1)
     canvas_tokens = torch.zeros(block_length, dtype=torch.long, device=logits.device)
     canvas_conf = torch.full((block_length,), float("-inf"), device=logits.device)
     canvas_tokens[positions], canvas_conf[positions] = tokens, confidence
@@ -96,6 +112,25 @@ def propose(
         log_probs = torch.log_softmax(scores, dim=-1)
         logprobs = logprob_rows(log_probs, tokens, positions, block_length, num_logprobs)
     return Proposal(canvas_tokens, canvas_conf, entropy, logprobs)
+
+
+def best_token(logits: torch.Tensor, never: int | None) -> torch.Tensor:
+    """logits [M, V] -> [M] long: each row's argmax, or, where that is the token `never`, the row's best other
+    token; the lowest token id on ties, as `argmax` (the references' pick) breaks them."""
+    best = logits.argmax(dim=-1)
+    if never is None:
+        return best
+    hits = (best == never).nonzero().flatten()  # rows ranking `never` first: practically none for a trained model
+    if len(hits):
+        others = logits[hits]  # a copy of those rows only
+        others[:, never] = float("-inf")
+        best[hits] = others.argmax(dim=-1)
+    return best
+
+
+def _without(logits: torch.Tensor, token: int) -> torch.Tensor:
+    """A copy of logits [M, V] with `token` at -inf."""
+    return logits.index_fill(-1, torch.tensor([token], device=logits.device), float("-inf"))
 
 
 def num_transfer_tokens(block_length: int, steps: int, step: int) -> int:

@@ -213,6 +213,13 @@ class ModelExecutor:
             self._failure = self.runtime.failure() or f"{type(e).__name__}: {e}"
             raise RuntimeError(self._failure) from e
 
+    def ranks_failure(self) -> str | None:
+        """Rank 0 of several processes: why the ranks can no longer run a step (a failed step, or a local worker
+        that exited, even while idle), else None. Never touches a collective."""
+        if self._failure is None and not self.runtime.closed:
+            self._failure = self.runtime.lost_worker()
+        return self._failure
+
     def forward(self, inputs: ForwardInputs) -> torch.Tensor:
         """This rank's forward -> hidden states [N, H] (the same on every rank after the last all-reduce): each
         cache kind prepares its tensors (restores, resets), the model runs over all of them, each kind keeps what

@@ -17,7 +17,6 @@ from collections import OrderedDict
 from typing import Any
 
 import llguidance
-import llguidance.hf
 
 from diffuserve.errors import RequestError
 from diffuserve.structured_outputs import StructuredOutputsParams
@@ -33,6 +32,8 @@ class GrammarCompiler:
         """`hf_tokenizer`: a transformers fast tokenizer; `vocab_size`: the model's (padded) vocabulary, so that
         masks have one bit per logit; `eos_token_ids`: the ids that end a request, allowed once the grammar is
         complete."""
+        import llguidance.hf  # imports transformers: seconds a worker rank, which never compiles grammars, skips
+
         self.vocab_size = vocab_size
         self.tokenizer = llguidance.hf.from_tokenizer(
             hf_tokenizer, n_vocab=vocab_size, eos_token=list(eos_token_ids) or None

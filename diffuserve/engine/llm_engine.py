@@ -177,6 +177,10 @@ class LLMEngine:
         offload = self.runner.offload.snapshot() if self.runner.offload is not None else None
         return self.counters.snapshot(self.scheduler, self.cache, experts, offload)
 
+    def ranks_failure(self) -> str | None:
+        """A multi-process engine whose ranks failed (no step can run again): why; else None."""
+        return self.runner.executor.ranks_failure()
+
     def shutdown(self) -> None:
         """Stops the worker processes of a multi-process engine (also done at interpreter exit)."""
         self.runner.shutdown()

@@ -2,8 +2,9 @@
 single-process; after building a model (on the meta device), `apply_tp` asks every shardable layer to keep its
 own part, and `check_parallel_sizes` refuses sizes that don't divide the model's heads, widths or experts.
 
-Attention, dense MLPs and MoE blocks know their own packing (`shard_`); a MoE block also decides for its shared
-expert, so modules inside a MoE block are left to it.
+Attention (plain and gated), Gated DeltaNet, dense MLPs and MoE blocks know their own packing (`shard_`); a MoE
+block also decides for its shared expert, so modules inside a MoE block are left to it. Embeddings, norms,
+routers and the LM head stay whole on every rank (rank 0 alone computes logits).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from torch import nn
 
+from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.layers.moe.layer import SparseMoeBlock
 
@@ -27,32 +29,49 @@ class Shardable(Protocol):
 
 
 def check_parallel_sizes(args: ModelArgs, size: int, expert_parallel: bool) -> None:
-    """Raises ValueError naming the first model dimension that `size` ranks cannot split evenly."""
-    if "hybrid" in args.extra:
-        raise ValueError(
-            f"tensor_parallel_size: {size} is not supported for models with recurrent layers (clover_moe) yet; use 1"
-        )
+    """Raises ValueError naming the first model dimension that `size` ranks cannot split evenly, and the sizes
+    that split all of them."""
     if expert_parallel and not args.is_moe:
         raise ValueError("enable_expert_parallel: the model has no experts; drop --enable-expert-parallel")
-    dims = [
-        ("attention heads (num_attention_heads)", args.num_heads),
-        ("KV heads (num_key_value_heads)", args.num_kv_heads),
-    ]
-    if len(args.dense_layer_ids) and args.intermediate_size:
-        dims.append(("dense MLP width (intermediate_size)", args.intermediate_size))
-    if args.is_moe and expert_parallel:
-        dims.append(("experts (num_experts)", args.num_experts))
-    elif args.is_moe:
-        dims.append(("expert width (moe_intermediate_size)", args.moe_intermediate_size))
-        if args.shared_expert_intermediate_size:
-            dims.append(("shared expert width", args.shared_expert_intermediate_size))
-    for name, value in dims:
-        if value % size:
-            fits = [d for d in range(1, value + 1) if all(v % d == 0 for _, v in dims)]
+    dims = _parallel_dims(args, expert_parallel)
+    for name, value, replicable in dims:
+        if not _splits(value, size, replicable):
+            largest = max(v for _, v, _ in dims)
+            fits = [d for d in range(1, largest + 1) if all(_splits(v, d, r) for _, v, r in dims)]
+            relation = "neither divides nor is a multiple of" if replicable else "does not divide"
             raise ValueError(
-                f"tensor_parallel_size: {size} does not divide the model's {value} {name}; "
+                f"tensor_parallel_size: {size} {relation} the model's {value} {name}; "
                 f"use one of {', '.join(map(str, fits))}"
             )
+
+
+def _splits(value: int, size: int, replicable: bool) -> bool:
+    """`size` ranks split `value` heads evenly, or (replicable) hold one each, size / value ranks per head."""
+    return value % size == 0 or (replicable and size % value == 0)
+
+
+def _parallel_dims(args: ModelArgs, expert_parallel: bool) -> list[tuple[str, int, bool]]:
+    """(name, size, replicable) of every dimension tensor / expert parallelism splits. The gated attention of
+    hybrid models (clover_moe) replicates K/V heads when the ranks outnumber them; the other families' attention
+    splits them."""
+    hybrid = "hybrid" in args.extra
+    dims = [
+        ("attention heads (num_attention_heads)", args.num_heads, False),
+        ("KV heads (num_key_value_heads)", args.num_kv_heads, hybrid),
+    ]
+    if hybrid:
+        gdn = hybrid_args(args).gdn
+        dims.append(("linear-attention key heads (linear_num_key_heads)", gdn.num_key_heads, False))
+        dims.append(("linear-attention value heads (linear_num_value_heads)", gdn.num_value_heads, False))
+    if len(args.dense_layer_ids) and args.intermediate_size:
+        dims.append(("dense MLP width (intermediate_size)", args.intermediate_size, False))
+    if args.is_moe and expert_parallel:
+        dims.append(("experts (num_experts)", args.num_experts, False))
+    elif args.is_moe:
+        dims.append(("expert width (moe_intermediate_size)", args.moe_intermediate_size, False))
+        if args.shared_expert_intermediate_size:
+            dims.append(("shared expert width", args.shared_expert_intermediate_size, False))
+    return dims
 
 
 def apply_tp(model: nn.Module, group: ParallelGroup) -> None:

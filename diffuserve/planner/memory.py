@@ -102,7 +102,7 @@ def memory_breakdown(
     tp, shards = deployment.tensor_parallel_size, deployment.expert_shards
     b_w, dtype = WEIGHT_BYTES[deployment.weight_dtype], deployment.weight_dtype
     b_emb = WEIGHT_BYTES[embedding_dtype(dtype)]
-    dense = params.non_expert - params.embeddings
+    dense = split_dense_params(spec, params, deployment) + params.router + params.norms
     usable = device_bytes * deployment.gpu_memory_utilization
     activation, act_formula = _workspace(spec, deployment, block_length)
     overhead = _overhead(deployment, runtime_overhead_bytes)
@@ -110,10 +110,11 @@ def memory_breakdown(
     formulas = (
         f"usable = {fmt_bytes(device_bytes)} x gpu_memory_utilization {deployment.gpu_memory_utilization} "
         f"= {fmt_bytes(usable)}",
-        f"attention/dense weights = {fmt_count(dense)} params x {b_w:.4g} B ({dtype}) / tp {tp} "
-        f"= {fmt_bytes(dense * b_w / tp)}",
-        f"embeddings + LM head = {fmt_count(params.embeddings)} x {b_emb:.4g} B / tp {tp} "
-        f"= {fmt_bytes(params.embeddings * b_emb / tp)}",
+        f"attention/dense weights per device = {fmt_count(dense)} params (split over tp {tp}: attention with "
+        f"K/V heads replicated past Hkv, linear attention, dense MLP, shared experts unless ep > 1; whole: "
+        f"routers, norms) x {b_w:.4g} B ({dtype}) = {fmt_bytes(dense * b_w)}",
+        f"embeddings + LM head = {fmt_count(params.embeddings)} x {b_emb:.4g} B, whole on every device "
+        f"= {fmt_bytes(params.embeddings * b_emb)}",
         f"routed experts = {fmt_count(params.routed_experts)} x {b_w:.4g} B / max(tp, ep) {shards} "
         f"= {fmt_bytes(params.routed_experts * b_w / shards)}",
         act_formula,
@@ -125,8 +126,8 @@ def memory_breakdown(
     return MemoryBreakdown(
         device_bytes=device_bytes,
         usable_bytes=usable,
-        dense_weight_bytes=dense * b_w / tp,
-        embedding_bytes=params.embeddings * b_emb / tp,
+        dense_weight_bytes=dense * b_w,
+        embedding_bytes=params.embeddings * b_emb,
         expert_weight_bytes=params.routed_experts * b_w / shards,
         activation_bytes=activation,
         overhead_bytes=overhead,
@@ -134,6 +135,25 @@ def memory_breakdown(
         state_bytes_per_sequence=state_bytes_per_sequence(spec, deployment),
         formulas=formulas,
     )
+
+
+def split_dense_params(spec: ModelSpec, params: ParamCounts, deployment: Deployment) -> float:
+    """One device's share of the non-expert parameters the engine splits over tp ranks: attention (the K/V
+    projections of a device's heads_per_rank KV heads, so replicated when tp > Hkv), linear attention, dense
+    MLPs, and the shared experts unless experts are whole per rank (ep > 1 keeps them whole, as the engine's
+    expert parallelism does). Routers, norms, embeddings and the LM head stay whole (model/tensor_parallel.py)."""
+    tp = deployment.tensor_parallel_size
+    kv = sum(
+        g.num_layers * (2 if g.has_v_proj else 1) * spec.hidden_size * g.num_kv_heads * g.head_dim
+        for g in spec.attention
+    )
+    kv_share = sum(
+        g.num_layers * (2 if g.has_v_proj else 1) * spec.hidden_size * heads_per_rank(g.num_kv_heads, tp) * g.head_dim
+        for g in spec.attention
+    )
+    shared = params.shared_experts if deployment.expert_parallel_size > 1 else params.shared_experts / tp
+    split = params.attention - kv + params.linear_attention + params.dense_mlp
+    return split / tp + kv_share + shared
 
 
 def _is_parallel(deployment: Deployment) -> bool:

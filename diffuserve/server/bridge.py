@@ -9,7 +9,8 @@ gone) aborts whatever is unfinished, which frees its pages.
 Owns backpressure too: the sequences (a request with n completions is n sequences) accepted but not yet
 scheduled for their first step are counted, and past `max_waiting_requests` a submission is refused
 (`QueueFullError`). If the loop itself crashes (not a step: the
-engine fails a step's requests on its own) every open request is failed and the engine is marked dead.
+engine fails a step's requests on its own), or the ranks of a multi-process engine fail (a worker died: checked
+after every step and every RANKS_CHECK_S while idle), every open request is failed and the engine is marked dead.
 Knows nothing of HTTP or of the OpenAI protocol.
 """
 
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from diffuserve.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
+RANKS_CHECK_S = 1.0
+"""How often an idle engine loop checks that its worker ranks are alive."""
 
 
 class QueueFullError(Exception):
@@ -137,6 +140,9 @@ class AsyncEngine:
             while self._serve_once():
                 pass
             self._fail_all("the server is shutting down")
+        except EngineDeadError as e:  # the ranks failed: no step can run again
+            logger.error("%s; failing %d open requests", e, len(self._routes))
+            self._fail_all(str(e))
         except Exception as e:  # the engine-loop boundary: log, fail every open request, mark the engine dead
             logger.exception("engine loop crashed; failing %d open requests", len(self._routes))
             self._fail_all(f"engine loop crashed: {type(e).__name__}: {e}")
@@ -150,8 +156,10 @@ class AsyncEngine:
                 self._add(command)
             else:
                 self._abort(command.request_id)
+        self._check_ranks()
         if self.engine.has_unfinished_requests():
             outputs = self.engine.step()
+            self._check_ranks()  # a step the ranks broke: its requests fail as the dead engine's (503), not 500
             now = time.monotonic()
             for output in outputs:
                 self._deliver(output, now)
@@ -159,9 +167,17 @@ class AsyncEngine:
             self.observer.engine_stats(self.engine.stats())
         return True
 
+    def _check_ranks(self) -> None:
+        failure = self.engine.ranks_failure()
+        if failure is not None:
+            raise EngineDeadError(f"a worker rank failed: {failure}")
+
     def _drain(self, block: bool) -> Iterator[_Add | _Abort | None]:
-        if block:
-            yield self._commands.get()
+        if block:  # woken every RANKS_CHECK_S to check the ranks
+            try:
+                yield self._commands.get(timeout=RANKS_CHECK_S)
+            except queue.Empty:
+                return
         while True:
             try:
                 yield self._commands.get_nowait()

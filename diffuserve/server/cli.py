@@ -7,7 +7,9 @@ Its flags come from the config dataclasses' field docstrings: `server.config.Ser
 DIFFUSERVE_API_KEY (the flag wins).
 
 The listening socket is bound before the model is fetched or loaded, so a busy port fails at once; SIGTERM or
-Ctrl-C stops accepting connections and lets open requests finish for at most --shutdown-timeout seconds.
+Ctrl-C stops accepting connections and lets open requests finish for at most --shutdown-timeout seconds. An
+engine that dies (its loop crashed, or a worker rank of a multi-process engine failed) is answered with 503 for
+DEAD_ENGINE_EXIT_S, then the server exits with code 1, so that a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import json
 import logging
 import os
 import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
@@ -26,6 +30,8 @@ from diffuserve.hub import add_hub_arguments, resolve_model
 from diffuserve.server.config import ServerConfig
 
 API_KEY_ENV = "DIFFUSERVE_API_KEY"
+DEAD_ENGINE_EXIT_S = 3.0
+"""How long a server whose engine died keeps answering 503 (/health included) before it exits."""
 
 logger = logging.getLogger(__name__)
 
@@ -92,11 +98,14 @@ def _serve(args: argparse.Namespace, config: ServerConfig, sock: socket.socket |
         engine.pool.num_pages,
         engine.pool.page_size,
     )
+    logger.info("%s", rank_layout(engine_config))
     port = sock.getsockname()[1]
     print(usage_hint(config, port), flush=True)
-    server = _server_class()(
+    app = build_app(engine, config)
+    bridge = app.state.serving.bridge
+    server = _server_class(lambda: bridge.dead_reason)(
         uvicorn.Config(
-            build_app(engine, config),
+            app,
             host=config.host,
             port=port,
             log_level=config.uvicorn_log_level,
@@ -107,14 +116,42 @@ def _serve(args: argparse.Namespace, config: ServerConfig, sock: socket.socket |
     # uvicorn re-raises the Ctrl-C it handled once it has shut down; uvicorn.run swallows it too.
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
+    if server.engine_died:
+        logger.error("exiting with code 1: the engine is not running: %s", bridge.dead_reason)
+        return 1
     return 0
 
 
-def _server_class() -> type:
+def rank_layout(config: EngineConfig) -> str:
+    """One line: how many ranks run the model, how it is split, and who started them."""
+    from diffuserve.distributed.group import launched_by_torchrun
+
+    size, parallel = config.parallel.tensor_parallel_size, config.parallel
+    if size == 1:
+        return "ranks: 1 (one process)"
+    split = "heads and widths split" + (", whole experts per rank" if parallel.enable_expert_parallel else "")
+    workers = "rank 1" if size == 2 else f"ranks 1-{size - 1}"
+    started = "started by torchrun" if launched_by_torchrun() else "spawned by rank 0"
+    return f"ranks: {size} ({split}); rank 0 serves HTTP and schedules, {workers} ({started}) run its forwards"
+
+
+def _server_class(dead_reason: Callable[[], str | None]) -> type:
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server on our pre-bound socket, announcing its address as uvicorn does for its own."""
+        """uvicorn's server on our pre-bound socket, announcing its address as uvicorn does for its own; it stops
+        DEAD_ENGINE_EXIT_S after `dead_reason()` first says the engine died (engine_died is then True)."""
+
+        engine_died = False
+        _dead_since: float | None = None
+
+        async def on_tick(self, counter: int) -> bool:
+            if await super().on_tick(counter):
+                return True
+            if self._dead_since is None and dead_reason() is not None:
+                self._dead_since = time.monotonic()
+            self.engine_died = self._dead_since is not None
+            return self._dead_since is not None and time.monotonic() - self._dead_since >= DEAD_ENGINE_EXIT_S
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)

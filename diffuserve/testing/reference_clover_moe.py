@@ -9,7 +9,8 @@ is read from the output row p - 1 (the previous block's last row for a block's f
 
 Autoregressive: every token recomputes the whole sequence causally and takes the last row's prediction.
 
-Temperature 0 is argmax; above 0 tokens are sampled from softmax(logits / T) with the given generator, and the
+Temperature 0 is argmax (never the mask token, whose mass still counts in the confidence); above 0 tokens are
+sampled from softmax(logits / T) without the mask token, with the given generator, and the
 confidence is the sampled token's probability. Knows nothing of the engine (it must not import it).
 """
 
@@ -50,13 +51,20 @@ class ReferenceSettings:
 
 
 def _pick(
-    logits: torch.Tensor, temperature: float, generator: torch.Generator | None
+    logits: torch.Tensor, temperature: float, generator: torch.Generator | None, never: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [M, V] fp32 -> (tokens [M], confidences [M])."""
-    probs = torch.softmax(logits if temperature == 0 else logits / temperature, dim=-1)
+    """logits [M, V] fp32 -> (tokens [M], confidences [M]); the token `never` is never picked. Greedy: the
+    argmax (or, where that is `never`, the best other token) and its probability under the softmax of the whole
+    vocabulary, `never` included. Sampled: `never` removed, then softmax(logits / T)."""
+    allowed = logits.clone()
+    if never is not None:
+        allowed[:, never] = float("-inf")
     if temperature == 0:
-        conf, tokens = probs.max(dim=-1)
-        return tokens, conf
+        tokens = logits.argmax(dim=-1)
+        if never is not None:
+            tokens = torch.where(tokens == never, allowed.argmax(dim=-1), tokens)
+        return tokens, torch.softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+    probs = torch.softmax(allowed / temperature, dim=-1)
     tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]
     return tokens, probs.gather(1, tokens[:, None])[:, 0]
 
@@ -99,8 +107,7 @@ def reference_block_decode(
             if is_mask[0] and start == 0:
                 raise ValueError("reference decode: the first position of the sequence cannot be masked")
             logits = _block_logits(model, seq, start, block)
-            logits[:, mask_id] = float("-inf")  # a position is never given the mask token
-            tokens, conf = _pick(logits, settings.temperature, generator)
+            tokens, conf = _pick(logits, settings.temperature, generator, never=mask_id)
             conf = conf.masked_fill(~is_mask, -1.0)
             accept = is_mask & (conf > settings.threshold)
             accept[conf.argmax()] = True  # top-1 fallback: every step accepts at least one position

@@ -128,9 +128,9 @@ def _decode_block(
                 break
         read = list(range(first_generated, block)) if editing else masked
         logits = _logits(ref, seq.tokens[:end], mask, [start + i for i in read])
-        logits[:, ref.mask_token_id] = float("-inf")  # a position is never given the mask token
         _suppress_early_stops(logits, [start + i - seq.num_prompt for i in read], params.min_tokens, stop_ids)
-        proposal = propose(logits, read, block, params, generator, params.logprobs is not None)
+        keep_log_probs = params.logprobs is not None
+        proposal = propose(logits, read, block, params, generator, keep_log_probs, ref.mask_token_id)
         write = positions_to_write(proposal, canvas, masked, first_generated, step, params)
         if proposal.log_probs is not None:
             for i in write:

@@ -44,15 +44,25 @@ def propose(
     params: SamplingParams,
     generator: torch.Generator | None,
     keep_log_probs: bool = False,
+    mask_token: int | None = None,
 ) -> BlockProposal:
-    """logits [M, V] fp32 at block indices `read` [M]. Greedy: the argmax and its softmax probability.
-    Sampled: logits / temperature, top-k, top-p, then one draw per row from the renormalised distribution."""
+    """logits [M, V] fp32 at block indices `read` [M]. Greedy, as the LLaDA2 release's temperature-0 branch:
+    the argmax of the logits and its probability under the softmax of the whole vocabulary, `mask_token`
+    included; but a position is never given `mask_token`: where it is the argmax, the best other token (its
+    probability taken from that same softmax). Sampled: `mask_token` removed, then logits / temperature, top-k,
+    top-p, one draw per row from the renormalised distribution. The log-distribution kept for logprobs never
+    holds `mask_token` (renormalised without it)."""
+    without_mask = logits.clone()
+    if mask_token is not None:
+        without_mask[:, mask_token] = float("-inf")
     if is_greedy(params):
-        scores = logits
+        scores = without_mask
         probs = torch.softmax(logits, dim=-1)
         tokens = logits.argmax(dim=-1)
+        if mask_token is not None:
+            tokens = torch.where(tokens == mask_token, without_mask.argmax(dim=-1), tokens)
     else:
-        scores = _top_p(_top_k(logits / _resolved(params.temperature), params.top_k), params.top_p)
+        scores = _top_p(_top_k(without_mask / _resolved(params.temperature), params.top_k), params.top_p)
         probs = torch.softmax(scores, dim=-1)
         tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     confidence = torch.full((block,), float("-inf"))

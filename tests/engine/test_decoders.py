@@ -8,6 +8,7 @@ import torch
 
 from diffuserve.engine.decoders import DECODERS, Proposal, filter_logits, num_transfer_tokens, propose
 from diffuserve.sampling_params import MASK_DECODER_NAMES, SamplingParams
+from diffuserve.testing import reference_decoders
 
 NEG = float("-inf")
 
@@ -98,3 +99,86 @@ def test_top_p_keeps_the_token_that_crosses_the_mass():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     kept = torch.isfinite(filter_logits(logits, 0, 0.6))[0].tolist()
     assert kept == [True, True, False, False]
+
+
+# The LLaDA2 release's temperature-0 rule, restated literally: argmax of the logits, confidence = that token's
+# probability under the softmax of the whole vocabulary (the mask token included), strict threshold, top-k
+# fallback over the block.
+def released_greedy_accept(logits: torch.Tensor, threshold: float, count: int) -> list[int]:
+    probs = torch.softmax(logits, dim=-1)
+    confidence = probs.gather(-1, logits.argmax(dim=-1, keepdim=True)).squeeze(-1)
+    above = (confidence > threshold).nonzero().flatten().tolist()
+    return above if len(above) >= count else sorted(torch.topk(confidence, count).indices.tolist())
+
+
+MASK = 3
+# Position 0 leaves much of its mass on the mask token, position 1 little: under the whole vocabulary position 1
+# is the more confident (0.45 > 0.42), renormalised without the mask token position 0 is (0.68 > 0.47), and
+# position 0 even passes a 0.5 threshold.
+MASS_ON_MASK = torch.log(torch.tensor([[0.42, 0.10, 0.10, 0.38], [0.45, 0.25, 0.25, 0.05]]))
+
+
+def greedy_accepted(logits: torch.Tensor, threshold: float, mask_token_id: int | None = MASK) -> list[int]:
+    params = SamplingParams(temperature=0.0, threshold=threshold).with_defaults({})
+    prop = propose(logits, torch.arange(len(logits)), len(logits), params, None, mask_token_id=mask_token_id)
+    return DECODERS["threshold"].select(prop, 0, params, len(logits)).nonzero().flatten().tolist()
+
+
+def test_greedy_confidence_is_the_whole_vocabularys_probability():
+    greedy = SamplingParams(temperature=0.0).with_defaults({})
+    prop = propose(MASS_ON_MASK, torch.arange(2), 2, greedy, None, need_entropy=True, mask_token_id=MASK)
+    probs = torch.softmax(MASS_ON_MASK, -1)
+    assert prop.tokens.tolist() == [0, 0]
+    assert torch.equal(prop.confidence, probs[:, 0])  # bit for bit the released file's softmax(...).gather
+    assert torch.allclose(prop.entropy, -(probs * probs.log()).sum(-1))
+
+
+def test_the_mask_tokens_mass_decides_threshold_and_fallback_as_in_the_released_file():
+    for threshold in (0.5, 0.95):
+        expected = released_greedy_accept(MASS_ON_MASK, threshold, 1)
+        assert greedy_accepted(MASS_ON_MASK, threshold) == expected == [1]
+
+
+def test_the_naive_reference_states_the_same_rule():
+    """The oracle of the parity tests (its own code) must hold the released rule too, or both could drift."""
+    params = SamplingParams(temperature=0.0, threshold=0.5)
+    prop = reference_decoders.propose(MASS_ON_MASK, [0, 1], 2, params, None, mask_token=MASK)
+    assert torch.equal(prop.confidence, torch.softmax(MASS_ON_MASK, -1)[:, 0])
+    for threshold in (0.5, 0.95):
+        chosen = reference_decoders.threshold_positions(prop.confidence, 1, threshold)
+        assert chosen == released_greedy_accept(MASS_ON_MASK, threshold, 1) == [1]
+    first = torch.tensor([[1.0, 3.0, 2.0, 5.0]])
+    assert reference_decoders.propose(first, [0], 1, params, None, mask_token=MASK).tokens == {0: 1}
+
+
+def test_a_row_ranking_the_mask_token_first_proposes_its_best_other_token():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 5.0], [4.0, 3.0, 2.0, 1.0]])
+    greedy = SamplingParams(temperature=0.0).with_defaults({})
+    prop = propose(logits, torch.arange(2), 2, greedy, None, num_logprobs=4, mask_token_id=MASK)
+    assert prop.tokens.tolist() == [1, 0]
+    assert torch.equal(prop.confidence, torch.softmax(logits, -1)[[0, 1], [1, 0]])
+    # the logprobs' distribution gives the mask token nothing (renormalised without it)
+    assert prop.logprobs is not None
+    without = torch.log_softmax(logits[:, :MASK], -1)
+    assert torch.allclose(prop.logprobs.chosen, without[[0, 1], [1, 0]])
+    assert MASK not in prop.logprobs.top_ids[:, :MASK].flatten().tolist()
+    assert torch.isinf(prop.logprobs.top_values[:, MASK]).all()
+
+
+def test_greedy_ties_go_to_the_lowest_token_id():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+    greedy = SamplingParams(temperature=0.0).with_defaults({})
+    assert propose(logits, torch.arange(2), 2, greedy, None).tokens.tolist() == [1, 0]
+    assert propose(logits, torch.arange(2), 2, greedy, None, mask_token_id=0).tokens.tolist() == [1, 1]
+    # distinct logits whose probabilities round to one value: the logits' argmax, as the released file takes it
+    near = torch.tensor([[-1e-9, 0.0, -5.0]])
+    assert torch.softmax(near, -1)[0, 0] == torch.softmax(near, -1)[0, 1]
+    assert propose(near, torch.arange(1), 1, greedy, None).tokens.tolist() == [1]
+
+
+def test_sampling_never_draws_the_mask_token():
+    logits = torch.tensor([[0.0, 1.0, 0.5, 9.0]]).repeat(64, 1)
+    params = SamplingParams(temperature=1.0, top_k=1).with_defaults({})
+    prop = propose(logits, torch.arange(64), 64, params, torch.Generator().manual_seed(0), mask_token_id=MASK)
+    # the mask token is removed before top-k: the top-1 of the others, drawn with certainty
+    assert prop.tokens.tolist() == [1] * 64 and torch.equal(prop.confidence, torch.ones(64))

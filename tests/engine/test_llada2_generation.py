@@ -87,3 +87,37 @@ def test_an_answer_shorter_than_a_block_caps_the_steps_as_the_reference_does(tmp
     assert all(r.num_forwards <= 8 for r in run.references)
     uncapped = llm.generate({"prompt_token_ids": prompts[0]}, SamplingParams(max_tokens=40, ignore_eos=True))[0]
     assert uncapped.num_forwards > 8  # one token a step once the answer is longer than a block
+
+
+def _raise_mask_logit(model, mask_id: int, by: float) -> None:
+    compute_logits = model.compute_logits
+
+    def raised(hidden):
+        logits = compute_logits(hidden).clone()
+        logits[:, mask_id] += by
+        return logits
+
+    model.compute_logits = raised
+
+
+def test_the_mask_tokens_probability_counts_in_the_confidence_as_in_the_released_file(tmp_path):
+    """LLaDA2's released `generate` at temperature 0 ranks positions by softmax(logits)[argmax] over the whole
+    vocabulary, the mask token included (issue 28: renormalising without it reordered near-tied positions of
+    the fallback). With the mask token's logit raised on both sides it holds a large, position-dependent share
+    of the mass, so a confidence renormalised without it ranks and thresholds differently; the reference
+    restates the released rule, and never writing the mask token still holds."""
+    model_dir = write_llada2_checkpoint(tmp_path / "masky", seed=5, logit_scale=4.0)
+    llm = LLM(str(model_dir), num_pages=64, max_num_seqs=4)
+    reference = load_reference(model_dir)
+    mask_id = llm.engine.args.mask_token_id
+    for model in (llm.engine.runner.model, reference.model):
+        _raise_mask_logit(model, mask_id, 4.0)
+    prompts = [_prompt(n, seed=i) for i, n in enumerate([5, 31, 40])]
+    params = [
+        SamplingParams(max_tokens=40, threshold=0.5, steps=8, ignore_eos=True),
+        SamplingParams(max_tokens=40, threshold=0.2, ignore_eos=True),
+        SamplingParams(max_tokens=20, threshold=0.3, ignore_eos=True),
+    ]
+    run = check_parity(llm, reference, prompts, params)
+    assert not run.mismatches, "\n".join(run.mismatches)
+    assert all(mask_id not in tokens for tokens in run.engine_tokens)

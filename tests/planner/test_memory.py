@@ -27,10 +27,17 @@ def test_weights_per_device_bf16_tp1():
 
 
 def test_tensor_and_expert_parallel_split_weights():
-    """tp 2: dense and embeddings halve; experts / max(tp, ep). tp 2 ep 4 (4 GPUs): experts / 4."""
+    """tp 2: attention halves, the router (32,768) and norms (9,216) stay whole on every device, and so do the
+    embeddings and LM head (as the engine keeps them): (10,486,784 / 2 + 41,984) x 2 B = 10,570,752; experts /
+    max(tp, ep). tp 4 > 2 KV heads: each device holds 1 of the 2 K/V heads' projections (2 x 4 x 1024 x 128
+    params), not a quarter. tp 2 ep 4 (4 GPUs): experts / 4."""
     spec = toy_spec()
     tp2 = _breakdown(spec, Deployment(num_gpus=2, tensor_parallel_size=2))
-    assert tp2.dense_weight_bytes == 21_057_536 / 2 and tp2.expert_weight_bytes == 100_663_296 / 2
+    assert tp2.dense_weight_bytes == 10_570_752 and tp2.expert_weight_bytes == 100_663_296 / 2
+    assert tp2.embedding_bytes == 4_096_000
+    tp4 = _breakdown(spec, Deployment(num_gpus=4, tensor_parallel_size=4))
+    kv = 2 * 4 * 1024 * 2 * 128
+    assert tp4.dense_weight_bytes == ((10_486_784 - kv) / 4 + kv / 2 + 41_984) * 2
     ep4 = _breakdown(spec, Deployment(num_gpus=4, tensor_parallel_size=2, expert_parallel_size=4))
     assert ep4.expert_weight_bytes == 100_663_296 / 4
 

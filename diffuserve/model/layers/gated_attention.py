@@ -13,6 +13,7 @@ a query sees is the mask the engine built; see layers/attention), through the la
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -28,6 +29,10 @@ from diffuserve.model.layers.attention import (
 from diffuserve.model.layers.attention_backends.batched import BatchedBackend
 from diffuserve.model.layers.attention_backends.interface import AttentionBackend
 from diffuserve.model.layers.hybrid_norm import ZeroCenteredRMSNorm
+from diffuserve.model.layers.linear import RowParallelLinear, column_parallel
+
+if TYPE_CHECKING:
+    from diffuserve.distributed.group import ParallelGroup
 
 
 @dataclass(frozen=True)
@@ -49,12 +54,27 @@ class GatedAttention(nn.Module):
         self.q_proj = nn.Linear(args.hidden_size, 2 * self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(args.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(args.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, args.hidden_size, bias=bias)
+        q_size = self.num_heads * self.head_dim
+        self.o_proj: nn.Linear | RowParallelLinear = nn.Linear(q_size, args.hidden_size, bias=bias)
         self.q_norm = ZeroCenteredRMSNorm(self.head_dim, args.rms_norm_eps)
         self.k_norm = ZeroCenteredRMSNorm(self.head_dim, args.rms_norm_eps)
         self.rotary = rotary
         self.attention_backend: AttentionBackend = BatchedBackend()
         """What computes `forward_paged`'s attention (attention_backends.selection.set_attention_backend)."""
+
+    def shard_(self, group: ParallelGroup) -> None:
+        """Keeps this rank's Hq / size query heads with their output gates (q_proj rows [query | gate] per head)
+        and the K/V heads they read: Hkv / size of them, or, when the ranks outnumber the K/V heads, the one K/V
+        head of its query heads (held by size / Hkv ranks, as vLLM replicates them); o_proj row-parallel."""
+        size, kv_size = group.size, self.num_kv_heads * self.head_dim
+        replicas = max(1, size // self.num_kv_heads)
+        self.q_proj = column_parallel(self.q_proj, (2 * self.num_heads * self.head_dim,), group)
+        self.k_proj = column_parallel(self.k_proj, (kv_size,), group, replicas)
+        self.v_proj = column_parallel(self.v_proj, (kv_size,), group, replicas)
+        assert isinstance(self.o_proj, nn.Linear), "shard_ runs once"
+        self.o_proj = RowParallelLinear(self.o_proj, (self.num_heads * self.head_dim,), group)
+        self.num_heads //= size
+        self.num_kv_heads = max(1, self.num_kv_heads // size)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, state: KVState | None = None

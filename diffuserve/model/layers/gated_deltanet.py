@@ -17,8 +17,8 @@ form runs is a speed choice: the results agree (tested). `scan` runs on the torc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +34,12 @@ from diffuserve.model.layers.gdn_kernels import (
     select,
     value_heads_first,
 )
-from diffuserve.model.layers.gdn_preview import add_diffusion_parameters, block_conv, preview_mix
+from diffuserve.model.layers.gdn_preview import DIFFUSION_TENSORS, add_diffusion_parameters, block_conv, preview_mix
 from diffuserve.model.layers.hybrid_norm import GatedRMSNorm
+from diffuserve.model.layers.linear import RowParallelLinear, column_parallel, split_parameter
+
+if TYPE_CHECKING:
+    from diffuserve.distributed.group import ParallelGroup
 
 
 @dataclass(frozen=True)
@@ -84,11 +88,34 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.empty(gdn.num_value_heads))
         self.dt_bias = nn.Parameter(torch.empty(gdn.num_value_heads))
         self.norm = GatedRMSNorm(gdn.value_head_dim, eps)
-        self.out_proj = nn.Linear(gdn.value_dim, hidden_size, bias=False)
+        self.out_proj: nn.Linear | RowParallelLinear = nn.Linear(gdn.value_dim, hidden_size, bias=False)
         self.has_diffusion = diffusion
         self.kernels: GdnKernels = TORCH  # what runs `scan`'s conv and delta rule (set_gdn_backend)
         if diffusion:
             add_diffusion_parameters(self, gdn.conv_dim, gdn.conv_kernel, gdn.num_value_heads)
+
+    def shard_(self, group: ParallelGroup) -> None:
+        """Keeps this rank's Hk / size key heads and the Hv / size value heads that read them (value head j reads
+        key head j // (Hv / Hk), so a contiguous split keeps each group on one rank): its rows of in_proj_qkv and
+        conv channels per q | k | v segment, of in_proj_z / b / a, A_log, dt_bias and the preview tensors per value
+        head; out_proj row-parallel (one all-reduce). The state slots of a rank hold only its heads."""
+        gdn, size = self.gdn, group.size
+        qkv, heads = (gdn.key_dim, gdn.key_dim, gdn.value_dim), (gdn.num_value_heads,)
+        self.in_proj_qkv = column_parallel(self.in_proj_qkv, qkv, group)
+        self.in_proj_z = column_parallel(self.in_proj_z, (gdn.value_dim,), group)
+        self.in_proj_b = column_parallel(self.in_proj_b, heads, group)
+        self.in_proj_a = column_parallel(self.in_proj_a, heads, group)
+        self.conv1d.weight = split_parameter(self.conv1d.weight, qkv, group)  # [conv_dim / size, 1, k]
+        self.conv1d.in_channels = self.conv1d.out_channels = self.conv1d.groups = gdn.conv_dim // size
+        self.A_log = split_parameter(self.A_log, heads, group)
+        self.dt_bias = split_parameter(self.dt_bias, heads, group)
+        if self.has_diffusion:
+            self.conv_right_weight = split_parameter(self.conv_right_weight, qkv, group)
+            for name in DIFFUSION_TENSORS[1:]:
+                setattr(self, name, split_parameter(getattr(self, name), heads, group))
+        assert isinstance(self.out_proj, nn.Linear), "shard_ runs once"
+        self.out_proj = RowParallelLinear(self.out_proj, (gdn.value_dim,), group)
+        self.gdn = replace(gdn, num_key_heads=gdn.num_key_heads // size, num_value_heads=gdn.num_value_heads // size)
 
     def empty_state(self, batch: int, dtype: torch.dtype, device: torch.device) -> GdnState:
         gdn = self.gdn

@@ -58,12 +58,24 @@ def sharded_parameter(shape: list[int], like: torch.Tensor, spec: ShardSpec) -> 
     return param
 
 
-def column_parallel(linear: nn.Linear, segments: tuple[int, ...], group: ParallelGroup) -> nn.Linear:
-    """A copy of `linear`'s shape holding only this rank's output rows of each segment."""
-    spec = ShardSpec(0, segments, group.rank, group.size)
+def split_parameter(param: torch.Tensor, segments: tuple[int, ...], group: ParallelGroup, dim: int = 0) -> nn.Parameter:
+    """This rank's part of a parameter that is not a linear layer's (a conv's taps, per-head vectors): each
+    segment along `dim` split evenly, in segment order."""
+    spec = ShardSpec(dim, segments, group.rank, group.size)
+    shape = list(param.shape)
+    shape[dim] = spec.full_size // group.size
+    return sharded_parameter(shape, param, spec)
+
+
+def column_parallel(linear: nn.Linear, segments: tuple[int, ...], group: ParallelGroup, replicas: int = 1) -> nn.Linear:
+    """A copy of `linear`'s shape holding only this rank's output rows of each segment. `replicas` > 1: each
+    part is held by that many consecutive ranks (K/V heads when the ranks outnumber them: rank r keeps part
+    r // replicas of group.size // replicas)."""
+    rank, size = group.rank // replicas, group.size // replicas
+    spec = ShardSpec(0, segments, rank, size)
     local = nn.Linear(
         linear.in_features,
-        spec.full_size // group.size,
+        spec.full_size // size,
         bias=linear.bias is not None,
         device=linear.weight.device,
         dtype=linear.weight.dtype,

@@ -242,11 +242,17 @@ class SparseMoeBlock(nn.Module):
         weights, ids = self.gate(flat)  # [N, K]
         self.last_expert_ids = ids
         out = self._routed(flat, weights, ids)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(flat)
+        shared = self.shared_output(flat)
+        if shared is not None:
+            out = out + shared
         if self.group is not None and not self.group.expert_parallel:
             self.group.all_reduce(out)  # tensor parallel: every rank holds a partial sum over the width
         return out.view(shape)
+
+    def shared_output(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The shared expert's output for x [N, H] (under tensor parallelism this rank's partial sum, reduced with
+        the routed one), or None without one. A family with another shared-expert rule overrides it."""
+        return None if self.shared_experts is None else self.shared_experts(x)
 
     @torch.compiler.disable
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
