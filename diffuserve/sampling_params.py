@@ -21,11 +21,23 @@ GREEDY_BELOW = 1e-5
 MAX_LOGPROBS = 20
 """The most top alternatives a request may ask for per token (`logprobs`, `prompt_logprobs`), as vLLM's default
 `max_logprobs`."""
-DECODER_NAMES = ("threshold", "fixed", "entropy", "edit")
+MASK_DECODER_NAMES = ("threshold", "fixed", "entropy", "edit")
+"""The decoders of masked blocks (SDAR, LLaDA2, Clover): each step fills some of a block's mask tokens."""
+RENOISE = "renoise"
+"""DiffusionGemma's decoder (engine/renoise_decoding.py): a canvas of random tokens, every position sampled each
+step, the low-entropy ones kept and the rest renoised, on a temperature schedule (t_max -> t_min)."""
+DECODER_NAMES = (*MASK_DECODER_NAMES, RENOISE)
 """The decoders, by name: the one list that validation, the engine's policies and the server's schema use."""
 DECODERS = DECODER_NAMES
 """The same tuple under its former name (server/protocol.py and tests/server import it)."""
 
+RENOISE_DEFAULTS: dict[str, Any] = {
+    "t_min": 0.4,
+    "t_max": 0.8,
+    "stability_threshold": 1,
+    "confidence_threshold": 0.005,
+}
+"""The renoise knobs' built-in values (transformers' DiffusionGemmaGenerationConfig defaults)."""
 BUILTIN_DEFAULTS: dict[str, Any] = {
     "temperature": 0.0,
     "decoder": "threshold",
@@ -33,6 +45,7 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "entropy_bound": 0.35,
     "edit_threshold": 0.5,
     "max_post_edit_steps": 16,
+    **RENOISE_DEFAULTS,
 }
 """Values of the knobs below that neither the request nor the model's generation config set."""
 MODEL_DEFAULTED = (
@@ -43,6 +56,10 @@ MODEL_DEFAULTED = (
     "entropy_bound",
     "edit_threshold",
     "max_post_edit_steps",
+    "t_min",
+    "t_max",
+    "stability_threshold",
+    "confidence_threshold",
 )
 """Knobs whose None is filled from the model's generation config."""
 
@@ -69,21 +86,32 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     decoder: str | None = None
     """threshold (SDAR/LLaDA2 confidence threshold with a top-k fallback), fixed (a fixed number of tokens per
-    step), entropy (EB-sampler entropy bound) or edit (LLaDA2.1: threshold, plus rewriting accepted tokens while
-    their block is open). Default: threshold."""
+    step), entropy (EB-sampler entropy bound), edit (LLaDA2.1: threshold, plus rewriting accepted tokens while
+    their block is open) or renoise (DiffusionGemma's canvases, the only decoder of such a model). Default: the
+    model's (threshold, or renoise for DiffusionGemma)."""
     threshold: float | None = None
     """Confidence a proposal must exceed (strict >) to be accepted; default 0.9 (LLaDA2 models: 0.95)."""
     steps: int | None = None
     """Denoising steps per block of the fallback / fixed schedule: each step accepts at least
-    block_length // steps tokens (remainder to the first steps). Default: block_length (one token a step)."""
+    block_length // steps tokens (remainder to the first steps). Default: block_length (one token a step).
+    decoder=renoise: the most steps a canvas takes (`max_denoising_steps`; default the model's, else 48)."""
     entropy_bound: float | None = None
-    """EB-sampler gamma for decoder=entropy; default 0.35."""
+    """EB-sampler gamma for decoder=entropy (default 0.35) and decoder=renoise (default the model's, else 0.1)."""
     edit_threshold: float | None = None
     """decoder=edit: an accepted, generated token of the open block is rewritten when the newly proposed token
     differs and its confidence exceeds this (strict >); default 0.5 (diffusers' LLaDA2.1 quality mode)."""
     max_post_edit_steps: int | None = None
     """decoder=edit: denoising steps a block may still take once its masks are gone (it is final as soon as one
     changes nothing); default 16. Other decoders finish a block when its masks are gone."""
+    t_min: float | None = None
+    """decoder=renoise: the temperature schedule's low end (the last step is at t_min + (t_max - t_min) / steps);
+    default 0.4."""
+    t_max: float | None = None
+    """decoder=renoise: the first step's temperature; default 0.8."""
+    stability_threshold: int | None = None
+    """decoder=renoise: a canvas may stop once its argmax repeated that of this many previous steps; default 1."""
+    confidence_threshold: float | None = None
+    """decoder=renoise: ... and the mean entropy (nats) of its tempered distributions is below this; default 0.005."""
     structured_outputs: StructuredOutputsParams | None = None
     """Constrain the output to a JSON schema, regex, choice list or grammar (docs/server.md, "Structured
     output"): every committed token sequence is then a valid prefix of it."""
@@ -130,6 +158,7 @@ class SamplingParams:
             self.max_post_edit_steps,
             ">= 0",
         )
+        self._check_renoise()
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings")
         _check(
             all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
@@ -157,6 +186,29 @@ class SamplingParams:
             "not edit with structured_outputs (an edited token could leave the grammar)",
         )
 
+    def _check_renoise(self) -> None:
+        _check(self.t_min is None or self.t_min >= 0, "t_min", self.t_min, ">= 0")
+        _check(self.t_max is None or self.t_max > 0, "t_max", self.t_max, "> 0")
+        _check(
+            self.t_min is None or self.t_max is None or self.t_min < self.t_max,
+            "t_min",
+            self.t_min,
+            f"below t_max ({self.t_max})",
+        )
+        _check(
+            self.stability_threshold is None
+            or (type(self.stability_threshold) is int and self.stability_threshold >= 0),
+            "stability_threshold",
+            self.stability_threshold,
+            "an integer >= 0",
+        )
+        _check(
+            self.confidence_threshold is None or self.confidence_threshold > 0,
+            "confidence_threshold",
+            self.confidence_threshold,
+            "> 0",
+        )
+
     def with_defaults(
         self, defaults: Mapping[str, Any], *, max_tokens_limit: int | None = None, eos_token_ids: Sequence[int] = ()
     ) -> ResolvedSamplingParams:
@@ -176,6 +228,8 @@ class SamplingParams:
         else:
             raise ValueError("max_tokens: None (up to max_model_len) needs the engine's max_tokens_limit")
         eos = () if self.ignore_eos else tuple(eos_token_ids)
+        if knobs["t_min"] >= knobs["t_max"]:
+            raise RequestError("t_min", f"got {knobs['t_min']!r}, must be below t_max ({knobs['t_max']!r})")
         return ResolvedSamplingParams(
             n=self.n,
             top_p=self.top_p,
@@ -228,6 +282,10 @@ class ResolvedSamplingParams:
     entropy_bound: float
     edit_threshold: float
     max_post_edit_steps: int
+    t_min: float = RENOISE_DEFAULTS["t_min"]
+    t_max: float = RENOISE_DEFAULTS["t_max"]
+    stability_threshold: int = RENOISE_DEFAULTS["stability_threshold"]
+    confidence_threshold: float = RENOISE_DEFAULTS["confidence_threshold"]
     structured_outputs: StructuredOutputsParams | None = None
     logprobs: int | None = None
     """Top alternatives per generated token; None = no logprobs computed (SamplingParams.logprobs)."""
@@ -238,8 +296,14 @@ class ResolvedSamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        """Temperatures below 1e-5 decode greedily (vLLM's rule): dividing logits by them overflows."""
-        return self.temperature < GREEDY_BELOW
+        """Temperatures below 1e-5 decode greedily (vLLM's rule): dividing logits by them overflows. The renoise
+        decoder always samples, at its schedule's temperatures (`temperature` does not apply to it)."""
+        return self.temperature < GREEDY_BELOW and not self.is_renoise
+
+    @property
+    def is_renoise(self) -> bool:
+        """Whether the request decodes renoise canvases (decoder=renoise)."""
+        return self.decoder == RENOISE
 
     @property
     def is_editing(self) -> bool:

@@ -41,8 +41,8 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     model.add_argument(
         "--model",
         default=None,
-        help="model directory, or clover-moe-bench (a random clover_moe shape, written on first "
-        "use); default: the random sdar-moe-bench model, written on first use",
+        help="model directory, or clover-moe-bench / diffusiongemma-bench (random clover_moe / DiffusionGemma "
+        "shapes, written on first use); default: the random sdar-moe-bench model, written on first use",
     )
     model.add_argument(
         "--model-cache-dir",
@@ -186,6 +186,12 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", type=positive_int, default=512, help="default: 512")
     parser.add_argument("--output-tokens", type=positive_int, default=256, help="default: 256")
     parser.add_argument("--num-prompts", type=positive_int, default=1, help="prompts, each decoded alone (default: 1)")
+    parser.add_argument(
+        "--denoising-steps",
+        type=positive_int,
+        default=None,
+        help="renoise canvases (DiffusionGemma): max_denoising_steps (default: the model's)",
+    )
     parser.add_argument(
         "--repeats",
         type=positive_int,

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from diffuserve.bench import renoise_compare
 from diffuserve.bench.context import BenchContext, decoding, make_context, max_model_len, sampling_params
 from diffuserve.bench.engine_run import run_requests
 from diffuserve.bench.environment import load_average, peak_memory_bytes
@@ -45,7 +46,7 @@ from diffuserve.bench.hf_reference import load_transformers_model
 from diffuserve.bench.report import finish, format_table
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
-from diffuserve.sampling_params import SamplingParams
+from diffuserve.sampling_params import RENOISE, SamplingParams
 from diffuserve.testing.reference_decode import reference_generate
 from diffuserve.testing.reference_model import load_reference
 
@@ -325,6 +326,8 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def run(ns: argparse.Namespace) -> int:
     ctx = make_context(ns)
+    if ctx.generation_defaults.get("decoder") == RENOISE:  # renoise canvases: against transformers' generate
+        return renoise_compare.run(ns, ctx)
     prompts = ctx.prompts(ns.num_prompts, ns.prompt_tokens)
     params = sampling_params(ns, ns.output_tokens)
     ar = engine_variant(ctx, ns, 1, params) if "ar" in ns.variants else None

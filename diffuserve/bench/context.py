@@ -22,7 +22,7 @@ from diffuserve.bench.probes import MachineRates, measure_machine
 from diffuserve.bench.workload import BenchModel, prepare_model, random_prompts
 from diffuserve.config import EngineConfig
 from diffuserve.engine.cache.allocation import resolve_page_size
-from diffuserve.engine.engine_setup import GENERATION_KEYS, resolve_device
+from diffuserve.engine.engine_setup import generation_defaults, resolve_device
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.loader import load_args, read_model_config, resolve_dtype
@@ -66,6 +66,7 @@ class BenchContext:
             max_model_len=max_model_len,
             seed=self.seed,
             num_pages=num_pages,
+            page_size=page_size,
             **({"expert_stats": True} | self.engine_options | options),
         )
         return LLMEngine(config) if baseline is None else baseline_engine(config, baseline)
@@ -89,7 +90,7 @@ def make_context(ns: argparse.Namespace) -> BenchContext:
     spec = BenchModel(seed=ns.model_seed, logit_scale=ns.logit_scale)
     model_dir = prepare_model(ns.model, ns.model_cache_dir, spec)
     config, generation = read_model_config(model_dir)
-    _, args = load_args(model_dir)
+    family, args = load_args(model_dir)
     dtype = resolve_dtype(ns.dtype, args)
     device = resolve_device(ns.device)
     itemsize = torch.finfo(dtype).bits // 8
@@ -111,7 +112,7 @@ def make_context(ns: argparse.Namespace) -> BenchContext:
         rates=measure_machine(device, dtype, seconds=ns.probe_seconds),
         environment=environment(device),
         seed=ns.seed,
-        generation_defaults={k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None},
+        generation_defaults=generation_defaults(family, generation),
         probe_seconds=ns.probe_seconds,
         engine_options={
             "moe_backend": getattr(ns, "moe_backend", "auto"),

@@ -39,10 +39,18 @@ def default_cache_dir() -> Path:
 
 
 def prepare_model(model: str | None, cache_dir: str | Path | None = None, spec: BenchModel | None = None) -> Path:
-    """`model` if given (a model directory, or the name of a random clover_moe shape such as `clover-moe-bench`,
-    written on first use), else the sdar-moe-bench checkpoint, written on first use."""
+    """`model` if given (a model directory, or the name of a random shape: clover_moe's `clover-moe-bench`,
+    DiffusionGemma's `diffusiongemma-bench`; written on first use), else the sdar-moe-bench checkpoint, written
+    on first use."""
     from diffuserve.testing.clover_moe_checkpoint import CLOVER_MOE_PRESETS
+    from diffuserve.testing.diffusion_gemma_checkpoint import DIFFUSION_GEMMA_PRESETS
 
+    if model in DIFFUSION_GEMMA_PRESETS:
+        spec = spec or BenchModel()
+        path = Path(cache_dir or default_cache_dir()) / f"{model}-seed{spec.seed}"
+        if not (path / "config.json").is_file():
+            _write_diffusion_gemma_model(path, model, spec)
+        return path
     if model in CLOVER_MOE_PRESETS:
         spec = spec or BenchModel()
         path = Path(cache_dir or default_cache_dir()) / spec.dir_name.replace(BENCH_PRESET, model, 1)
@@ -79,6 +87,19 @@ def _write_clover_moe_model(path: Path, preset: str, spec: BenchModel) -> None:
     write_clover_moe_checkpoint(
         partial, make_clover_moe_config(preset), seed=spec.seed, init_std=spec.init_std, logit_scale=spec.logit_scale
     )
+    partial.rename(path)
+
+
+def _write_diffusion_gemma_model(path: Path, preset: str, spec: BenchModel) -> None:
+    """The weights' scales are the shape's own (a confident head with a damped self-conditioning loop), not the
+    sdar bench's `init_std` / `logit_scale`: only the seed varies."""
+    from diffuserve.testing.diffusion_gemma_checkpoint import (
+        make_diffusion_gemma_config,
+        write_diffusion_gemma_checkpoint,
+    )
+
+    partial = path.with_name(path.name + f".partial-{os.getpid()}")
+    write_diffusion_gemma_checkpoint(partial, make_diffusion_gemma_config(preset), seed=spec.seed, feedback=0.1)
     partial.rename(path)
 
 

@@ -1,6 +1,7 @@
 """BlockDecoding: a block's logits -> what the step writes into its canvas (rank 0). Applies the request's decoder
-(or, with structured_outputs, the grammar walk), forbids tokens no position may take, and owns the per-request
-sampling generators. Knows nothing of batches or caches: the model runner hands it one block's logit rows.
+(or, with structured_outputs, the grammar walk; for decoder=renoise, engine/renoise_decoding), forbids tokens no
+position may take, and owns the per-request sampling generators. Knows nothing of batches or caches: the model
+runner hands it one block's logit rows.
 """
 
 from __future__ import annotations
@@ -12,16 +13,25 @@ import torch
 from diffuserve.engine.decoders import DECODERS, Proposal, propose
 from diffuserve.engine.grammar_decoding import StructuredDecoding
 from diffuserve.engine.logprobs import token_logprobs
+from diffuserve.engine.renoise_decoding import RenoiseDecoding
 from diffuserve.engine.request import BlockWrite, Request
 
 
 class BlockDecoding:
     def __init__(
-        self, block_length: int, device: torch.device, seed: int = 0, structured: StructuredDecoding | None = None
+        self,
+        block_length: int,
+        device: torch.device,
+        seed: int = 0,
+        structured: StructuredDecoding | None = None,
+        vocab_size: int = 0,
     ) -> None:
         self.block_length, self.device = block_length, device
         self.structured = structured
         """Grammar-constrained decoding of requests with structured_outputs (None without a tokenizer)."""
+        self.vocab_size = vocab_size
+        """What a renoise canvas's random tokens range over."""
+        self._renoise: RenoiseDecoding | None = None
         self._seed_source = random.Random(seed)
         self._generators: dict[str, torch.Generator] = {}
 
@@ -30,9 +40,30 @@ class BlockDecoding:
         masked one)."""
         if autoregressive:
             return request.masked_indices()[:1]
+        if request.params.is_renoise:
+            return list(range(self.block_length))
         return DECODERS[request.params.decoder].logit_positions(
             request.masked_indices(), request.generation_start_in_block(), self.block_length
         )
+
+    def block_tokens(self, request: Request) -> list[int]:
+        """The tokens the request's block reads this step: its canvas (a renoise canvas's first step draws it)."""
+        if request.params.is_renoise:
+            return self.renoise.canvas_tokens(request, self.sampling_generator(request))
+        return request.canvas
+
+    @property
+    def renoise(self) -> RenoiseDecoding:
+        """The renoise decoder's canvases (decoder=renoise), made with the first such request."""
+        if self._renoise is None:
+            self._renoise = RenoiseDecoding(self.block_length, self.vocab_size, self.device)
+        return self._renoise
+
+    def decode_renoise(self, request: Request, rows: torch.Tensor) -> tuple[BlockWrite, torch.Tensor | None]:
+        """rows [C, V]: a renoise canvas's logits -> (the step's write, the tempered logits its next step is
+        self-conditioned on, None when the canvas ends); below min_tokens the stop ids are forbidden."""
+        rows = self.forbid_tokens(request, list(range(self.block_length)), rows)
+        return self.renoise.decode(request, rows, self.sampling_generator(request))
 
     def decode(self, request: Request, rows: torch.Tensor, positions: list[int]) -> BlockWrite:
         """rows [M, V]: the block's logits at canvas `positions` -> what the decoder writes this step."""
@@ -85,8 +116,10 @@ class BlockDecoding:
         return self.structured.take_failures()
 
     def release(self, request_id: str) -> None:
-        """Forgets a finished request's generator and grammar state."""
+        """Forgets a finished request's generator, grammar state and canvas."""
         self._generators.pop(request_id, None)
+        if self._renoise is not None:
+            self._renoise.release(request_id)
         if self.structured is not None and request_id in self.structured.states:
             self.structured.release(request_id)
 
@@ -107,8 +140,11 @@ class BlockDecoding:
         return rows
 
     def generator(self, request: Request) -> torch.Generator | None:
-        if request.params.is_greedy:
-            return None
+        """The request's generator (seeded with its seed, else one the engine draws); None when it decodes
+        greedily."""
+        return None if request.params.is_greedy else self.sampling_generator(request)
+
+    def sampling_generator(self, request: Request) -> torch.Generator:
         if request.request_id not in self._generators:
             seed = request.params.seed if request.params.seed is not None else self._seed_source.getrandbits(63)
             self._generators[request.request_id] = torch.Generator(device=self.device).manual_seed(seed)

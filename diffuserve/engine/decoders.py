@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from diffuserve.engine.logprobs import LogprobRows, logprob_rows
-from diffuserve.sampling_params import DECODER_NAMES, ResolvedSamplingParams
+from diffuserve.sampling_params import MASK_DECODER_NAMES, ResolvedSamplingParams
 
 
 @dataclass(frozen=True)
@@ -244,6 +244,11 @@ class EditDecoder(ThresholdDecoder):
 
 
 DECODERS: dict[str, Decoder] = dict(
-    zip(DECODER_NAMES, (ThresholdDecoder(), FixedStepsDecoder(), EntropyBoundDecoder(), EditDecoder()), strict=True)
+    zip(
+        MASK_DECODER_NAMES,
+        (ThresholdDecoder(), FixedStepsDecoder(), EntropyBoundDecoder(), EditDecoder()),
+        strict=True,
+    )
 )
-"""The policy of each name in `DECODER_NAMES` (sampling_params), in its order."""
+"""The policy of each mask decoder (sampling_params.MASK_DECODER_NAMES), in its order; the renoise decoder's
+canvases are engine/renoise_decoding's."""

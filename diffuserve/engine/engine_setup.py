@@ -44,6 +44,8 @@ GENERATION_KEYS = (
     "edit_threshold",
     "max_post_edit_steps",
 )
+"""generation_config.json keys read as request defaults under their own names (unless the family reads its file
+itself: ModelFamily.generation_defaults)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,15 @@ def serving_runner(config: EngineConfig) -> RunnerFactory:
     return lambda executor, decoding, max_model_len: ModelRunner(executor, decoding, bool(config.expert_stats))
 
 
+def generation_defaults(family: ModelFamily, generation: dict) -> dict[str, Any]:
+    """The request defaults a model directory's generation_config.json gives, over the family's own."""
+    if family.generation_defaults is not None:
+        from_file = family.generation_defaults(generation)
+    else:
+        from_file = {k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None}
+    return {**family.decoding_defaults, **from_file}
+
+
 def build_components(config: EngineConfig, make_runner: RunnerFactory | None = None) -> EngineComponents:
     family, args, max_model_len = load_model_args(config)
     sched = config.scheduler
@@ -111,11 +122,9 @@ def build_components(config: EngineConfig, make_runner: RunnerFactory | None = N
     structured = (
         StructuredDecoding(tokenizer, args.vocab_size, list(args.eos_token_ids)) if tokenizer is not None else None
     )
-    decoding = BlockDecoding(args.block_length, executor.device, config.seed, structured)
+    decoding = BlockDecoding(args.block_length, executor.device, config.seed, structured, args.vocab_size)
     runner = (make_runner or serving_runner(config))(executor, decoding, max_model_len)
-    _, generation = read_model_config(config.model)
-    from_file = {k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None}
-    defaults = {**family.decoding_defaults, **from_file}
+    defaults = generation_defaults(family, read_model_config(config.model)[1])
     return EngineComponents(
         args, tokenizer, runner, scheduler, cache, max_model_len, defaults, family.steps_capped_by_max_tokens
     )

@@ -179,7 +179,7 @@ class ModelExecutor:
             layout = layout.with_kv_dtype(config.cache.kv_cache_dtype)
         want = CacheRequest(
             config.cache,
-            resolve_page_size(config.cache.page_size, args.block_length),
+            resolve_page_size(config.cache.page_size, model.step_rules.page_multiple(args.block_length)),
             sched.max_num_seqs,
             sched.max_num_batched_tokens,
             max_model_len,

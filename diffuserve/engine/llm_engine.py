@@ -124,7 +124,8 @@ class LLMEngine:
         if params.prompt_logprobs is not None and not self.runner.supports_prompt_scoring:
             raise UnsupportedParameter(
                 "prompt_logprobs",
-                "this engine cannot score prompts (a baseline rebuilding state, or sliding-window layers); remove it",
+                "this engine cannot score prompts (a baseline rebuilding state, sliding-window layers, or renoise "
+                "canvases, which have no masked positions to score); remove it",
             )
         vocab = self.args.vocab_size
         bad = [t for t in params.stop_token_ids if t >= vocab]
@@ -133,6 +134,7 @@ class LLMEngine:
         resolved = params.with_defaults(
             self.generation_defaults, max_tokens_limit=room, eos_token_ids=self.args.eos_token_ids
         )
+        self._check_decoder(resolved)
         if self.steps_capped_by_max_tokens:  # LLaDA2: steps = min(steps, gen_length // minimal_topk), topk 1
             resolved = resolved.replace(steps=min(resolved.steps or self.args.block_length, resolved.max_tokens))
         if resolved.structured_outputs is not None:
@@ -184,9 +186,39 @@ class LLMEngine:
         self.runner.shutdown()
 
     # ---- helpers -------------------------------------------------------------------------------------------
+    def _check_decoder(self, params: ResolvedSamplingParams) -> None:
+        """UnsupportedParameter unless the request's decoder fits the model's blocks: renoise canvases take the
+        renoise decoder only, masked blocks every other; renoise samples each position from its whole tempered
+        distribution (its schedule, t_max -> t_min), so top_p and top_k do not apply to it."""
+        if self.runner.rules.renoise_canvas and not params.is_renoise:
+            raise UnsupportedParameter(
+                "decoder",
+                f"{params.decoder} fills mask tokens, and this model's blocks are renoise canvases (random tokens, no "
+                "mask token); use renoise or leave it unset",
+            )
+        if params.is_renoise and not self.runner.rules.renoise_canvas:
+            raise UnsupportedParameter(
+                "decoder",
+                "renoise decodes random-token canvases, and this model's blocks are masked; use threshold, fixed, "
+                "entropy or edit",
+            )
+        if params.is_renoise and (params.top_p < 1 or params.top_k > 0):
+            name, value = ("top_p", params.top_p) if params.top_p < 1 else ("top_k", params.top_k)
+            raise UnsupportedParameter(
+                name,
+                f"got {value}; the renoise decoder samples every canvas position from its whole tempered "
+                "distribution (temperatures t_max -> t_min), so it has no nucleus or top-k filter; remove the field",
+            )
+
     def _check_structured(self, params: ResolvedSamplingParams) -> None:
-        """RequestError unless the engine can constrain this request (a tokenizer, a non-editing decoder, a
-        grammar that compiles)."""
+        """RequestError unless the engine can constrain this request (a tokenizer, a non-editing, non-renoise
+        decoder, a grammar that compiles)."""
+        if params.is_renoise:
+            raise UnsupportedParameter(
+                "structured_outputs",
+                "the renoise decoder rewrites every position of a canvas at every step (random tokens until the "
+                "canvas ends), so a grammar cannot be kept left to right as in a masked block; remove the field",
+            )
         structured = self.runner.decoding.structured
         if structured is None:
             raise RequestError(

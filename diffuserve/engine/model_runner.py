@@ -1,7 +1,8 @@
 """Runs one engine step on the model (rank 0): builds the flattened batch and each cache kind's metadata, has the
 executor run the forward, decodes every block. One runner for every family: what differs between them is data,
 the model's `StepRules` (which keys a query sees, which row predicts a position) and its cache layout (which
-metadata the step carries: engine/cache/metadata.py).
+metadata the step carries: one entry per page group, then the recurrent state, then the canvas rows with their
+self-conditioning input, which the runner keeps after decoding).
 
 Input: the scheduler's work list. Output: a `StepResult` (per request, the canvas positions accepted this step
 and their tokens, with their logprobs for requests that ask; the prompt scores; the grammar failures). It reads
@@ -57,14 +58,15 @@ class StepBatch:
 class ModelRunner:
     supports_prompt_scoring = True
     """Whether prompt_logprobs can be computed (not by the benchmark baselines that rebuild state, nor for a model
-    with sliding-window layers)."""
+    with sliding-window layers or renoise canvases)."""
 
     def __init__(self, executor: ModelExecutor, decoding: BlockDecoding, expert_stats: bool = False) -> None:
         self.executor, self.decoding = executor, decoding
         self.block_length, self.device = decoding.block_length, executor.device
         self.rules = executor.model.step_rules
-        # Prompt scoring's variants read the full-attention pages only: a model with window groups cannot score.
-        if executor.sizes.windows:
+        # Prompt scoring's variants read the full-attention pages only: a model with window groups cannot score;
+        # the block chain rule scores masked positions, and a renoise canvas has none.
+        if executor.sizes.windows or self.rules.renoise_canvas:
             self.supports_prompt_scoring = False
         self.has_state = executor.caches.state is not None
         """The model has a RecurrentState cache: each step carries a `StatePlan`."""
@@ -132,7 +134,7 @@ class ModelRunner:
                 blocks.append(
                     BlockRows(work, len(ids), self.decoding.read_positions(request, self.rules.autoregressive))
                 )
-                ids += request.canvas
+                ids += self.decoding.block_tokens(request)
             positions += range(work.query_start, work.query_end)
         scoring = ScoringRows(shift=self.rules.prediction_shift, causal=self.rules.autoregressive)
         for work in scheduled:
@@ -148,6 +150,8 @@ class ModelRunner:
         metadata: tuple[object, ...] = tuple(group.build() for group in groups)
         if self.has_state:
             metadata += (self.plan_state(scheduled, scoring.variants),)
+        if self.executor.caches.canvas is not None:
+            metadata += (self._canvas_inputs(blocks),)
         forward = ForwardInputs(
             torch.tensor(ids, dtype=torch.long, device=self.device),
             torch.tensor(positions, dtype=torch.long, device=self.device),
@@ -169,6 +173,14 @@ class ModelRunner:
     def plan_state(self, scheduled: list[ScheduledRequest], variants: list[tuple[int, Request]]) -> StatePlan:
         """The step's recurrent-state plan; `variants`: each scoring variant's first row and request."""
         return self.state.plan(scheduled, variants)
+
+    def _canvas_inputs(self, blocks: list[BlockRows]) -> object:
+        """The step's canvas rows and each canvas's self-conditioning input (zeros at a canvas's first step)."""
+        assert self.executor.caches.canvas is not None, "a model with a canvas state"
+        rows = [b.token_start + i for b in blocks for i in range(self.block_length)]
+        slots = [canvas_slot(b.work.request) for b in blocks]
+        first_steps = [b.work.request.step_in_block == 0 for b in blocks]
+        return self.executor.caches.canvas.inputs(rows, slots, first_steps)
 
     def _logit_rows(self, block: BlockRows, num_rows: int) -> list[int]:
         """The rows predicting the block's read positions: their own, or (AR shift) the previous position's, the
@@ -202,12 +214,30 @@ class ModelRunner:
     def _decode_blocks(self, batch: StepBatch, hidden: torch.Tensor) -> dict[str, BlockWrite]:
         logits = self.model.compute_logits(hidden.index_select(0, batch.logit_rows))  # [M, V]
         writes, start = {}, 0
+        carried: list[tuple[int, torch.Tensor]] = []  # (canvas slot, tempered logits [C, V]) of going-on canvases
         for block in batch.blocks:
             request = block.work.request
             rows = logits[start : start + len(block.positions)]
             start += len(block.positions)
             if self.rules.autoregressive:
                 writes[request.request_id] = self.decoding.next_token(request, rows, block.positions[0])
+            elif request.params.is_renoise:
+                writes[request.request_id], tempered = self.decoding.decode_renoise(request, rows)
+                if tempered is not None:
+                    carried.append((canvas_slot(request), tempered))
             else:
                 writes[request.request_id] = self.decoding.decode(request, rows, block.positions)
+        if carried:
+            self._keep_self_conditioning(carried)
         return writes
+
+    def _keep_self_conditioning(self, carried: list[tuple[int, torch.Tensor]]) -> None:
+        """The next step's self-conditioning input of every canvas that goes on, in one batched pass."""
+        assert self.executor.caches.canvas is not None, "renoise canvases keep their input in the canvas pool"
+        soft = self.model.self_conditioning_input(torch.cat([logits for _, logits in carried]))  # [k x C, H]
+        self.executor.caches.canvas.keep([slot for slot, _ in carried], soft)
+
+
+def canvas_slot(request: Request) -> int:
+    assert request.canvas_slot is not None, "a running request of a model with a canvas state holds a slot"
+    return request.canvas_slot

@@ -6,6 +6,10 @@ Torch-free. The engine's geometry, for prompt length P and block length B (block
     blocks     [ B ][ B ][ B ][ prompt tail + masks ][ masks ] ...
                <- committed KV -->|<- block_start      (canvas = the current block, B tokens)
 
+A renoise canvas (decoder=renoise, DiffusionGemma) is anchored at the committed length instead: prefill commits
+the whole prompt, the first canvas covers [P, P + B), each next one starts where the last ended; its positions
+hold the canvas the decoder drew (random tokens, never masks) and are decided only when the decoder ends it.
+
 `num_computed_tokens` counts positions whose final K/V are in the cache; positions in
 [num_computed_tokens, block_start) are known tokens still to commit (prompt blocks, or the block finished in
 the previous step: the fused commit). Accepted tokens never change unless the decoder edits (LLaDA2.1): then
@@ -104,6 +108,8 @@ class Request:
     """Prefix-cache hashes of this request's leading full, committed pages."""
     state_slot: int | None = None
     """The recurrent-state slot the request holds while running (models with a RecurrentState cache)."""
+    canvas_slot: int | None = None
+    """The canvas slot the request holds while running (models with a CanvasState: renoise canvases)."""
     num_forwards: int = 0
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache at the request's first admission."""
@@ -119,7 +125,7 @@ class Request:
     """With params.record_denoising: every denoising step's writes, oldest first (empty otherwise)."""
 
     def __post_init__(self) -> None:
-        self.open_block(len(self.prompt_token_ids) // self.block_length * self.block_length)
+        self.open_block(self.num_prefill_positions)
 
     # ---- geometry ------------------------------------------------------------------------------------------
     @property
@@ -137,7 +143,10 @@ class Request:
 
     @property
     def num_prefill_positions(self) -> int:
-        """The prompt's complete blocks: the positions prefill computes (the tail is denoised with the block)."""
+        """The prompt's complete blocks: the positions prefill computes (the tail is denoised with the block); the
+        whole prompt before a renoise canvas."""
+        if self.params.is_renoise:
+            return self.num_prompt_tokens
         return self.num_prompt_tokens // self.block_length * self.block_length
 
     @property
@@ -165,7 +174,8 @@ class Request:
         return (prompt + self.output_token_ids)[start:end] if end > len(prompt) else prompt[start:end]
 
     def open_block(self, block_start: int) -> None:
-        """Starts a new current block at `block_start`: known prompt tail, masks elsewhere."""
+        """Starts a new current block at `block_start`: known prompt tail, masks elsewhere (a renoise canvas: mask
+        ids as placeholders until its first step draws it)."""
         self.block_start = block_start
         tail = self.prompt_token_ids[block_start:]
         self.canvas = tail + [self.mask_token_id] * (self.block_length - len(tail))
@@ -183,11 +193,13 @@ class Request:
         return max(0, self.num_prompt_tokens - self.block_start)
 
     # ---- progress ------------------------------------------------------------------------------------------
-    def apply_step(self, accepted: list[tuple[int, int]], logprobs: list[TokenLogprobs] | None = None) -> None:
+    def apply_step(
+        self, accepted: list[tuple[int, int]], logprobs: list[TokenLogprobs] | None = None, final: bool | None = None
+    ) -> None:
         """Writes a step's (canvas index, token) pairs (and, when asked for, their `logprobs`, in the same order)
         and decides `block_is_final`: no mask left, and either the post-edit budget (`params.post_edit_budget`, 0
         unless the decoder edits) is spent or this step began with no mask and changed nothing. Without editing, a
-        block is thus final once its masks are gone."""
+        block is thus final once its masks are gone. A renoise canvas is final when the decoder says so (`final`)."""
         had_masks = self.mask_token_id in self.canvas
         if not had_masks:
             self.num_post_edit_steps += 1
@@ -200,6 +212,9 @@ class Request:
                 self.canvas_logprobs[index] = entry
         if self.params.record_denoising:
             self._record_step(accepted)
+        if self.params.is_renoise:
+            self.block_is_final = bool(final)
+            return
         if self.mask_token_id in self.canvas:  # still masked (a proposal may be the mask token itself)
             return
         settled = not had_masks and not changed
@@ -221,10 +236,11 @@ class Request:
     def stop_check(self) -> TokenStop | None:
         """After a step: whether the tokens end the request, by a stop id with everything before it decided, or
         by length (every position below max_tokens decided); None if not (yet). Tokens of a block that may still
-        be edited count as undecided. Changes nothing: the scheduler applies the result."""
+        be edited (or a renoise canvas still being denoised) count as undecided. Changes nothing: the scheduler
+        applies the result."""
         params = self.params
         tail = self.canvas[self.generation_start_in_block() :]
-        if params.is_editing and not self.block_is_final:
+        if (params.is_editing or params.is_renoise) and not self.block_is_final:
             tail = [self.mask_token_id] * len(tail)
         generated = self.output_token_ids + tail
         for g, token in enumerate(generated[: params.max_tokens]):
@@ -260,8 +276,9 @@ class Request:
 
     def total_tokens_needed(self) -> int:
         """Positions the request can ever occupy: its last block ends at or after prompt + max_tokens."""
+        start = self.num_prefill_positions
         end = self.num_prompt_tokens + self.params.max_tokens
-        return -(-end // self.block_length) * self.block_length
+        return start + -(-(end - start) // self.block_length) * self.block_length
 
 
 @dataclass(frozen=True)
@@ -333,6 +350,9 @@ class BlockWrite:
     """(canvas index, token) pairs."""
     logprobs: list[TokenLogprobs] | None = None
     """For a request that asks for logprobs: each written token's, in the order of `accepted`."""
+    final: bool | None = None
+    """A renoise canvas: whether this step ended it (its tokens are then the written ones); None for the other
+    decoders, whose blocks end when their masks are gone."""
 
 
 @dataclass(frozen=True)

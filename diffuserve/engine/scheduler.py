@@ -146,7 +146,7 @@ class Scheduler:
         request = work.request
         request.num_forwards += 1
         request.step_in_block += 1
-        request.apply_step(write.accepted, write.logprobs)
+        request.apply_step(write.accepted, write.logprobs, write.final)
         before = len(request.output_token_ids)
         stop = request.stop_check()
         if stop is not None:

@@ -28,6 +28,35 @@ class StepRules:
     """Committed positions attend causally (a recurrent prefix is causal), not block-causally."""
     autoregressive: bool = False
     """No block diffusion: one token per step, the block's first masked position, read through a causal pass."""
+    renoise_canvas: bool = False
+    """Blocks are renoise canvases (DiffusionGemma, as transformers' `generate` runs it): a request's block starts
+    at its committed length instead of on the position-0 grid, so prefill commits the whole prompt; it holds
+    random tokens, never masks, is decoded by the renoise decoder only (every position read every step) and is
+    committed whole once that decoder ends it. With `causal_commits` a page's K/V depend on the tokens up to it
+    only, so pages need not hold whole blocks."""
+    block_window_from_start: bool = False
+    """On sliding-window layers a block's rows share the window behind the block's first position (the block is
+    denoised as a whole: DiffusionGemma's canvas rows see the W - 1 positions before the canvas); otherwise every
+    row's window ends at its own position."""
+
+    def page_multiple(self, block_length: int) -> int:
+        """What a page size must be a multiple of: the block length (a page's K/V then belong to whole blocks,
+        as their content hash assumes), or 1 for renoise canvases over causal commits."""
+        return 1 if self.renoise_canvas and self.causal_commits else block_length
+
+
+@dataclass(frozen=True)
+class CanvasInputs:
+    """A step's canvas rows for a self-conditioned model (its cache layout keeps a `CanvasState`)."""
+
+    rows: torch.Tensor
+    """[M] long: the batch rows of every canvas (block) position, canvases one after another."""
+    soft: torch.Tensor
+    """[M, H]: their self-conditioning input (`self_conditioning_input` of the previous step's processed logits;
+    zeros on a canvas's first step)."""
+
+    def to(self, device: torch.device | str) -> CanvasInputs:
+        return CanvasInputs(self.rows.to(device), self.soft.to(device))
 
 
 class DiffusionModel(nn.Module, ABC):
@@ -35,6 +64,11 @@ class DiffusionModel(nn.Module, ABC):
     def step_rules(self) -> StepRules:
         """Default: block-causal attention, each position predicted from its own row."""
         return StepRules()
+
+    def self_conditioning_input(self, logits: torch.Tensor) -> torch.Tensor:
+        """A canvas step's processed logits [M, V] -> the next step's self-conditioning input [M, H], for models
+        whose cache layout keeps one (`CanvasState`); the others take none."""
+        raise NotImplementedError(f"{type(self).__name__} takes no self-conditioning input")
 
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

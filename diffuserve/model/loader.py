@@ -66,6 +66,7 @@ def read_model_config(model_dir: str | Path) -> tuple[dict, dict]:
 
 
 def load_args(model_dir: str | Path) -> tuple[ModelFamily, ModelArgs]:
+    """(family, args) of a model directory."""
     config, generation = read_model_config(model_dir)
     family = family_for(config)
     _notify_deprecated(config, Path(model_dir))

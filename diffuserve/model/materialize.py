@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from diffuserve.model.layers.attention import RotaryEmbedding
+from diffuserve.model.layers.gemma_rotary import GemmaRotary
 from diffuserve.model.layers.moe.layer import FusedExperts
 from diffuserve.model.quant.apply import fill_dummy_, quant_weights
 
@@ -40,7 +41,7 @@ def materialize(model: nn.Module, device: torch.device, expert_device: torch.dev
                 new.__dict__.update(param.__dict__)  # the shard tag (see layers/linear)
                 done[id(param)] = (param, new)
             setattr(module, name, done[id(param)][1])
-        if isinstance(module, RotaryEmbedding):
+        if isinstance(module, (RotaryEmbedding, GemmaRotary)):
             module.reset_tables(device)
 
 

@@ -18,6 +18,11 @@ from diffuserve.model.clover_moe_weights import (
     clover_moe_weight_target,
 )
 from diffuserve.model.config import ModelArgs, llada2_args_from_hf, qwen3_args_from_hf
+from diffuserve.model.diffusion_gemma import DiffusionGemmaForBlockDiffusion
+from diffuserve.model.diffusion_gemma_config import cache_layout as diffusion_gemma_cache_layout
+from diffuserve.model.diffusion_gemma_config import diffusion_gemma_args_from_hf
+from diffuserve.model.diffusion_gemma_config import generation_defaults as diffusion_gemma_generation_defaults
+from diffuserve.model.diffusion_gemma_weights import diffusion_gemma_checkpoint_tensors, diffusion_gemma_weight_target
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.llada2 import LLaDA2ForBlockDiffusion
 from diffuserve.model.llada2_weights import llada2_checkpoint_tensors, llada2_weight_target
@@ -60,6 +65,9 @@ class ModelFamily:
     """The reference caps a request's denoising steps per block at its max_tokens (LLaDA2's `generate`: `steps =
     min(steps, gen_length // minimal_topk)`, minimal_topk 1), so an answer shorter than a block accepts more
     tokens per step."""
+    generation_defaults: Callable[[dict], dict[str, Any]] | None = None
+    """(generation_config.json) -> request defaults under SamplingParams names, for a family whose file spells its
+    knobs its own way (None: the file's keys that are SamplingParams names, engine_setup.GENERATION_KEYS)."""
 
 
 SDAR = ModelFamily("sdar", SDARForBlockDiffusion, qwen3_args_from_hf, qwen3_weight_target, qwen3_checkpoint_tensors)
@@ -87,6 +95,17 @@ CLOVER_MOE = ModelFamily(
     cache_layout=clover_moe_cache_layout,
 )
 
+# DiffusionGemma-26B-A4B (transformers' `DiffusionGemmaForBlockDiffusion`); see diffusion_gemma.py.
+DIFFUSION_GEMMA = ModelFamily(
+    "diffusion_gemma",
+    DiffusionGemmaForBlockDiffusion,
+    diffusion_gemma_args_from_hf,
+    diffusion_gemma_weight_target,
+    diffusion_gemma_checkpoint_tensors,
+    cache_layout=diffusion_gemma_cache_layout,
+    generation_defaults=diffusion_gemma_generation_defaults,
+)
+
 ARCHITECTURES: dict[str, ModelFamily] = {
     "SDARForCausalLM": SDAR,
     "SDARMoeForCausalLM": SDAR,
@@ -95,6 +114,7 @@ ARCHITECTURES: dict[str, ModelFamily] = {
     "Qwen3MoeForCausalLM": SDAR,
     "LLaDA2MoeModelLM": LLADA2,
     "CloverMoeModelLM": CLOVER_MOE,
+    "DiffusionGemmaForBlockDiffusion": DIFFUSION_GEMMA,
     # The base model's text trunk: runs autoregressively (no block-diffusion tensors).
     "Qwen3_5MoeForCausalLM": CLOVER_MOE,
     "Qwen3_5MoeForConditionalGeneration": CLOVER_MOE,

@@ -10,6 +10,8 @@ three agree by construction. Tensor parallelism splits every kind by heads: a ra
     SlidingWindowKV  the same, only the last `window` positions   bytes/token as PagedKV, capped per sequence
     RecurrentState   a fixed-size slot per sequence (GDN)         bytes/sequence = Hv x Dk x Dv x b_S
                                                                                 + (k - 1) x conv_dim x b_conv
+    CanvasState      per running sequence, beside the layers: a   bytes/sequence = C x H x b
+                     renoise canvas's self-conditioning input
 
 Dtypes are names (`fp32`, `bf16`, `fp16`, `fp8`): the planner's spelling; the engine maps torch dtypes onto them.
 Knows nothing of torch, pages in use, requests or hardware.
@@ -111,10 +113,31 @@ LayerCache = PagedKV | SlidingWindowKV | RecurrentState
 
 
 @dataclass(frozen=True)
+class CanvasState:
+    """A self-conditioned renoise canvas (DiffusionGemma): per running sequence, the previous step's soft
+    embeddings [C, H] that its next step reads, whatever the sequence's length. Not recomputable from tokens: a
+    sequence that loses it (preemption) redoes its canvas from the canvas's first step."""
+
+    canvas_length: int
+    hidden_size: int
+    dtype: str = "bf16"
+
+    @property
+    def group(self) -> str:
+        return "canvas"
+
+    def bytes_per_sequence(self, tensor_parallel_size: int = 1) -> int:
+        """C x H x bytes, on rank 0 only (the step's inputs carry it to the other ranks)."""
+        return self.canvas_length * self.hidden_size * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
 class CacheLayout:
-    """The cache every layer of a model needs, in layer order."""
+    """The cache every layer of a model needs, in layer order, and any per-sequence decoding state beside them."""
 
     layers: tuple[LayerCache, ...]
+    canvas: CanvasState | None = None
+    """The self-conditioning input of renoise canvases (None: the model has none)."""
 
     def group_layers(self, group: str) -> list[int]:
         """Ids of the layers whose cache lives in `group`, in layer order."""

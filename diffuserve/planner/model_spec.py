@@ -140,6 +140,12 @@ def _has_parallel_dense_mlp(text: dict) -> bool:
     return str(text.get("model_type", "")).startswith(("gemma4", "diffusion_gemma"))
 
 
+def _values_from_keys(text: dict) -> bool:
+    """Full layers without v_proj: DiffusionGemma's always (transformers builds v_proj on sliding layers only;
+    its config.json has no flag for it), Gemma-4's when `attention_k_eq_v` says so."""
+    return str(text.get("model_type", "")).startswith("diffusion_gemma") or bool(text.get("attention_k_eq_v"))
+
+
 def _moe_layers(text: dict, layers: int, experts: int) -> int:
     """Counts MoE layers from the three spellings of "this layer is dense": Qwen3-MoE `mlp_only_layers` and
     `decoder_sparse_step`, DeepSeek / LLaDA2 `first_k_dense_replace`."""
@@ -176,7 +182,7 @@ def _attention_groups(config: dict, text: dict, kinds: Counter[str], hidden: int
                 heads,
                 int(_first(text, "num_global_key_value_heads", default=kv_heads)),
                 int(_first(text, "global_head_dim", default=head_dim)),
-                has_v_proj=not text.get("attention_k_eq_v", False),
+                has_v_proj=not _values_from_keys(text),
                 output_gate=has_output_gate(config, text),
             )
         )

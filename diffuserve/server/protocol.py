@@ -112,6 +112,14 @@ class SamplingFields(RequestModel):
     """Confidence above which the edit decoder rewrites an accepted token of the open block."""
     max_post_edit_steps: NonNegativeInt | None = None
     """Steps the edit decoder may still take on a block once its masks are gone."""
+    t_min: float | None = Field(default=None, ge=0)
+    """The renoise decoder's last temperature end (DiffusionGemma: t_max -> t_min over the steps)."""
+    t_max: float | None = Field(default=None, gt=0)
+    """The renoise decoder's first-step temperature."""
+    stability_threshold: NonNegativeInt | None = None
+    """Renoise: a canvas may stop once its argmax repeated that of this many previous steps."""
+    confidence_threshold: float | None = Field(default=None, gt=0)
+    """Renoise: ... and its mean entropy (nats) is below this."""
     # Defined by OpenAI or vLLM, not implemented: any non-neutral value is a 400.
     logit_bias: Any = unsupported()
     presence_penalty: Any = unsupported()

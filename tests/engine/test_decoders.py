@@ -7,7 +7,7 @@ import math
 import torch
 
 from diffuserve.engine.decoders import DECODERS, Proposal, filter_logits, num_transfer_tokens, propose
-from diffuserve.sampling_params import DECODER_NAMES, SamplingParams
+from diffuserve.sampling_params import MASK_DECODER_NAMES, SamplingParams
 from diffuserve.testing import reference_decoders
 
 NEG = float("-inf")
@@ -24,7 +24,7 @@ def accepted(decoder: str, prop: Proposal, step: int = 0, **params) -> list[int]
 
 
 def test_every_decoder_name_has_its_policy():
-    assert tuple(DECODERS) == DECODER_NAMES
+    assert tuple(DECODERS) == MASK_DECODER_NAMES
     assert [type(d).__name__ for d in DECODERS.values()] == [
         "ThresholdDecoder",
         "FixedStepsDecoder",

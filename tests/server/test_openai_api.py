@@ -8,9 +8,10 @@ streamed result can be compared with its non-streamed twin.
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
 
-from diffuserve.sampling_params import DECODERS
+from diffuserve.sampling_params import MASK_DECODER_NAMES
 from tests.server.conftest import API_KEY, MODEL_NAME, LiveServer
 
 BLOCK_LENGTH = 4
@@ -132,12 +133,21 @@ def test_stop_string_across_block_boundary(live_server: LiveServer):
     assert kept.choices[0].text == expected + stop
 
 
-@pytest.mark.parametrize("decoder", DECODERS)
+@pytest.mark.parametrize("decoder", MASK_DECODER_NAMES)
 def test_every_decoder_is_served(live_server: LiveServer, decoder: str):
     response = live_server.client().completions.create(
         model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=8, extra_body={**FREE, "decoder": decoder}
     )
     assert response.usage.completion_tokens == 8 and response.usage.num_forwards >= 2
+
+
+def test_the_renoise_decoder_is_a_400_on_a_masked_model(live_server: LiveServer):
+    """renoise decodes random-token canvases (DiffusionGemma); this model's blocks are masked."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        live_server.client().completions.create(
+            model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=8, extra_body={**FREE, "decoder": "renoise"}
+        )
+    assert caught.value.body["param"] == "decoder" and "masked" in caught.value.body["message"]
 
 
 def test_diffusion_knobs_reach_the_engine(live_server: LiveServer):

@@ -1,9 +1,9 @@
 """Allocates every cache a model's layout declares on one rank: the recurrent-state slots first (their count is
-fixed by --state-cache-memory or max_num_seqs), then the sliding-window groups (bounded by their window), then the
-full-attention pages from what is left of the budget. The ranks agree on the smallest page count, since rank 0
-hands out pages for all of them. Returns the tensors and their sizes (`CacheSizes`, what the torch-free cache
-manager is built from). Sizes come from the layout's specs, so what is allocated is what the planner and the
-bench count.
+fixed by --state-cache-memory or max_num_seqs), the canvas slots (max_num_seqs, rank 0 only), then the
+sliding-window groups (bounded by their window), then the full-attention pages from what is left of the budget.
+The ranks agree on the smallest page count, since rank 0 hands out pages for all of them. Returns the tensors
+and their sizes (`CacheSizes`, what the torch-free cache manager is built from). Sizes come from the layout's
+specs, so what is allocated is what the planner and the bench count.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 
 from diffuserve.config import CacheConfig
 from diffuserve.distributed.group import ParallelGroup, agree_min
+from diffuserve.engine.cache.canvas_step import CanvasTensors
 from diffuserve.engine.cache.manager import CacheSizes
 from diffuserve.engine.cache.paged_step import TORCH_DTYPES, PagedTensors
 from diffuserve.engine.cache.state_step import StateTensors
@@ -27,14 +28,15 @@ def dtype_name(dtype: torch.dtype) -> str:
     return next(name for name, t in TORCH_DTYPES.items() if t == dtype)
 
 
-def resolve_page_size(page_size: int | None, block_length: int) -> int:
-    """Default: the smallest multiple of the block length >= 16. A page must hold whole blocks (see page_pool)."""
+def resolve_page_size(page_size: int | None, multiple: int) -> int:
+    """Default: the smallest multiple of `multiple` >= 16. `multiple` is the block length, unless the model's
+    pages need not hold whole blocks (StepRules.page_multiple; see engine/cache/paged.py)."""
     if page_size is None:
-        return block_length * -(-16 // block_length)
-    if page_size % block_length:
+        return multiple * -(-16 // multiple)
+    if page_size % multiple:
         raise ValueError(
-            f"page_size: {page_size} is not a multiple of the block length {block_length}; "
-            f"use e.g. --page-size {block_length * -(-page_size // block_length)}"
+            f"page_size: {page_size} is not a multiple of the block length {multiple}; "
+            f"use e.g. --page-size {multiple * -(-page_size // multiple)}"
         )
     return page_size
 
@@ -115,12 +117,15 @@ class CacheTensors:
     """Per page group ("kv" first): its K/V tensors."""
     state: StateTensors | None
     """The recurrent state of models with GDN layers."""
+    canvas: CanvasTensors | None = None
+    """The self-conditioning pool of models with renoise canvases (rank 0's; the other ranks hold no slot)."""
 
     @property
-    def in_order(self) -> list[PagedTensors | StateTensors]:
-        """The kinds in the order their inputs follow the positions in the model's forward: pages, then state."""
-        kinds: list[PagedTensors | StateTensors] = list(self.paged.values())
-        return kinds + ([self.state] if self.state is not None else [])
+    def in_order(self) -> list[PagedTensors | StateTensors | CanvasTensors]:
+        """The kinds in the order their inputs follow the positions in the model's forward: pages, state, canvas."""
+        kinds: list[PagedTensors | StateTensors | CanvasTensors] = list(self.paged.values())
+        kinds += [self.state] if self.state is not None else []
+        return kinds + ([self.canvas] if self.canvas is not None else [])
 
 
 def allocate_caches(
@@ -143,5 +148,9 @@ def allocate_caches(
     sequences = (want.max_num_seqs, want.max_model_len)
     num_pages = num_pages_for(want.cache, bytes_per_page, want.page_size, device, sequences, want.activation_reserve)
     kv = PagedTensors.allocate(layout.paged("kv"), want.page_size, agree_min(group, num_pages), tp, device)
-    sizes = CacheSizes(want.page_size, kv.num_pages, windows, num_slots, slot_bytes)
-    return CacheTensors({"kv": kv, **paged}, state), sizes
+    canvas, canvas_slots, canvas_bytes = None, 0, 0
+    if layout.canvas is not None:
+        canvas_slots, canvas_bytes = want.max_num_seqs, layout.canvas.bytes_per_sequence()
+        canvas = CanvasTensors.allocate(layout.canvas, canvas_slots if group.rank == 0 else 0, device)
+    sizes = CacheSizes(want.page_size, kv.num_pages, windows, num_slots, slot_bytes, canvas_slots, canvas_bytes)
+    return CacheTensors({"kv": kv, **paged}, state, canvas), sizes

@@ -2,9 +2,9 @@
 exist. Torch-free.
 
 The kinds come from the model's cache layout (model/shapes.py): always the full-attention pages ("kv"), and, as
-the family declares them, sliding-window page groups and the recurrent-state slots. A kind (`CacheKind`) owns the
-ids of its memory (pages or slots) and which request holds which; the manager calls every kind at the same points
-of a request's life and combines the answers:
+the family declares them, sliding-window page groups, the recurrent-state slots and the canvas slots. A kind
+(`CacheKind`) owns the ids of its memory (pages or slots) and which request holds which; the manager calls every
+kind at the same points of a request's life and combines the answers:
 
     check_fits      could the request's whole life ever fit?            (at add; it must fit every kind)
     prefix_limit    how far may a prefix hit reach?                     (admission; the least of them)
@@ -18,7 +18,8 @@ of a request's life and combines the answers:
     apply           after the forward: register what became reusable, return scratch memory
     release         the request finished or was preempted: give everything back
 
-Every kind's memory is recomputable: a preempted request is recomputed from its tokens, never saved. The manager
+Every kind's memory but a canvas slot's is recomputable: a preempted request is recomputed from its tokens, never
+saved (and its canvas redone, engine/cache/canvas.py). The manager
 also owns the prefix hashes (a committed full page's chain hash, computed once and shared by the kinds) and a
 request's committed count (`num_computed_tokens`), which only a prefix hit, a commit or a release moves.
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diffuserve.config import CacheConfig
+from diffuserve.engine.cache.canvas import CanvasKind
 from diffuserve.engine.cache.kind import CacheKind
 from diffuserve.engine.cache.paged import PagedKind, PagePool, chain_hash
 from diffuserve.engine.cache.recurrent import RecurrentKind, SlotPool, StateStats
@@ -47,6 +49,9 @@ class CacheSizes:
     num_slots: int = 0
     """Recurrent-state slots (0: the model keeps no recurrent state)."""
     slot_bytes: int = 0
+    num_canvas_slots: int = 0
+    """Canvas slots (0: the model has no self-conditioned canvases)."""
+    canvas_slot_bytes: int = 0
 
 
 class CacheManager:
@@ -60,6 +65,8 @@ class CacheManager:
         if sizes.num_slots:
             slots = SlotPool(sizes.num_slots, sizes.slot_bytes, prefix)
             kinds.append(RecurrentKind(slots, sizes.page_size, cache.state_snapshot_interval))
+        if sizes.num_canvas_slots:
+            kinds.append(CanvasKind(sizes.num_canvas_slots, sizes.canvas_slot_bytes))
         return cls(kinds)
 
     def __init__(self, kinds: list[CacheKind]) -> None:

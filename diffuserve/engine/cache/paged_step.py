@@ -12,7 +12,9 @@ Which keys a query sees follows the model's `StepRules` (model/interface.py):
     causal commits (Clover)       a commit row sees the positions up to itself (the recurrent prefix is causal);
                                   a block row sees the commits and its whole block (preview) or is causal too
                                   (an autoregressive checkpoint)
-    sliding window (a group)      and q - k < window
+    sliding window (a group)      and q - k < window, q the row's own position; with
+                                  StepRules.block_window_from_start a block's rows share the window behind the
+                                  block's first position (DiffusionGemma's canvas rows see the W - 1 before it)
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ class PagedMetadataBuilder:
 
 
 class WindowMetadataBuilder(PagedMetadataBuilder):
-    """A sliding-window group: keys only from the request's kept pages, and q - k < window on top of the rule."""
+    """A sliding-window group: keys only from the request's kept pages, and the window on top of the rule (from
+    each row's own position; block rows from the block's first with StepRules.block_window_from_start)."""
 
     def __init__(
         self, group: str, window: int, page_size: int, block_length: int, rules: StepRules, device: torch.device
@@ -110,9 +113,11 @@ class WindowMetadataBuilder(PagedMetadataBuilder):
         first = next((i for i, p in enumerate(pages) if p != FREED), len(pages)) * self.page_size
         key_slots = self.key_slots([p if p != FREED else 0 for p in pages], work.query_end)
         self.slot_mapping.append(key_slots[work.query_start :])
-        queries = torch.arange(work.query_start, work.query_end, device=self.device)[:, None]
+        anchors = torch.arange(work.query_start, work.query_end, device=self.device)
+        if self.rules.block_window_from_start:  # block rows: the window behind the block's first position
+            anchors[work.commit_end - work.commit_start :] = work.request.block_start
         keys = torch.arange(first, work.query_end, device=self.device)[None, :]
-        visible = queries - keys < self.window
+        visible = anchors[:, None] - keys < self.window
         rule = self._mask(work)
         mask = visible if rule is None else visible & rule[:, first:]
         self.sequences.append(SequenceSlice(first_row, work.num_tokens, key_slots[first:], mask))

@@ -22,6 +22,7 @@ from diffuserve.model.layers.attention_backends.flashinfer import FlashInferBack
 from diffuserve.model.layers.attention_backends.interface import AttentionBackend
 from diffuserve.model.layers.attention_backends.loop import LoopBackend
 from diffuserve.model.layers.gated_attention import GatedAttention
+from diffuserve.model.layers.gemma_attention import GemmaAttention
 
 BACKENDS = ("auto", "loop", "batched", "flashinfer")
 INSTALL_HINT = "pip install 'diffuserve[cuda-kernels]'"
@@ -66,7 +67,7 @@ def _import_flashinfer(device: torch.device, dtype: torch.dtype) -> object | str
 
 def set_attention_backend(model: nn.Module, name: str, device: torch.device) -> None:
     """Every paged attention layer of `model` (on `device`) runs `name` (BACKENDS); raises as `select` does."""
-    layers = [m for m in model.modules() if isinstance(m, Attention | GatedAttention)]
+    layers = [m for m in model.modules() if isinstance(m, Attention | GatedAttention | GemmaAttention)]
     dtype = next(model.parameters()).dtype
     backend = select(name, device, dtype)
     for layer in layers:

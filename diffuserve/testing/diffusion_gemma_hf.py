@@ -1,0 +1,132 @@
+"""transformers' own DiffusionGemma as the oracle: tiny random checkpoints written by its `save_pretrained`, and
+its `generate` with every canvas recorded.
+
+`write_hf_checkpoint` builds `DiffusionGemmaForBlockDiffusion` from a small text config, gives *every* weight and
+buffer a seeded random value (norm weights, router scales, per-expert scales and the encoder's and decoder's
+layer scalars around 1, each its own, so a swapped or skipped one shows), and saves it with its
+`generation_config.json`. `recorded_generate` runs `model.generate` with its sampler wrapped so that each
+denoising step's input canvas and accepted positions are kept. Needs transformers 5.x (imported lazily); never
+imported by what serves.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TINY_TEXT: dict[str, Any] = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    global_head_dim=16,
+    num_global_key_value_heads=1,
+    sliding_window=8,
+    num_experts=4,
+    top_k_experts=2,
+    moe_intermediate_size=16,
+    max_position_embeddings=512,
+)
+"""5 sliding + 1 full layer (the default 5 : 1 pattern), sliding window 8, full layers 1 KV head x 16."""
+TINY_VISION: dict[str, Any] = dict(
+    hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=8
+)
+
+
+def _randomize(model: Any, seed: int, init_std: float, logit_scale: float, feedback: float) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if not tensor.is_floating_point() or name.endswith(("inv_freq", "embed_scale")):
+                continue
+            noise = torch.randn(tensor.shape, generator=generator)
+            is_scale = name.endswith(("norm.weight", "layer_scalar", ".scale", "per_expert_scale"))
+            tensor.copy_(1.0 + 0.3 * noise if is_scale else init_std * noise)
+        model.model.decoder.norm.weight.mul_(logit_scale)  # the final norm scales the logits, nothing else
+        model.model.decoder.self_conditioning.down_proj.weight.mul_(feedback)
+
+
+def write_hf_checkpoint(
+    out_dir: str | Path,
+    text: dict[str, Any] | None = None,
+    canvas_length: int = 16,
+    seed: int = 0,
+    init_std: float = 0.05,
+    logit_scale: float = 8.0,
+    feedback: float = 1.0,
+    generation: dict[str, Any] | None = None,
+) -> Path:
+    """A transformers-written checkpoint of a tiny random DiffusionGemma (`TINY_TEXT` updated by `text`);
+    `generation`: the generation_config.json fields (DiffusionGemmaGenerationConfig names)."""
+    import transformers
+
+    text_config = transformers.DiffusionGemmaTextConfig(**{**TINY_TEXT, **(text or {})})
+    vision = transformers.Gemma4VisionConfig(**TINY_VISION)
+    config = transformers.DiffusionGemmaConfig(
+        text_config=text_config.to_dict(), vision_config=vision.to_dict(), canvas_length=canvas_length
+    )
+    if not text_config.num_experts:
+        config._experts_implementation = "eager"  # the grouped_mm default cannot run 0 experts (torch.histc)
+    model = transformers.DiffusionGemmaForBlockDiffusion(config).eval()
+    _randomize(model, seed, init_std, logit_scale, feedback)
+    # A deep copy: the config class pops `_cls_name` out of the caller's nested sampler_config dict.
+    model.generation_config = transformers.DiffusionGemmaGenerationConfig(**copy.deepcopy(generation or {}))
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    return out
+
+
+def load_hf_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> Any:
+    import transformers
+
+    kwargs: dict[str, Any] = {}
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    if not config.text_config.num_experts:
+        kwargs["experts_implementation"] = "eager"
+    model = transformers.DiffusionGemmaForBlockDiffusion.from_pretrained(model_dir, dtype=dtype, **kwargs)
+    return model.eval()
+
+
+@dataclass
+class GenerateRecord:
+    """Per denoising step (all canvases in order): the canvas the step denoised and its accepted positions."""
+
+    canvases: list[torch.Tensor] = field(default_factory=list)
+    accepted: list[torch.Tensor] = field(default_factory=list)
+
+
+def recorded_generate(model: Any, prompt: list[int], seed: int, **kwargs: Any) -> tuple[torch.Tensor, GenerateRecord]:
+    """transformers' `generate` for one prompt, its global generator seeded with `seed` -> (sequences [1, L],
+    the record). The sampler is transformers' own, wrapped only to copy what it sees."""
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSampler
+
+    record = GenerateRecord()
+
+    class RecordingSampler(EntropyBoundSampler):
+        def accept_canvas(self, current_canvas, denoiser_canvas, logits, cur_step):
+            accepted = super().accept_canvas(current_canvas, denoiser_canvas, logits, cur_step)
+            record.canvases.append(current_canvas[0].clone())
+            record.accepted.append(self.accepted_token_mask[0].clone())
+            return accepted
+
+    prepare = model._prepare_sampler
+
+    def recording_sampler(generation_config):
+        sampler = prepare(generation_config)
+        sampler.__class__ = RecordingSampler
+        return sampler
+
+    model._prepare_sampler = recording_sampler
+    try:
+        torch.manual_seed(seed)
+        out = model.generate(torch.tensor([prompt]), **kwargs)
+    finally:
+        del model._prepare_sampler
+    return out.sequences, record

@@ -1,0 +1,285 @@
+"""DiffusionGemma served by the engine == transformers' `generate`, draw for draw: the same canvas at every
+denoising step, the same accepted positions, the same final tokens (fp32, tiny random checkpoints written by
+transformers). transformers runs each request alone, its global generator seeded with the request's seed; the
+engine runs them batched step by step (each request its own generator, seeds and knobs), through its paged
+caches: full layers on pages, sliding layers on a window group whose pages are freed behind the window (prompts
+shorter and longer than the window, 8), the self-conditioning input in the canvas pool. Also under preemption
+(canvases redone from their saved generator state) and with prefix-cache hits (pages with holes below the
+window). Mutating the acceptance rule or the temperature schedule breaks the match.
+
+The test models' self-conditioning is damped (`feedback` 0.1): with full-strength random weights the
+previous-step -> next-step loop multiplies any rounding difference by ~7 per step (measured), so two correct
+fp32 implementations part after a few steps; at 0.1 the loop contracts."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from diffuserve.config import EngineConfig
+from diffuserve.engine import diffusion_gemma_decoding as decoding
+from diffuserve.engine import renoise_decoding
+from diffuserve.engine.cache.paged import FREED
+from diffuserve.engine.llm_engine import LLMEngine
+from diffuserve.sampling_params import SamplingParams
+from diffuserve.testing.diffusion_gemma_hf import GenerateRecord, load_hf_model, recorded_generate, write_hf_checkpoint
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.hf
+
+PUBLISHED_STYLE = dict(eos_token_id=[1, 7], pad_token_id=0, max_new_tokens=40)
+"""The published generation_config.json's kinds of fields; its denoising knobs left to the defaults (48 steps,
+entropy bound 0.1, t 0.8 -> 0.4, stability 1, confidence 0.005)."""
+FAST = dict(
+    PUBLISHED_STYLE,
+    max_denoising_steps=12,
+    sampler_config={"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 1.0},
+    confidence_threshold=2.0,
+)
+"""Fewer steps, more tokens accepted per step, and a confidence the random model reaches; with canvases of 4
+(`FAST_CANVAS`) its argmax canvas also settles, so canvases stop early."""
+FAST_CANVAS = 4
+EOS = (1, 7)
+
+
+@dataclass
+class EngineRecord:
+    """Per request id, every denoising step the engine ran (in order): its input canvas and accepted positions."""
+
+    canvases: dict[str, list[torch.Tensor]] = field(default_factory=lambda: defaultdict(list))
+    accepted: dict[str, list[torch.Tensor]] = field(default_factory=lambda: defaultdict(list))
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    pages: dict[str, list[tuple[int, int]]] = field(default_factory=lambda: defaultdict(list))
+    """Per page group, after every step: (pages a request holds, table entries freed behind its window), the
+    largest over the running requests."""
+
+
+def _checkpoint(tmp_path_factory, name: str, generation: dict, canvas_length: int = 16, **text):
+    out = tmp_path_factory.mktemp(name)
+    return write_hf_checkpoint(out, text, canvas_length, seed=3, feedback=0.1, generation=generation)
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    model_dir = _checkpoint(tmp_path_factory, "published", PUBLISHED_STYLE)
+    return model_dir, load_hf_model(model_dir)
+
+
+@pytest.fixture(scope="module")
+def fast(tmp_path_factory):
+    model_dir = _checkpoint(tmp_path_factory, "fast", FAST, FAST_CANVAS)
+    return model_dir, load_hf_model(model_dir)
+
+
+def _engine(model_dir, **options) -> LLMEngine:
+    config = dict(dtype="float32", device="cpu", max_model_len=160, max_num_seqs=8, page_size=4) | options
+    return LLMEngine(EngineConfig.from_kwargs(str(model_dir), **config))
+
+
+def run_engine(
+    engine: LLMEngine, monkeypatch, requests: dict[str, tuple[list[int], SamplingParams]], stagger: bool = False
+) -> EngineRecord:
+    """Runs `requests` (id -> prompt, params) together (`stagger`: one more joins after every step), recording
+    every denoising step of each (denoise_step wrapped: its input canvas and accepted positions, attributed to
+    the request whose generator drew it)."""
+    record = EngineRecord()
+    generators = engine.runner.decoding._generators
+    step = decoding.denoise_step
+
+    def recording(logits, canvas, index, knobs, generator):
+        result = step(logits, canvas, index, knobs, generator)
+        request_id = next(r for r, g in generators.items() if g is generator)
+        record.canvases[request_id].append(canvas.clone())
+        record.accepted[request_id].append(result.accepted.clone())
+        return result
+
+    monkeypatch.setattr(renoise_decoding, "denoise_step", recording)
+    pending = list(requests.items())
+    while pending or engine.has_unfinished_requests():
+        for request_id, (prompt, params) in pending[: 1 if stagger else len(pending)]:
+            engine.add_request(request_id, prompt, params)
+        pending = pending[1:] if stagger else []
+        for output in engine.step():
+            if output.finished:
+                record.tokens[output.request_id] = output.outputs[0].token_ids
+        _record_pages(engine, record)
+    engine.cache.check_invariants()
+    return record
+
+
+def _record_pages(engine: LLMEngine, record: EngineRecord) -> None:
+    for group in engine.cache.kinds[: 1 + len(engine.runner.executor.sizes.windows)]:
+        tables = [r.pages.get(group.name, []) for r in engine.scheduler.running]
+        held = max((sum(p != FREED for p in t) for t in tables), default=0)
+        freed = max((sum(p == FREED for p in t) for t in tables), default=0)
+        record.pages[group.name].append((held, freed))
+
+
+def expected_tokens(sequences: torch.Tensor, prompt: list[int], max_tokens: int) -> list[int]:
+    """transformers' generated tokens as the API returns them: up to and including the first EOS, at most
+    max_tokens (transformers returns whole canvases, the tokens after an EOS as pad)."""
+    generated = sequences[0, len(prompt) :].tolist()[:max_tokens]
+    first_eos = next((i for i, t in enumerate(generated) if t in EOS), None)
+    return generated if first_eos is None else generated[: first_eos + 1]
+
+
+def differences(expected: tuple[torch.Tensor, GenerateRecord], got: EngineRecord, request_id: str, prompt, params):
+    """What differs between transformers' run of one request and the engine's (empty: identical)."""
+    sequences, record = expected
+    canvases, accepted = got.canvases[request_id], got.accepted[request_id]
+    found = []
+    if len(record.canvases) != len(canvases):
+        found.append(f"{len(record.canvases)} steps vs {len(canvases)}")
+    for step, pair in enumerate(zip(record.canvases, canvases, record.accepted, accepted)):
+        if not (torch.equal(pair[0], pair[1]) and torch.equal(pair[2], pair[3])):
+            found.append(f"step {step}: canvas or accepted positions differ")
+            break
+    if expected_tokens(sequences, prompt, params.max_tokens) != got.tokens[request_id]:
+        found.append("final tokens differ")
+    return found
+
+
+def _hf_kwargs(params: SamplingParams) -> dict:
+    """generate() kwargs for a request's knobs that differ from the FAST checkpoint's."""
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
+
+    names = {"steps": "max_denoising_steps", "t_min": "t_min", "t_max": "t_max"}
+    names |= {"stability_threshold": "stability_threshold", "max_tokens": "max_new_tokens"}
+    kwargs = {hf: getattr(params, ours) for ours, hf in names.items() if getattr(params, ours) is not None}
+    if params.entropy_bound is not None:
+        kwargs["sampler_config"] = EntropyBoundSamplerConfig(entropy_bound=params.entropy_bound)
+    return kwargs
+
+
+def test_one_request_matches_transformers_generate(published, monkeypatch):
+    """Default denoising knobs from generation_config.json, a 40-token prompt (window 8): every step and the
+    tokens identical; three canvases (the last cut at max_tokens 40)."""
+    model_dir, hf = published
+    prompt, params = list(range(2, 42)), SamplingParams(max_tokens=40, seed=2)
+    got = run_engine(_engine(model_dir), monkeypatch, {"r": (prompt, params)})
+    assert differences(recorded_generate(hf, prompt, 2), got, "r", prompt, params) == []
+    assert len(got.canvases["r"]) >= 2 * 48  # the second canvas committed and denoised after the first
+    # Full layers keep every position's pages (pages of 4); the sliding group (window 8) holds at most the window
+    # behind a canvas and the canvas (8 + 16: 6 pages, + 1 straddling), freeing the pages behind it.
+    full, (window,) = got.pages["kv"], [g for n, g in got.pages.items() if n != "kv"]
+    canvases = -(-len(got.tokens["r"]) // 16)
+    assert max(held for held, _ in full) == (40 + 16 * canvases) // 4 and max(freed for _, freed in full) == 0
+    assert max(held for held, _ in window) <= 7 and max(freed for _, freed in window) >= (40 - 8) // 4
+
+
+BATCH = {
+    "short": ([5, 6, 9], SamplingParams(max_tokens=40, seed=11)),
+    "stable2": (list(range(10, 19)), SamplingParams(max_tokens=40, seed=12, stability_threshold=2)),
+    "window": (list(range(30, 55)), SamplingParams(max_tokens=40, seed=13)),
+    "hot": (list(range(40, 80)), SamplingParams(max_tokens=40, seed=14, t_min=0.2, t_max=1.0, steps=9)),
+    "bound": (
+        list(range(40, 80)),
+        SamplingParams(max_tokens=20, seed=15, entropy_bound=0.3, stability_threshold=0),
+    ),
+}
+"""Five requests with their own seeds and knobs; prompts of 3 to 40 tokens around the window (8)."""
+
+
+def test_batched_requests_each_match_their_own_transformers_run(fast, monkeypatch):
+    """The five requests batched in one engine (one joining after every step: canvases at different steps
+    share forwards, fused commits beside first steps) == five transformers runs; early stops and an EOS-ended
+    request among them."""
+    model_dir, hf = fast
+    got = run_engine(_engine(model_dir), monkeypatch, BATCH, stagger=True)
+    for request_id, (prompt, params) in BATCH.items():
+        expected = recorded_generate(hf, prompt, params.seed, **_hf_kwargs(params))
+        assert differences(expected, got, request_id, prompt, params) == [], request_id
+    steps = {r: len(c) for r, c in got.canvases.items()}
+    assert any(steps[r] < -(-len(got.tokens[r]) // FAST_CANVAS) * (p.steps or 12) for r, (_, p) in BATCH.items())
+    assert any(len(got.tokens[r]) < p.max_tokens for r, (_, p) in BATCH.items())  # ended by an EOS
+
+
+def test_a_model_without_experts_matches(tmp_path_factory, monkeypatch):
+    model_dir = _checkpoint(tmp_path_factory, "dense", FAST, FAST_CANVAS, num_experts=0, top_k_experts=0)
+    prompt, params = list(range(3, 23)), SamplingParams(max_tokens=24, seed=5)
+    got = run_engine(_engine(model_dir), monkeypatch, {"r": (prompt, params)})
+    assert (
+        differences(
+            recorded_generate(load_hf_model(model_dir), prompt, 5, **_hf_kwargs(params)), got, "r", prompt, params
+        )
+        == []
+    )
+
+
+def test_preempted_canvases_are_redone_exactly(fast, monkeypatch):
+    """Too few pages for the batch (several sizes): requests are preempted, at a canvas's start or in its middle
+    (their canvas slot, and with it the self-conditioning input, given back), and redo the canvas from the
+    generator state saved at its start; a preempted request's slot is overwritten with noise, as another request
+    taking it would. The tokens equal an unconstrained run's, and transformers'."""
+    model_dir, hf = fast
+    unconstrained = run_engine(_engine(model_dir), monkeypatch, BATCH)
+    redone = set()
+    for num_pages in (24, 32, 40):
+        tight = _engine(model_dir, num_pages=num_pages, max_num_batched_tokens=64)
+        _noise_on_preemption(tight)
+        got = run_engine(tight, monkeypatch, BATCH)
+        assert tight.scheduler.num_preemptions > 0 and got.tokens == unconstrained.tokens, num_pages
+        redone |= {r for r in BATCH if len(got.canvases[r]) > len(unconstrained.canvases[r])}
+    assert redone  # some canvas was stepped, dropped with its slot and stepped again
+    request_id = sorted(redone)[0]
+    prompt, params = BATCH[request_id]
+    expected = recorded_generate(hf, prompt, params.seed, **_hf_kwargs(params))[0]
+    assert unconstrained.tokens[request_id] == expected_tokens(expected, prompt, params.max_tokens)
+
+
+def _noise_on_preemption(engine: LLMEngine) -> None:
+    preempt, pool = engine.scheduler._preempt, engine.runner.executor.caches.canvas
+    assert pool is not None
+
+    def preempt_and_clobber(request):
+        slot = request.canvas_slot
+        preempt(request)
+        if slot is not None:
+            pool.soft[slot] = torch.randn_like(pool.soft[slot])
+
+    engine.scheduler._preempt = preempt_and_clobber
+
+
+def test_prefix_cache_hits_match_a_run_without_them(fast, monkeypatch):
+    """A second request whose prompt is the first's prompt and answer (a chat turn) reuses their committed pages
+    (the canvas K/V the encoder wrote), the sliding window group with its pages below the window freed; it
+    decodes what a fresh engine without a prefix cache decodes, and what transformers does."""
+    model_dir, hf = fast
+    engine = _engine(model_dir)
+    first_prompt = list(range(20, 50))
+    first = run_engine(engine, monkeypatch, {"a": (first_prompt, SamplingParams(max_tokens=12, seed=3))})
+    prompt = first_prompt + first.tokens["a"] + [60, 61, 62]
+    params = SamplingParams(max_tokens=16, seed=4)
+    got = run_engine(engine, monkeypatch, {"b": (prompt, params)})
+    hits = engine.scheduler.num_prefix_hit_tokens
+    assert hits >= len(first_prompt) // 4 * 4 + 8  # past the prompt, into the first answer's committed canvas
+    fresh = run_engine(_engine(model_dir, enable_prefix_caching=False), monkeypatch, {"b": (prompt, params)})
+    assert got.tokens["b"] == fresh.tokens["b"]
+    assert differences(recorded_generate(hf, prompt, 4, **_hf_kwargs(params)), got, "b", prompt, params) == []
+
+
+def _accept_including_the_largest(entropy: torch.Tensor, bound: float) -> torch.Tensor:
+    ordered, order = torch.sort(entropy, dim=-1)
+    chosen = torch.cumsum(ordered, dim=-1) <= bound  # mutation: the sum keeps its largest term
+    return torch.scatter(torch.zeros_like(chosen), -1, order, chosen)
+
+
+def _temperature_rising(step: int, knobs) -> torch.Tensor:
+    done = torch.tensor(step + 1, dtype=torch.int32)  # mutation: steps taken instead of steps left
+    return knobs.t_min + ((knobs.t_max - knobs.t_min) * (done / knobs.max_denoising_steps))
+
+
+@pytest.mark.parametrize(
+    ("name", "mutant"),
+    [("entropy_bound_accept", _accept_including_the_largest), ("step_temperature", _temperature_rising)],
+)
+def test_mutations_break_the_match(fast, monkeypatch, name, mutant):
+    model_dir, hf = fast
+    prompt, params = BATCH["short"]
+    expected = recorded_generate(hf, prompt, params.seed, **_hf_kwargs(params))
+    monkeypatch.setattr(decoding, name, mutant)
+    got = run_engine(_engine(model_dir), monkeypatch, {"r": (prompt, params)})
+    assert differences(expected, got, "r", prompt, params) != []
