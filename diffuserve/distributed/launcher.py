@@ -85,7 +85,7 @@ class ParallelRuntime:
         if self.channel is not None and self.group.rank == 0 and all(p.is_alive() for p in self.processes):
             try:
                 self.channel.send(None)
-            except RuntimeError as e:  # a worker already gone: terminate the rest below
+            except (RuntimeError, ValueError) as e:  # a worker gone, or the group already destroyed: terminate below
                 logger.warning("could not tell the workers to stop: %s", e)
         for process in self.processes:
             process.join(STOP_TIMEOUT_S)

@@ -70,13 +70,13 @@ def test_block_diffusion_matches_the_reference_decoder(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, field",
     [
-        (dict(tensor_parallel_size=2), "tensor_parallel_size"),
         (dict(expert_offload=True, baseline="recompute"), "expert_offload"),
         (dict(expert_offload=True, baseline="rescan"), "expert_offload"),
     ],
 )
 def test_hybrid_models_refuse_what_they_cannot_do(ar_dir, kwargs, field):
-    """Tensor parallelism (GDN heads are not sharded yet), and expert offload outside the state pool."""
+    """Expert offload outside the state pool (the bench baselines). Tensor parallelism is served:
+    tests/distributed/test_clover_parallel.py."""
     baseline = kwargs.pop("baseline", None)
     with pytest.raises(ValueError, match=f"^{field}: .*recurrent layers"):
         if baseline is None:
