@@ -41,7 +41,7 @@ import torch
 from diffuserve.bench import renoise_compare
 from diffuserve.bench.context import BenchContext, decoding, make_context, max_model_len, sampling_params
 from diffuserve.bench.engine_run import run_requests
-from diffuserve.bench.environment import load_average, peak_memory_bytes
+from diffuserve.bench.environment import peak_memory_bytes
 from diffuserve.bench.hf_reference import load_transformers_model
 from diffuserve.bench.report import finish, format_table
 from diffuserve.engine.llm_engine import LLMEngine
@@ -344,11 +344,7 @@ def run(ns: argparse.Namespace) -> int:
         )
     finish(
         {
-            "bench": "compare",
-            "environment": {**ctx.environment, "load_average_end": load_average()},
-            "model": ctx.model_info,
-            "dtype": ctx.dtype,
-            "machine": ctx.rates.to_json(),
+            **ctx.run_record("compare"),
             "workload": {
                 "prompt_tokens": ns.prompt_tokens,
                 "output_tokens": ns.output_tokens,

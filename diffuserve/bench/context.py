@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from diffuserve.bench.baselines.engines import baseline_engine
-from diffuserve.bench.environment import environment
+from diffuserve.bench.environment import environment, load_average
 from diffuserve.bench.flops import ModelCost, model_cost
 from diffuserve.bench.probes import MachineRates, measure_machine
 from diffuserve.bench.workload import BenchModel, prepare_model, random_prompts
@@ -75,6 +75,17 @@ class BenchContext:
         """The probes again (run right before and after each measured run, so that its efficiency is taken
         against the machine as it was then: on a shared machine the rates move with other processes' load)."""
         return measure_machine(self.device, getattr(torch, self.dtype), seconds=self.probe_seconds)
+
+    def run_record(self, bench: str) -> dict[str, Any]:
+        """The fields every bench's JSON opens with: the bench, the environment (with the load at the end), the
+        model, the dtype and the machine's measured rates."""
+        return {
+            "bench": bench,
+            "environment": {**self.environment, "load_average_end": load_average()},
+            "model": self.model_info,
+            "dtype": self.dtype,
+            "machine": self.rates.to_json(),
+        }
 
     def prompts(self, num_prompts: int, num_tokens: int) -> list[list[int]]:
         special = {self.args.mask_token_id, *self.args.eos_token_ids}

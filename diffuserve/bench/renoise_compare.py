@@ -35,7 +35,7 @@ import torch
 
 from diffuserve.bench.context import BenchContext, decoding, max_model_len
 from diffuserve.bench.engine_run import run_requests
-from diffuserve.bench.environment import load_average, peak_memory_bytes
+from diffuserve.bench.environment import peak_memory_bytes
 from diffuserve.bench.report import finish, format_table
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.sampling_params import SamplingParams
@@ -186,11 +186,7 @@ def run(ns: argparse.Namespace, ctx: BenchContext) -> int:
     params = renoise_params(ns)
     finish(
         {
-            "bench": "compare",
-            "environment": {**ctx.environment, "load_average_end": load_average()},
-            "model": ctx.model_info,
-            "dtype": ctx.dtype,
-            "machine": ctx.rates.to_json(),
+            **ctx.run_record("compare"),
             "workload": {
                 "prompt_tokens": ns.prompt_tokens,
                 "output_tokens": ns.output_tokens,

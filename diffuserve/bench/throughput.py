@@ -16,7 +16,7 @@ from diffuserve.bench.accuracy import accuracy_vs_tpf
 from diffuserve.bench.calibration import calibration_object, fit_efficiency, step_samples
 from diffuserve.bench.context import BenchContext, decoding, make_context, max_model_len, sampling_params, warm_up
 from diffuserve.bench.engine_run import RunRecord, run_requests
-from diffuserve.bench.environment import load_average, peak_memory_bytes
+from diffuserve.bench.environment import peak_memory_bytes
 from diffuserve.bench.probes import mean_rates
 from diffuserve.bench.report import Progress, finish, format_table
 from diffuserve.bench.run_metrics import run_summary
@@ -181,13 +181,9 @@ def run_throughput(ns: argparse.Namespace) -> dict[str, Any]:
     accuracy = None
     if ns.accuracy_examples:
         accuracy = accuracy_vs_tpf(ctx.model_dir, ns.accuracy_examples, ctx.dtype, str(ctx.device))
-    environment = {**ctx.environment, "load_average_end": load_average()}
     return {
-        "bench": "throughput",
-        "environment": environment,
+        **ctx.run_record("throughput"),
         "model": {**ctx.model_info, "num_params": num_params},
-        "dtype": ctx.dtype,
-        "machine": ctx.rates.to_json(),
         "workload": {
             "prompt_tokens": ns.prompt_tokens,
             "output_tokens": ns.output_tokens,
