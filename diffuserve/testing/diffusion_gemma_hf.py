@@ -35,6 +35,18 @@ TINY_TEXT: dict[str, Any] = dict(
     max_position_embeddings=512,
 )
 """5 sliding + 1 full layer (the default 5 : 1 pattern), sliding window 8, full layers 1 KV head x 16."""
+PUBLISHED_STYLE: dict[str, Any] = dict(eos_token_id=[1, 7], pad_token_id=0, max_new_tokens=40)
+"""The published generation_config.json's kinds of fields; its denoising knobs left to the defaults (48 steps,
+entropy bound 0.1, t 0.8 -> 0.4, stability 1, confidence 0.005)."""
+FAST: dict[str, Any] = dict(
+    PUBLISHED_STYLE,
+    max_denoising_steps=12,
+    sampler_config={"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 1.0},
+    confidence_threshold=2.0,
+)
+"""Fewer steps, more tokens accepted per step, and a confidence the random model reaches; with canvases of 4
+(`FAST_CANVAS`) its argmax canvas also settles, so canvases stop early."""
+FAST_CANVAS = 4
 TINY_VISION: dict[str, Any] = dict(
     hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=8
 )

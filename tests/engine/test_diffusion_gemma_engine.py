@@ -25,23 +25,19 @@ from diffuserve.engine import renoise_decoding
 from diffuserve.engine.cache.paged import FREED
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.sampling_params import SamplingParams
-from diffuserve.testing.diffusion_gemma_hf import GenerateRecord, load_hf_model, recorded_generate, write_hf_checkpoint
+from diffuserve.testing.diffusion_gemma_hf import (
+    FAST,
+    FAST_CANVAS,
+    PUBLISHED_STYLE,
+    GenerateRecord,
+    load_hf_model,
+    recorded_generate,
+    write_hf_checkpoint,
+)
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
 
-PUBLISHED_STYLE = dict(eos_token_id=[1, 7], pad_token_id=0, max_new_tokens=40)
-"""The published generation_config.json's kinds of fields; its denoising knobs left to the defaults (48 steps,
-entropy bound 0.1, t 0.8 -> 0.4, stability 1, confidence 0.005)."""
-FAST = dict(
-    PUBLISHED_STYLE,
-    max_denoising_steps=12,
-    sampler_config={"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 1.0},
-    confidence_threshold=2.0,
-)
-"""Fewer steps, more tokens accepted per step, and a confidence the random model reaches; with canvases of 4
-(`FAST_CANVAS`) its argmax canvas also settles, so canvases stop early."""
-FAST_CANVAS = 4
 EOS = (1, 7)
 
 

@@ -20,23 +20,18 @@ from diffuserve.engine import diffusion_gemma_decoding as decoding
 from diffuserve.engine.diffusion_gemma_generate import GemmaOutput, GemmaRequest, generate
 from diffuserve.model.diffusion_gemma_config import RenoiseDefaults, renoise_defaults
 from diffuserve.model.loader import load_model, read_model_config
-from diffuserve.testing.diffusion_gemma_hf import GenerateRecord, load_hf_model, recorded_generate, write_hf_checkpoint
+from diffuserve.testing.diffusion_gemma_hf import (
+    FAST,
+    FAST_CANVAS,
+    PUBLISHED_STYLE,
+    GenerateRecord,
+    load_hf_model,
+    recorded_generate,
+    write_hf_checkpoint,
+)
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
-
-PUBLISHED_STYLE = dict(eos_token_id=[1, 7], pad_token_id=0, max_new_tokens=40)
-"""The published generation_config.json's kinds of fields; its denoising knobs left to the defaults (48 steps,
-entropy bound 0.1, t 0.8 -> 0.4, stability 1, confidence 0.005)."""
-FAST = dict(
-    PUBLISHED_STYLE,
-    max_denoising_steps=12,
-    sampler_config={"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 1.0},
-    confidence_threshold=2.0,
-)
-"""Fewer steps, more tokens accepted per step, and a confidence the random model reaches; with canvases of 4
-(`FAST_CANVAS`) its argmax canvas also settles, so canvases stop early."""
-FAST_CANVAS = 4
 
 
 def _checkpoint(tmp_path_factory, name: str, generation: dict, canvas_length: int = 16, **text):
