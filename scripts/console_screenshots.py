@@ -71,6 +71,18 @@ def start_browser(size: tuple[int, int] = LAPTOP) -> Any:
     return webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver") or "chromedriver"))
 
 
+def resize(driver: Any, size: tuple[int, int]) -> None:
+    """The window at `size`. Chromium's window is never narrower than 500 px, so a narrower page (a phone's) is
+    its DevTools' emulation there; FirefoxDriver lifts Firefox's own 500 px floor."""
+    driver.set_window_size(*size)
+    if hasattr(driver, "execute_cdp_cmd"):
+        if size[0] < 500:
+            metrics = {"width": size[0], "height": size[1], "deviceScaleFactor": 1, "mobile": False}
+            driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+        else:
+            driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
 def start_server(*flags: str) -> tuple[subprocess.Popen, str]:
     """`diffuserve serve` of the bundled model on a free port, once it answers /health: (process, base url). Its
     output goes to a file (a pipe nobody reads would fill up and stall it)."""
@@ -158,12 +170,11 @@ def send_chat(driver: Any, text: str) -> dict[str, Any]:
 def plan(driver: Any, model: str, hardware: str, context: str) -> str:
     """Plans on the planner page; returns the "sequences that fit" figure as shown (or the problem shown)."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
 
     select_view(driver, "planner")
     wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#plan-model option"))
-    Select(driver.find_element(By.ID, "plan-model")).select_by_value(model)
-    Select(driver.find_element(By.ID, "plan-hardware")).select_by_value(hardware)
+    for select, value in (("plan-model", model), ("plan-hardware", hardware)):  # as a person picks: a click
+        driver.find_element(By.CSS_SELECTOR, f"#{select} option[value='{value}']").click()
     field = driver.find_element(By.ID, "plan-context")
     field.clear()
     field.send_keys(context)
@@ -195,7 +206,7 @@ def page_load_ms(driver: Any) -> float:
 def take_screenshots(driver: Any, url: str, out: Path, api_key: str | None = None) -> dict[str, Path]:
     """The three views at laptop width, after one chat answer and one plan: {view: PNG path}."""
     out.mkdir(parents=True, exist_ok=True)
-    driver.set_window_size(*LAPTOP)
+    resize(driver, LAPTOP)
     open_console(driver, url, api_key)
     send_chat(driver, CHAT_PROMPT)
     shots = {}

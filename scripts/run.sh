@@ -4,8 +4,8 @@
 #   bash scripts/run.sh test  [ARGS...]   run the lint, the type check and the test suite
 # On a machine without an NVIDIA GPU the CPU build of PyTorch is installed first, so that the package's
 # `torch>=2.4` requirement does not pull a multi-GB CUDA build. `test` also installs Debian's chromium and
-# chromium-driver for the web console's browser tests when they are missing and it can (root with apt-get);
-# without them those tests are skipped, saying why.
+# chromium-driver, and firefox-esr, for the web console's browser tests when they are missing and it can (root
+# with apt-get); a browser's tests are skipped without it, saying why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 job="${1:-}"; shift || true
@@ -24,16 +24,18 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
 fi
 "$VPY" -m pip install --quiet -e ".[test,plot]"
 
+# install_browser COMMAND PACKAGE...: installs the packages unless COMMAND is already there.
 install_browser() {
-  if command -v chromedriver >/dev/null 2>&1; then
+  local command="$1"; shift
+  if command -v "$command" >/dev/null 2>&1; then
     return
   fi
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing chromium and chromium-driver for the browser tests" >&2
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } \
-      >/dev/null 2>&1 || echo "could not install chromium: the browser tests will be skipped" >&2
+    echo "installing $* for the browser tests" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"; } \
+      >/dev/null 2>&1 || echo "could not install $*: its browser tests will be skipped" >&2
   else
-    echo "no chromedriver (and no root apt-get to install it): the browser tests will be skipped" >&2
+    echo "no $command (and no root apt-get to install it): its browser tests will be skipped" >&2
   fi
 }
 
@@ -42,7 +44,8 @@ case "$job" in
     exec .venv/bin/diffuserve serve "$@"
     ;;
   test)
-    install_browser
+    install_browser chromedriver chromium chromium-driver
+    install_browser firefox-esr firefox-esr
     .venv/bin/ruff check .
     .venv/bin/ruff format --check .
     .venv/bin/mypy diffuserve

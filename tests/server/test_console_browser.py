@@ -1,10 +1,12 @@
-"""The web console in a real browser: headless Chromium (Selenium) driving the page of a live `diffuserve serve`
-of the bundled model, with an API key. Each answer the page shows is checked against the server's API (the same
-request without the page), the planner's figure against `diffuserve plan --json`, and the page's console log
-must stay free of errors. Skipped, with the reason, only where no browser can be run (scripts/run.sh installs
-Debian's chromium and chromium-driver when it can).
+"""The web console in real browsers: headless Chromium (Selenium) and headless Firefox (Marionette) driving the
+page of a live `diffuserve serve` of the bundled model, with an API key; every test but the screenshots runs in
+both. Each answer the page shows is checked against the server's API (the same request without the page), the
+planner's figure against `diffuserve plan --json`, and the page's console log must stay free of errors. A
+browser's tests are skipped, with the reason, only where it cannot be run (scripts/run.sh installs Debian's
+chromium, chromium-driver and firefox-esr when it can).
 
-The browser helpers are scripts/console_screenshots.py's, whose screenshots are taken here too.
+The browser helpers are scripts/console_screenshots.py's, whose screenshots (Chromium's) are taken here too;
+tests/server/firefox_driver.py gives Firefox the Selenium methods they call.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import httpx
 import pytest
 
 from tests.server.browser_proxy import FaultyProxy
+from tests.server.firefox_driver import FirefoxDriver, firefox_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("console_screenshots", ROOT / "scripts" / "console_screenshots.py")
@@ -28,8 +31,11 @@ assert _spec is not None and _spec.loader is not None
 shots = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(shots)
 
-PROBLEM = shots.browser_problem()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(PROBLEM is not None, reason=f"no browser: {PROBLEM}")]
+pytestmark = pytest.mark.slow
+BROWSERS = {
+    name: pytest.param(name, marks=pytest.mark.skipif(problem is not None, reason=f"no {name}: {problem}"))
+    for name, problem in (("chromium", shots.browser_problem()), ("firefox", firefox_problem()))
+}
 
 API_KEY = "console-key"
 
@@ -41,9 +47,9 @@ def server() -> Iterator[str]:
     shots.stop_server(process)
 
 
-@pytest.fixture(scope="module")
-def browser(server: str) -> Iterator[Any]:
-    driver = shots.start_browser()
+@pytest.fixture(scope="module", params=BROWSERS.values())
+def browser(request: pytest.FixtureRequest, server: str) -> Iterator[Any]:
+    driver = shots.start_browser() if request.param == "chromium" else FirefoxDriver(shots.LAPTOP)
     shots.open_console(driver, server, API_KEY)
     yield driver
     driver.quit()
@@ -67,7 +73,7 @@ class ConsoleLog:
 def page(browser: Any, server: str) -> Iterator[Any]:
     """The signed-in page, loaded afresh (settings as the server gives them, a new conversation: the model knows
     single turns), at laptop width; its console log is checked after the test."""
-    browser.set_window_size(*shots.LAPTOP)
+    shots.resize(browser, shots.LAPTOP)
     shots.open_console(browser, server, API_KEY)
     shots.select_view(browser, "chat")
     log = ConsoleLog(browser)
@@ -102,6 +108,10 @@ def _by(name: str) -> Any:
     from selenium.webdriver.common.by import By
 
     return getattr(By, name)
+
+
+def _focused(driver: Any) -> Any:
+    return driver.execute_script("return document.activeElement")
 
 
 def test_the_page_loads_signed_in(page: Any, server: str):
@@ -197,33 +207,36 @@ def test_json_schema_mode_answers_in_json(page: Any):
 def test_phone_width_and_keyboard(page: Any):
     from selenium.webdriver.common.keys import Keys
 
-    page.set_window_size(*shots.PHONE)
+    shots.resize(page, shots.PHONE)
+    assert page.execute_script("return window.innerWidth") == shots.PHONE[0]
     for view in ("chat", "denoising", "planner"):
         shots.select_view(page, view)
         width = page.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
         assert width[0] <= width[1], f"{view} overflows a phone-width window: {width}"
     tab = page.find_element(_by("ID"), "tab-planner")
     tab.send_keys(Keys.HOME)  # arrow keys, Home and End move between the views
-    assert page.switch_to.active_element.get_attribute("id") == "tab-chat"
-    page.switch_to.active_element.send_keys(Keys.ARROW_RIGHT)
+    assert _focused(page).get_attribute("id") == "tab-chat"
+    _focused(page).send_keys(Keys.ARROW_RIGHT)
     assert page.find_element(_by("ID"), "view-denoising").is_displayed()
-    page.switch_to.active_element.send_keys(Keys.END)
+    _focused(page).send_keys(Keys.END)
     assert page.find_element(_by("ID"), "view-planner").is_displayed()
     assert shots.send_chat(page, "Max of 3 8 1")["content"] == "8"
 
 
 def test_a_server_dying_mid_stream_is_a_readable_message(page: Any, server: str):
+    from selenium.webdriver.common.keys import Keys
+
     page.console_log.allowed_http_errors = True  # the broken stream and the refused connection are logged
     proxy = FaultyProxy(server).start()
     try:
         shots.open_console(page, proxy.url, API_KEY)
         proxy.mode = "break-stream"
         box = page.find_element(_by("ID"), "chat-input")
-        box.send_keys("What is 27+15?\n")
+        box.send_keys("What is 27+15?", Keys.ENTER)
         problem = page.find_element(_by("ID"), "chat-problem")
         shots.wait(page, lambda d: problem.is_displayed())
         assert "The connection to the server broke before the answer finished" in problem.text
-        assert box.get_attribute("value") == "What is 27+15?"  # ready to send again
+        assert box.get_property("value") == "What is 27+15?"  # ready to send again
         proxy.mode = "down"
         page.find_element(_by("ID"), "chat-send").click()
         shots.wait(page, lambda d: "Cannot reach the server" in problem.text)
@@ -236,6 +249,7 @@ def test_a_server_dying_mid_stream_is_a_readable_message(page: Any, server: str)
         shots.open_console(page, server, API_KEY)
 
 
+@pytest.mark.parametrize("browser", [BROWSERS["chromium"]], indirect=True)  # through Chromium's DevTools
 def test_screenshots_of_the_three_views(browser: Any, server: str, tmp_path: Path):
     made = shots.take_screenshots(browser, server, tmp_path, API_KEY)
     assert list(made) == ["chat", "denoising", "planner"]
