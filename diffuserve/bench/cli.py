@@ -77,6 +77,12 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "loop", "bmm", "grouped_mm"),
         help="how MoE layers compute their experts (default: auto; loop = the reference path)",
     )
+    _add_weights_and_cache(model)
+    _add_execution(model)
+
+
+def _add_weights_and_cache(model: argparse._ArgumentGroup) -> None:
+    """How the weights and K/V are stored: quantization and the K/V dtype."""
     model.add_argument(
         "--quantization",
         nargs="+",
@@ -99,6 +105,10 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "fp8"),
         help="K/V pages' dtype: auto (the --dtype) or fp8 (e4m3); the GDN state stays fp32 (default: auto)",
     )
+
+
+def _add_execution(model: argparse._ArgumentGroup) -> None:
+    """How the forward runs: the attention backend, parallel ranks, eager or compiled."""
     model.add_argument(
         "--attention-backend",
         default="auto",

@@ -30,7 +30,6 @@ of CLI parsing.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from diffuserve.bench.context import BenchContext, decoding, make_context, max_m
 from diffuserve.bench.engine_run import run_requests
 from diffuserve.bench.environment import peak_memory_bytes
 from diffuserve.bench.hf_reference import load_transformers_model
-from diffuserve.bench.report import finish, format_table
+from diffuserve.bench.report import finish, format_table, variant_record
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
 from diffuserve.sampling_params import RENOISE, SamplingParams
@@ -102,21 +101,6 @@ TARGETS = (
 (engine-batched: with --num-prompts 16, the 16-concurrent target)."""
 
 
-def _variant(tokens: list[list[int]], nfe: int, walls: list[float]) -> dict[str, Any]:
-    """tokens/s from the median wall time of the rounds (one round disturbed by another process moves it least)."""
-    generated, seconds = sum(len(t) for t in tokens), statistics.median(walls)
-    return {
-        "generated_tokens": generated,
-        "wall_s": seconds,
-        "wall_s_repeats": walls,
-        "tokens_per_s": generated / seconds,
-        "nfe": nfe,
-        "tpf": generated / nfe if nfe else 0.0,
-        "forwards_per_s": nfe / seconds,
-        "token_ids": tokens,
-    }
-
-
 @dataclass
 class EngineVariant:
     """A variant decoded by a diffuserve engine; its repetitions are interleaved with the other variants'."""
@@ -139,7 +123,7 @@ class EngineVariant:
 
     def result(self) -> dict[str, Any]:
         assert self.tokens is not None, "measure() first"
-        return _variant(self.tokens, self.nfe, self.walls) | {"compile_s": self.compile_s}
+        return variant_record(self.tokens, self.nfe, self.walls) | {"compile_s": self.compile_s}
 
 
 def engine_variant(
@@ -191,7 +175,7 @@ def reference_variant(
         result = reference_generate(reference, prompt, params, generator)
         tokens.append(result.token_ids)
         nfe += result.num_forwards
-    return _variant(tokens, nfe, [time.perf_counter() - started])
+    return variant_record(tokens, nfe, [time.perf_counter() - started])
 
 
 def hybrid_reference_variant(
@@ -215,7 +199,7 @@ def hybrid_reference_variant(
     started = time.perf_counter()
     for prompt in prompts:
         tokens.append(reference_block_decode(counted, prompt, settings))
-    return _variant(tokens, counted.num_forwards, [time.perf_counter() - started])
+    return variant_record(tokens, counted.num_forwards, [time.perf_counter() - started])
 
 
 class _CountingModel:

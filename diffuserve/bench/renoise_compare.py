@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ import torch
 from diffuserve.bench.context import BenchContext, decoding, max_model_len
 from diffuserve.bench.engine_run import run_requests
 from diffuserve.bench.environment import peak_memory_bytes
-from diffuserve.bench.report import finish, format_table
+from diffuserve.bench.report import finish, format_table, variant_record
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.sampling_params import SamplingParams
 
@@ -48,18 +47,6 @@ TARGETS = (("engine", "transformers", 3.0), ("engine-batched", "transformers-bat
 
 def renoise_params(ns: argparse.Namespace) -> SamplingParams:
     return SamplingParams(max_tokens=ns.output_tokens, ignore_eos=True, seed=ns.seed, steps=ns.denoising_steps)
-
-
-def _variant(tokens: list[list[int]], nfe: int, walls: list[float]) -> dict[str, Any]:
-    generated, seconds = sum(len(t) for t in tokens), statistics.median(walls)
-    return {
-        "generated_tokens": generated,
-        "wall_s": seconds,
-        "wall_s_repeats": walls,
-        "tokens_per_s": generated / seconds,
-        "nfe": nfe,
-        "token_ids": tokens,
-    }
 
 
 @dataclass
@@ -77,7 +64,7 @@ class EngineVariant:
 
     def result(self) -> dict[str, Any]:
         assert self.tokens is not None, "measure() first"
-        return _variant(self.tokens, self.nfe, self.walls)
+        return variant_record(self.tokens, self.nfe, self.walls)
 
 
 def engine_variant(ctx: BenchContext, ns: argparse.Namespace, params: SamplingParams, batched: bool) -> EngineVariant:
@@ -117,7 +104,7 @@ class TransformersGenerate:
         started = time.perf_counter()
         groups = [prompts] if batched else [[p] for p in prompts]
         tokens = [t for group in groups for t in self.generate(group)]
-        return _variant(tokens, 0, [time.perf_counter() - started])
+        return variant_record(tokens, 0, [time.perf_counter() - started])
 
 
 def compare(ctx: BenchContext, ns: argparse.Namespace) -> dict[str, Any]:

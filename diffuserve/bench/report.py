@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -105,3 +106,18 @@ class Progress:
         if done >= self.total:
             sys.stderr.write("\n")
         sys.stderr.flush()
+
+
+def variant_record(tokens: list[list[int]], nfe: int, walls: list[float]) -> dict[str, Any]:
+    """tokens/s from the median wall time of the rounds (one round disturbed by another process moves it least)."""
+    generated, seconds = sum(len(t) for t in tokens), statistics.median(walls)
+    return {
+        "generated_tokens": generated,
+        "wall_s": seconds,
+        "wall_s_repeats": walls,
+        "tokens_per_s": generated / seconds,
+        "nfe": nfe,
+        "tpf": generated / nfe if nfe else 0.0,
+        "forwards_per_s": nfe / seconds,
+        "token_ids": tokens,
+    }
