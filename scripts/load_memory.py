@@ -46,9 +46,9 @@ def write_checkpoint(out: Path, layers: int, dtype: str, shard_bytes: int) -> No
     import torch
     from safetensors.torch import save_file
 
-    from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion
-    from diffuserve.model.clover_moe_config import clover_moe_args_from_hf, with_diffusion
-    from diffuserve.model.clover_moe_weights import clover_moe_checkpoint_tensors
+    from diffuserve.model.families.clover_moe.config import clover_moe_args_from_hf, with_diffusion
+    from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
+    from diffuserve.model.families.clover_moe.weights import clover_moe_checkpoint_tensors
     from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
     from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config
 

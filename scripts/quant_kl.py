@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.loader import load_model
+from diffuserve.model.step_inputs import StepInputs
 from diffuserve.quant_scheme import make_scheme
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
@@ -58,7 +59,7 @@ def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
         t, block = ids.shape[1], model.args.block_length
         positions = torch.arange(t)
         mask = (positions[:, None] // block >= positions[None, :] // block)[None, None]
-        hidden = model(ids, positions.expand_as(ids), DenseAttentionInputs(mask))
+        hidden = model(ids, positions.expand_as(ids), StepInputs(DenseAttentionInputs(mask)))
         return model.compute_logits(hidden.reshape(-1, hidden.shape[-1]))
 
 

@@ -45,12 +45,13 @@ from diffuserve.bench.hf_reference import load_transformers_model
 from diffuserve.bench.report import finish, format_table, variant_record
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
+from diffuserve.model.step_inputs import StepInputs
 from diffuserve.sampling_params import RENOISE, SamplingParams
 from diffuserve.testing.reference_decode import reference_generate
 from diffuserve.testing.reference_model import load_reference
 
 if TYPE_CHECKING:
-    from diffuserve.model.clover_moe import HybridState
+    from diffuserve.model.families.clover_moe.model import HybridState
 
 VARIANT_ORDER = (
     "engine",
@@ -216,8 +217,8 @@ class _CountingModel:
         return self.model.forward_preview(input_ids, state)
 
 
-def _dense_mask(length: int, block: int) -> DenseAttentionInputs:
-    return DenseAttentionInputs(block_causal_mask(torch.arange(length), length, block)[None, None])
+def _dense_mask(length: int, block: int) -> StepInputs:
+    return StepInputs(DenseAttentionInputs(block_causal_mask(torch.arange(length), length, block)[None, None]))
 
 
 def compare_block(

@@ -137,7 +137,7 @@ class ForwardProbe:
         return time.perf_counter()
 
     def _before_forward(self, module: torch.nn.Module, args: tuple) -> None:
-        input_ids, attention = args[0], args[2]
+        input_ids, attention = args[0], args[2].attention
         self.num_tokens += input_ids.numel()
         if isinstance(attention, PagedAttentionInputs):
             self.num_seqs += len(attention.sequences)

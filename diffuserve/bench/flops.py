@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.families.clover_moe.config import hybrid_args
 from diffuserve.model.registry import cache_layout
 from diffuserve.model.weight_bytes import WeightBytes
 from diffuserve.planner.recurrent_state import RECURRENT_FLOPS_PER_STATE_ELEMENT

@@ -21,6 +21,7 @@ import torch
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.loader import load_model, read_model_config
+from diffuserve.model.step_inputs import StepInputs
 
 if TYPE_CHECKING:  # transformers is imported only when a reference is built
     from transformers import Qwen3ForCausalLM, Qwen3MoeForCausalLM
@@ -29,16 +30,23 @@ if TYPE_CHECKING:  # transformers is imported only when a reference is built
 _NOT_CONFIG = ("architectures", "model_type", "torch_dtype", "auto_map")
 
 
+def dense(step: StepInputs) -> DenseAttentionInputs:
+    """The step's dense mask: transformers' models run whole sequences, never over our paged cache."""
+    assert isinstance(step.attention, DenseAttentionInputs), "transformers' stand-ins take a dense mask"
+    return step.attention
+
+
 class TransformersBlockDiffusion(DiffusionModel):
-    """transformers' CausalLM behind our `forward(input_ids, positions, attn) -> hidden` and
+    """transformers' CausalLM behind our `forward(input_ids, positions, step) -> hidden` and
     `compute_logits(hidden) -> fp32 logits`."""
 
     def __init__(self, hf_model: Qwen3ForCausalLM | Qwen3MoeForCausalLM) -> None:
         super().__init__()
         self.hf = hf_model
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: DenseAttentionInputs) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """Hidden states after transformers' final norm (compute_logits then applies only the LM head)."""
+        attn = dense(step)
         additive = torch.zeros(attn.mask.shape, dtype=self.hf.dtype).masked_fill(~attn.mask, float("-inf"))
         out = self.hf.model(input_ids=input_ids, attention_mask=additive, position_ids=positions)
         return out.last_hidden_state
@@ -61,10 +69,12 @@ class SdarCachedTransformers(TransformersBlockDiffusion):
         self.cached_ids = torch.empty(0, dtype=torch.long)
         self.commit_forwards = 0
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: DenseAttentionInputs) -> torch.Tensor:
-        """input_ids/positions [1, T] (T = the end of the current block), attn.mask [1, 1, T, T] block-causal."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """input_ids/positions [1, T] (T = the end of the current block), the dense mask [1, 1, T, T]
+        block-causal."""
         import transformers
 
+        attn = dense(step)
         length = input_ids.shape[1]
         start = (length - 1) // self.block_length * self.block_length  # the current block's first position
         cached = self.cached_ids.numel()

@@ -30,6 +30,7 @@ from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal
 from diffuserve.model.layers.moe.dispatch import grouped_experts, looped_experts, run_experts
 from diffuserve.model.layers.moe.layer import SparseMoeBlock
 from diffuserve.model.loader import load_model
+from diffuserve.model.step_inputs import StepInputs
 from diffuserve.testing.random_checkpoint import make_config, resolve_preset, write_random_checkpoint
 
 CACHE_FRACTIONS = (0.25, 0.5)
@@ -74,7 +75,7 @@ def capture_moe_inputs(model_dir: Path, num_requests: int, block_length: int) ->
         if isinstance(layer, SparseMoeBlock):
             layer.register_forward_hook(lambda m, inp, out: captured.append((m, _routing(m, inp[0], block_length))))
     with torch.inference_mode():
-        model(ids, positions, DenseAttentionInputs(mask))
+        model(ids, positions, StepInputs(DenseAttentionInputs(mask)))
     return captured
 
 

@@ -27,8 +27,8 @@ from diffuserve.engine.grammar_decoding import StructuredDecoding
 from diffuserve.engine.model_runner import ModelRunner
 from diffuserve.engine.scheduler import Scheduler
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.family import ModelFamily
 from diffuserve.model.loader import load_args, read_model_config
-from diffuserve.model.registry import ModelFamily
 from diffuserve.model.tensor_parallel import check_parallel_sizes
 from diffuserve.tokenizer import Tokenizer
 

@@ -27,15 +27,16 @@ from diffuserve.engine.cache.allocation import (
     resolve_page_size,
 )
 from diffuserve.engine.cache.manager import CacheSizes
+from diffuserve.engine.cache.step_metadata import StepMetadata
 from diffuserve.engine.experts import ExpertOffload
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.attention_backends.selection import set_attention_backend
-from diffuserve.model.layers.gated_deltanet import set_gdn_backend
 from diffuserve.model.layers.moe.layer import set_moe_backend
 from diffuserve.model.layers.moe.offload_context import OffloadContext, offload_context
 from diffuserve.model.loader import load_model
 from diffuserve.model.registry import cache_layout
+from diffuserve.model.step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
 
@@ -84,16 +85,16 @@ class CompiledForward:
         mode = "reduce-overhead" if device.type == "cuda" else None
         self._fn: Callable[..., Any] = torch.compile(model, dynamic=True, mode=mode) if compiled else model
 
-    def __call__(self, input_ids: torch.Tensor, *rest: Any) -> torch.Tensor:
-        """input_ids [N] and the model's other arguments (positions [N] first) -> the model's output [N, ...]."""
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """input_ids, positions [N] and the step's inputs -> the model's output [N, ...]."""
         num_tokens = input_ids.shape[0]
         if self.bucketed:
             pad = bucket_size(num_tokens) - num_tokens
-            input_ids, rest = F.pad(input_ids, (0, pad)), (F.pad(rest[0], (0, pad)), *rest[1:])
+            input_ids, positions = F.pad(input_ids, (0, pad)), F.pad(positions, (0, pad))
         if not self._first_call:
-            return self._fn(input_ids, *rest)[:num_tokens]
+            return self._fn(input_ids, positions, step)[:num_tokens]
         started = time.perf_counter()
-        out = self._fn(input_ids, *rest)
+        out = self._fn(input_ids, positions, step)
         self.compile_s += time.perf_counter() - started
         self._first_call = False
         logger.info("compiled the model forward in %.1f s", self.compile_s)
@@ -106,9 +107,8 @@ class ForwardInputs:
     """[N] the step's query tokens, requests one after another (see model_runner)."""
     positions: torch.Tensor
     """[N] their absolute positions."""
-    metadata: tuple[Any, ...]
-    """One entry per cache kind, in the order of `CacheTensors.in_order` (engine/cache/metadata.py): the page
-    groups' `PagedStepMetadata`, then the recurrent state's `StatePlan`."""
+    metadata: StepMetadata
+    """The step's work per cache kind (engine/cache/step_metadata.py)."""
     offload: OffloadContext | None = None
     """The step's diffusion blocks for expert offload (which decides residency at a block's first step); built
     only when offload is on."""
@@ -117,7 +117,7 @@ class ForwardInputs:
         return ForwardInputs(
             self.input_ids.to(device),
             self.positions.to(device),
-            tuple(m.to(device) for m in self.metadata),
+            self.metadata.to(device),
             self.offload,
         )
 
@@ -139,7 +139,6 @@ class ModelExecutor:
     ) -> None:
         self.model, self.offload = model, offload
         self.caches, self.sizes = caches, sizes
-        self._kinds = caches.in_order
         self.page_size = sizes.page_size
         self.device = device
         self.runtime = runtime or ParallelRuntime()
@@ -188,7 +187,7 @@ class ModelExecutor:
         )
         caches, sizes = allocate_caches(layout, want, group, device)
         set_moe_backend(model, config.moe_backend)
-        set_gdn_backend(model, config.gdn_backend, device)
+        model.set_recurrent_backend(config.gdn_backend, device)
         set_attention_backend(model, config.attention_backend, device)
         executor = cls(model, caches, sizes, experts, device, runtime, args.hidden_size)
         # Offload's hooks stay eager, and so does the recurrent step, whose row groups are not bucket-padded.
@@ -227,17 +226,14 @@ class ModelExecutor:
         """This rank's forward -> hidden states [N, H] (the same on every rank after the last all-reduce): each
         cache kind prepares its tensors (restores, resets), the model runs over all of them, each kind keeps what
         it carries to later steps."""
-        kinds = list(zip(self._kinds, inputs.metadata, strict=True))
-        for tensors, meta in kinds:
-            tensors.before_forward(meta)
-        bound = [tensors.bind(meta) for tensors, meta in kinds]
+        self.caches.before_forward(inputs.metadata)
+        step = self.caches.bind(inputs.metadata)
         if inputs.offload is None:
-            hidden = self.run_model(inputs.input_ids, inputs.positions, *bound)
+            hidden = self.run_model(inputs.input_ids, inputs.positions, step)
         else:
             with offload_context(inputs.offload):
-                hidden = self.model(inputs.input_ids, inputs.positions, *bound)
-        for tensors, meta in kinds:
-            tensors.after_forward(meta, hidden)
+                hidden = self.model(inputs.input_ids, inputs.positions, step)
+        self.caches.after_forward(inputs.metadata, hidden)
         return hidden
 
     def loop(self) -> None:

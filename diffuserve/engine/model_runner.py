@@ -27,12 +27,14 @@ import torch
 from diffuserve.engine.block_decoding import BlockDecoding
 from diffuserve.engine.cache.paged_step import PagedMetadataBuilder, WindowMetadataBuilder
 from diffuserve.engine.cache.state_step import StateMetadataBuilder, StatePlan, state_slot
+from diffuserve.engine.cache.step_metadata import StepMetadata
 from diffuserve.engine.executor import ForwardInputs, ModelExecutor
 from diffuserve.engine.experts import ExpertOffload, ExpertTracker
 from diffuserve.engine.prompt_scoring import ScoringRows, prompt_logprobs
 from diffuserve.engine.request import BlockWrite, Request, ScheduledRequest, StepResult
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext
+from diffuserve.model.step_inputs import CanvasInputs
 
 
 @dataclass(frozen=True)
@@ -147,11 +149,11 @@ class ModelRunner:
         num_rows = len(ids)
         for index, request in scoring.previous_rows:
             scoring.logit_rows[index] = num_rows + state_slot(request)
-        metadata: tuple[object, ...] = tuple(group.build() for group in groups)
-        if self.has_state:
-            metadata += (self.plan_state(scheduled, scoring.variants),)
-        if self.executor.caches.canvas is not None:
-            metadata += (self._canvas_inputs(blocks),)
+        metadata = StepMetadata(
+            {group.group: group.build() for group in groups},
+            self.plan_state(scheduled, scoring.variants) if self.has_state else None,
+            self._canvas_inputs(blocks) if self.executor.caches.canvas is not None else None,
+        )
         forward = ForwardInputs(
             torch.tensor(ids, dtype=torch.long, device=self.device),
             torch.tensor(positions, dtype=torch.long, device=self.device),
@@ -174,7 +176,7 @@ class ModelRunner:
         """The step's recurrent-state plan; `variants`: each scoring variant's first row and request."""
         return self.state.plan(scheduled, variants)
 
-    def _canvas_inputs(self, blocks: list[BlockRows]) -> object:
+    def _canvas_inputs(self, blocks: list[BlockRows]) -> CanvasInputs:
         """The step's canvas rows and each canvas's self-conditioning input (zeros at a canvas's first step)."""
         assert self.executor.caches.canvas is not None, "a model with a canvas state"
         rows = [b.token_start + i for b in blocks for i in range(self.block_length)]

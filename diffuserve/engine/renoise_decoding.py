@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.engine.diffusion_gemma_decoding import denoise_step, empty_history, random_canvas, should_stop
 from diffuserve.engine.logprobs import logprob_rows, token_logprobs
+from diffuserve.engine.renoise_steps import denoise_step, empty_history, random_canvas, should_stop
 from diffuserve.engine.request import BlockWrite, Request
-from diffuserve.model.diffusion_gemma_config import RenoiseDefaults
+from diffuserve.model.families.diffusion_gemma.config import RenoiseDefaults
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 

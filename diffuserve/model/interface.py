@@ -45,25 +45,14 @@ class StepRules:
         return 1 if self.renoise_canvas and self.causal_commits else block_length
 
 
-@dataclass(frozen=True)
-class CanvasInputs:
-    """A step's canvas rows for a self-conditioned model (its cache layout keeps a `CanvasState`)."""
-
-    rows: torch.Tensor
-    """[M] long: the batch rows of every canvas (block) position, canvases one after another."""
-    soft: torch.Tensor
-    """[M, H]: their self-conditioning input (`self_conditioning_input` of the previous step's processed logits;
-    zeros on a canvas's first step)."""
-
-    def to(self, device: torch.device | str) -> CanvasInputs:
-        return CanvasInputs(self.rows.to(device), self.soft.to(device))
-
-
 class DiffusionModel(nn.Module, ABC):
     @property
     def step_rules(self) -> StepRules:
         """Default: block-causal attention, each position predicted from its own row."""
         return StepRules()
+
+    def set_recurrent_backend(self, backend: str, device: torch.device) -> None:
+        """Picks the kernels of the model's recurrent layers (`--gdn-backend`); a model without any has none."""
 
     def self_conditioning_input(self, logits: torch.Tensor) -> torch.Tensor:
         """A canvas step's processed logits [M, V] -> the next step's self-conditioning input [M, H], for models

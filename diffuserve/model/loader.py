@@ -23,12 +23,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.family import ModelFamily
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.materialize import init_dummy_weights, materialize
 from diffuserve.model.quant.apply import FormatFor, finalize_, quant_weights, quantize_modules_
 from diffuserve.model.quant.checkpoint_base import CheckpointQuant
 from diffuserve.model.quant.loading import QuantLoader, quant_plan
-from diffuserve.model.registry import ModelFamily, deprecation_notice, family_for
+from diffuserve.model.registry import deprecation_notice, family_for
 from diffuserve.model.special_tokens import fill_special_token_ids
 from diffuserve.model.tensor_parallel import apply_tp
 from diffuserve.model.weight_names import WeightTarget

@@ -9,14 +9,21 @@ shapes no checkpoint on disk exists for. Knows nothing of checkpoints or request
 from __future__ import annotations
 
 import logging
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
-from diffuserve.model.layers.attention import RotaryEmbedding
-from diffuserve.model.layers.gemma_rotary import GemmaRotary
 from diffuserve.model.layers.moe.layer import FusedExperts
 from diffuserve.model.quant.apply import fill_dummy_, quant_weights
+
+
+@runtime_checkable
+class HasTables(Protocol):
+    """A module with derived buffers (e.g. a rotary embedding's cos / sin tables) rebuilt on its device."""
+
+    def reset_tables(self, device: torch.device | str) -> None: ...
+
 
 logger = logging.getLogger(__name__)
 DUMMY_STD = 0.02
@@ -41,7 +48,7 @@ def materialize(model: nn.Module, device: torch.device, expert_device: torch.dev
                 new.__dict__.update(param.__dict__)  # the shard tag (see layers/linear)
                 done[id(param)] = (param, new)
             setattr(module, name, done[id(param)][1])
-        if isinstance(module, (RotaryEmbedding, GemmaRotary)):
+        if isinstance(module, HasTables):
             module.reset_tables(device)
 
 

@@ -57,6 +57,11 @@ class PagedKV:
         return ceil_div(context, page_size) * page_size
 
 
+def window_group(window: int) -> str:
+    """The name of the page group of the sliding-window layers of window `window`."""
+    return f"window{window}"
+
+
 @dataclass(frozen=True)
 class SlidingWindowKV(PagedKV):
     """A sliding-window attention layer: a query sees at most the `window` positions before it, so a sequence
@@ -66,7 +71,7 @@ class SlidingWindowKV(PagedKV):
 
     @property
     def group(self) -> str:
-        return f"window{self.window}"
+        return window_group(self.window)
 
     def tokens_kept(self, context: int, block_length: int, page_size: int) -> int:
         """The window behind the block's first query plus the block, in whole pages, at most the context."""

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from torch import nn
 
-from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.family import ModelFamily, ParallelDim
 from diffuserve.model.layers.moe.layer import SparseMoeBlock
+from diffuserve.model.registry import family_of
 
 if TYPE_CHECKING:
     from diffuserve.distributed.group import ParallelGroup
@@ -33,7 +34,7 @@ def check_parallel_sizes(args: ModelArgs, size: int, expert_parallel: bool) -> N
     that split all of them."""
     if expert_parallel and not args.is_moe:
         raise ValueError("enable_expert_parallel: the model has no experts; drop --enable-expert-parallel")
-    dims = _parallel_dims(args, expert_parallel)
+    dims = _parallel_dims(args, family_of(args), expert_parallel)
     for name, value, replicable in dims:
         if not _splits(value, size, replicable):
             largest = max(v for _, v, _ in dims)
@@ -50,19 +51,15 @@ def _splits(value: int, size: int, replicable: bool) -> bool:
     return value % size == 0 or (replicable and size % value == 0)
 
 
-def _parallel_dims(args: ModelArgs, expert_parallel: bool) -> list[tuple[str, int, bool]]:
-    """(name, size, replicable) of every dimension tensor / expert parallelism splits. The gated attention of
-    hybrid models (clover_moe) replicates K/V heads when the ranks outnumber them; the other families' attention
-    splits them."""
-    hybrid = "hybrid" in args.extra
+def _parallel_dims(args: ModelArgs, family: ModelFamily, expert_parallel: bool) -> list[ParallelDim]:
+    """(name, size, replicable) of every dimension tensor / expert parallelism splits: the attention heads, the
+    family's own (e.g. a hybrid model's linear-attention heads), the MLP and expert widths, or the experts."""
     dims = [
         ("attention heads (num_attention_heads)", args.num_heads, False),
-        ("KV heads (num_key_value_heads)", args.num_kv_heads, hybrid),
+        ("KV heads (num_key_value_heads)", args.num_kv_heads, family.kv_heads_replicable),
     ]
-    if hybrid:
-        gdn = hybrid_args(args).gdn
-        dims.append(("linear-attention key heads (linear_num_key_heads)", gdn.num_key_heads, False))
-        dims.append(("linear-attention value heads (linear_num_value_heads)", gdn.num_value_heads, False))
+    if family.parallel_dims is not None:
+        dims += family.parallel_dims(args)
     if len(args.dense_layer_ids) and args.intermediate_size:
         dims.append(("dense MLP width (intermediate_size)", args.intermediate_size, False))
     if args.is_moe and expert_parallel:

@@ -18,6 +18,7 @@ from diffuserve.model.config import ModelArgs
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.attention import AttentionInputs, RotaryEmbedding
 from diffuserve.model.layers.norm import RMSNorm
+from diffuserve.model.step_inputs import StepInputs
 
 
 class DecoderLayer(nn.Module):
@@ -74,9 +75,9 @@ class BlockDiffusionLM(DiffusionModel):
     def make_mlp(self, args: ModelArgs, layer_id: int) -> nn.Module:
         """Layer `layer_id`'s feed-forward (dense or MoE): forward(x) -> same shape."""
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionInputs) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """input_ids/positions [N] with paged inputs, or [Bt, T] with dense inputs -> hidden [..., H]."""
-        return self.model(input_ids, positions, attn)
+        return self.model(input_ids, positions, step.attention)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, H] -> logits [M, V] fp32 (the head runs in the model dtype, as the references do)."""

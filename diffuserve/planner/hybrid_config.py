@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from diffuserve.model.clover_moe_config import TEXT_DEFAULTS, GdnArgs, gdn_args
+from diffuserve.model.families.clover_moe.config import TEXT_DEFAULTS, GdnArgs, gdn_args
 
 FULL, SLIDING, LINEAR = "full_attention", "sliding_attention", "linear_attention"
 LAYER_TYPES = (FULL, SLIDING, LINEAR)

@@ -19,6 +19,7 @@ from torch.utils.hooks import RemovableHandle
 
 from diffuserve import LLM
 from diffuserve.model.layers.attention import DenseAttentionInputs, PagedAttentionInputs
+from diffuserve.model.step_inputs import StepInputs
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.testing.reference_decode import block_causal_mask
 from diffuserve.testing.reference_model import ReferenceModel
@@ -64,9 +65,12 @@ class ForwardRecorder:
         self._handle.remove()
 
     def _hook(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-        if not hasattr(module, "compute_logits") or len(args) < 3 or not isinstance(args[2], PagedAttentionInputs):
+        if not hasattr(module, "compute_logits") or len(args) < 3 or not isinstance(args[2], StepInputs):
             return
-        input_ids, positions, attn = args[0].tolist(), args[1].tolist(), args[2]
+        attn = args[2].attention
+        if not isinstance(attn, PagedAttentionInputs):
+            return
+        input_ids, positions = args[0].tolist(), args[1].tolist()
         self._slot_tokens.update(zip(attn.slot_mapping.tolist(), input_ids))
         # NOTE: never raises: the engine would fail the step's requests and carry on.
         for seq in attn.sequences:
@@ -102,7 +106,7 @@ def check_cached_logits(
 def _max_logit_diff(reference: ReferenceModel, forward: RecordedForward) -> float:
     model, length, num_queries = reference.model, len(forward.context), len(forward.hidden)
     mask = block_causal_mask(-(-length // reference.block_length), reference.block_length)[:length, :length]
-    attention = DenseAttentionInputs(mask[None, None])
+    attention = StepInputs(DenseAttentionInputs(mask[None, None]))
     hidden = model(torch.tensor(forward.context)[None], torch.arange(length)[None], attention)  # [1, L, H]
     expected = model.compute_logits(hidden[0, length - num_queries :])
     got = model.compute_logits(forward.hidden.to(hidden.dtype))

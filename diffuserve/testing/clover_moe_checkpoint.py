@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from diffuserve.model.clover_moe_config import clover_moe_args_from_hf, text_fields, with_diffusion
-from diffuserve.model.clover_moe_weights import clover_moe_checkpoint_tensors
-from diffuserve.model.registry import CLOVER_MOE
+from diffuserve.model.families.clover_moe.config import clover_moe_args_from_hf, text_fields, with_diffusion
+from diffuserve.model.families.clover_moe.family import FAMILY as CLOVER_MOE
+from diffuserve.model.families.clover_moe.weights import clover_moe_checkpoint_tensors
 from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
 
 CLOVER_MOE_PRESETS: dict[str, dict[str, Any]] = {

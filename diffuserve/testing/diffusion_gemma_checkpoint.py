@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from diffuserve.model.diffusion_gemma_config import diffusion_gemma_args_from_hf
-from diffuserve.model.diffusion_gemma_weights import diffusion_gemma_checkpoint_tensors
-from diffuserve.model.registry import DIFFUSION_GEMMA
+from diffuserve.model.families.diffusion_gemma.config import diffusion_gemma_args_from_hf
+from diffuserve.model.families.diffusion_gemma.family import FAMILY as DIFFUSION_GEMMA
+from diffuserve.model.families.diffusion_gemma.weights import diffusion_gemma_checkpoint_tensors
 from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
 from diffuserve.testing.clover_moe_checkpoint import save_sharded
 

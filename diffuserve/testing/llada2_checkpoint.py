@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from diffuserve.model.families.llada2.family import FAMILY as LLADA2
 from diffuserve.model.loader import DTYPES
-from diffuserve.model.registry import LLADA2
 from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
 from diffuserve.testing.random_checkpoint import write_random_weights
 

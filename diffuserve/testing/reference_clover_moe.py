@@ -21,9 +21,9 @@ from typing import Protocol
 
 import torch
 
-from diffuserve.model.clover_moe import HybridState
-from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.families.clover_moe.config import hybrid_args
+from diffuserve.model.families.clover_moe.model import HybridState
 
 
 class HybridLM(Protocol):

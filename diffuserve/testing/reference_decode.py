@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from diffuserve.model.layers.attention import DenseAttentionInputs
+from diffuserve.model.step_inputs import StepInputs
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.testing.reference_decoders import positions_to_write, propose
 from diffuserve.testing.reference_model import ReferenceModel, post_edit_budget
@@ -153,7 +154,7 @@ def _decode_block(
 def _logits(ref: ReferenceModel, tokens: list[int], mask: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """Full recompute of `tokens` (positions 0..T-1); fp32 logits [M, V] at the positions `rows`."""
     length = len(tokens)
-    attention = DenseAttentionInputs(mask[:length, :length][None, None])
+    attention = StepInputs(DenseAttentionInputs(mask[:length, :length][None, None]))
     hidden = ref.model(torch.tensor(tokens)[None], torch.arange(length)[None], attention)  # [1, T, H]
     return ref.model.compute_logits(hidden[0, rows])
 

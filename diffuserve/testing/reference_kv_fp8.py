@@ -14,7 +14,8 @@ from unittest import mock
 
 import torch
 
-from diffuserve.model.layers import attention, gated_attention
+from diffuserve.model.families.clover_moe import gated_attention
+from diffuserve.model.layers import attention
 
 E4M3_MAX = 448.0
 E4M3_MIN_EXPONENT = -6

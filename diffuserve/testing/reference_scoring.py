@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion
-from diffuserve.model.clover_moe_config import hybrid_args
+from diffuserve.model.families.clover_moe.config import hybrid_args
+from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
 from diffuserve.model.layers.attention import DenseAttentionInputs
+from diffuserve.model.step_inputs import StepInputs
 from diffuserve.testing.reference_decode import block_causal_mask
 from diffuserve.testing.reference_model import ReferenceModel
 
@@ -31,7 +32,7 @@ def reference_prompt_log_probs(ref: ReferenceModel, prompt: list[int]) -> list[t
     for p in range(1, len(prompt)):
         end = (p // block + 1) * block
         tokens = prompt[:p] + [ref.mask_token_id] * (end - p)
-        attention = DenseAttentionInputs(block_causal_mask(end // block, block)[None, None])
+        attention = StepInputs(DenseAttentionInputs(block_causal_mask(end // block, block)[None, None]))
         hidden = ref.model(torch.tensor(tokens)[None], torch.arange(end)[None], attention)  # [1, T, H]
         out.append(torch.log_softmax(ref.model.compute_logits(hidden[0, p : p + 1])[0], dim=-1))
     return out

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion
-from diffuserve.model.clover_moe_config import clover_moe_args_from_hf, with_diffusion
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.families.clover_moe.config import clover_moe_args_from_hf, with_diffusion
+from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
 
 from .diffusion_batch import END_OF_TEXT, MASK
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from diffuserve.eval.tasks import Example
 from diffuserve.model.layers.attention import DenseAttentionInputs
+from diffuserve.model.step_inputs import StepInputs
 from diffuserve.testing.byte_tokenizer import special_token_ids
 
 SPECIALS = special_token_ids()
@@ -141,6 +142,6 @@ def masked_token_accuracy(model: torch.nn.Module, batch: DiffusionBatch) -> floa
 
 def _masked_logits(model: torch.nn.Module, batch: DiffusionBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (logits [M, V] fp32, clean tokens [M]) at the M masked positions."""
-    hidden = model(batch.input_ids, batch.positions, batch.attention)  # [Bt, T, H]
+    hidden = model(batch.input_ids, batch.positions, StepInputs(batch.attention))  # [Bt, T, H]
     selected = batch.targets >= 0
     return model.compute_logits(hidden[selected]), batch.targets[selected]

@@ -16,12 +16,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion, HybridDecoderLayer
-from diffuserve.model.clover_moe_config import hybrid_args
+from diffuserve.model.families.clover_moe.config import hybrid_args
+from diffuserve.model.families.clover_moe.gated_attention import GatedAttention
+from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet
+from diffuserve.model.families.clover_moe.gdn_preview import preview_mix
+from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion, HybridDecoderLayer
 from diffuserve.model.layers.attention import DenseAttentionInputs, dense_attention
-from diffuserve.model.layers.gated_attention import GatedAttention
-from diffuserve.model.layers.gated_deltanet import GatedDeltaNet
-from diffuserve.model.layers.gdn_preview import preview_mix
 
 from .block_states import block_delta_rule, depthwise_conv
 from .hybrid_batch import HybridBatch

@@ -10,9 +10,9 @@ import pytest
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.engine.cache import paged_step
+from diffuserve.model.families.clover_moe.gated_attention import GatedAttention
 from diffuserve.model.layers import attention
 from diffuserve.model.layers.attention import Attention
-from diffuserve.model.layers.gated_attention import GatedAttention
 from diffuserve.model.loader import load_model
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.testing.parity import check_parity

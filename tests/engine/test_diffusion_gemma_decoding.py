@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import torch
 
-from diffuserve.engine.diffusion_gemma_decoding import (
+from diffuserve.engine.renoise_steps import (
     DenoiseStep,
     denoise_step,
     empty_history,
@@ -19,7 +19,7 @@ from diffuserve.engine.diffusion_gemma_decoding import (
     step_temperature,
     token_entropy,
 )
-from diffuserve.model.diffusion_gemma_config import RenoiseDefaults
+from diffuserve.model.families.diffusion_gemma.config import RenoiseDefaults
 
 KNOBS = RenoiseDefaults()  # 48 steps, t 0.8 -> 0.4, bound 0.1, stability 1, confidence 0.005
 

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from diffuserve.config import EngineConfig
-from diffuserve.engine import diffusion_gemma_decoding as decoding
 from diffuserve.engine import renoise_decoding
+from diffuserve.engine import renoise_steps as decoding
 from diffuserve.engine.cache.paged import FREED
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.sampling_params import SamplingParams

@@ -16,10 +16,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from diffuserve.engine import diffusion_gemma_decoding as decoding
-from diffuserve.engine.diffusion_gemma_generate import GemmaOutput, GemmaRequest, generate
-from diffuserve.model.diffusion_gemma_config import RenoiseDefaults, renoise_defaults
+from diffuserve.engine import renoise_steps as decoding
+from diffuserve.model.families.diffusion_gemma.config import RenoiseDefaults, renoise_defaults
 from diffuserve.model.loader import load_model, read_model_config
+from diffuserve.testing.diffusion_gemma_generate import GemmaOutput, GemmaRequest, generate
 from diffuserve.testing.diffusion_gemma_hf import (
     FAST,
     FAST_CANVAS,

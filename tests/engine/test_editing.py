@@ -14,6 +14,7 @@ from diffuserve.engine.cache.paged_step import PagedMetadataBuilder
 from diffuserve.engine.decoders import DECODERS, Proposal
 from diffuserve.engine.request import Request, RequestStatus
 from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice, block_causal_mask
+from diffuserve.model.step_inputs import StepInputs
 from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
 from diffuserve.testing.reference_decode import reference_generate
 from diffuserve.testing.reference_model import ReferenceModel, load_reference
@@ -137,7 +138,7 @@ def _single_pass_kv(engine, tokens: list[int]) -> tuple[list[torch.Tensor], list
     mask = block_causal_mask(positions, length, engine.args.block_length)
     inputs = PagedAttentionInputs(positions, (SequenceSlice(0, length, positions, mask),), k_caches, v_caches)
     with torch.inference_mode():
-        engine.runner.model(torch.tensor(tokens), positions, inputs)
+        engine.runner.model(torch.tensor(tokens), positions, StepInputs(inputs))
     return [k[:length] for k in k_caches], [v[:length] for v in v_caches]
 
 

@@ -175,7 +175,7 @@ def test_state_budget_too_small_for_one_slot_is_refused(model_dirs):
 
 
 def test_measured_state_per_sequence_equals_the_formula(model_dirs):
-    from diffuserve.model.clover_moe_config import cache_layout
+    from diffuserve.model.families.clover_moe.config import cache_layout
 
     engine = _llm(model_dirs[4]).engine
     cache = engine.runner.executor.caches.state

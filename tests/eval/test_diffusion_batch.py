@@ -9,6 +9,7 @@ import torch
 from diffuserve.chat_prompt import chat_token_ids
 from diffuserve.eval.tasks import Example, heldout_examples
 from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
+from diffuserve.model.step_inputs import StepInputs
 from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
 from diffuserve.tokenizer import Tokenizer
 from scripts.training.diffusion_batch import MASK, build_batch, encode_example, encode_prompt
@@ -59,7 +60,7 @@ def test_noisy_blocks_see_what_the_engine_sees():
                 tokens = torch.tensor(ids[:start] + noisy.tolist())
                 positions = torch.arange(end)
                 mask = block_causal_mask(positions, end, block)[None, None]
-                expected = model(tokens[None], positions[None], DenseAttentionInputs(mask))[0, start:end]
+                expected = model(tokens[None], positions[None], StepInputs(DenseAttentionInputs(mask)))[0, start:end]
                 torch.testing.assert_close(hidden[row, noisy_start : noisy_start + block], expected)
                 noisy_start += block
                 checked += 1

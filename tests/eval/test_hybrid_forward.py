@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from diffuserve.eval.tasks import Example
-from diffuserve.model.clover_moe_config import hybrid_args
+from diffuserve.model.families.clover_moe.config import hybrid_args
 from scripts.training.clover_moe_model import clover_moe_config, init_clover_moe
 from scripts.training.diffusion_batch import MASK, encode_example
 from scripts.training.hybrid_batch import build_hybrid_batch

@@ -3,7 +3,7 @@ text_config layout, mRoPE read as 1-D RoPE for text, and the per-sequence state 
 
 from __future__ import annotations
 
-from diffuserve.model.clover_moe_config import (
+from diffuserve.model.families.clover_moe.config import (
     FULL_ATTENTION,
     LINEAR_ATTENTION,
     cache_layout,

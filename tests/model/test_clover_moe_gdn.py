@@ -7,9 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffuserve.model.clover_moe_config import clover_moe_args_from_hf, hybrid_args
-from diffuserve.model.layers.delta_rule import chunked_delta_rule, chunked_delta_state, recurrent_delta_rule
-from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnState
+from diffuserve.model.families.clover_moe.config import clover_moe_args_from_hf, hybrid_args
+from diffuserve.model.families.clover_moe.delta_rule import (
+    chunked_delta_rule,
+    chunked_delta_state,
+    recurrent_delta_rule,
+)
+from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet, GdnState
 from diffuserve.model.loader import load_model
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from diffuserve.model.layers.gdn_preview import DIFFUSION_TENSORS
+from diffuserve.model.families.clover_moe.gdn_preview import DIFFUSION_TENSORS
 from diffuserve.model.loader import load_model
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 

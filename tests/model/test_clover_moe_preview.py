@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diffuserve.model.clover_moe_config import clover_moe_args_from_hf, hybrid_args
-from diffuserve.model.layers.delta_rule import recurrent_delta_rule
-from diffuserve.model.layers.gated_deltanet import GatedDeltaNet
-from diffuserve.model.layers.gdn_preview import block_conv, preview_mix
+from diffuserve.model.families.clover_moe.config import clover_moe_args_from_hf, hybrid_args
+from diffuserve.model.families.clover_moe.delta_rule import recurrent_delta_rule
+from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet
+from diffuserve.model.families.clover_moe.gdn_preview import block_conv, preview_mix
 from diffuserve.model.loader import load_model
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 

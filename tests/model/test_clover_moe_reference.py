@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from diffuserve.model.clover_moe_config import hybrid_args
+from diffuserve.model.families.clover_moe.config import hybrid_args
 from diffuserve.model.loader import load_model
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.testing.reference_clover_moe import ReferenceSettings, reference_ar_decode, reference_block_decode

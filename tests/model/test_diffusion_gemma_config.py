@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from diffuserve.model.diffusion_gemma_config import (
+from diffuserve.model.families.diffusion_gemma.config import (
     FULL,
     SLIDING,
     GemmaRope,

@@ -13,10 +13,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from diffuserve.model.diffusion_gemma_config import FULL, SLIDING, gemma_args
-from diffuserve.model.diffusion_gemma_masks import dense_inputs
-from diffuserve.model.interface import CanvasInputs
+from diffuserve.model.families.diffusion_gemma.config import FULL, SLIDING, gemma_args
+from diffuserve.model.families.diffusion_gemma.masks import dense_inputs
 from diffuserve.model.loader import load_model
+from diffuserve.model.shapes import window_group
+from diffuserve.model.step_inputs import CanvasInputs, StepInputs
 from diffuserve.testing.diffusion_gemma_hf import load_hf_model, write_hf_checkpoint
 
 pytest.importorskip("transformers")
@@ -44,7 +45,9 @@ def _ours(model, args, prompt: torch.Tensor, canvas: torch.Tensor, sc_logits: to
     attn = dense_inputs(gemma_args(args), positions, is_canvas)
     rows = is_canvas.nonzero().flatten()  # the canvas's rows of the flattened [1, P + C] batch
     soft = torch.zeros(CANVAS, args.hidden_size) if sc_logits is None else model.self_conditioning_input(sc_logits[0])
-    hidden = model(ids, positions[None], attn.full, attn.sliding, CanvasInputs(rows, soft))
+    windows = {window_group(model.sliding_window): attn.sliding}  # the group the model reads, whatever the mask
+    step = StepInputs(attn.full, windows, canvas=CanvasInputs(rows, soft))
+    hidden = model(ids, positions[None], step)
     return model.compute_logits(hidden[:, prompt.shape[1] :])
 
 
@@ -109,7 +112,7 @@ def test_each_part_matters(tmp_path):
 
 def test_transformers_checkpoint_names_all_load(tmp_path):
     """Every tensor of a transformers checkpoint is either loaded or one we mean to skip (vision tower)."""
-    from diffuserve.model.diffusion_gemma_weights import diffusion_gemma_weight_target
+    from diffuserve.model.families.diffusion_gemma.weights import diffusion_gemma_weight_target
     from diffuserve.model.loader import iter_checkpoint
 
     model_dir = write_hf_checkpoint(tmp_path / "m", canvas_length=CANVAS)

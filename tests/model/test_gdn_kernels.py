@@ -26,9 +26,9 @@ import torch
 
 from diffuserve import LLM
 from diffuserve.config import EngineConfig
-from diffuserve.model.clover_moe_config import hybrid_args
-from diffuserve.model.layers import gdn_kernels
-from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnState, set_gdn_backend
+from diffuserve.model.families.clover_moe import gdn_kernels
+from diffuserve.model.families.clover_moe.config import hybrid_args
+from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet, GdnState, set_gdn_backend
 from diffuserve.model.loader import load_model
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from tests.model.test_clover_moe_gdn import random_gdn_layer

@@ -10,6 +10,7 @@ import torch
 
 from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
 from diffuserve.model.loader import load_model
+from diffuserve.model.step_inputs import StepInputs
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
@@ -65,7 +66,7 @@ def _compare(hf_model, ours, length: int = 22) -> float:
     additive = torch.zeros(length, length).masked_fill(~mask, float("-inf"))[None, None].expand(2, 1, -1, -1)
     with torch.no_grad():
         expected = hf_model(input_ids=ids, attention_mask=additive, position_ids=positions[None].expand(2, -1)).logits
-        hidden = ours(ids, positions[None].expand(2, -1), DenseAttentionInputs(mask[None, None]))
+        hidden = ours(ids, positions[None].expand(2, -1), StepInputs(DenseAttentionInputs(mask[None, None])))
         got = ours.compute_logits(hidden)
     return (got - expected).abs().max().item()
 

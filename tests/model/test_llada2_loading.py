@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from diffuserve.model.config import llada2_args_from_hf
-from diffuserve.model.llada2 import LLaDA2ForBlockDiffusion
+from diffuserve.model.families.llada2.model import LLaDA2ForBlockDiffusion
 from diffuserve.model.loader import load_model
 from diffuserve.planner.model_presets import find_preset
 from diffuserve.planner.model_presets import load_model as load_preset

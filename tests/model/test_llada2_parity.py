@@ -20,6 +20,7 @@ from torch import nn
 
 from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
 from diffuserve.model.loader import load_model
+from diffuserve.model.step_inputs import StepInputs
 from diffuserve.testing.llada2_checkpoint import TINY, write_llada2_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -124,6 +125,8 @@ def test_logits_match_glm4_moe(tmp_path, biases):
     additive = torch.zeros(length, length).masked_fill(~mask, float("-inf"))[None, None].expand(2, 1, -1, -1)
     with torch.no_grad():
         expected = hf_model(input_ids=ids, attention_mask=additive, position_ids=positions[None].expand(2, -1)).logits
-        got = ours.compute_logits(ours(ids, positions[None].expand(2, -1), DenseAttentionInputs(mask[None, None])))
+        got = ours.compute_logits(
+            ours(ids, positions[None].expand(2, -1), StepInputs(DenseAttentionInputs(mask[None, None])))
+        )
     assert got.dtype == torch.float32
     assert (got - expected).abs().max().item() <= 1e-4

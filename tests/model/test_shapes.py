@@ -8,7 +8,7 @@ import pytest
 
 from diffuserve.bench.flops import model_cost
 from diffuserve.engine.cache.allocation import slot_bytes_for
-from diffuserve.model.clover_moe_config import cache_layout, clover_moe_args_from_hf
+from diffuserve.model.families.clover_moe.config import cache_layout, clover_moe_args_from_hf
 from diffuserve.model.shapes import CacheLayout, PagedKV, RecurrentState, SlidingWindowKV, attention_layout
 from diffuserve.planner.inputs import Deployment
 from diffuserve.planner.memory import kv_bytes_per_sequence, kv_bytes_per_token

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnInputs
+from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet, GdnInputs
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import torch
 
 from diffuserve.engine.model_runner import ModelRunner
 from diffuserve.engine.request import BlockWrite, ScheduledRequest, StepResult
-from diffuserve.model.clover_moe import CloverMoeForBlockDiffusion
+from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
 
 
 class RecomputeRunner(ModelRunner):

@@ -26,7 +26,7 @@ from diffuserve.engine.cache.state_step import StatePlan, state_slot
 from diffuserve.engine.executor import ModelExecutor
 from diffuserve.engine.model_runner import ModelRunner
 from diffuserve.engine.request import Request, ScheduledRequest
-from diffuserve.model.layers.gated_deltanet import GdnInputs
+from diffuserve.model.families.clover_moe.gated_deltanet import GdnInputs
 
 
 class RescanRunner(ModelRunner):

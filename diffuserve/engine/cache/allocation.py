@@ -18,7 +18,9 @@ from diffuserve.engine.cache.canvas_step import CanvasTensors
 from diffuserve.engine.cache.manager import CacheSizes
 from diffuserve.engine.cache.paged_step import TORCH_DTYPES, PagedTensors
 from diffuserve.engine.cache.state_step import StateTensors
+from diffuserve.engine.cache.step_metadata import StepMetadata
 from diffuserve.model.shapes import DTYPE_BYTES, CacheLayout, SlidingWindowKV
+from diffuserve.model.step_inputs import StepInputs
 
 CPU_DEFAULT_BUDGET = 4 << 30
 
@@ -120,12 +122,26 @@ class CacheTensors:
     canvas: CanvasTensors | None = None
     """The self-conditioning pool of models with renoise canvases (rank 0's; the other ranks hold no slot)."""
 
-    @property
-    def in_order(self) -> list[PagedTensors | StateTensors | CanvasTensors]:
-        """The kinds in the order their inputs follow the positions in the model's forward: pages, state, canvas."""
-        kinds: list[PagedTensors | StateTensors | CanvasTensors] = list(self.paged.values())
-        kinds += [self.state] if self.state is not None else []
-        return kinds + ([self.canvas] if self.canvas is not None else [])
+    def before_forward(self, meta: StepMetadata) -> None:
+        """What a kind prepares before the forward reads it: the recurrent state's restores and resets (pages need
+        nothing: each layer writes the step's K/V before attending; canvas rows were gathered on rank 0)."""
+        if self.state is not None and meta.state is not None:
+            self.state.before_forward(meta.state)
+
+    def after_forward(self, meta: StepMetadata, hidden: torch.Tensor) -> None:
+        """What a kind keeps from the forward's hidden rows [N, H]: each state slot's last committed row."""
+        if self.state is not None and meta.state is not None:
+            self.state.after_forward(meta.state, hidden)
+
+    def bind(self, meta: StepMetadata) -> StepInputs:
+        """The model's inputs for a step planned as `meta`: each kind's metadata bound to its tensors."""
+        pages = {name: self.paged[name].bind(group) for name, group in meta.pages.items()}
+        return StepInputs(
+            pages["kv"],
+            {name: inputs for name, inputs in pages.items() if name != "kv"},
+            self.state.bind(meta.state) if self.state is not None and meta.state is not None else None,
+            self.canvas.bind(meta.canvas) if self.canvas is not None and meta.canvas is not None else None,
+        )
 
 
 def allocate_caches(

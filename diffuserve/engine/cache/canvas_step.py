@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from diffuserve.engine.cache.paged_step import TORCH_DTYPES
-from diffuserve.model.interface import CanvasInputs
 from diffuserve.model.shapes import CanvasState
+from diffuserve.model.step_inputs import CanvasInputs
 
 
 @dataclass
@@ -47,9 +47,3 @@ class CanvasTensors:
 
     def bind(self, meta: CanvasInputs) -> CanvasInputs:
         return meta
-
-    def before_forward(self, meta: CanvasInputs) -> None:
-        """Nothing to prepare: the rows were gathered on rank 0."""
-
-    def after_forward(self, meta: CanvasInputs, hidden: torch.Tensor) -> None:
-        """Nothing to keep: the next input comes from the step's logits, after decoding (the runner's `keep`)."""

@@ -159,9 +159,3 @@ class PagedTensors:
 
     def bind(self, meta: PagedStepMetadata) -> PagedAttentionInputs:
         return PagedAttentionInputs(meta.slot_mapping, meta.sequences, self.k_caches, self.v_caches)
-
-    def before_forward(self, meta: PagedStepMetadata) -> None:
-        """Nothing to prepare: each layer writes the step's K/V before attending."""
-
-    def after_forward(self, meta: PagedStepMetadata, hidden: torch.Tensor) -> None:
-        """Nothing to keep: the K/V are in the cache."""

@@ -18,8 +18,8 @@ import torch
 
 from diffuserve.engine.cache.paged_step import TORCH_DTYPES
 from diffuserve.engine.request import Request, ScheduledRequest
-from diffuserve.model.layers.gdn_step import RecurrentStepInputs, RowGroup, StepObserver
 from diffuserve.model.shapes import RecurrentState
+from diffuserve.model.step_inputs import RecurrentStepInputs, RowGroup, StateStepObserver
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class StatePlan:
     """[S] the batch row of each committing sequence's last commit token ..."""
     last_slots: torch.Tensor
     """[S] ... and its slot: that row's final hidden state is kept as the slot's `last_hidden`."""
-    observer: StepObserver | None = None
+    observer: StateStepObserver | None = None
     """A benchmark baseline's hook into the GDN layers (bench/baselines); None when serving."""
 
     def to(self, device: torch.device | str) -> StatePlan:

@@ -21,12 +21,12 @@ import torch
 from torch import nn
 
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.family import ModelFamily
 from diffuserve.model.quant.apply import FormatFor, quant_weights
 from diffuserve.model.quant.checkpoint_base import CheckpointQuant
 from diffuserve.model.quant.checkpoint_config import checkpoint_quant
 from diffuserve.model.quant.formats import QuantFormat, QuantParts, Region, slice_parts
 from diffuserve.model.quant.quantize import on_load_format
-from diffuserve.model.registry import ModelFamily
 from diffuserve.model.weight_names import WeightTarget
 from diffuserve.model.weight_pieces import Index, local_pieces
 from diffuserve.quant_scheme import QuantScheme

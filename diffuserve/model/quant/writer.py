@@ -25,13 +25,13 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from diffuserve.model.family import ModelFamily
 from diffuserve.model.loader import load_args, read_model_config
 from diffuserve.model.quant.apply import check_width
 from diffuserve.model.quant.checkpoint_base import pack_nibbles
 from diffuserve.model.quant.formats import QuantFormat, QuantParts
 from diffuserve.model.quant.quantize import on_load_format, quantize
 from diffuserve.model.quant.weight import CHUNK_ELEMENTS
-from diffuserve.model.registry import ModelFamily
 from diffuserve.quant_scheme import QuantScheme
 
 INDEX = "model.safetensors.index.json"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from diffuserve.model.layers.attention import DenseAttentionInputs
+from diffuserve.model.step_inputs import StepInputs
 from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
 from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
@@ -45,4 +46,4 @@ def model_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
         block = model.args.block_length
         positions = torch.arange(t)
         mask = (positions[:, None] // block >= positions[None, :] // block)[None, None]
-        return model.compute_logits(model(ids, positions[None], DenseAttentionInputs(mask))[0])
+        return model.compute_logits(model(ids, positions[None], StepInputs(DenseAttentionInputs(mask)))[0])

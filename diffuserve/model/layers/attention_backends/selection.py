@@ -12,19 +12,26 @@ per rank after loading); a layer never given one runs batched.
 from __future__ import annotations
 
 import importlib
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
-from diffuserve.model.layers.attention import Attention
 from diffuserve.model.layers.attention_backends.batched import BatchedBackend
 from diffuserve.model.layers.attention_backends.flashinfer import FlashInferBackend
 from diffuserve.model.layers.attention_backends.interface import AttentionBackend
 from diffuserve.model.layers.attention_backends.loop import LoopBackend
-from diffuserve.model.layers.gated_attention import GatedAttention
-from diffuserve.model.layers.gemma_attention import GemmaAttention
 
 BACKENDS = ("auto", "loop", "batched", "flashinfer")
+
+
+@runtime_checkable
+class UsesAttentionBackend(Protocol):
+    """A paged attention layer of any family: whatever computes its attention is its `attention_backend`."""
+
+    attention_backend: AttentionBackend
+
+
 INSTALL_HINT = "pip install 'diffuserve[cuda-kernels]'"
 FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -67,7 +74,7 @@ def _import_flashinfer(device: torch.device, dtype: torch.dtype) -> object | str
 
 def set_attention_backend(model: nn.Module, name: str, device: torch.device) -> None:
     """Every paged attention layer of `model` (on `device`) runs `name` (BACKENDS); raises as `select` does."""
-    layers = [m for m in model.modules() if isinstance(m, Attention | GatedAttention | GemmaAttention)]
+    layers = [m for m in model.modules() if isinstance(m, UsesAttentionBackend)]
     dtype = next(model.parameters()).dtype
     backend = select(name, device, dtype)
     for layer in layers:

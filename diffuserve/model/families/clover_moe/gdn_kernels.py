@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from diffuserve.model.layers.delta_rule import chunked_delta_rule, recurrent_delta_rule
+from diffuserve.model.families.clover_moe.delta_rule import chunked_delta_rule, recurrent_delta_rule
 
 BACKENDS = ("auto", "torch", "fla")
 INSTALL_HINT = "pip install 'diffuserve[cuda-kernels]'"

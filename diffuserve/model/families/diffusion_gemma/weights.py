@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import torch
 
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.diffusion_gemma_config import gemma_args
+from diffuserve.model.families.diffusion_gemma.config import gemma_args
 from diffuserve.model.weight_names import WeightTarget
 
 DECODER, ENCODER = "model.decoder.", "model.encoder.language_model."

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diffuserve.model.clover_moe_config import GdnArgs
-from diffuserve.model.layers.delta_rule import chunked_delta_state
-from diffuserve.model.layers.gdn_kernels import (
+from diffuserve.model.families.clover_moe.config import GdnArgs
+from diffuserve.model.families.clover_moe.delta_rule import chunked_delta_state
+from diffuserve.model.families.clover_moe.gdn_kernels import (
     TORCH,
     GdnKernels,
     causal_conv,
@@ -34,8 +34,13 @@ from diffuserve.model.layers.gdn_kernels import (
     select,
     value_heads_first,
 )
-from diffuserve.model.layers.gdn_preview import DIFFUSION_TENSORS, add_diffusion_parameters, block_conv, preview_mix
-from diffuserve.model.layers.hybrid_norm import GatedRMSNorm
+from diffuserve.model.families.clover_moe.gdn_preview import (
+    DIFFUSION_TENSORS,
+    add_diffusion_parameters,
+    block_conv,
+    preview_mix,
+)
+from diffuserve.model.families.clover_moe.hybrid_norm import GatedRMSNorm
 from diffuserve.model.layers.linear import RowParallelLinear, column_parallel, split_parameter
 
 if TYPE_CHECKING:

@@ -25,19 +25,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diffuserve.engine.diffusion_gemma_decoding import (
+from diffuserve.engine.renoise_steps import (
     DenoiseStep,
     denoise_step,
     empty_history,
     random_canvas,
     should_stop,
 )
-from diffuserve.model.diffusion_gemma import DiffusionGemmaForBlockDiffusion
-from diffuserve.model.diffusion_gemma_config import FULL, SLIDING, RenoiseDefaults, gemma_args
-from diffuserve.model.diffusion_gemma_masks import key_start, rows_mask
-from diffuserve.model.interface import CanvasInputs
+from diffuserve.model.families.diffusion_gemma.attention import GemmaAttentionInputs
+from diffuserve.model.families.diffusion_gemma.config import FULL, SLIDING, RenoiseDefaults, gemma_args
+from diffuserve.model.families.diffusion_gemma.masks import key_start, rows_mask
+from diffuserve.model.families.diffusion_gemma.model import DiffusionGemmaForBlockDiffusion
 from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice
-from diffuserve.model.layers.gemma_attention import GemmaAttentionInputs
+from diffuserve.model.shapes import window_group
+from diffuserve.model.step_inputs import CanvasInputs, StepInputs
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,8 @@ def _forward(model: DiffusionGemmaForBlockDiffusion, caches: _Caches, active: li
     soft = [s.soft if s.soft is not None else zeros for _, s, *_, c in rows if c]
     attn = _attention(caches, [(index, pos, c) for index, _, _, pos, c in rows])
     canvas = CanvasInputs(is_canvas.nonzero().flatten(), torch.cat(soft) if soft else zeros[:0])
-    hidden = model(ids, positions, attn.full, attn.sliding, canvas)
+    step = StepInputs(attn.full, {window_group(gemma_args(model.args).sliding_window): attn.sliding}, canvas=canvas)
+    hidden = model(ids, positions, step)
     logits = model.compute_logits(hidden[is_canvas]).split(canvas_length)
     canvases = iter(logits)
     for _, seq, _, pos, is_canvas_rows in rows:

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from diffuserve.model.clover_moe_config import with_diffusion
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.layers.gdn_preview import DIFFUSION_TENSORS
+from diffuserve.model.families.clover_moe.config import with_diffusion
+from diffuserve.model.families.clover_moe.gdn_preview import DIFFUSION_TENSORS
 from diffuserve.model.weight_names import WeightTarget, qwen3_checkpoint_tensors
 
 PREFIXES = (

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from diffuserve.model.diffusion_gemma_config import GemmaRope
+from diffuserve.model.families.diffusion_gemma.config import GemmaRope
 from diffuserve.model.layers.attention import rotate_half
 
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diffuserve.model.layers.gdn_kernels import depthwise_conv
+from diffuserve.model.families.clover_moe.gdn_kernels import depthwise_conv
 
 DIFFUSION_TENSORS = ("conv_right_weight", "bd_softmax_logit_scale", "bd_softmax_history_bias", "bd_softmax_history_c")
 

@@ -22,53 +22,10 @@ Pool layout, per GDN layer (slot = a sequence's or a prefix snapshot's place in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
 import torch
 
-from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnInputs, GdnState
-
-
-@dataclass(frozen=True)
-class RowGroup:
-    """Sequences with runs of the same length L in the step batch."""
-
-    rows: torch.Tensor
-    """[S, L] long: the batch row of each token."""
-    slots: torch.Tensor
-    """[S] long: each sequence's state slot."""
-    snapshot_slots: torch.Tensor | None = None
-    """[S] long: slots that also receive the state after this run (prefix-cache snapshots), or None."""
-
-
-class StepObserver(Protocol):
-    """A hook into every GDN layer's step, for benchmark baselines that rebuild state differently (bench/
-    baselines): called before the layer reads its slots, and with each commit run's scan inputs."""
-
-    def before_layer(
-        self, layer: GatedDeltaNet, gdn_index: int, conv_cache: torch.Tensor, recurrent_cache: torch.Tensor
-    ) -> None: ...
-
-    def on_commit(self, gdn_index: int, rows: torch.Tensor, inputs: GdnInputs) -> None: ...
-
-
-@dataclass(frozen=True)
-class RecurrentStepInputs:
-    """Everything the GDN layers need for one engine step (the pool tensors and the step's index groups)."""
-
-    conv_caches: list[torch.Tensor]
-    """Per GDN layer (in layer order) [num_slots, conv_dim, k - 1]."""
-    recurrent_caches: list[torch.Tensor]
-    """Per GDN layer [num_slots, Hv, Dk, Dv] fp32."""
-    commits: tuple[RowGroup, ...]
-    """Commit runs, grouped by length."""
-    blocks: RowGroup | None
-    """Every sequence's block (B tokens each), or None when the step has no block."""
-    preview: bool
-    """Blocks are previewed (block diffusion); False: run causally, the state dropped (autoregressive)."""
-    observer: StepObserver | None = None
-    """A benchmark baseline's hook (None when serving)."""
+from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet, GdnInputs, GdnState
+from diffuserve.model.step_inputs import RecurrentStepInputs
 
 
 def gdn_step(layer: GatedDeltaNet, x: torch.Tensor, inputs: RecurrentStepInputs, gdn_index: int) -> torch.Tensor:

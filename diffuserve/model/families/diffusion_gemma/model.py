@@ -25,13 +25,13 @@ import torch
 from torch import nn
 
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.diffusion_gemma_config import FULL, SLIDING, gemma_args
-from diffuserve.model.interface import CanvasInputs, DiffusionModel, StepRules
-from diffuserve.model.layers.attention import AttentionInputs
-from diffuserve.model.layers.gemma_attention import GemmaAttention, GemmaAttentionInputs
-from diffuserve.model.layers.gemma_moe import GeGLU, GemmaFeedForward
-from diffuserve.model.layers.gemma_norm import GemmaRMSNorm
-from diffuserve.model.layers.gemma_rotary import GemmaRotary
+from diffuserve.model.families.diffusion_gemma.attention import GemmaAttention, GemmaAttentionInputs
+from diffuserve.model.families.diffusion_gemma.config import FULL, SLIDING, gemma_args
+from diffuserve.model.families.diffusion_gemma.moe import GeGLU, GemmaFeedForward
+from diffuserve.model.families.diffusion_gemma.norm import GemmaRMSNorm
+from diffuserve.model.families.diffusion_gemma.rotary import GemmaRotary
+from diffuserve.model.interface import DiffusionModel, StepRules
+from diffuserve.model.step_inputs import StepInputs
 
 
 class DiffusionGemmaLayer(nn.Module):
@@ -97,6 +97,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionModel):
         super().__init__()
         self.args = args
         self.softcap = gemma_args(args).final_logit_softcapping
+        self.sliding_window = gemma_args(args).sliding_window
         self.model = DiffusionGemmaTextModel(args, max_model_len)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.lm_head.weight = self.model.embed_tokens.weight
@@ -110,14 +111,13 @@ class DiffusionGemmaForBlockDiffusion(DiffusionModel):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        full: AttentionInputs,
-        sliding: AttentionInputs,
-        canvas: CanvasInputs,
+        step: StepInputs,
     ) -> torch.Tensor:
         """input_ids, positions [N] with paged inputs (or [Bt, T] with dense ones) -> hidden [..., H] before the
         final norm. `canvas.rows` index the flattened rows (rows past them, e.g. bucket padding, are committed
         rows); `canvas.soft` [M, H] is their self-conditioning input (zeros on a canvas's first step, as the
         reference's None)."""
+        canvas = step.require_canvas()
         x = self.model.scaled_embedding(input_ids)  # [..., H]
         lead, hidden = x.shape[:-1], x.shape[-1]
         flat = x.reshape(-1, hidden)
@@ -127,7 +127,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionModel):
             conditioned = self.model.self_conditioning(flat[canvas.rows], canvas.soft.to(flat.dtype))
             flat = flat.index_copy(0, canvas.rows, conditioned)
         x, is_canvas = flat.view(*lead, hidden), is_canvas.view(lead)
-        attn = GemmaAttentionInputs(sliding, full)
+        attn = GemmaAttentionInputs(step.window(self.sliding_window), step.attention)
         for layer in self.model.layers:
             x = layer(x, positions, attn, is_canvas)
         return x

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.families.clover_moe.hybrid_norm import ZeroCenteredRMSNorm
 from diffuserve.model.layers.attention import (
     DenseAttentionInputs,
     PagedAttentionInputs,
@@ -28,7 +29,6 @@ from diffuserve.model.layers.attention import (
 )
 from diffuserve.model.layers.attention_backends.batched import BatchedBackend
 from diffuserve.model.layers.attention_backends.interface import AttentionBackend
-from diffuserve.model.layers.hybrid_norm import ZeroCenteredRMSNorm
 from diffuserve.model.layers.linear import RowParallelLinear, column_parallel
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.layers.gemma_norm import GemmaRMSNorm
+from diffuserve.model.families.diffusion_gemma.norm import GemmaRMSNorm
 from diffuserve.model.layers.moe.dispatch import combine, group_by_expert
 
 

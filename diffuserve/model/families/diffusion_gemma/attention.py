@@ -20,12 +20,12 @@ import torch
 from torch import nn
 
 from diffuserve.model.config import ModelArgs
-from diffuserve.model.diffusion_gemma_config import SLIDING, gemma_args
+from diffuserve.model.families.diffusion_gemma.config import SLIDING, gemma_args
+from diffuserve.model.families.diffusion_gemma.norm import GemmaRMSNorm
+from diffuserve.model.families.diffusion_gemma.rotary import GemmaRotary
 from diffuserve.model.layers.attention import AttentionInputs, DenseAttentionInputs, dense_attention, paged_attention
 from diffuserve.model.layers.attention_backends.batched import BatchedBackend
 from diffuserve.model.layers.attention_backends.interface import AttentionBackend
-from diffuserve.model.layers.gemma_norm import GemmaRMSNorm
-from diffuserve.model.layers.gemma_rotary import GemmaRotary
 
 ATTENTION_SCALE = 1.0
 """transformers' `self.scaling = 1.0`: q and k are RMS-normed per head instead of scaled by 1/sqrt(D)."""

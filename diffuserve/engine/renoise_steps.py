@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.model.diffusion_gemma_config import RenoiseDefaults
+from diffuserve.model.families.diffusion_gemma.config import RenoiseDefaults
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,16 @@ from typing import cast
 import torch
 from torch import nn
 
-from diffuserve.model.clover_moe_config import hybrid_args
 from diffuserve.model.config import ModelArgs
+from diffuserve.model.families.clover_moe.config import hybrid_args
+from diffuserve.model.families.clover_moe.gated_attention import GatedAttention, KVState
+from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet, GdnState, set_gdn_backend
+from diffuserve.model.families.clover_moe.gated_shared_moe import GatedSharedExpertMoe
+from diffuserve.model.families.clover_moe.gdn_step import gdn_step
+from diffuserve.model.families.clover_moe.hybrid_norm import ZeroCenteredRMSNorm
 from diffuserve.model.interface import DiffusionModel, StepRules
 from diffuserve.model.layers.attention import PagedAttentionInputs, RotaryEmbedding
-from diffuserve.model.layers.gated_attention import GatedAttention, KVState
-from diffuserve.model.layers.gated_deltanet import GatedDeltaNet, GdnState
-from diffuserve.model.layers.gated_shared_moe import GatedSharedExpertMoe
-from diffuserve.model.layers.gdn_step import RecurrentStepInputs, gdn_step
-from diffuserve.model.layers.hybrid_norm import ZeroCenteredRMSNorm
+from diffuserve.model.step_inputs import StepInputs
 
 LayerState = GdnState | KVState | None
 
@@ -82,14 +83,14 @@ class HybridDecoderLayer(nn.Module):
         h = x + mixed
         return h + self.mlp(self.post_attention_layernorm(h)), new_state
 
-    def step(
-        self, x: torch.Tensor, positions: torch.Tensor, attn: PagedAttentionInputs, recurrent: RecurrentStepInputs
-    ) -> torch.Tensor:
+    def step(self, x: torch.Tensor, positions: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """Engine step: x [N, H] -> [N, H] (see the module docstring)."""
         normed = self.input_layernorm(x)
         if self.is_gdn:
-            h = x + gdn_step(self.linear_attn, normed, recurrent, self.cache_index)
+            h = x + gdn_step(self.linear_attn, normed, step.require_recurrent(), self.cache_index)
         else:
+            attn = step.attention
+            assert isinstance(attn, PagedAttentionInputs), "an engine step's attention is paged"
             h = x + self.self_attn.forward_paged(normed, positions, attn, self.cache_index)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -139,15 +140,17 @@ class CloverMoeForBlockDiffusion(DiffusionModel):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        attn: PagedAttentionInputs,
-        recurrent: RecurrentStepInputs,
+        step: StepInputs,
     ) -> torch.Tensor:
         """Engine step: input_ids, positions [N] -> hidden [N, H] before the final norm."""
         x = self.model.embed_tokens(input_ids)
         # nn.ModuleList is typed as holding plain nn.Modules; HybridModel fills it with HybridDecoderLayers only.
         for layer in cast("Iterable[HybridDecoderLayer]", self.model.layers):
-            x = layer.step(x, positions, attn, recurrent)
+            x = layer.step(x, positions, step)
         return x
+
+    def set_recurrent_backend(self, backend: str, device: torch.device) -> None:
+        set_gdn_backend(self, backend, device)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] -> logits [..., V] fp32 (the head runs in the model dtype)."""

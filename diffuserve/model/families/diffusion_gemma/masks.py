@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from diffuserve.model.diffusion_gemma_config import FULL, SLIDING, GemmaArgs
+from diffuserve.model.families.diffusion_gemma.attention import GemmaAttentionInputs
+from diffuserve.model.families.diffusion_gemma.config import FULL, SLIDING, GemmaArgs
 from diffuserve.model.layers.attention import DenseAttentionInputs
-from diffuserve.model.layers.gemma_attention import GemmaAttentionInputs
 
 
 def key_start(kind: str, window: int, first_row: int) -> int:
