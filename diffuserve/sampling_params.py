@@ -24,7 +24,7 @@ MAX_LOGPROBS = 20
 MASK_DECODER_NAMES = ("threshold", "fixed", "entropy", "edit")
 """The decoders of masked blocks (SDAR, LLaDA2, Clover): each step fills some of a block's mask tokens."""
 RENOISE = "renoise"
-"""DiffusionGemma's decoder (engine/renoise_decoding.py): a canvas of random tokens, every position sampled each
+"""DiffusionGemma's decoder (decoding/renoise.py): a canvas of random tokens, every position sampled each
 step, the low-entropy ones kept and the rest renoised, on a temperature schedule (t_max -> t_min)."""
 DECODER_NAMES = (*MASK_DECODER_NAMES, RENOISE)
 """The decoders, by name: the one list that validation, the engine's policies and the server's schema use."""

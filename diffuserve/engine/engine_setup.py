@@ -16,14 +16,14 @@ from typing import Any
 import torch
 
 from diffuserve.config import EngineConfig
+from diffuserve.decoding.block_decoding import BlockDecoding
+from diffuserve.decoding.grammar_walk import StructuredDecoding
 from diffuserve.distributed.group import ParallelGroup, launched_by_torchrun, rank_device, torchrun_rank
 from diffuserve.distributed.launcher import ParallelRuntime, start_parallel
 from diffuserve.distributed.step_channel import StepChannel
 from diffuserve.distributed.worker import run_torchrun_worker
-from diffuserve.engine.block_decoding import BlockDecoding
 from diffuserve.engine.cache.manager import CacheManager
 from diffuserve.engine.executor import ModelExecutor
-from diffuserve.engine.grammar_decoding import StructuredDecoding
 from diffuserve.engine.model_runner import ModelRunner
 from diffuserve.engine.scheduler import Scheduler
 from diffuserve.model.config import ModelArgs
@@ -122,7 +122,9 @@ def build_components(config: EngineConfig, make_runner: RunnerFactory | None = N
     structured = (
         StructuredDecoding(tokenizer, args.vocab_size, list(args.eos_token_ids)) if tokenizer is not None else None
     )
-    decoding = BlockDecoding(args.block_length, executor.device, config.seed, structured, args.vocab_size)
+    decoding = BlockDecoding(
+        executor.model.step_rules, args.block_length, executor.device, config.seed, structured, args.vocab_size
+    )
     runner = (make_runner or serving_runner(config))(executor, decoding, max_model_len)
     defaults = generation_defaults(family, read_model_config(config.model)[1])
     return EngineComponents(

@@ -88,6 +88,7 @@ class LLMEngine:
             raise DuplicateRequestId("request_id", f"{request_id!r} is already in use")
         token_ids = self._encode(prompt)
         resolved = self.resolve_params(params, len(token_ids))
+        decoder = self.runner.decoding.resolve(resolved)  # the one place a decoder is chosen and checked
         parent = ParentRequest(
             request_id,
             prompt if isinstance(prompt, str) else None,
@@ -106,6 +107,7 @@ class LLMEngine:
         self.scheduler.check_fits(children[0])  # all children have the same size; raises before any is queued
         self.output_processor.add_request(parent)
         for child in children:
+            self.runner.decoding.assign(child.request_id, decoder)
             self.scheduler.add(child)
 
     def resolve_params(self, params: SamplingParams | None, num_prompt_tokens: int) -> ResolvedSamplingParams:
@@ -134,11 +136,8 @@ class LLMEngine:
         resolved = params.with_defaults(
             self.generation_defaults, max_tokens_limit=room, eos_token_ids=self.args.eos_token_ids
         )
-        self._check_decoder(resolved)
         if self.steps_capped_by_max_tokens:  # LLaDA2: steps = min(steps, gen_length // minimal_topk), topk 1
             resolved = resolved.replace(steps=min(resolved.steps or self.args.block_length, resolved.max_tokens))
-        if resolved.structured_outputs is not None:
-            self._check_structured(resolved)
         return resolved
 
     def abort_request(self, request_id: str) -> None:
@@ -186,53 +185,6 @@ class LLMEngine:
         self.runner.shutdown()
 
     # ---- helpers -------------------------------------------------------------------------------------------
-    def _check_decoder(self, params: ResolvedSamplingParams) -> None:
-        """UnsupportedParameter unless the request's decoder fits the model's blocks: renoise canvases take the
-        renoise decoder only, masked blocks every other; renoise samples each position from its whole tempered
-        distribution (its schedule, t_max -> t_min), so top_p and top_k do not apply to it."""
-        if self.runner.rules.renoise_canvas and not params.is_renoise:
-            raise UnsupportedParameter(
-                "decoder",
-                f"{params.decoder} fills mask tokens, and this model's blocks are renoise canvases (random tokens, no "
-                "mask token); use renoise or leave it unset",
-            )
-        if params.is_renoise and not self.runner.rules.renoise_canvas:
-            raise UnsupportedParameter(
-                "decoder",
-                "renoise decodes random-token canvases, and this model's blocks are masked; use threshold, fixed, "
-                "entropy or edit",
-            )
-        if params.is_renoise and (params.top_p < 1 or params.top_k > 0):
-            name, value = ("top_p", params.top_p) if params.top_p < 1 else ("top_k", params.top_k)
-            raise UnsupportedParameter(
-                name,
-                f"got {value}; the renoise decoder samples every canvas position from its whole tempered "
-                "distribution (temperatures t_max -> t_min), so it has no nucleus or top-k filter; remove the field",
-            )
-
-    def _check_structured(self, params: ResolvedSamplingParams) -> None:
-        """RequestError unless the engine can constrain this request (a tokenizer, a non-editing, non-renoise
-        decoder, a grammar that compiles)."""
-        if params.is_renoise:
-            raise UnsupportedParameter(
-                "structured_outputs",
-                "the renoise decoder rewrites every position of a canvas at every step (random tokens until the "
-                "canvas ends), so a grammar cannot be kept left to right as in a masked block; remove the field",
-            )
-        structured = self.runner.decoding.structured
-        if structured is None:
-            raise RequestError(
-                "structured_outputs", "this model directory has no tokenizer to compile grammars with; remove the field"
-            )
-        if params.is_editing:
-            raise RequestError(
-                "decoder",
-                "edit cannot be combined with structured_outputs (an edited token could "
-                "leave the grammar); choose threshold, fixed or entropy",
-            )
-        assert params.structured_outputs is not None
-        structured.check(params.structured_outputs)
-
     def _finish_requests(self, request_ids: list[str], status: RequestStatus, error: str | None = None) -> None:
         """Finishes them through the scheduler and frees their generators in the runner."""
         for request in self.scheduler.finish_requests(request_ids, status, error):

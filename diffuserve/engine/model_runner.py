@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.engine.block_decoding import BlockDecoding
+from diffuserve.decoding.block_decoding import BlockDecoding
 from diffuserve.engine.cache.paged_step import PagedMetadataBuilder, WindowMetadataBuilder
 from diffuserve.engine.cache.state_step import StateMetadataBuilder, StatePlan, state_slot
 from diffuserve.engine.cache.step_metadata import StepMetadata
@@ -133,10 +133,9 @@ class ModelRunner:
                 group.add(work, len(ids))
             ids += request.known_tokens(work.commit_start, work.commit_end)
             if work.has_block:
-                blocks.append(
-                    BlockRows(work, len(ids), self.decoding.read_positions(request, self.rules.autoregressive))
-                )
-                ids += self.decoding.block_tokens(request)
+                decoder = self.decoding.decoder_of(request)
+                blocks.append(BlockRows(work, len(ids), decoder.read_positions(request)))
+                ids += decoder.block_tokens(request, self.decoding.generators)
             positions += range(work.query_start, work.query_end)
         scoring = ScoringRows(shift=self.rules.prediction_shift, causal=self.rules.autoregressive)
         for work in scheduled:
@@ -221,14 +220,11 @@ class ModelRunner:
             request = block.work.request
             rows = logits[start : start + len(block.positions)]
             start += len(block.positions)
-            if self.rules.autoregressive:
-                writes[request.request_id] = self.decoding.next_token(request, rows, block.positions[0])
-            elif request.params.is_renoise:
-                writes[request.request_id], tempered = self.decoding.decode_renoise(request, rows)
-                if tempered is not None:
-                    carried.append((canvas_slot(request), tempered))
-            else:
-                writes[request.request_id] = self.decoding.decode(request, rows, block.positions)
+            decoder = self.decoding.decoder_of(request)
+            decoded = decoder.decode(request, rows, block.positions, self.decoding.generators)
+            writes[request.request_id] = decoded.write
+            if decoded.self_conditioning is not None:
+                carried.append((canvas_slot(request), decoded.self_conditioning))
         if carried:
             self._keep_self_conditioning(carried)
         return writes

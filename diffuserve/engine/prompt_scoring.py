@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diffuserve.engine.logprobs import logprob_rows, token_logprobs
+from diffuserve.decoding.logprobs import logprob_rows, token_logprobs
 from diffuserve.engine.outputs import TokenLogprobs
 from diffuserve.engine.request import Request, ScheduledRequest
 from diffuserve.model.layers.attention import SequenceSlice

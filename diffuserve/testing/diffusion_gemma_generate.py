@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diffuserve.engine.renoise_steps import (
+from diffuserve.decoding.renoise_knobs import RenoiseDefaults
+from diffuserve.decoding.renoise_steps import (
     DenoiseStep,
     denoise_step,
     empty_history,
@@ -33,7 +34,7 @@ from diffuserve.engine.renoise_steps import (
     should_stop,
 )
 from diffuserve.model.families.diffusion_gemma.attention import GemmaAttentionInputs
-from diffuserve.model.families.diffusion_gemma.config import FULL, SLIDING, RenoiseDefaults, gemma_args
+from diffuserve.model.families.diffusion_gemma.config import FULL, SLIDING, gemma_args
 from diffuserve.model.families.diffusion_gemma.masks import key_start, rows_mask
 from diffuserve.model.families.diffusion_gemma.model import DiffusionGemmaForBlockDiffusion
 from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from diffuserve.engine.decoders import DECODERS, Proposal, filter_logits, num_transfer_tokens, propose
+from diffuserve.decoding.mask_policies import MASK_POLICIES, Proposal, filter_logits, num_transfer_tokens, propose
 from diffuserve.sampling_params import MASK_DECODER_NAMES, SamplingParams
 from diffuserve.testing import reference_decoders
 
@@ -19,13 +19,13 @@ def proposal(conf: list[float], entropy: list[float] | None = None) -> Proposal:
 
 
 def accepted(decoder: str, prop: Proposal, step: int = 0, **params) -> list[int]:
-    mask = DECODERS[decoder].select(prop, step, SamplingParams(**params).with_defaults({}), len(prop.confidence))
+    mask = MASK_POLICIES[decoder].select(prop, step, SamplingParams(**params).with_defaults({}), len(prop.confidence))
     return mask.nonzero().flatten().tolist()
 
 
 def test_every_decoder_name_has_its_policy():
-    assert tuple(DECODERS) == MASK_DECODER_NAMES
-    assert [type(d).__name__ for d in DECODERS.values()] == [
+    assert tuple(MASK_POLICIES) == MASK_DECODER_NAMES
+    assert [type(d).__name__ for d in MASK_POLICIES.values()] == [
         "ThresholdDecoder",
         "FixedStepsDecoder",
         "EntropyBoundDecoder",
@@ -121,7 +121,7 @@ MASS_ON_MASK = torch.log(torch.tensor([[0.42, 0.10, 0.10, 0.38], [0.45, 0.25, 0.
 def greedy_accepted(logits: torch.Tensor, threshold: float, mask_token_id: int | None = MASK) -> list[int]:
     params = SamplingParams(temperature=0.0, threshold=threshold).with_defaults({})
     prop = propose(logits, torch.arange(len(logits)), len(logits), params, None, mask_token_id=mask_token_id)
-    return DECODERS["threshold"].select(prop, 0, params, len(logits)).nonzero().flatten().tolist()
+    return MASK_POLICIES["threshold"].select(prop, 0, params, len(logits)).nonzero().flatten().tolist()
 
 
 def test_greedy_confidence_is_the_whole_vocabularys_probability():

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import torch
 
-from diffuserve.engine.renoise_steps import (
+from diffuserve.decoding.renoise_knobs import RenoiseDefaults
+from diffuserve.decoding.renoise_steps import (
     DenoiseStep,
     denoise_step,
     empty_history,
@@ -19,7 +20,6 @@ from diffuserve.engine.renoise_steps import (
     step_temperature,
     token_entropy,
 )
-from diffuserve.model.families.diffusion_gemma.config import RenoiseDefaults
 
 KNOBS = RenoiseDefaults()  # 48 steps, t 0.8 -> 0.4, bound 0.1, stability 1, confidence 0.005
 

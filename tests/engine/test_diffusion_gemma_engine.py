@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from diffuserve.config import EngineConfig
-from diffuserve.engine import renoise_decoding
-from diffuserve.engine import renoise_steps as decoding
+from diffuserve.decoding import renoise as renoise_decoding
+from diffuserve.decoding import renoise_steps as decoding
 from diffuserve.engine.cache.paged import FREED
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.sampling_params import SamplingParams
@@ -82,12 +82,12 @@ def run_engine(
     every denoising step of each (denoise_step wrapped: its input canvas and accepted positions, attributed to
     the request whose generator drew it)."""
     record = EngineRecord()
-    generators = engine.runner.decoding._generators
+    generators = engine.runner.decoding.generators
     step = decoding.denoise_step
 
     def recording(logits, canvas, index, knobs, generator):
         result = step(logits, canvas, index, knobs, generator)
-        request_id = next(r for r, g in generators.items() if g is generator)
+        request_id = generators.owner_of(generator)
         record.canvases[request_id].append(canvas.clone())
         record.accepted[request_id].append(result.accepted.clone())
         return result

@@ -16,8 +16,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from diffuserve.engine import renoise_steps as decoding
-from diffuserve.model.families.diffusion_gemma.config import RenoiseDefaults, renoise_defaults
+from diffuserve.decoding import renoise_steps as decoding
+from diffuserve.decoding.renoise_knobs import RenoiseDefaults
+from diffuserve.model.families.diffusion_gemma.config import renoise_defaults
 from diffuserve.model.loader import load_model, read_model_config
 from diffuserve.testing.diffusion_gemma_generate import GemmaOutput, GemmaRequest, generate
 from diffuserve.testing.diffusion_gemma_hf import (

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
+from diffuserve.decoding.mask_policies import MASK_POLICIES, Proposal
 from diffuserve.engine.cache.paged_step import PagedMetadataBuilder
-from diffuserve.engine.decoders import DECODERS, Proposal
 from diffuserve.engine.request import Request, RequestStatus
 from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice, block_causal_mask
 from diffuserve.model.step_inputs import StepInputs
@@ -26,15 +26,15 @@ EDIT = SamplingParams(decoder="edit", threshold=0.7, edit_threshold=0.5, max_pos
 def _decide(canvas: list[int], tokens: list[int], conf: list[float], params: SamplingParams) -> list[int]:
     canvas_t = torch.tensor(canvas)
     proposal = Proposal(torch.tensor(tokens), torch.tensor(conf), None)
-    write = DECODERS["edit"].decide(proposal, canvas_t, canvas_t == MASK, 0, params.with_defaults({}), len(canvas))
+    write = MASK_POLICIES["edit"].decide(proposal, canvas_t, canvas_t == MASK, 0, params.with_defaults({}), len(canvas))
     return write.nonzero().flatten().tolist()
 
 
 def test_edit_decoder_fills_masks_and_rewrites_confident_changes():
     # position 0 is the prompt's tail (no proposal); 1 and 3 are accepted; 2 and 4 are masked
     canvas = [7, 11, MASK, 13, MASK]
-    assert DECODERS["edit"].logit_positions([2, 4], 1, 5) == [1, 2, 3, 4]
-    assert DECODERS["threshold"].logit_positions([2, 4], 1, 5) == [2, 4]
+    assert MASK_POLICIES["edit"].logit_positions([2, 4], 1, 5) == [1, 2, 3, 4]
+    assert MASK_POLICIES["threshold"].logit_positions([2, 4], 1, 5) == [2, 4]
     tokens = [0, 12, 20, 13, 21]
     assert _decide(canvas, tokens, [NEG, 0.6, 0.8, 0.9, 0.3], EDIT) == [1, 2]  # 3 proposes its own token
     assert _decide(canvas, tokens, [NEG, 0.5, 0.6, 0.9, 0.3], EDIT) == [2]  # strict >; top-1 mask fallback

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from diffuserve.decoding.grammar_compiler import GrammarCompiler
+from diffuserve.decoding.grammar_state import GrammarState
 from diffuserve.default_model import DEFAULT_MODEL_DIR
-from diffuserve.engine.grammar import GrammarCompiler
-from diffuserve.engine.grammar_state import GrammarState
 from diffuserve.errors import RequestError
 from diffuserve.structured_outputs import StructuredOutputsParams
 from diffuserve.tokenizer import Tokenizer

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from diffuserve import SamplingParams
+from diffuserve.decoding import grammar_walk as grammar_decoding
+from diffuserve.decoding.grammar_walk import StructuredDecoding
 from diffuserve.default_model import DEFAULT_MODEL_DIR
-from diffuserve.engine import grammar_decoding
-from diffuserve.engine.grammar_decoding import StructuredDecoding
 from diffuserve.engine.request import Request
 from diffuserve.structured_outputs import StructuredOutputsParams
 from diffuserve.tokenizer import Tokenizer

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.engine import decoders
+from diffuserve.decoding import mask_policies as decoders
 from diffuserve.model.layers import attention
 from diffuserve.testing.cache_check import check_cached_logits
 from diffuserve.testing.parity import check_parity

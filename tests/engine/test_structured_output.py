@@ -11,8 +11,8 @@ import jsonschema_rs
 import pytest
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.engine import grammar_decoding
-from diffuserve.engine.grammar_state import GrammarState
+from diffuserve.decoding import grammar_walk as grammar_decoding
+from diffuserve.decoding.grammar_state import GrammarState
 from diffuserve.errors import RequestError
 from diffuserve.structured_outputs import StructuredOutputsParams
 from diffuserve.tool_format import call_grammar, parse_calls

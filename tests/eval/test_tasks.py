@@ -6,7 +6,7 @@ import itertools
 import json
 import re
 
-from diffuserve.engine.grammar import JSON_SEPARATORS
+from diffuserve.decoding.grammar_compiler import JSON_SEPARATORS
 from diffuserve.eval.tasks import (
     GENERATORS,
     TASKS,

@@ -15,7 +15,7 @@ from typing import Any
 from diffuserve.bench.baselines.recompute import RecomputeRunner
 from diffuserve.bench.baselines.rescan import RescanRunner
 from diffuserve.config import EngineConfig
-from diffuserve.engine.block_decoding import BlockDecoding
+from diffuserve.decoding.block_decoding import BlockDecoding
 from diffuserve.engine.executor import ModelExecutor
 from diffuserve.engine.llm import LLM
 from diffuserve.engine.llm_engine import LLMEngine

@@ -49,12 +49,15 @@ class RecomputeRunner(ModelRunner):
         if self.rules.prediction_shift:
             previous = hidden[0, -1:] if hidden is not None else rows[:1]  # position 0 is never masked
             rows = torch.cat([previous, rows[:-1]])
-        read = self.decoding.read_positions(request, autoregressive=False)
-        return self.decoding.decode(request, self.model.compute_logits(rows[read]), read)
+        decoder = self.decoding.decoder_of(request)
+        read = decoder.read_positions(request)
+        return decoder.decode(request, self.model.compute_logits(rows[read]), read, self.decoding.generators).write
 
     def _next_token(self, work: ScheduledRequest, prefix: torch.Tensor) -> BlockWrite:
         request = work.request
-        index = request.masked_indices()[0]
+        decoder = self.decoding.decoder_of(request)  # the autoregressive rule: the first masked position
+        index = decoder.read_positions(request)[0]
         known = torch.tensor([request.canvas[:index]], dtype=torch.long, device=self.device)
         hidden, _ = self.clover.forward_causal(torch.cat([prefix, known], dim=1))
-        return self.decoding.next_token(request, self.model.compute_logits(hidden[0, -1:]), index)
+        logits = self.model.compute_logits(hidden[0, -1:])
+        return decoder.decode(request, logits, [index], self.decoding.generators).write

@@ -21,7 +21,7 @@ from collections import defaultdict
 import torch
 
 from diffuserve.bench.baselines.gdn_rescan import GdnRescan, PrefixGroup
-from diffuserve.engine.block_decoding import BlockDecoding
+from diffuserve.decoding.block_decoding import BlockDecoding
 from diffuserve.engine.cache.state_step import StatePlan, state_slot
 from diffuserve.engine.executor import ModelExecutor
 from diffuserve.engine.model_runner import ModelRunner

@@ -5,7 +5,7 @@ A slot is taken with a request's first work after admission and given back when 
 aborted or is preempted. What it holds (the previous step's soft embeddings) is not recomputable from tokens, so
 a request that comes back after a preemption restarts its current canvas from the canvas's first step; the
 renoise decoder then redraws it from the generator state it saved at that canvas's start, so the redone canvas
-is the one the request would have decoded anyway (engine/renoise_decoding.py). The pool holds max_num_seqs
+is the one the request would have decoded anyway (decoding/renoise.py). The pool holds max_num_seqs
 slots, one per running request: a slot is never waited for. Prefixes are the paged kinds' business.
 """
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from diffuserve.decoding.renoise_knobs import RenoiseDefaults
 from diffuserve.model.config import ModelArgs, RopeArgs, _first, _require
 from diffuserve.model.shapes import CacheLayout, CanvasState, PagedKV, SlidingWindowKV
 
@@ -201,24 +202,6 @@ def diffusion_gemma_args_from_hf(config: dict, generation_config: dict | None = 
         torch_dtype=_first(text, "dtype", "torch_dtype", default=_first(config, "dtype", "torch_dtype")),
         extra={"gemma": gemma},
     )
-
-
-@dataclass(frozen=True)
-class RenoiseDefaults:
-    """The reference decoding knobs (transformers' `DiffusionGemmaGenerationConfig`), with its global defaults
-    (`_get_default_generation_params`) where generation_config.json leaves one unset."""
-
-    max_denoising_steps: int = 48
-    entropy_bound: float = 0.1
-    t_min: float = 0.4
-    t_max: float = 0.8
-    stability_threshold: int = 1
-    confidence_threshold: float = 0.005
-    max_new_tokens: int = 256
-    eos_token_ids: tuple[int, ...] = ()
-    """Only generation_config.json's: transformers' generate never reads config.json's eos_token_id."""
-    pad_token_id: int | None = None
-    """Replaces the tokens after a canvas's first EOS (None: they stay)."""
 
 
 def _field(generation: dict, key: str, default: Any) -> Any:

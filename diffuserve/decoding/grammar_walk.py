@@ -26,18 +26,18 @@ from typing import Any
 
 import torch
 
-from diffuserve.engine.decoders import (
-    DECODERS,
-    Decoder,
+from diffuserve.decoding.grammar_compiler import GrammarCompiler
+from diffuserve.decoding.grammar_state import GrammarState
+from diffuserve.decoding.logprobs import LogprobRows
+from diffuserve.decoding.mask_policies import (
+    MASK_POLICIES,
     EntropyBoundDecoder,
     FixedStepsDecoder,
+    MaskPolicy,
     Proposal,
     ThresholdDecoder,
     propose,
 )
-from diffuserve.engine.grammar import GrammarCompiler
-from diffuserve.engine.grammar_state import GrammarState
-from diffuserve.engine.logprobs import LogprobRows
 from diffuserve.engine.request import Request
 from diffuserve.structured_outputs import StructuredOutputsParams
 
@@ -105,7 +105,7 @@ class StructuredDecoding:
         # was never fed to the walk's matcher).
         positions = positions[: next((k for k, i in enumerate(positions) if i != undecided + k), len(positions))]
         state.sync(request.output_token_ids + request.canvas[first:undecided])
-        decoder = DECODERS[params.decoder]
+        decoder = MASK_POLICIES[params.decoder]
         # The decoder's per-step count (>= 1 at every step of a block), taken from the left.
         floor = (
             1
@@ -203,7 +203,7 @@ class StructuredDecoding:
         return state
 
 
-def _early_stop(decoder: Decoder, floor: int, threshold: float) -> Callable[[int, float], bool] | None:
+def _early_stop(decoder: MaskPolicy, floor: int, threshold: float) -> Callable[[int, float], bool] | None:
     """When the walk may stop, for decoders whose accepted run depends on the positions before it only:
 
     fixed accepts exactly the `floor` positions taken from the left; threshold accepts them and then every

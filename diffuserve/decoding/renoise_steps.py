@@ -1,4 +1,5 @@
-"""DiffusionGemma's decoding (uniform-noise "renoise" diffusion over a canvas), as pure functions over tensors.
+"""Renoise decoding (uniform-noise diffusion over a canvas, the rule DiffusionGemma was trained for), as pure
+functions over tensors.
 
 One canvas of C positions starts as C uniformly random tokens. Each step, from the step's logits [C, V]:
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.model.families.diffusion_gemma.config import RenoiseDefaults
+from diffuserve.decoding.renoise_knobs import RenoiseDefaults
 
 
 @dataclass(frozen=True)

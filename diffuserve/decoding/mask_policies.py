@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.engine.logprobs import LogprobRows, logprob_rows
+from diffuserve.decoding.logprobs import LogprobRows, logprob_rows
 from diffuserve.sampling_params import MASK_DECODER_NAMES, ResolvedSamplingParams
 
 
@@ -146,7 +146,7 @@ def top_k_mask(confidence: torch.Tensor, k: int) -> torch.Tensor:
     return accept
 
 
-class Decoder(ABC):
+class MaskPolicy(ABC):
     """A denoising policy. `select` returns the [B] bool mask of masked positions whose proposal is accepted;
     `decide` the positions written this step (by default the same: accepted tokens never change)."""
 
@@ -179,7 +179,7 @@ class Decoder(ABC):
         return num_transfer_tokens(block_length, params.steps or block_length, step)
 
 
-class ThresholdDecoder(Decoder):
+class ThresholdDecoder(MaskPolicy):
     """Accept every proposal with confidence > threshold (strict); if fewer than the schedule's count for this
     step, accept the schedule's count of most confident ones instead (SDAR `low_confidence_dynamic`, LLaDA2)."""
 
@@ -189,14 +189,14 @@ class ThresholdDecoder(Decoder):
         return above if int(above.sum()) >= count else top_k_mask(proposal.confidence, count)
 
 
-class FixedStepsDecoder(Decoder):
+class FixedStepsDecoder(MaskPolicy):
     """Accept exactly the schedule's count of most confident proposals (LLaDA / SDAR `low_confidence_static`)."""
 
     def select(self, proposal: Proposal, step: int, params: ResolvedSamplingParams, block_length: int) -> torch.Tensor:
         return top_k_mask(proposal.confidence, self.min_count(step, params, block_length))
 
 
-class EntropyBoundDecoder(Decoder):
+class EntropyBoundDecoder(MaskPolicy):
     """EB-sampler: sort masked positions by entropy (ascending) and accept the longest prefix whose entropy sum,
     less its largest member, stays within gamma = `entropy_bound`; always at least one position."""
 
@@ -243,7 +243,7 @@ class EditDecoder(ThresholdDecoder):
         return fill | edit
 
 
-DECODERS: dict[str, Decoder] = dict(
+MASK_POLICIES: dict[str, MaskPolicy] = dict(
     zip(
         MASK_DECODER_NAMES,
         (ThresholdDecoder(), FixedStepsDecoder(), EntropyBoundDecoder(), EditDecoder()),
@@ -251,4 +251,4 @@ DECODERS: dict[str, Decoder] = dict(
     )
 )
 """The policy of each mask decoder (sampling_params.MASK_DECODER_NAMES), in its order; the renoise decoder's
-canvases are engine/renoise_decoding's."""
+canvases are decoding/renoise.py's."""

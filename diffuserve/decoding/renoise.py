@@ -1,6 +1,6 @@
-"""RenoiseDecoding: the renoise decoder (DiffusionGemma's canvases) on rank 0, its per-request state and one
-canvas's step. The arithmetic is diffusion_gemma_decoding's pure functions, the ones transformers' `generate` is
-matched against; this module owns when they run and what a request keeps between steps:
+"""RenoiseDecoder: the renoise decoder (uniform-noise canvases, as DiffusionGemma decodes) on rank 0, its
+per-request state and one canvas's step. The arithmetic is renoise_steps' pure functions, the ones transformers'
+`generate` is matched against; this module owns when they run and what a request keeps between steps:
 
     canvas start   the request's generator state (saved at the canvas's first step, restored if the canvas is
                    redone after a preemption), then C uniform random tokens drawn from it: the first input
@@ -22,10 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.engine.logprobs import logprob_rows, token_logprobs
-from diffuserve.engine.renoise_steps import denoise_step, empty_history, random_canvas, should_stop
+from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
+from diffuserve.decoding.logprobs import logprob_rows, token_logprobs
+from diffuserve.decoding.protocol import BlockDecode
+from diffuserve.decoding.renoise_knobs import RenoiseDefaults
+from diffuserve.decoding.renoise_steps import denoise_step, empty_history, random_canvas, should_stop
 from diffuserve.engine.request import BlockWrite, Request
-from diffuserve.model.families.diffusion_gemma.config import RenoiseDefaults
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 
@@ -54,10 +56,29 @@ def renoise_knobs(params: ResolvedSamplingParams) -> RenoiseDefaults:
     )
 
 
-class RenoiseDecoding:
+class RenoiseDecoder:
+    """The renoise decoder (a `Decoder`): reads every canvas position every step, draws a canvas's tokens at its
+    first step, and hands on the tempered logits its next step is self-conditioned on."""
+
+    name = "renoise"
+
     def __init__(self, block_length: int, vocab_size: int, device: torch.device) -> None:
         self.block_length, self.vocab_size, self.device = block_length, vocab_size, device
         self._canvases: dict[str, _Canvas] = {}
+
+    def read_positions(self, request: Request) -> list[int]:
+        return list(range(self.block_length))
+
+    def block_tokens(self, request: Request, generators: RequestGenerators) -> list[int]:
+        return self.canvas_tokens(request, generators.of(request))
+
+    def decode(
+        self, request: Request, rows: torch.Tensor, positions: list[int], generators: RequestGenerators
+    ) -> BlockDecode:
+        """Below min_tokens the stop ids are forbidden, then one renoise step (`step`)."""
+        rows = forbid_tokens(request, positions, rows)
+        write, tempered = self.step(request, rows, generators.of(request))
+        return BlockDecode(write, tempered)
 
     def canvas_tokens(self, request: Request, generator: torch.Generator) -> list[int]:
         """The tokens the request's canvas reads this step. At the canvas's first step they are drawn: from the
@@ -75,7 +96,7 @@ class RenoiseDecoding:
         self._canvases[request.request_id] = _Canvas(request.block_start, state, tokens, history)
         return tokens.tolist()
 
-    def decode(
+    def step(
         self, request: Request, logits: torch.Tensor, generator: torch.Generator
     ) -> tuple[BlockWrite, torch.Tensor | None]:
         """logits [C, V] fp32 of the canvas this step read -> (what the step writes into the canvas: every

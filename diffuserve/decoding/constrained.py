@@ -1,0 +1,37 @@
+"""GrammarConstrained: a decoder wrapped so that every accepted token extends a valid prefix of the request's
+grammar (`structured_outputs`): the inner decoder says which positions are read; the grammar walk
+(grammar_walk.py) proposes and accepts them left to right."""
+
+from __future__ import annotations
+
+import torch
+
+from diffuserve.decoding.block_write import block_write
+from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
+from diffuserve.decoding.grammar_walk import StructuredDecoding
+from diffuserve.decoding.protocol import BlockDecode, Decoder
+from diffuserve.engine.request import Request
+
+
+class GrammarConstrained:
+    def __init__(self, inner: Decoder, structured: StructuredDecoding, block_length: int) -> None:
+        self.inner, self.structured, self.block_length = inner, structured, block_length
+        self.name = inner.name
+
+    def read_positions(self, request: Request) -> list[int]:
+        return self.inner.read_positions(request)
+
+    def block_tokens(self, request: Request, generators: RequestGenerators) -> list[int]:
+        return self.inner.block_tokens(request, generators)
+
+    def decode(
+        self, request: Request, rows: torch.Tensor, positions: list[int], generators: RequestGenerators
+    ) -> BlockDecode:
+        rows = forbid_tokens(request, positions, rows)
+        generator = generators.for_sampling(request)
+        proposal, written = self.structured.decode(request, rows, positions, generator, self.block_length)
+        return BlockDecode(block_write(proposal, torch.tensor(written, dtype=torch.long, device=rows.device)))
+
+    def release(self, request_id: str) -> None:
+        self.inner.release(request_id)
+        self.structured.release(request_id)
