@@ -2,7 +2,7 @@
 batched SDPA groups and FlashInfer's varlen paged kernel (model/layers/attention_backends; flashinfer needs
 `pip install -e '.[cuda-kernels]'`), on the device.
 
-1. outputs: random steps of every shape the runners make (diffuserve/testing/attention_steps.py: blocks, prefill
+1. outputs: random steps of every shape the runners make (diffuserve/reference/attention_steps.py: blocks, prefill
    chunks, fused commits, hybrid rows, scoring variants, padding rows) in bf16, each backend's max |out - ref|
    with ref = the loop in fp32 over the same bf16 values (and the batched backend in fp32 against it);
 2. time of one step's attention over 8 layers (the bench model's heads: 8 query, 2 KV, 64 dims) at 1 / 16 / 64
@@ -34,8 +34,8 @@ from diffuserve import LLM, SamplingParams
 from diffuserve.model.layers.attention import paged_attention
 from diffuserve.model.layers.attention_backends.interface import AttentionBackend, PagedAttentionInputs
 from diffuserve.model.layers.attention_backends.selection import select
-from diffuserve.testing.attention_steps import KINDS, AttentionStep, StepShape, random_kinds, random_step
-from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
+from diffuserve.reference.attention_steps import KINDS, AttentionStep, StepShape, random_kinds, random_step
+from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 
 BENCH_HEADS = {"num_heads": 8, "num_kv_heads": 2, "head_dim": 64}
 SMALL = {"max_num_seqs": 8, "max_model_len": 512, "kv_cache_memory": 1 << 30}

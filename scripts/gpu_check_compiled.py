@@ -28,8 +28,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.engine.executor import CompiledForward
-from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
+from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
+from diffuserve.worker.executor import CompiledForward
 
 
 def _engine(model_dir: Path, device: str, compiled: bool) -> LLM:

@@ -29,7 +29,7 @@ from diffuserve import LLM, SamplingParams
 from diffuserve.model.families.clover_moe import gdn_kernels
 from diffuserve.model.families.clover_moe.gated_deltanet import set_gdn_backend
 from diffuserve.model.loader import load_model
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
 SPLITS = (150, 1, 49)
 

@@ -33,9 +33,9 @@ from diffuserve.model.quant.quantize import on_load_format, quantize
 from diffuserve.model.quant.writer import quantize_checkpoint
 from diffuserve.model.weight_bytes import weight_bytes
 from diffuserve.quant_scheme import make_scheme
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
-from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
-from diffuserve.testing.reference_quant import reference_dequantize
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
+from diffuserve.reference.reference_quant import reference_dequantize
 
 SHAPES = {"expert gate_up": (1024, 2048), "expert down": (2048, 512), "gdn in_proj_qkv": (8192, 2048)}
 TINY_SHAPES = {"tiny": (256, 256)}

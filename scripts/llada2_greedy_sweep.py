@@ -19,7 +19,7 @@ token at -inf, so the confidence renormalised without it), inside the same refer
 confidences with and without the mask token's mass, the mask token's probability there, and the gap between
 the k-th and (k+1)-th confidence when the step fell back to top-k.
 
-The grid: checkpoints of `--seeds` (written by diffuserve.testing.llada2_checkpoint) at `--logit-scale`,
+The grid: checkpoints of `--seeds` (written by diffuserve.reference.llada2_checkpoint) at `--logit-scale`,
 thresholds 0.5 / 0.9 / 0.95, two step settings (`default`: 32 steps, answers longer than a block; `capped`:
 answers shorter than a block, so `steps = min(steps, gen_length)` caps them), `--prompts` prompts per setting
 (random token ids, drawn per setting and seed): 72 requests per seed with the defaults. Prints one row per
@@ -61,7 +61,7 @@ from safetensors.torch import load_file
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.model.loader import load_args
-from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
+from diffuserve.reference.llada2_checkpoint import write_llada2_checkpoint
 
 THRESHOLDS = (0.5, 0.9, 0.95)
 PROMPT_LENGTHS = (1, 3, 5, 17, 31, 32, 33, 40, 47, 64, 70, 90)

@@ -49,8 +49,8 @@ def write_checkpoint(out: Path, layers: int, dtype: str, shard_bytes: int) -> No
     from diffuserve.model.families.clover_moe.config import clover_moe_args_from_hf, with_diffusion
     from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
     from diffuserve.model.families.clover_moe.weights import clover_moe_checkpoint_tensors
-    from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
-    from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config
+    from diffuserve.reference.byte_tokenizer import write_byte_tokenizer
+    from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config
 
     out.mkdir(parents=True, exist_ok=True)
     specials = write_byte_tokenizer(out, 320)

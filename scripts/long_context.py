@@ -30,7 +30,7 @@ KV_DTYPES = ("auto", "fp8")
 
 
 def write_model(root: Path, context: int) -> Path:
-    from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+    from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
     config = make_clover_moe_config(max_position_embeddings=context, torch_dtype="bfloat16")
     return write_clover_moe_checkpoint(root / "clover-tiny-128k", config, seed=0, init_std=0.1, logit_scale=20.0)

@@ -22,9 +22,9 @@ from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.loader import load_model
 from diffuserve.model.step_inputs import StepInputs
 from diffuserve.quant_scheme import make_scheme
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
-from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
-from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.llada2_checkpoint import write_llada2_checkpoint
+from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 
 WIDE = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64, moe_intermediate_size=256)
 LOGIT_SCALE = 10.0

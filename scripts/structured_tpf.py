@@ -20,8 +20,8 @@ from pathlib import Path
 from diffuserve import LLM, SamplingParams
 from diffuserve.default_model import DEFAULT_MODEL_DIR
 from diffuserve.eval.tasks import TASKS, Example, heldout_examples, is_correct
+from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 from diffuserve.structured_outputs import StructuredOutputsParams
-from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
 
 ANSWER_REGEX = {
     "add": r"[0-9]{2,3}",

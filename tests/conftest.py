@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
-from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
+from diffuserve.reference.llada2_checkpoint import write_llada2_checkpoint
+from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 
 # Tiny models gain nothing from threads, and OpenMP threads collapse when other processes share the cores.
 torch.set_num_threads(1)

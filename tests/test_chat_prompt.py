@@ -11,7 +11,7 @@ import pytest
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.errors import RequestError
-from diffuserve.testing.byte_tokenizer import special_token_ids
+from diffuserve.reference.byte_tokenizer import special_token_ids
 
 IDS = special_token_ids()
 IM_START, IM_END = IDS["<|im_start|>"], IDS["<|im_end|>"]

@@ -1,6 +1,6 @@
-"""Ship the engine, not the workshop: test oracles and random-checkpoint writers live in diffuserve/testing, the
+"""Ship the engine, not the workshop: test oracles and random-checkpoint writers live in diffuserve/reference, the
 trainer in scripts/training, and nothing that serves (engine, model, server, CLI, eval) imports either. Only
-`diffuserve bench` may use diffuserve.testing (its compare reference and synthetic models)."""
+`diffuserve bench` may use diffuserve.reference (its compare reference and synthetic models)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MAY_IMPORT_TESTING = ("bench", "testing")
+MAY_IMPORT_TESTING = ("bench", "reference")
 SERVING_MODULES = (
     "diffuserve",
     "diffuserve.cli",
     "diffuserve.engine.llm",
     "diffuserve.engine.llm_engine",
-    "diffuserve.engine.model_runner",
+    "diffuserve.worker.model_runner",
     "diffuserve.model.loader",
     "diffuserve.server.app",
     "diffuserve.eval.cli",
@@ -30,7 +30,7 @@ def test_no_serving_source_names_the_workshop():
         if path.relative_to(ROOT / "diffuserve").parts[0] in MAY_IMPORT_TESTING:
             continue
         text = path.read_text()
-        if "diffuserve.testing" in text or "scripts.training" in text:
+        if "diffuserve.reference" in text or "scripts.training" in text:
             offenders.append(str(path.relative_to(ROOT)))
     assert not offenders, f"serving code imports test or training code: {offenders}"
 
@@ -38,7 +38,7 @@ def test_no_serving_source_names_the_workshop():
 def test_importing_the_serving_path_loads_no_workshop_module():
     code = (
         f"import importlib, sys\nfor name in {SERVING_MODULES!r}: importlib.import_module(name)\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('diffuserve.testing', 'scripts'))))"
+        "print(sorted(m for m in sys.modules if m.startswith(('diffuserve.reference', 'scripts'))))"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -48,11 +48,14 @@ def test_importing_the_serving_path_loads_no_workshop_module():
 def test_the_reference_decode_never_imports_the_engine():
     """The oracle shares only the model's forward with the engine (docs/testing.md). Its input type,
     SamplingParams, validates with diffuserve/errors.py's RequestError, outside the engine: no engine module loads."""
-    for path in sorted((ROOT / "diffuserve" / "testing").glob("reference_*.py")):
-        assert "diffuserve.engine" not in path.read_text(), path.name
+    engine_side = ("diffuserve.engine", "diffuserve.decoding", "diffuserve.worker", "diffuserve.core")
+    paths = sorted((ROOT / "diffuserve" / "reference").glob("reference_*.py"))
+    assert paths, "no reference decode found"
+    for path in paths:
+        assert not any(name in path.read_text() for name in engine_side), path.name
     code = (
-        "import sys, diffuserve.testing.reference_decode\n"
-        "print(sorted(m for m in sys.modules if m.startswith('diffuserve.engine')))"
+        "import sys, diffuserve.reference.reference_decode\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({engine_side!r})))"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from diffuserve.testing.byte_tokenizer import SPECIAL_TOKENS, write_byte_tokenizer
+from diffuserve.reference.byte_tokenizer import SPECIAL_TOKENS, write_byte_tokenizer
 from diffuserve.tokenizer import Tokenizer
 from diffuserve.tokenizer_bounds import chars_per_token_bound
 

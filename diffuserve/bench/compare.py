@@ -17,7 +17,7 @@
                         every layer, the attention before issue 23 (engine-batched_vs_attention-loop: the gain of
                         the batched attention backend at --num-prompts concurrent sequences)
 
-For a hybrid model (clover_moe) the reference (b) is the naive clover_moe decode of diffuserve/testing (prefix
+For a hybrid model (clover_moe) the reference (b) is the naive clover_moe decode of diffuserve/reference (prefix
 recomputed causally every step, then the block previewed), since transformers has no block-diffusion GDN.
 
 Every other variant than (e) and (h) decodes each prompt alone (batch 1), so the ratios isolate the decoding
@@ -46,9 +46,9 @@ from diffuserve.bench.report import finish, format_table, variant_record
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
 from diffuserve.model.step_inputs import StepInputs
+from diffuserve.reference.reference_decode import reference_generate
+from diffuserve.reference.reference_model import load_reference
 from diffuserve.sampling_params import RENOISE, SamplingParams
-from diffuserve.testing.reference_decode import reference_generate
-from diffuserve.testing.reference_model import load_reference
 
 if TYPE_CHECKING:
     from diffuserve.model.families.clover_moe.model import HybridState
@@ -184,7 +184,7 @@ def hybrid_reference_variant(
 ) -> dict[str, Any]:
     """The naive clover_moe decode (testing/reference_clover_moe): prefix recomputed every step; temperature 0."""
     from diffuserve.model.loader import load_model
-    from diffuserve.testing.reference_clover_moe import ReferenceSettings, reference_block_decode
+    from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_block_decode
 
     resolved = params.with_defaults(ctx.generation_defaults)
     if not resolved.is_greedy or resolved.decoder != "threshold":

@@ -21,13 +21,13 @@ from diffuserve.bench.flops import ModelCost, model_cost
 from diffuserve.bench.probes import MachineRates, measure_machine
 from diffuserve.bench.workload import BenchModel, prepare_model, random_prompts
 from diffuserve.config import EngineConfig
-from diffuserve.engine.cache.allocation import resolve_page_size
 from diffuserve.engine.engine_setup import generation_defaults, resolve_device
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.loader import load_args, read_model_config, resolve_dtype
 from diffuserve.quant_scheme import DEFAULT_TARGETS
 from diffuserve.sampling_params import SamplingParams
+from diffuserve.worker.cache.allocation import resolve_page_size
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from diffuserve.core.outputs import RequestOutput
 from diffuserve.distributed.group import ParallelGroup
 from diffuserve.engine.llm_engine import LLMEngine
-from diffuserve.engine.outputs import RequestOutput
 from diffuserve.model.layers.attention import PagedAttentionInputs
 from diffuserve.sampling_params import SamplingParams
 

@@ -28,9 +28,9 @@ from diffuserve.bench.probes import MachineRates, mean_rates
 from diffuserve.bench.report import Progress, distribution, finish, format_table
 from diffuserve.bench.run_metrics import run_summary
 from diffuserve.config import SchedulerConfig
-from diffuserve.engine.experts import ExpertStatsSnapshot
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.model.weight_bytes import weight_bytes
+from diffuserve.worker.experts import ExpertStatsSnapshot
 
 
 def _iterations(

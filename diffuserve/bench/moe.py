@@ -31,7 +31,7 @@ from diffuserve.model.layers.moe.dispatch import grouped_experts, looped_experts
 from diffuserve.model.layers.moe.layer import SparseMoeBlock
 from diffuserve.model.loader import load_model
 from diffuserve.model.step_inputs import StepInputs
-from diffuserve.testing.random_checkpoint import make_config, resolve_preset, write_random_checkpoint
+from diffuserve.reference.random_checkpoint import make_config, resolve_preset, write_random_checkpoint
 
 CACHE_FRACTIONS = (0.25, 0.5)
 

@@ -81,7 +81,7 @@ class TransformersGenerate:
     """transformers' model from the benchmark directory, generating the way a user calls it."""
 
     def __init__(self, ctx: BenchContext, params: SamplingParams) -> None:
-        from diffuserve.testing.diffusion_gemma_hf import load_hf_model
+        from diffuserve.reference.diffusion_gemma_hf import load_hf_model
 
         self.model = load_hf_model(ctx.model_dir, getattr(torch, ctx.dtype)).to(ctx.device)
         config = copy.deepcopy(self.model.generation_config)

@@ -21,7 +21,7 @@ from diffuserve.bench.engine_run import RunRecord, StepRecord
 from diffuserve.bench.flops import ModelCost
 from diffuserve.bench.probes import MachineRates
 from diffuserve.bench.report import distribution
-from diffuserve.engine.experts import ExpertStatsSnapshot
+from diffuserve.worker.experts import ExpertStatsSnapshot
 
 
 def latencies(record: RunRecord) -> dict[str, dict[str, float | None]]:

@@ -42,8 +42,8 @@ def prepare_model(model: str | None, cache_dir: str | Path | None = None, spec: 
     """`model` if given (a model directory, or the name of a random shape: clover_moe's `clover-moe-bench`,
     DiffusionGemma's `diffusiongemma-bench`; written on first use), else the sdar-moe-bench checkpoint, written
     on first use."""
-    from diffuserve.testing.clover_moe_checkpoint import CLOVER_MOE_PRESETS
-    from diffuserve.testing.diffusion_gemma_checkpoint import DIFFUSION_GEMMA_PRESETS
+    from diffuserve.reference.clover_moe_checkpoint import CLOVER_MOE_PRESETS
+    from diffuserve.reference.diffusion_gemma_checkpoint import DIFFUSION_GEMMA_PRESETS
 
     if model in DIFFUSION_GEMMA_PRESETS:
         spec = spec or BenchModel()
@@ -70,7 +70,7 @@ def prepare_model(model: str | None, cache_dir: str | Path | None = None, spec: 
 
 
 def _write_bench_model(path: Path, spec: BenchModel) -> None:
-    from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
+    from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 
     # Written under a temporary name and renamed, so an interrupted run never leaves half a checkpoint.
     partial = path.with_name(path.name + f".partial-{os.getpid()}")
@@ -81,7 +81,7 @@ def _write_bench_model(path: Path, spec: BenchModel) -> None:
 
 
 def _write_clover_moe_model(path: Path, preset: str, spec: BenchModel) -> None:
-    from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+    from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
     partial = path.with_name(path.name + f".partial-{os.getpid()}")
     write_clover_moe_checkpoint(
@@ -93,7 +93,7 @@ def _write_clover_moe_model(path: Path, preset: str, spec: BenchModel) -> None:
 def _write_diffusion_gemma_model(path: Path, preset: str, spec: BenchModel) -> None:
     """The weights' scales are the shape's own (a confident head with a damped self-conditioning loop), not the
     sdar bench's `init_std` / `logit_scale`: only the seed varies."""
-    from diffuserve.testing.diffusion_gemma_checkpoint import (
+    from diffuserve.reference.diffusion_gemma_checkpoint import (
         make_diffusion_gemma_config,
         write_diffusion_gemma_checkpoint,
     )

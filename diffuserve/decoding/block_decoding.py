@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
+from diffuserve.core.request import Request
 from diffuserve.decoding.generators import RequestGenerators
 from diffuserve.decoding.grammar_walk import StructuredDecoding
 from diffuserve.decoding.protocol import Decoder
 from diffuserve.decoding.registry import DecoderRegistry
-from diffuserve.engine.request import Request
 from diffuserve.model.interface import StepRules
 from diffuserve.sampling_params import ResolvedSamplingParams
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from diffuserve.core.request import BlockWrite
 from diffuserve.decoding.logprobs import token_logprobs
 from diffuserve.decoding.mask_policies import Proposal
-from diffuserve.engine.request import BlockWrite
 
 
 def block_write(proposal: Proposal | None, indices: torch.Tensor) -> BlockWrite:

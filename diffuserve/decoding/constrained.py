@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
+from diffuserve.core.request import Request
 from diffuserve.decoding.block_write import block_write
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
 from diffuserve.decoding.grammar_walk import StructuredDecoding
 from diffuserve.decoding.protocol import BlockDecode, Decoder
-from diffuserve.engine.request import Request
 
 
 class GrammarConstrained:

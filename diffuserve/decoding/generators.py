@@ -10,7 +10,7 @@ import random
 
 import torch
 
-from diffuserve.engine.request import Request
+from diffuserve.core.request import Request
 
 
 class RequestGenerators:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from diffuserve.core.request import Request
 from diffuserve.decoding.grammar_compiler import GrammarCompiler
 from diffuserve.decoding.grammar_state import GrammarState
 from diffuserve.decoding.logprobs import LogprobRows
@@ -38,7 +39,6 @@ from diffuserve.decoding.mask_policies import (
     ThresholdDecoder,
     propose,
 )
-from diffuserve.engine.request import Request
 from diffuserve.structured_outputs import StructuredOutputsParams
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.engine.outputs import Logprob, TokenLogprobs
+from diffuserve.core.outputs import Logprob, TokenLogprobs
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
+from diffuserve.core.request import Request
 from diffuserve.decoding.block_write import block_write
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
 from diffuserve.decoding.mask_policies import MaskPolicy, propose
 from diffuserve.decoding.protocol import BlockDecode
-from diffuserve.engine.request import Request
 
 
 class MaskDecoder:

@@ -17,8 +17,8 @@ from typing import Protocol
 
 import torch
 
+from diffuserve.core.request import BlockWrite, Request
 from diffuserve.decoding.generators import RequestGenerators
-from diffuserve.engine.request import BlockWrite, Request
 
 
 @dataclass(frozen=True)

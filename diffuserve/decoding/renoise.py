@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
+from diffuserve.core.request import BlockWrite, Request
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
 from diffuserve.decoding.logprobs import logprob_rows, token_logprobs
 from diffuserve.decoding.protocol import BlockDecode
 from diffuserve.decoding.renoise_knobs import RenoiseDefaults
 from diffuserve.decoding.renoise_steps import denoise_step, empty_history, random_canvas, should_stop
-from diffuserve.engine.request import BlockWrite, Request
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 

@@ -16,21 +16,21 @@ from typing import Any
 import torch
 
 from diffuserve.config import EngineConfig
+from diffuserve.core.cache.manager import CacheManager
+from diffuserve.core.scheduler import Scheduler
 from diffuserve.decoding.block_decoding import BlockDecoding
 from diffuserve.decoding.grammar_walk import StructuredDecoding
 from diffuserve.distributed.group import ParallelGroup, launched_by_torchrun, rank_device, torchrun_rank
 from diffuserve.distributed.launcher import ParallelRuntime, start_parallel
 from diffuserve.distributed.step_channel import StepChannel
 from diffuserve.distributed.worker import run_torchrun_worker
-from diffuserve.engine.cache.manager import CacheManager
-from diffuserve.engine.executor import ModelExecutor
-from diffuserve.engine.model_runner import ModelRunner
-from diffuserve.engine.scheduler import Scheduler
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.family import ModelFamily
 from diffuserve.model.loader import load_args, read_model_config
 from diffuserve.model.tensor_parallel import check_parallel_sizes
 from diffuserve.tokenizer import Tokenizer
+from diffuserve.worker.executor import ModelExecutor
+from diffuserve.worker.model_runner import ModelRunner
 
 DEFAULT_MAX_MODEL_LEN = 32768
 GENERATION_KEYS = (

@@ -12,8 +12,8 @@ from tqdm.auto import tqdm
 
 from diffuserve.chat_prompt import chat_token_ids
 from diffuserve.config import EngineConfig
+from diffuserve.core.outputs import RequestOutput
 from diffuserve.engine.llm_engine import LLMEngine
-from diffuserve.engine.outputs import RequestOutput
 from diffuserve.hub import resolve_model
 from diffuserve.sampling_params import SamplingParams
 

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from diffuserve.config import EngineConfig
+from diffuserve.core.outputs import RequestOutput
+from diffuserve.core.request import Request, RequestStatus, SchedulerOutput, StepUpdate
 from diffuserve.engine.engine_setup import RunnerFactory, build_components
 from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest
-from diffuserve.engine.outputs import RequestOutput
-from diffuserve.engine.request import Request, RequestStatus, SchedulerOutput, StepUpdate
 from diffuserve.errors import (
     ContextLengthExceeded,
     DuplicateRequestId,
@@ -44,11 +44,11 @@ from diffuserve.errors import (
 from diffuserve.sampling_params import ResolvedSamplingParams, SamplingParams
 
 if TYPE_CHECKING:
-    from diffuserve.engine.cache.manager import CacheManager
-    from diffuserve.engine.cache.paged import PagePool
-    from diffuserve.engine.cache.recurrent import SlotPool, StateStats
-    from diffuserve.engine.experts import ExpertStatsSnapshot, OffloadStatsSnapshot
-    from diffuserve.engine.scheduler import Scheduler
+    from diffuserve.core.cache.manager import CacheManager
+    from diffuserve.core.cache.paged import PagePool
+    from diffuserve.core.cache.recurrent import SlotPool, StateStats
+    from diffuserve.core.scheduler import Scheduler
+    from diffuserve.worker.experts import ExpertStatsSnapshot, OffloadStatsSnapshot
 
 logger = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from diffuserve.core.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
+from diffuserve.core.request import Request
 from diffuserve.engine.detokenizer import REPLACEMENT_CHAR, Decoding, IncrementalDetokenizer, TokenTexts
-from diffuserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
-from diffuserve.engine.request import Request
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 MAX_UTF8_CONTINUATION = 3

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from diffuserve.core.outputs import RequestOutput
 from diffuserve.engine.llm_engine import EngineStats
-from diffuserve.engine.outputs import RequestOutput
 from diffuserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from diffuserve.core.outputs import DenoisingStep
 from diffuserve.engine.detokenizer import TokenTexts
 from diffuserve.engine.output_processor import RequestOutput
-from diffuserve.engine.outputs import DenoisingStep
 from diffuserve.server.response_models import DenoisingStepOut
 
 

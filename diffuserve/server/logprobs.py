@@ -11,7 +11,7 @@ also hold the written token, as OpenAI's do ("up to logprobs + 1 elements"). A c
 
 from __future__ import annotations
 
-from diffuserve.engine.outputs import Logprob, TokenLogprobs
+from diffuserve.core.outputs import Logprob, TokenLogprobs
 from diffuserve.server.response_models import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
 
 

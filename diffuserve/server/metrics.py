@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from diffuserve.core.outputs import RequestOutput
 from diffuserve.engine.llm_engine import EngineStats
-from diffuserve.engine.outputs import RequestOutput
 from diffuserve.server.bridge import EngineRequest
 from diffuserve.server.metric_series import MetricSeries
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from diffuserve.engine.outputs import Logprob, RequestOutput, TokenLogprobs
+from diffuserve.core.outputs import Logprob, RequestOutput, TokenLogprobs
 from diffuserve.server.response_models import CompletionLogprobs, PromptLogprob
 
 

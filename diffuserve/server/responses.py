@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
+from diffuserve.core.outputs import CompletionOutput, RequestOutput
 from diffuserve.engine.detokenizer import TokenTexts
-from diffuserve.engine.outputs import CompletionOutput, RequestOutput
 from diffuserve.server.bridge import EngineDeadError, OutputStream
 from diffuserve.server.chat_output import ChatDeltas, ChatOutputFormat
 from diffuserve.server.denoising import DenoisingTrace

@@ -26,8 +26,8 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from diffuserve.core.outputs import RequestOutput
 from diffuserve.engine.detokenizer import TokenTexts
-from diffuserve.engine.outputs import RequestOutput
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.server.bridge import AsyncEngine, EngineDeadError, EngineRequest, OutputStream, QueueFullError
 from diffuserve.server.chat_output import ChatOutputFormat

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from diffuserve.eval.tasks import Example
 from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.step_inputs import StepInputs
-from diffuserve.testing.byte_tokenizer import special_token_ids
+from diffuserve.reference.byte_tokenizer import special_token_ids
 
 SPECIALS = special_token_ids()
 IM_START, IM_END = SPECIALS["<|im_start|>"], SPECIALS["<|im_end|>"]

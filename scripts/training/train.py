@@ -26,8 +26,8 @@ from diffuserve.eval.tasks import TRAIN_WEIGHTS, heldout_examples, training_stre
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.layers.moe.layer import Router
 from diffuserve.model.registry import family_for
-from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
-from diffuserve.testing.random_checkpoint import save_weights
+from diffuserve.reference.byte_tokenizer import write_byte_tokenizer
+from diffuserve.reference.random_checkpoint import save_weights
 
 from .clover_moe_model import CLOVER_MOE_MIX, CLOVER_MOE_SHAPE, clover_moe_config, init_clover_moe
 from .diffusion_batch import END_OF_TEXT, IM_END, build_batch, diffusion_loss, encode_example, masked_token_accuracy

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from diffuserve.cli import main
-from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
+from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 
 FAST = ["--probe-seconds", "0.02", "--threads", "1"]
 """Options every tiny offline run passes: short probes, one thread."""

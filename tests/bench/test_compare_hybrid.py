@@ -4,7 +4,7 @@ at temperature 0, the engine variants in the same denoising steps, and the gdn-r
 
 from __future__ import annotations
 
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from tests.bench.conftest import FAST
 from tests.bench.json_schema import COMPARE, validate
 

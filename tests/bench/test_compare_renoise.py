@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from diffuserve.testing.diffusion_gemma_checkpoint import make_diffusion_gemma_config, write_diffusion_gemma_checkpoint
+from diffuserve.reference.diffusion_gemma_checkpoint import (
+    make_diffusion_gemma_config,
+    write_diffusion_gemma_checkpoint,
+)
 from tests.bench.conftest import FAST
 
 pytest.importorskip("transformers")

@@ -20,8 +20,8 @@ from diffuserve.bench.flops import model_cost
 from diffuserve.bench.probes import MachineRates
 from diffuserve.model.config import qwen3_args_from_hf
 from diffuserve.model.families.clover_moe.config import clover_moe_args_from_hf, with_diffusion
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config
-from diffuserve.testing.random_checkpoint import make_config
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config
+from diffuserve.reference.random_checkpoint import make_config
 
 
 def test_sdar_moe_bench_cost():

@@ -8,9 +8,9 @@ import torch
 
 from diffuserve.bench.compare import _dense_mask
 from diffuserve.bench.hf_reference import SdarCachedTransformers, load_transformers_model
+from diffuserve.reference.reference_decode import reference_generate
+from diffuserve.reference.reference_model import load_reference
 from diffuserve.sampling_params import SamplingParams
-from diffuserve.testing.reference_decode import reference_generate
-from diffuserve.testing.reference_model import load_reference
 
 pytest.importorskip("transformers")
 

@@ -12,7 +12,7 @@ from diffuserve.bench.flops import model_cost
 from diffuserve.cli import main
 from diffuserve.model.loader import load_args
 from diffuserve.planner.calibrate import missing_keys
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from tests.bench.conftest import FAST, plot_args, pngs
 from tests.bench.json_schema import LATENCY, THROUGHPUT, validate
 

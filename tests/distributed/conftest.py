@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
 CLOVER_PARALLEL_SHAPE = dict(num_attention_heads=8, linear_num_key_heads=4, linear_num_value_heads=8)
 

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.engine.cache.paged_step import PagedStepMetadata
-from diffuserve.engine.executor import ForwardInputs
 from diffuserve.model.layers.attention import SequenceSlice, block_causal_mask
+from diffuserve.worker.cache.paged_step import PagedStepMetadata
+from diffuserve.worker.executor import ForwardInputs
 from tests.conftest import tiny_checkpoint, write_llada2_checkpoint
 
 BIAS_SCALE = 25.0

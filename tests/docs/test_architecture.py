@@ -145,7 +145,7 @@ def _check_hops(title: str, traced_files: set[str]) -> None:
 
 def test_the_hop_list_names_the_files_a_request_runs_in(tmp_path: Path):
     """An attention-only model: a tiny sdar MoE checkpoint (every layer MoE, no shared expert)."""
-    from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
+    from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 
     model_dir = write_random_checkpoint(tmp_path / "sdar", make_config("sdar-moe-tiny", block_length=4))
     _check_hops("One offline request, hop by hop", _trace(model_dir))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
+from diffuserve.reference.llada2_checkpoint import write_llada2_checkpoint
 from tests.conftest import tiny_checkpoint
 
 SATURATING_LOGIT_SCALE = 1000.0

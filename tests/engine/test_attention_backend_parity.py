@@ -9,15 +9,15 @@ from __future__ import annotations
 import pytest
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.engine.cache import paged_step
 from diffuserve.model.families.clover_moe.gated_attention import GatedAttention
 from diffuserve.model.layers import attention
 from diffuserve.model.layers.attention import Attention
 from diffuserve.model.loader import load_model
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
-from diffuserve.testing.parity import check_parity
-from diffuserve.testing.reference_clover_moe import ReferenceSettings, reference_block_decode
-from diffuserve.testing.reference_model import load_reference
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.parity import check_parity
+from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_block_decode
+from diffuserve.reference.reference_model import load_reference
+from diffuserve.worker.cache import paged_step
 from tests.engine.test_generation_parity import PROMPT_LENGTHS, parity_cases
 from tests.engine.test_oracle_mutations import apply_source_mutation
 

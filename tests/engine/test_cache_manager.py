@@ -9,15 +9,15 @@ import random
 import pytest
 import torch
 
-from diffuserve.engine.cache.manager import CacheManager
-from diffuserve.engine.cache.paged import FREED, PagedKind, PagePool
-from diffuserve.engine.cache.paged_step import WindowMetadataBuilder
-from diffuserve.engine.cache.recurrent import RecurrentKind, SlotPool
-from diffuserve.engine.request import BlockWrite, Request, ScheduledRequest
-from diffuserve.engine.scheduler import Scheduler
+from diffuserve.core.cache.manager import CacheManager
+from diffuserve.core.cache.paged import FREED, PagedKind, PagePool
+from diffuserve.core.cache.recurrent import RecurrentKind, SlotPool
+from diffuserve.core.request import BlockWrite, Request, ScheduledRequest
+from diffuserve.core.scheduler import Scheduler
 from diffuserve.errors import ContextLengthExceeded
 from diffuserve.model.interface import StepRules
 from diffuserve.sampling_params import SamplingParams
+from diffuserve.worker.cache.paged_step import WindowMetadataBuilder
 
 MASK, BLOCK, PAGE = 999, 4, 4
 

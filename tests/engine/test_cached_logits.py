@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.testing.cache_check import check_cached_logits
-from diffuserve.testing.reference_model import load_reference
+from diffuserve.reference.cache_check import check_cached_logits
+from diffuserve.reference.reference_model import load_reference
 
 LOGIT_TOLERANCE = 1e-5
 """fp32 on CPU: the engine and the recompute differ by ~2e-7 (kernel order); a K/V cache rounded to fp16 moves

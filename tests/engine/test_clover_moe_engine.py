@@ -9,8 +9,8 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.bench.baselines.engines import baseline_llm
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
-from diffuserve.testing.reference_clover_moe import ReferenceSettings, reference_block_decode
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_block_decode
 
 PROMPTS = [[72, 101, 108, 108, 111, 44, 32], [87, 111, 114, 108, 100, 33, 10], [1, 2, 3]]
 

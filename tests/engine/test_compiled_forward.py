@@ -13,8 +13,8 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
-from diffuserve.engine.executor import CompiledForward, bucket_size, should_compile
-from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
+from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
+from diffuserve.worker.executor import CompiledForward, bucket_size, should_compile
 
 
 def test_default_compiles_on_cuda_only_and_the_flag_decides_otherwise():

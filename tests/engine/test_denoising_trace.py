@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections import Counter
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.testing.reference_decode import reference_generate
-from diffuserve.testing.reference_model import load_reference
+from diffuserve.reference.reference_decode import reference_generate
+from diffuserve.reference.reference_model import load_reference
 
 PROMPT = [(j * 7) % 250 + 1 for j in range(10)]  # 2 complete blocks of 4 + 2 prompt tokens in the first block
 BLOCK = 4

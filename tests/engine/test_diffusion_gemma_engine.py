@@ -20,12 +20,11 @@ import pytest
 import torch
 
 from diffuserve.config import EngineConfig
+from diffuserve.core.cache.paged import FREED
 from diffuserve.decoding import renoise as renoise_decoding
 from diffuserve.decoding import renoise_steps as decoding
-from diffuserve.engine.cache.paged import FREED
 from diffuserve.engine.llm_engine import LLMEngine
-from diffuserve.sampling_params import SamplingParams
-from diffuserve.testing.diffusion_gemma_hf import (
+from diffuserve.reference.diffusion_gemma_hf import (
     FAST,
     FAST_CANVAS,
     PUBLISHED_STYLE,
@@ -34,6 +33,7 @@ from diffuserve.testing.diffusion_gemma_hf import (
     recorded_generate,
     write_hf_checkpoint,
 )
+from diffuserve.sampling_params import SamplingParams
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf

@@ -20,8 +20,8 @@ from diffuserve.decoding import renoise_steps as decoding
 from diffuserve.decoding.renoise_knobs import RenoiseDefaults
 from diffuserve.model.families.diffusion_gemma.config import renoise_defaults
 from diffuserve.model.loader import load_model, read_model_config
-from diffuserve.testing.diffusion_gemma_generate import GemmaOutput, GemmaRequest, generate
-from diffuserve.testing.diffusion_gemma_hf import (
+from diffuserve.reference.diffusion_gemma_generate import GemmaOutput, GemmaRequest, generate
+from diffuserve.reference.diffusion_gemma_hf import (
     FAST,
     FAST_CANVAS,
     PUBLISHED_STYLE,

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
+from diffuserve.core.request import Request, RequestStatus
 from diffuserve.decoding.mask_policies import MASK_POLICIES, Proposal
-from diffuserve.engine.cache.paged_step import PagedMetadataBuilder
-from diffuserve.engine.request import Request, RequestStatus
 from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice, block_causal_mask
 from diffuserve.model.step_inputs import StepInputs
-from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
-from diffuserve.testing.reference_decode import reference_generate
-from diffuserve.testing.reference_model import ReferenceModel, load_reference
+from diffuserve.reference.llada2_checkpoint import write_llada2_checkpoint
+from diffuserve.reference.reference_decode import reference_generate
+from diffuserve.reference.reference_model import ReferenceModel, load_reference
+from diffuserve.worker.cache.paged_step import PagedMetadataBuilder
 
 MASK, NEG = 99, float("-inf")
 EDIT = SamplingParams(decoder="edit", threshold=0.7, edit_threshold=0.5, max_post_edit_steps=4)

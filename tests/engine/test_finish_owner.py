@@ -8,8 +8,8 @@ import pytest
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.chat_prompt import chat_token_ids
+from diffuserve.core.scheduler import Scheduler
 from diffuserve.default_model import DEFAULT_MODEL_DIR
-from diffuserve.engine.scheduler import Scheduler
 
 
 @pytest.fixture

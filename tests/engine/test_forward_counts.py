@@ -4,8 +4,8 @@ with the same tokens."""
 from __future__ import annotations
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.testing.reference_decode import reference_generate
-from diffuserve.testing.reference_model import load_reference
+from diffuserve.reference.reference_decode import reference_generate
+from diffuserve.reference.reference_model import load_reference
 
 
 def test_fused_commit_adds_no_forward(tiny_model_dir):

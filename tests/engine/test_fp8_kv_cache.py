@@ -20,11 +20,11 @@ import torch
 from diffuserve import LLM, SamplingParams
 from diffuserve.model.layers.attention import write_kv
 from diffuserve.planner import cli as planner_cli
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
-from diffuserve.testing.parity import check_parity
-from diffuserve.testing.reference_clover_moe import ReferenceSettings, reference_block_decode
-from diffuserve.testing.reference_kv_fp8 import e4m3_round, fp8_kv_reference
-from diffuserve.testing.reference_model import load_reference
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.parity import check_parity
+from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_block_decode
+from diffuserve.reference.reference_kv_fp8 import e4m3_round, fp8_kv_reference
+from diffuserve.reference.reference_model import load_reference
 from tests.conftest import tiny_checkpoint
 
 

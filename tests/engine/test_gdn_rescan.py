@@ -10,7 +10,7 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.bench.baselines.engines import baseline_llm
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,14 @@
 """The engine (paged KV cache, fused commit, batching) against the naive recompute reference, at temperature 0:
 token for token and forward for forward, for block lengths 4 and 32, prompt lengths on and off the block grid,
-and every decoder. The reference shares only the model's forward with the engine (diffuserve/testing)."""
+and every decoder. The reference shares only the model's forward with the engine (diffuserve/reference)."""
 
 from __future__ import annotations
 
 import pytest
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.testing.parity import check_parity
-from diffuserve.testing.reference_model import load_reference
+from diffuserve.reference.parity import check_parity
+from diffuserve.reference.reference_model import load_reference
 
 PROMPT_LENGTHS = [1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 23, 31, 32, 33, 40, 47, 63, 64, 65, 70]
 DECODER_PARAMS = {

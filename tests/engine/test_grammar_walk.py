@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from diffuserve import SamplingParams
+from diffuserve.core.request import Request
 from diffuserve.decoding import grammar_walk as grammar_decoding
 from diffuserve.decoding.grammar_walk import StructuredDecoding
 from diffuserve.default_model import DEFAULT_MODEL_DIR
-from diffuserve.engine.request import Request
 from diffuserve.structured_outputs import StructuredOutputsParams
 from diffuserve.tokenizer import Tokenizer
 

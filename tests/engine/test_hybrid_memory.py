@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
 RUN = """
 import json, resource, sys, torch

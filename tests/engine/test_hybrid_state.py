@@ -11,8 +11,8 @@ import torch
 from diffuserve import LLM, SamplingParams
 from diffuserve.bench.baselines.engines import baseline_llm
 from diffuserve.model.loader import load_model
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
-from diffuserve.testing.reference_clover_moe import ReferenceSettings, reference_block_decode
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_block_decode
 
 # Around block (4 / 32), page (16 / 32) and chunk boundaries; the random prompts are seeded.
 LENGTHS = {4: [1, 3, 4, 5, 15, 16, 17, 33], 32: [1, 31, 32, 33, 65]}

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
-from diffuserve.testing.parity import check_parity
-from diffuserve.testing.reference_model import KNOBS, ReferenceModel, load_reference
+from diffuserve.reference.llada2_checkpoint import write_llada2_checkpoint
+from diffuserve.reference.parity import check_parity
+from diffuserve.reference.reference_model import KNOBS, ReferenceModel, load_reference
 
 PROMPT_LENGTHS = [1, 5, 31, 32, 33, 40, 64, 70]
 

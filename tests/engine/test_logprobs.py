@@ -15,15 +15,15 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.bench.baselines.engines import baseline_llm
+from diffuserve.core.outputs import CompletionOutput, Logprob
+from diffuserve.core.request import Request
 from diffuserve.engine.output_processor import Completion
-from diffuserve.engine.outputs import CompletionOutput, Logprob
-from diffuserve.engine.request import Request
 from diffuserve.errors import RequestError
+from diffuserve.reference.llada2_checkpoint import write_llada2_checkpoint
+from diffuserve.reference.reference_decode import reference_generate
+from diffuserve.reference.reference_model import ReferenceModel, load_reference
 from diffuserve.sampling_params import MAX_LOGPROBS
 from diffuserve.structured_outputs import StructuredOutputsParams
-from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
-from diffuserve.testing.reference_decode import reference_generate
-from diffuserve.testing.reference_model import ReferenceModel, load_reference
 
 TOLERANCE = 1e-4
 """fp32 on CPU: the engine's cached forward and the reference's recompute differ by ~1e-6 in the logits."""
@@ -137,7 +137,7 @@ def test_structured_output_logprobs_are_under_the_grammar_mask(tiny_model_dir):
 
 def test_hybrid_runners_give_the_same_logprobs(tmp_path):
     """clover_moe: the state-pool runner and the recompute runner (the AR checkpoint's next-token path too)."""
-    from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+    from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
     params = SamplingParams(max_tokens=7, ignore_eos=True, threshold=0.5, logprobs=2)
     prompts = [{"prompt_token_ids": p} for p in PROMPTS[:3]]

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
-from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 
 MAX_STEPS = 200
 

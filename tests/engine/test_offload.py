@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.engine.experts import num_cache_slots
 from diffuserve.model.layers.moe.dispatch import group_by_expert, grouped_experts
 from diffuserve.model.layers.moe.expert_cache import ExpertCache, OffloadCounters
 from diffuserve.model.layers.moe.offload import OffloadCostModel, OffloadedExperts
 from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext, offload_context
+from diffuserve.worker.experts import num_cache_slots
 
 ALWAYS_FETCH = OffloadCostModel(link_bytes_per_s=1e12, host_flops_per_s=1.0)
 ALWAYS_HOST = OffloadCostModel(link_bytes_per_s=1.0, host_flops_per_s=1e18)

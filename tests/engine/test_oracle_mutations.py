@@ -20,9 +20,9 @@ import torch
 from diffuserve import LLM, SamplingParams
 from diffuserve.decoding import mask_policies as decoders
 from diffuserve.model.layers import attention
-from diffuserve.testing.cache_check import check_cached_logits
-from diffuserve.testing.parity import check_parity
-from diffuserve.testing.reference_model import load_reference
+from diffuserve.reference.cache_check import check_cached_logits
+from diffuserve.reference.parity import check_parity
+from diffuserve.reference.reference_model import load_reference
 from tests.engine.test_cached_logits import CASES, LOGIT_TOLERANCE, cached_logits_case
 from tests.engine.test_generation_parity import PROMPT_LENGTHS, parity_cases
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from diffuserve.engine.cache.paged import OutOfPages, PagePool, chain_hash
+from diffuserve.core.cache.paged import OutOfPages, PagePool, chain_hash
 
 
 def test_allocate_free_and_all_or_nothing():

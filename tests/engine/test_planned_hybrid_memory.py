@@ -11,7 +11,7 @@ import pytest
 
 from diffuserve import LLM
 from diffuserve.planner import cli
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
 CONTEXT = 1024
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.engine import prompt_scoring
-from diffuserve.testing.reference_model import load_reference
-from diffuserve.testing.reference_scoring import reference_prompt_log_probs
+from diffuserve.reference.reference_model import load_reference
+from diffuserve.reference.reference_scoring import reference_prompt_log_probs
+from diffuserve.worker import prompt_scoring
 from tests.engine.test_oracle_mutations import apply_source_mutation
 
 BLOCK = 4

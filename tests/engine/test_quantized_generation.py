@@ -9,10 +9,10 @@ import pytest
 from diffuserve import LLM, SamplingParams
 from diffuserve.model.loader import load_model
 from diffuserve.quant_scheme import make_scheme
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
-from diffuserve.testing.parity import check_parity
-from diffuserve.testing.reference_clover_moe import ReferenceSettings, reference_block_decode
-from diffuserve.testing.reference_model import load_reference
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.parity import check_parity
+from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_block_decode
+from diffuserve.reference.reference_model import load_reference
 from tests.conftest import tiny_checkpoint
 
 OPTIONS = {"quantization_group_size": 32}

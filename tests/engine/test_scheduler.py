@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from diffuserve.engine.cache.manager import CacheManager
-from diffuserve.engine.cache.paged import PagedKind, PagePool
-from diffuserve.engine.request import BlockWrite, Request, RequestStatus
-from diffuserve.engine.scheduler import Scheduler
+from diffuserve.core.cache.manager import CacheManager
+from diffuserve.core.cache.paged import PagedKind, PagePool
+from diffuserve.core.request import BlockWrite, Request, RequestStatus
+from diffuserve.core.scheduler import Scheduler
 from diffuserve.errors import ContextLengthExceeded
 from diffuserve.sampling_params import SamplingParams
 

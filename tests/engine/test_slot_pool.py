@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from diffuserve.engine.cache.recurrent import OutOfStateSlots, SlotPool
+from diffuserve.core.cache.recurrent import OutOfStateSlots, SlotPool
 
 
 def test_slots_are_allocated_and_freed():
@@ -66,7 +66,7 @@ def test_random_operations_keep_the_invariants():
 
 
 def test_metrics_show_state_slots_and_both_hit_rates():
-    from diffuserve.engine.cache.recurrent import StateStats
+    from diffuserve.core.cache.recurrent import StateStats
     from diffuserve.engine.llm_engine import EngineStats
     from diffuserve.server.metrics import ServerMetrics
 

@@ -1,5 +1,5 @@
 """The attention backends (loop, batched) against a naive oracle written here, on hand-built steps of every shape
-the engine's runners make (diffuserve/testing/attention_steps.py: SDAR blocks, prefill chunks, fused commits,
+the engine's runners make (diffuserve/reference/attention_steps.py: SDAR blocks, prefill chunks, fused commits,
 hybrid commit rows beside whole blocks, autoregressive rows, prompt scoring's variants, bucket padding rows), GQA
 and not, named mixes and randomized ones.
 
@@ -21,7 +21,7 @@ from diffuserve.model.layers.attention_backends import batched
 from diffuserve.model.layers.attention_backends.batched import BatchedBackend
 from diffuserve.model.layers.attention_backends.interface import PagedAttentionInputs
 from diffuserve.model.layers.attention_backends.loop import LoopBackend
-from diffuserve.testing.attention_steps import KINDS, AttentionStep, StepShape, random_kinds, random_step
+from diffuserve.reference.attention_steps import KINDS, AttentionStep, StepShape, random_kinds, random_step
 from tests.engine.test_oracle_mutations import apply_source_mutation
 
 ATOL = 1e-5

@@ -33,7 +33,7 @@ from diffuserve.model.layers.attention_backends import selection
 from diffuserve.model.layers.attention_backends.batched import BatchedBackend
 from diffuserve.model.layers.attention_backends.flashinfer import FlashInferBackend
 from diffuserve.model.layers.attention_backends.interface import PagedAttentionInputs
-from diffuserve.testing.attention_steps import AttentionStep, StepShape, random_step
+from diffuserve.reference.attention_steps import AttentionStep, StepShape, random_step
 from tests.engine.test_oracle_mutations import apply_source_mutation
 from tests.model.test_attention_backends import MIXES, SCALE, oracle
 

@@ -9,7 +9,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from diffuserve.model.loader import load_model
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
 
 def _error(model_dir) -> str:

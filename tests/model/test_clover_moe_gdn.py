@@ -15,7 +15,7 @@ from diffuserve.model.families.clover_moe.delta_rule import (
 )
 from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet, GdnState
 from diffuserve.model.loader import load_model
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
 ATOL = 1e-5
 LAYER_ATOL = 1e-4  # a layer adds fp32 projections and norms around the rule

@@ -12,7 +12,7 @@ import torch
 
 from diffuserve.model.families.clover_moe.gdn_preview import DIFFUSION_TENSORS
 from diffuserve.model.loader import load_model
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf

@@ -14,7 +14,7 @@ from diffuserve.model.families.clover_moe.delta_rule import recurrent_delta_rule
 from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet
 from diffuserve.model.families.clover_moe.gdn_preview import block_conv, preview_mix
 from diffuserve.model.loader import load_model
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import torch
 
 from diffuserve.model.families.clover_moe.config import hybrid_args
 from diffuserve.model.loader import load_model
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
-from diffuserve.testing.reference_clover_moe import ReferenceSettings, reference_ar_decode, reference_block_decode
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_ar_decode, reference_block_decode
 
 PROMPT = [72, 101, 108, 108, 111, 44]  # 6 tokens: the first block (length 4) is complete, the second half prompt
 

@@ -18,7 +18,7 @@ from diffuserve.model.families.diffusion_gemma.masks import dense_inputs
 from diffuserve.model.loader import load_model
 from diffuserve.model.shapes import window_group
 from diffuserve.model.step_inputs import CanvasInputs, StepInputs
-from diffuserve.testing.diffusion_gemma_hf import load_hf_model, write_hf_checkpoint
+from diffuserve.reference.diffusion_gemma_hf import load_hf_model, write_hf_checkpoint
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
@@ -126,7 +126,7 @@ def test_transformers_checkpoint_names_all_load(tmp_path):
 def test_our_writer_round_trips_through_transformers(tmp_path):
     """A checkpoint our writer produces (bench shapes) loads in transformers with the same logits: the name
     map is right both ways."""
-    from diffuserve.testing.diffusion_gemma_checkpoint import (
+    from diffuserve.reference.diffusion_gemma_checkpoint import (
         make_diffusion_gemma_config,
         write_diffusion_gemma_checkpoint,
     )

@@ -30,7 +30,7 @@ from diffuserve.model.families.clover_moe import gdn_kernels
 from diffuserve.model.families.clover_moe.config import hybrid_args
 from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet, GdnState, set_gdn_backend
 from diffuserve.model.loader import load_model
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from tests.model.test_clover_moe_gdn import random_gdn_layer
 
 ATOL = 1e-5

@@ -15,7 +15,7 @@ from diffuserve.model.loader import load_model
 from diffuserve.planner.model_presets import find_preset
 from diffuserve.planner.model_presets import load_model as load_preset
 from diffuserve.planner.params import count_parameters
-from diffuserve.testing.llada2_checkpoint import TINY, write_llada2_checkpoint
+from diffuserve.reference.llada2_checkpoint import TINY, write_llada2_checkpoint
 from diffuserve.tokenizer import Tokenizer
 
 

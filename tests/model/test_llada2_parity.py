@@ -21,7 +21,7 @@ from torch import nn
 from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
 from diffuserve.model.loader import load_model
 from diffuserve.model.step_inputs import StepInputs
-from diffuserve.testing.llada2_checkpoint import TINY, write_llada2_tokenizer
+from diffuserve.reference.llada2_checkpoint import TINY, write_llada2_tokenizer
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf

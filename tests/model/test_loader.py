@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from diffuserve.model.loader import load_model
-from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
+from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 
 
 def _params(model) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.model.loader import load_args, load_model
-from diffuserve.testing.random_checkpoint import make_config, resolve_preset, write_random_checkpoint
+from diffuserve.reference.random_checkpoint import make_config, resolve_preset, write_random_checkpoint
 
 PARAMS = SamplingParams(max_tokens=12, ignore_eos=True, threshold=0.7)
 PROMPTS = [{"prompt_token_ids": [5, 9, 200, 17, 3]}, {"prompt_token_ids": [44, 1]}]

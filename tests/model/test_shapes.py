@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 
 from diffuserve.bench.flops import model_cost
-from diffuserve.engine.cache.allocation import slot_bytes_for
 from diffuserve.model.families.clover_moe.config import cache_layout, clover_moe_args_from_hf
 from diffuserve.model.shapes import CacheLayout, PagedKV, RecurrentState, SlidingWindowKV, attention_layout
 from diffuserve.planner.inputs import Deployment
 from diffuserve.planner.memory import kv_bytes_per_sequence, kv_bytes_per_token
 from diffuserve.planner.model_spec import spec_from_config
 from diffuserve.planner.recurrent_state import state_bytes_per_sequence
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config
+from diffuserve.worker.cache.allocation import slot_bytes_for
 
 GDN = RecurrentState(num_key_heads=16, num_value_heads=32, key_head_dim=128, value_head_dim=128, conv_kernel=4)
 

@@ -12,8 +12,11 @@ import openai
 import pytest
 
 from diffuserve import LLM, SamplingParams
+from diffuserve.reference.diffusion_gemma_checkpoint import (
+    make_diffusion_gemma_config,
+    write_diffusion_gemma_checkpoint,
+)
 from diffuserve.server.config import ServerConfig
-from diffuserve.testing.diffusion_gemma_checkpoint import make_diffusion_gemma_config, write_diffusion_gemma_checkpoint
 from tests.server.conftest import LiveServer
 
 NAME = "gemma"

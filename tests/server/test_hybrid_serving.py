@@ -12,9 +12,9 @@ import pytest
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.model.loader import load_model
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.reference_scoring import reference_hybrid_prompt_log_probs
 from diffuserve.server.config import ServerConfig
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
-from diffuserve.testing.reference_scoring import reference_hybrid_prompt_log_probs
 from tests.server.conftest import LiveServer
 
 

@@ -11,8 +11,8 @@ import json
 import httpx
 import pytest
 
-from diffuserve.testing.reference_model import load_reference
-from diffuserve.testing.reference_scoring import reference_prompt_log_probs
+from diffuserve.reference.reference_model import load_reference
+from diffuserve.reference.reference_scoring import reference_prompt_log_probs
 from tests.server.conftest import MODEL_NAME, LiveServer, sse_events
 
 CONTEXTS = [[72, 101, 108, 108, 111, 44, 32, 119, 111], [5, 9, 13, 17, 21, 25, 29]]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from diffuserve.testing.byte_tokenizer import CHATML_TEMPLATE, SPECIAL_TOKENS
+from diffuserve.reference.byte_tokenizer import CHATML_TEMPLATE, SPECIAL_TOKENS
 from tests.server.conftest import MODEL_NAME, LiveServer
 
 GREEDY = {"temperature": 0, "max_tokens": 8}

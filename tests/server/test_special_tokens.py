@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from diffuserve.reference.byte_tokenizer import SPECIAL_TOKENS, special_token_ids, write_byte_tokenizer
 from diffuserve.server.errors import APIError
 from diffuserve.server.prompts import PromptRules, completion_prompts
-from diffuserve.testing.byte_tokenizer import SPECIAL_TOKENS, special_token_ids, write_byte_tokenizer
 from diffuserve.tokenizer import Tokenizer
 from tests.server.conftest import MODEL_NAME, LiveServer
 

@@ -16,11 +16,11 @@ from diffuserve.bench.baselines.recompute import RecomputeRunner
 from diffuserve.bench.baselines.rescan import RescanRunner
 from diffuserve.config import EngineConfig
 from diffuserve.decoding.block_decoding import BlockDecoding
-from diffuserve.engine.executor import ModelExecutor
 from diffuserve.engine.llm import LLM
 from diffuserve.engine.llm_engine import LLMEngine
-from diffuserve.engine.model_runner import ModelRunner
 from diffuserve.hub import resolve_model
+from diffuserve.worker.executor import ModelExecutor
+from diffuserve.worker.model_runner import ModelRunner
 
 BASELINES = ("recompute", "rescan")
 

@@ -18,9 +18,9 @@ from typing import cast
 
 import torch
 
-from diffuserve.engine.model_runner import ModelRunner
-from diffuserve.engine.request import BlockWrite, ScheduledRequest, StepResult
+from diffuserve.core.request import BlockWrite, ScheduledRequest, StepResult
 from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
+from diffuserve.worker.model_runner import ModelRunner
 
 
 class RecomputeRunner(ModelRunner):

@@ -21,12 +21,12 @@ from collections import defaultdict
 import torch
 
 from diffuserve.bench.baselines.gdn_rescan import GdnRescan, PrefixGroup
+from diffuserve.core.request import Request, ScheduledRequest
 from diffuserve.decoding.block_decoding import BlockDecoding
-from diffuserve.engine.cache.state_step import StatePlan, state_slot
-from diffuserve.engine.executor import ModelExecutor
-from diffuserve.engine.model_runner import ModelRunner
-from diffuserve.engine.request import Request, ScheduledRequest
 from diffuserve.model.families.clover_moe.gated_deltanet import GdnInputs
+from diffuserve.worker.cache.state_step import StatePlan, state_slot
+from diffuserve.worker.executor import ModelExecutor
+from diffuserve.worker.model_runner import ModelRunner
 
 
 class RescanRunner(ModelRunner):

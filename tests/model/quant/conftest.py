@@ -10,9 +10,9 @@ import torch
 
 from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.step_inputs import StepInputs
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
-from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
-from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.llada2_checkpoint import write_llada2_checkpoint
+from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 
 GROUP = 32
 

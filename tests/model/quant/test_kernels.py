@@ -16,7 +16,7 @@ from diffuserve.model.quant.formats import FP8_MAX, QuantFormat, QuantParts, Reg
 from diffuserve.model.quant.kernels import DequantKernel, select_kernel
 from diffuserve.model.quant.kernels_cpu import Int4PackCpuKernel, Int8PackKernel
 from diffuserve.model.quant.kernels_cuda import ScaledMmFp8Kernel, TinyGemmInt4Kernel
-from diffuserve.testing.reference_quant import reference_dequantize, reference_linear
+from diffuserve.reference.reference_quant import reference_dequantize, reference_linear
 
 TOLERANCE = 1e-4
 

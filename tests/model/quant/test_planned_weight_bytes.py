@@ -15,9 +15,9 @@ from diffuserve.planner.memory import memory_breakdown
 from diffuserve.planner.model_spec import spec_from_config
 from diffuserve.planner.params import count_parameters
 from diffuserve.quant_scheme import make_scheme
-from diffuserve.testing.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
-from diffuserve.testing.llada2_checkpoint import write_llada2_checkpoint
-from diffuserve.testing.random_checkpoint import make_config, write_random_checkpoint
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.llada2_checkpoint import write_llada2_checkpoint
+from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 
 WIDE = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32, moe_intermediate_size=128)
 

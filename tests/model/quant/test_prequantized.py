@@ -29,8 +29,8 @@ from diffuserve.model.quant.checkpoint_fp8 import Fp8Checkpoint
 from diffuserve.model.quant.checkpoint_gptq_awq import AWQ_ORDER, GptqAwqCheckpoint
 from diffuserve.model.quant.writer import quantize_checkpoint
 from diffuserve.quant_scheme import make_scheme
-from diffuserve.testing.clover_moe_checkpoint import write_clover_moe_checkpoint
-from diffuserve.testing.reference_quant import reference_dequantize
+from diffuserve.reference.clover_moe_checkpoint import write_clover_moe_checkpoint
+from diffuserve.reference.reference_quant import reference_dequantize
 from tests.model.quant.conftest import GROUP, model_logits
 from tests.model.quant.test_quant_loading import unfinalized
 

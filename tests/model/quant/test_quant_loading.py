@@ -14,7 +14,7 @@ from diffuserve.model.quant.apply import quant_weights
 from diffuserve.model.quant.formats import QuantParts
 from diffuserve.model.quant.loading import quant_plan
 from diffuserve.quant_scheme import make_scheme
-from diffuserve.testing.reference_quant import reference_dequantize
+from diffuserve.reference.reference_quant import reference_dequantize
 from tests.model.quant.conftest import GROUP, model_logits
 
 METHODS = ("int8", "int4", "fp8")

@@ -21,8 +21,8 @@ import torch
 from diffuserve.model.families.diffusion_gemma.config import diffusion_gemma_args_from_hf
 from diffuserve.model.families.diffusion_gemma.family import FAMILY as DIFFUSION_GEMMA
 from diffuserve.model.families.diffusion_gemma.weights import diffusion_gemma_checkpoint_tensors
-from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
-from diffuserve.testing.clover_moe_checkpoint import save_sharded
+from diffuserve.reference.byte_tokenizer import write_byte_tokenizer
+from diffuserve.reference.clover_moe_checkpoint import save_sharded
 
 DIFFUSION_GEMMA_PRESETS: dict[str, dict[str, Any]] = {
     "diffusiongemma-bench": dict(

@@ -24,17 +24,17 @@ from dataclasses import dataclass
 
 import torch
 
+from diffuserve.core.request import BlockWrite, Request, ScheduledRequest, StepResult
 from diffuserve.decoding.block_decoding import BlockDecoding
-from diffuserve.engine.cache.paged_step import PagedMetadataBuilder, WindowMetadataBuilder
-from diffuserve.engine.cache.state_step import StateMetadataBuilder, StatePlan, state_slot
-from diffuserve.engine.cache.step_metadata import StepMetadata
-from diffuserve.engine.executor import ForwardInputs, ModelExecutor
-from diffuserve.engine.experts import ExpertOffload, ExpertTracker
-from diffuserve.engine.prompt_scoring import ScoringRows, prompt_logprobs
-from diffuserve.engine.request import BlockWrite, Request, ScheduledRequest, StepResult
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext
 from diffuserve.model.step_inputs import CanvasInputs
+from diffuserve.worker.cache.paged_step import PagedMetadataBuilder, WindowMetadataBuilder
+from diffuserve.worker.cache.state_step import StateMetadataBuilder, StatePlan, state_slot
+from diffuserve.worker.cache.step_metadata import StepMetadata
+from diffuserve.worker.executor import ForwardInputs, ModelExecutor
+from diffuserve.worker.experts import ExpertOffload, ExpertTracker
+from diffuserve.worker.prompt_scoring import ScoringRows, prompt_logprobs
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from diffuserve.model.families.clover_moe.config import hybrid_args
 from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
 from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.step_inputs import StepInputs
-from diffuserve.testing.reference_decode import block_causal_mask
-from diffuserve.testing.reference_model import ReferenceModel
+from diffuserve.reference.reference_decode import block_causal_mask
+from diffuserve.reference.reference_model import ReferenceModel
 
 
 @torch.inference_mode()

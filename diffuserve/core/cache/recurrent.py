@@ -28,9 +28,9 @@ from collections import OrderedDict, deque
 from collections.abc import Set
 from dataclasses import dataclass
 
-from diffuserve.engine.cache.kind import CacheKind
-from diffuserve.engine.cache.paged import chain_hash
-from diffuserve.engine.request import Request, ScheduledRequest, StateSnapshot
+from diffuserve.core.cache.kind import CacheKind
+from diffuserve.core.cache.paged import chain_hash
+from diffuserve.core.request import Request, ScheduledRequest, StateSnapshot
 
 
 class OutOfStateSlots(RuntimeError):

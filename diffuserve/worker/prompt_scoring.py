@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from diffuserve.core.outputs import TokenLogprobs
+from diffuserve.core.request import Request, ScheduledRequest
 from diffuserve.decoding.logprobs import logprob_rows, token_logprobs
-from diffuserve.engine.outputs import TokenLogprobs
-from diffuserve.engine.request import Request, ScheduledRequest
 from diffuserve.model.layers.attention import SequenceSlice
 
 KeySlots = Callable[[list[int], int], torch.Tensor]

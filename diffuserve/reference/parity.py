@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from diffuserve import LLM
+from diffuserve.reference.reference_decode import ReferenceResult, reference_generate
+from diffuserve.reference.reference_model import ReferenceModel
 from diffuserve.sampling_params import SamplingParams
-from diffuserve.testing.reference_decode import ReferenceResult, reference_generate
-from diffuserve.testing.reference_model import ReferenceModel
 
 
 @dataclass(frozen=True)

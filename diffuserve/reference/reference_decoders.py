@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from diffuserve.reference.reference_model import is_greedy
 from diffuserve.sampling_params import SamplingParams
-from diffuserve.testing.reference_model import is_greedy
 
 
 @dataclass(frozen=True)

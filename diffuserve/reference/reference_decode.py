@@ -22,9 +22,9 @@ import torch
 
 from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.step_inputs import StepInputs
+from diffuserve.reference.reference_decoders import positions_to_write, propose
+from diffuserve.reference.reference_model import ReferenceModel, post_edit_budget
 from diffuserve.sampling_params import SamplingParams
-from diffuserve.testing.reference_decoders import positions_to_write, propose
-from diffuserve.testing.reference_model import ReferenceModel, post_edit_budget
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import Any
 
 from diffuserve.model.families.llada2.family import FAMILY as LLADA2
 from diffuserve.model.loader import DTYPES
-from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
-from diffuserve.testing.random_checkpoint import write_random_weights
+from diffuserve.reference.byte_tokenizer import write_byte_tokenizer
+from diffuserve.reference.random_checkpoint import write_random_weights
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|startoftext|>", "<|mask|>", "<|role_end|>", "<role>", "</role>")
 CHAT_TEMPLATE = (

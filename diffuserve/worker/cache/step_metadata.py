@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.engine.cache.paged_step import PagedStepMetadata
-from diffuserve.engine.cache.state_step import StatePlan
 from diffuserve.model.step_inputs import CanvasInputs
+from diffuserve.worker.cache.paged_step import PagedStepMetadata
+from diffuserve.worker.cache.state_step import StatePlan
 
 
 @dataclass(frozen=True)

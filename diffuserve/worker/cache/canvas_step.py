@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.engine.cache.paged_step import TORCH_DTYPES
 from diffuserve.model.shapes import CanvasState
 from diffuserve.model.step_inputs import CanvasInputs
+from diffuserve.worker.cache.paged_step import TORCH_DTYPES
 
 
 @dataclass

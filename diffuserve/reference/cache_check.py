@@ -20,9 +20,9 @@ from torch.utils.hooks import RemovableHandle
 from diffuserve import LLM
 from diffuserve.model.layers.attention import DenseAttentionInputs, PagedAttentionInputs
 from diffuserve.model.step_inputs import StepInputs
+from diffuserve.reference.reference_decode import block_causal_mask
+from diffuserve.reference.reference_model import ReferenceModel
 from diffuserve.sampling_params import SamplingParams
-from diffuserve.testing.reference_decode import block_causal_mask
-from diffuserve.testing.reference_model import ReferenceModel
 
 
 @dataclass(frozen=True)

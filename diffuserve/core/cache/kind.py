@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from diffuserve.engine.request import Request, ScheduledRequest
+from diffuserve.core.request import Request, ScheduledRequest
 
 
 class CacheKind(ABC):

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.family import ModelFamily
 from diffuserve.model.registry import family_for, sdar_names
-from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
+from diffuserve.reference.byte_tokenizer import write_byte_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -36,11 +36,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from diffuserve.engine.outputs import DenoisingStep
+from diffuserve.core.outputs import DenoisingStep
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 if TYPE_CHECKING:
-    from diffuserve.engine.outputs import TokenLogprobs
+    from diffuserve.core.outputs import TokenLogprobs
 
 
 class RequestStatus(enum.IntEnum):

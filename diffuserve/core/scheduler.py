@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 
-from diffuserve.engine.cache.manager import CacheManager
-from diffuserve.engine.request import BlockWrite, Request, RequestStatus, ScheduledRequest, SchedulerOutput, StepUpdate
+from diffuserve.core.cache.manager import CacheManager
+from diffuserve.core.request import BlockWrite, Request, RequestStatus, ScheduledRequest, SchedulerOutput, StepUpdate
 
 NO_WRITE = BlockWrite([])
 """A step that wrote nothing into a request's block (a grammar failure, or no result for it)."""

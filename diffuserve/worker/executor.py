@@ -18,17 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from diffuserve.config import EngineConfig
+from diffuserve.core.cache.manager import CacheSizes
 from diffuserve.distributed.launcher import ParallelRuntime
-from diffuserve.engine.cache.allocation import (
-    CacheRequest,
-    CacheTensors,
-    allocate_caches,
-    dtype_name,
-    resolve_page_size,
-)
-from diffuserve.engine.cache.manager import CacheSizes
-from diffuserve.engine.cache.step_metadata import StepMetadata
-from diffuserve.engine.experts import ExpertOffload
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.attention_backends.selection import set_attention_backend
@@ -37,6 +28,15 @@ from diffuserve.model.layers.moe.offload_context import OffloadContext, offload_
 from diffuserve.model.loader import load_model
 from diffuserve.model.registry import cache_layout
 from diffuserve.model.step_inputs import StepInputs
+from diffuserve.worker.cache.allocation import (
+    CacheRequest,
+    CacheTensors,
+    allocate_caches,
+    dtype_name,
+    resolve_page_size,
+)
+from diffuserve.worker.cache.step_metadata import StepMetadata
+from diffuserve.worker.experts import ExpertOffload
 
 logger = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diffuserve.config import CacheConfig
-from diffuserve.engine.cache.canvas import CanvasKind
-from diffuserve.engine.cache.kind import CacheKind
-from diffuserve.engine.cache.paged import PagedKind, PagePool, chain_hash
-from diffuserve.engine.cache.recurrent import RecurrentKind, SlotPool, StateStats
-from diffuserve.engine.request import Request, ScheduledRequest
+from diffuserve.core.cache.canvas import CanvasKind
+from diffuserve.core.cache.kind import CacheKind
+from diffuserve.core.cache.paged import PagedKind, PagePool, chain_hash
+from diffuserve.core.cache.recurrent import RecurrentKind, SlotPool, StateStats
+from diffuserve.core.request import Request, ScheduledRequest
 from diffuserve.errors import ContextLengthExceeded
 
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.engine.cache.paged_step import TORCH_DTYPES
-from diffuserve.engine.request import Request, ScheduledRequest
+from diffuserve.core.request import Request, ScheduledRequest
 from diffuserve.model.shapes import RecurrentState
 from diffuserve.model.step_inputs import RecurrentStepInputs, RowGroup, StateStepObserver
+from diffuserve.worker.cache.paged_step import TORCH_DTYPES
 
 
 @dataclass(frozen=True)

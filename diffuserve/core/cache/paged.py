@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
-from diffuserve.engine.cache.kind import CacheKind
-from diffuserve.engine.request import Request, ScheduledRequest
+from diffuserve.core.cache.kind import CacheKind
+from diffuserve.core.request import Request, ScheduledRequest
 
 FREED = -1
 """A page-table entry whose page fell out of the window and went back to the pool."""

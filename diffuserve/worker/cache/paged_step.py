@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.engine.cache.paged import FREED
-from diffuserve.engine.request import ScheduledRequest
+from diffuserve.core.cache.paged import FREED
+from diffuserve.core.request import ScheduledRequest
 from diffuserve.model.interface import StepRules
 from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice, block_causal_mask
 from diffuserve.model.shapes import PagedKV

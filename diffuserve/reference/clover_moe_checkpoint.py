@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from diffuserve.model.families.clover_moe.config import clover_moe_args_from_hf, text_fields, with_diffusion
 from diffuserve.model.families.clover_moe.family import FAMILY as CLOVER_MOE
 from diffuserve.model.families.clover_moe.weights import clover_moe_checkpoint_tensors
-from diffuserve.testing.byte_tokenizer import write_byte_tokenizer
+from diffuserve.reference.byte_tokenizer import write_byte_tokenizer
 
 CLOVER_MOE_PRESETS: dict[str, dict[str, Any]] = {
     "clover-moe-bench": dict(

@@ -11,9 +11,9 @@ slots, one per running request: a slot is never waited for. Prefixes are the pag
 
 from __future__ import annotations
 
-from diffuserve.engine.cache.kind import CacheKind
-from diffuserve.engine.cache.recurrent import SlotPool
-from diffuserve.engine.request import Request, ScheduledRequest
+from diffuserve.core.cache.kind import CacheKind
+from diffuserve.core.cache.recurrent import SlotPool
+from diffuserve.core.request import Request, ScheduledRequest
 
 
 class CanvasKind(CacheKind):

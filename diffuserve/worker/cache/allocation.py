@@ -13,14 +13,14 @@ from dataclasses import dataclass
 import torch
 
 from diffuserve.config import CacheConfig
+from diffuserve.core.cache.manager import CacheSizes
 from diffuserve.distributed.group import ParallelGroup, agree_min
-from diffuserve.engine.cache.canvas_step import CanvasTensors
-from diffuserve.engine.cache.manager import CacheSizes
-from diffuserve.engine.cache.paged_step import TORCH_DTYPES, PagedTensors
-from diffuserve.engine.cache.state_step import StateTensors
-from diffuserve.engine.cache.step_metadata import StepMetadata
 from diffuserve.model.shapes import DTYPE_BYTES, CacheLayout, SlidingWindowKV
 from diffuserve.model.step_inputs import StepInputs
+from diffuserve.worker.cache.canvas_step import CanvasTensors
+from diffuserve.worker.cache.paged_step import TORCH_DTYPES, PagedTensors
+from diffuserve.worker.cache.state_step import StateTensors
+from diffuserve.worker.cache.step_metadata import StepMetadata
 
 CPU_DEFAULT_BUDGET = 4 << 30
 
