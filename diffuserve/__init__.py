@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from diffuserve.config import EngineConfig
-    from diffuserve.engine.llm import LLM
+    from diffuserve.llm import LLM
     from diffuserve.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "EngineConfig", "SamplingParams", "__version__"]
 
 _LAZY = {
-    "LLM": "diffuserve.engine.llm",
+    "LLM": "diffuserve.llm",
     "EngineConfig": "diffuserve.config",
     "SamplingParams": "diffuserve.sampling_params",
 }

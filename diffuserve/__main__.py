@@ -2,6 +2,6 @@
 
 import sys
 
-from diffuserve.cli import main
+from diffuserve.cli.main import main
 
 sys.exit(main())

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from diffuserve.quant_scheme import DEFAULT_TARGETS, QuantScheme, make_scheme
+from diffuserve.model.quant.scheme import DEFAULT_TARGETS, QuantScheme, make_scheme
 
 
 def _positive(name: str, value: int | float | None, allow_none: bool = True) -> None:

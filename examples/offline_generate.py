@@ -6,7 +6,7 @@ python examples/offline_generate.py [MODEL_DIR]
 import sys
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.hub import resolve_model
+from diffuserve.model.hub import resolve_model
 
 llm = LLM(resolve_model(sys.argv[1] if len(sys.argv) > 1 else None))
 

@@ -30,9 +30,9 @@ from diffuserve.model.loader import load_model
 from diffuserve.model.quant.formats import FP8_MAX, QuantParts
 from diffuserve.model.quant.kernels import select_kernel
 from diffuserve.model.quant.quantize import on_load_format, quantize
+from diffuserve.model.quant.scheme import make_scheme
 from diffuserve.model.quant.writer import quantize_checkpoint
 from diffuserve.model.weight_bytes import weight_bytes
-from diffuserve.quant_scheme import make_scheme
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 from diffuserve.reference.reference_quant import reference_dequantize

@@ -94,7 +94,7 @@ def measure_in_child(model_dir: str, method: str) -> None:
     # 16-bit loads pass no quantization argument, so that a revision from before quantization (--code) runs too.
     options = {}
     if method != "none":
-        from diffuserve.quant_scheme import make_scheme
+        from diffuserve.model.quant.scheme import make_scheme
 
         options["quantization"] = make_scheme(method)
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.loader import load_model
+from diffuserve.model.quant.scheme import make_scheme
 from diffuserve.model.step_inputs import StepInputs
-from diffuserve.quant_scheme import make_scheme
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.reference.llada2_checkpoint import write_llada2_checkpoint
 from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.default_model import DEFAULT_MODEL_DIR
 from diffuserve.eval.tasks import TASKS, Example, heldout_examples, is_correct
+from diffuserve.model.default_model import DEFAULT_MODEL_DIR
 from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 from diffuserve.structured_outputs import StructuredOutputsParams
 

@@ -1,5 +1,5 @@
-"""The chat renderer the offline API and the server share (diffuserve/chat_prompt.py), through `LLM.chat`: text in
-a message that spells a special token is plain text (only the template's markers are special), and `LLM.chat`
+"""The chat renderer the offline API and the server share (diffuserve/text/chat_template.py), through `LLM.chat`:
+text in a message that spells a special token is plain text (only the template's markers are special), and `LLM.chat`
 takes one conversation (one output) or a list of them (one output each, in order), as vLLM's does. The expected
 ids are written out by hand from the byte tokenizer's layout (a byte's id is its value)."""
 

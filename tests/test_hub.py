@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from diffuserve.hub import looks_like_hub_id, resolve_model
+from diffuserve.model.hub import looks_like_hub_id, resolve_model
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -52,19 +52,19 @@ def test_local_paths_are_not_hub_ids(tmp_path: Path, tiny_model_dir: Path):
 
 
 def test_no_model_is_the_bundled_one_and_its_absence_a_one_line_error(tmp_path: Path, monkeypatch):
-    from diffuserve.default_model import DEFAULT_MODEL_DIR
+    from diffuserve.model.default_model import DEFAULT_MODEL_DIR
 
     assert resolve_model(None) == resolve_model("") == str(DEFAULT_MODEL_DIR)
     with pytest.raises(ValueError, match="revision"):
         resolve_model(None, revision="main")
-    monkeypatch.setattr("diffuserve.hub.DEFAULT_MODEL_DIR", tmp_path / "absent")
+    monkeypatch.setattr("diffuserve.model.hub.DEFAULT_MODEL_DIR", tmp_path / "absent")
     with pytest.raises(ValueError, match="bundled default model is missing") as missing:
         resolve_model(None)
     assert "pass a model directory" in str(missing.value) and "\n" not in str(missing.value)
 
 
 def test_llm_takes_a_hub_id(tmp_path: Path, tiny_model_dir: Path, offline, monkeypatch):
-    from diffuserve.engine.llm import LLM
+    from diffuserve.llm import LLM
 
     snapshot = populate_hub_cache(tmp_path / "hub", "org/tiny", tiny_model_dir)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diffuserve.engine.llm import LLM
+from diffuserve.llm import LLM
 from diffuserve.model.loader import iter_checkpoint
 from diffuserve.sampling_params import SamplingParams
 

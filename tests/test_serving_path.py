@@ -13,13 +13,13 @@ ROOT = Path(__file__).resolve().parents[1]
 MAY_IMPORT_TESTING = ("bench", "reference")
 SERVING_MODULES = (
     "diffuserve",
-    "diffuserve.cli",
-    "diffuserve.engine.llm",
+    "diffuserve.cli.main",
+    "diffuserve.llm",
     "diffuserve.engine.llm_engine",
     "diffuserve.worker.model_runner",
     "diffuserve.model.loader",
     "diffuserve.server.app",
-    "diffuserve.eval.cli",
+    "diffuserve.cli.eval",
     "diffuserve.eval.harness",
 )
 

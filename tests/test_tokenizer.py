@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from diffuserve.reference.byte_tokenizer import SPECIAL_TOKENS, write_byte_tokenizer
-from diffuserve.tokenizer import Tokenizer
-from diffuserve.tokenizer_bounds import chars_per_token_bound
+from diffuserve.text.tokenizer import Tokenizer
+from diffuserve.text.tokenizer_bounds import chars_per_token_bound
 
 AUTO_MAP = {"AutoConfig": "configuration_sdar.SDARConfig", "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"}
 
@@ -101,7 +101,7 @@ BYTE_LEVEL = {"type": "BPE", "vocab": {}, "merges": []}
 
 
 def _spec(normalizer=None, pre_tokenizer=None, model=None) -> dict:
-    from diffuserve.tokenizer_bounds import _byte_level_alphabet
+    from diffuserve.text.tokenizer_bounds import _byte_level_alphabet
 
     vocab = {symbol: i for i, symbol in enumerate(_byte_level_alphabet())} | {"abcdef": 300}
     return {

@@ -14,9 +14,9 @@ THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95)
 def accuracy_vs_tpf(model_dir: str | Path, num_per_task: int, dtype: str, device: str) -> list[dict[str, Any]]:
     """One row per decoding: exact-match accuracy, TPF and NFE per example on the held-out task examples
     `diffuserve eval` scores (its default selection seed, so the two commands agree)."""
-    from diffuserve.engine.llm import LLM
     from diffuserve.eval.harness import decoding_sweep, evaluate
     from diffuserve.eval.tasks import heldout_examples
+    from diffuserve.llm import LLM
 
     llm = LLM(str(model_dir), dtype=dtype, device=device)
     examples = heldout_examples(num_per_task)

@@ -25,7 +25,7 @@ from diffuserve.engine.engine_setup import generation_defaults, resolve_device
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.loader import load_args, read_model_config, resolve_dtype
-from diffuserve.quant_scheme import DEFAULT_TARGETS
+from diffuserve.model.quant.scheme import DEFAULT_TARGETS
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.worker.cache.allocation import resolve_page_size
 

@@ -28,7 +28,7 @@ from diffuserve.model.config import ModelArgs
 from diffuserve.model.family import ModelFamily
 from diffuserve.model.loader import load_args, read_model_config
 from diffuserve.model.tensor_parallel import check_parallel_sizes
-from diffuserve.tokenizer import Tokenizer
+from diffuserve.text.tokenizer import Tokenizer
 from diffuserve.worker.executor import ModelExecutor
 from diffuserve.worker.model_runner import ModelRunner
 

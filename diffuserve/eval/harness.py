@@ -15,7 +15,7 @@ from diffuserve.eval.tasks import Example, is_correct
 from diffuserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from diffuserve.engine.llm import LLM
+    from diffuserve.llm import LLM
 
 MAX_TOKENS = 48
 """Every task's answer (with its <|im_end|>) fits well within this."""

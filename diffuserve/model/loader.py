@@ -29,12 +29,12 @@ from diffuserve.model.materialize import init_dummy_weights, materialize
 from diffuserve.model.quant.apply import FormatFor, finalize_, quant_weights, quantize_modules_
 from diffuserve.model.quant.checkpoint_base import CheckpointQuant
 from diffuserve.model.quant.loading import QuantLoader, quant_plan
+from diffuserve.model.quant.scheme import QuantScheme
 from diffuserve.model.registry import deprecation_notice, family_for
 from diffuserve.model.special_tokens import fill_special_token_ids
 from diffuserve.model.tensor_parallel import apply_tp
 from diffuserve.model.weight_names import WeightTarget
 from diffuserve.model.weight_pieces import local_pieces
-from diffuserve.quant_scheme import QuantScheme
 
 if TYPE_CHECKING:
     from diffuserve.distributed.group import ParallelGroup

@@ -43,7 +43,7 @@ from diffuserve.server.response_models import (
     VersionResponse,
 )
 from diffuserve.server.serving import OpenAIServing
-from diffuserve.tokenizer import Tokenizer
+from diffuserve.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from diffuserve.engine.llm_engine import LLMEngine

@@ -20,7 +20,7 @@ from diffuserve.server.response_models import (
     ToolCallOut,
 )
 from diffuserve.server.tool_calls import call_id
-from diffuserve.tool_format import ParsedCall, parse_calls
+from diffuserve.text.tool_format import ParsedCall, parse_calls
 
 
 @dataclass(frozen=True)

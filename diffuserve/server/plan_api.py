@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 
-from diffuserve.planner.cli import DEFAULT_HARDWARE, build_plan, default_args
+from diffuserve.cli.plan import DEFAULT_HARDWARE, build_plan, default_args
 from diffuserve.planner.figures import device_memory, fit_curve, sequences_that_fit
 from diffuserve.planner.hardware import HARDWARE_PRESETS
 from diffuserve.planner.inputs import KV_BYTES, WEIGHT_BYTES

@@ -1,7 +1,7 @@
 """From an OpenAI request's prompt or messages to the token ids the engine takes, with the checks on them.
 
 Completions take text, token ids, or a list of either (one engine request per prompt); chat messages go through
-the chat renderer the offline API uses too (`diffuserve/chat_prompt.py`: the model's own chat template, text
+the chat renderer the offline API uses too (`diffuserve/text/chat_template.py`: the model's own chat template, text
 content only, no special tokens added again), so the same messages are the same tokens offline and here.
 A prompt that leaves no room within max_model_len, or an explicit max_tokens that does not fit, is a 400 with
 both numbers (OpenAI's `context_length_exceeded`: the engine only clamps max_tokens to the room left). A text so
@@ -24,12 +24,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from diffuserve.chat_prompt import render_conversation
 from diffuserve.errors import RequestError
 from diffuserve.server.errors import bad_request, from_value_error
 from diffuserve.server.protocol import ChatCompletionRequest, ChatMessage, Tool
 from diffuserve.server.tool_calls import check_messages
-from diffuserve.tokenizer import Tokenizer
+from diffuserve.text.chat_template import render_conversation
+from diffuserve.text.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def render_chat(
     template_kwargs: dict[str, Any] | None = None,
     tools: list[Tool] | None = None,
 ) -> Prompt:
-    """The request's messages through the shared chat renderer (`diffuserve/chat_prompt.py`, as `LLM.chat`), with
+    """The request's messages through the shared chat renderer (`diffuserve/text/chat_template.py`, as `LLM.chat`), with
     the server's checks: tool messages, the length bound before tokenizing, no mask token."""
     if tokenizer is None:
         raise bad_request("messages: this model directory has no tokenizer (nor chat template)", "messages")

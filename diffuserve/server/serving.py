@@ -66,7 +66,7 @@ from diffuserve.server.responses import (
     completion_response,
     sse,
 )
-from diffuserve.tokenizer import Tokenizer
+from diffuserve.text.tokenizer import Tokenizer
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

@@ -1,5 +1,5 @@
 """Tool calling on the server: checks of tool messages, `tool_choice` as a grammar (required / a named
-function), call ids. The format itself (rendering, grammar, parsing) is `diffuserve/tool_format.py`'s.
+function), call ids. The format itself (rendering, grammar, parsing) is `diffuserve/text/tool_format.py`'s.
 Knows nothing of the engine or HTTP transport.
 """
 
@@ -9,7 +9,7 @@ import uuid
 
 from diffuserve.server.errors import bad_request
 from diffuserve.server.protocol import ChatMessage, NamedToolChoice, Tool
-from diffuserve.tool_format import call_grammar
+from diffuserve.text.tool_format import call_grammar
 
 
 def check_messages(messages: list[ChatMessage]) -> None:

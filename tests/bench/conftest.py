@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from diffuserve.cli import main
+from diffuserve.cli.main import main
 from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 
 FAST = ["--probe-seconds", "0.02", "--threads", "1"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from diffuserve.cli import main
+from diffuserve.cli.main import main
 
 
 def test_bench_moe_tiny_run(capsys):

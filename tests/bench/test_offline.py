@@ -9,7 +9,7 @@ import pytest
 
 from diffuserve.bench.accuracy import accuracy_vs_tpf
 from diffuserve.bench.flops import model_cost
-from diffuserve.cli import main
+from diffuserve.cli.main import main
 from diffuserve.model.loader import load_args
 from diffuserve.planner.calibrate import missing_keys
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.cli import main
+from diffuserve.cli.main import main
 from diffuserve.distributed.group import ParallelGroup
 from diffuserve.structured_outputs import StructuredOutputsParams
 

@@ -152,6 +152,6 @@ def test_the_hop_list_names_the_files_a_request_runs_in(tmp_path: Path):
 
 
 def test_the_clover_hop_list_names_the_files_a_request_runs_in():
-    from diffuserve.default_model import DEFAULT_MODEL_DIR
+    from diffuserve.model.default_model import DEFAULT_MODEL_DIR
 
     _check_hops("The same request on the bundled Clover, hop by hop", _trace(DEFAULT_MODEL_DIR))

@@ -19,7 +19,7 @@ from diffuserve.core.outputs import Logprob
 from diffuserve.engine.output_processor import Completion
 from diffuserve.reference.byte_tokenizer import special_token_ids, write_byte_tokenizer
 from diffuserve.sampling_params import ResolvedSamplingParams, SamplingParams
-from diffuserve.tokenizer import Tokenizer
+from diffuserve.text.tokenizer import Tokenizer
 
 VOCAB = 300
 SPECIAL = list(special_token_ids().values())[:3]  # endoftext, im_start, im_end (never the mask)

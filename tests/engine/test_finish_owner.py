@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.chat_prompt import chat_token_ids
 from diffuserve.core.scheduler import Scheduler
-from diffuserve.default_model import DEFAULT_MODEL_DIR
+from diffuserve.model.default_model import DEFAULT_MODEL_DIR
+from diffuserve.text.chat_template import chat_token_ids
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
+from diffuserve.cli import plan as planner_cli
 from diffuserve.model.layers.attention import write_kv
-from diffuserve.planner import cli as planner_cli
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.reference.parity import check_parity
 from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_block_decode

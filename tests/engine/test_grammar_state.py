@@ -7,10 +7,10 @@ import pytest
 
 from diffuserve.decoding.grammar_compiler import GrammarCompiler
 from diffuserve.decoding.grammar_state import GrammarState
-from diffuserve.default_model import DEFAULT_MODEL_DIR
 from diffuserve.errors import RequestError
+from diffuserve.model.default_model import DEFAULT_MODEL_DIR
 from diffuserve.structured_outputs import StructuredOutputsParams
-from diffuserve.tokenizer import Tokenizer
+from diffuserve.text.tokenizer import Tokenizer
 
 EOS = 256
 VOCAB = 272

@@ -11,9 +11,9 @@ from diffuserve import SamplingParams
 from diffuserve.core.request import Request
 from diffuserve.decoding import grammar_walk as grammar_decoding
 from diffuserve.decoding.grammar_walk import StructuredDecoding
-from diffuserve.default_model import DEFAULT_MODEL_DIR
+from diffuserve.model.default_model import DEFAULT_MODEL_DIR
 from diffuserve.structured_outputs import StructuredOutputsParams
-from diffuserve.tokenizer import Tokenizer
+from diffuserve.text.tokenizer import Tokenizer
 
 EOS, MASK, VOCAB = 256, 259, 272
 BLOCK = 8

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from diffuserve import LLM
-from diffuserve.planner import cli
+from diffuserve.cli import plan as cli
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 
 CONTEXT = 1024

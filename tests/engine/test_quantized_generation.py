@@ -8,7 +8,7 @@ import pytest
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.model.loader import load_model
-from diffuserve.quant_scheme import make_scheme
+from diffuserve.model.quant.scheme import make_scheme
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.reference.parity import check_parity
 from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_block_decode

@@ -15,7 +15,7 @@ from diffuserve.decoding import grammar_walk as grammar_decoding
 from diffuserve.decoding.grammar_state import GrammarState
 from diffuserve.errors import RequestError
 from diffuserve.structured_outputs import StructuredOutputsParams
-from diffuserve.tool_format import call_grammar, parse_calls
+from diffuserve.text.tool_format import call_grammar, parse_calls
 
 SCHEMAS = [
     {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False},

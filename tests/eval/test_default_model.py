@@ -7,11 +7,11 @@ import json
 import logging
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.default_model import DEFAULT_MODEL_DIR
 from diffuserve.eval.harness import evaluate
 from diffuserve.eval.tasks import heldout_examples
-from diffuserve.hub import resolve_model
+from diffuserve.model.default_model import DEFAULT_MODEL_DIR
 from diffuserve.model.families.clover_moe.config import hybrid_args
+from diffuserve.model.hub import resolve_model
 from diffuserve.model.loader import load_model
 from diffuserve.structured_outputs import StructuredOutputsParams
 

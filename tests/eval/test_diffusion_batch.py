@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from diffuserve.chat_prompt import chat_token_ids
 from diffuserve.eval.tasks import Example, heldout_examples
 from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
 from diffuserve.model.step_inputs import StepInputs
 from diffuserve.reference.byte_tokenizer import write_byte_tokenizer
-from diffuserve.tokenizer import Tokenizer
+from diffuserve.text.chat_template import chat_token_ids
+from diffuserve.text.tokenizer import Tokenizer
 from scripts.training.diffusion_batch import MASK, build_batch, encode_example, encode_prompt
 from scripts.training.sdar_model import init_sdar, sdar_config
 

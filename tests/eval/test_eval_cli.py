@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from diffuserve.cli import main
+from diffuserve.cli.main import main
 
 
 def test_eval_sweeps_decoders_on_the_bundled_model(capsys):

@@ -16,7 +16,7 @@ from diffuserve.planner.model_presets import find_preset
 from diffuserve.planner.model_presets import load_model as load_preset
 from diffuserve.planner.params import count_parameters
 from diffuserve.reference.llada2_checkpoint import TINY, write_llada2_checkpoint
-from diffuserve.tokenizer import Tokenizer
+from diffuserve.text.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from diffuserve.cli import main
-from diffuserve.planner import cli
+from diffuserve.cli import plan as cli
+from diffuserve.cli.main import main
 
 FIXTURE = Path(__file__).parent / "data" / "bench_sdar_moe_cpu.txt"
 

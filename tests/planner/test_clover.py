@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from diffuserve.planner import cli
+from diffuserve.cli import plan as cli
 from diffuserve.planner.inputs import Deployment
 from diffuserve.planner.memory import kv_bytes_per_token
 from diffuserve.planner.model_presets import load_model

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from diffuserve.planner.cli import build_plan, default_args
+from diffuserve.cli.plan import build_plan, default_args
 from diffuserve.planner.figures import context_lengths, device_memory, fit_curve, sequences_that_fit
 from diffuserve.planner.units import GiB
 

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PLANNER_MODULES = (
     "diffuserve.planner",
-    "diffuserve.planner.cli",
+    "diffuserve.cli.plan",
     "diffuserve.planner.calibrate",
     "diffuserve.planner.chart",
     "diffuserve.planner.report",

@@ -10,7 +10,7 @@ import pytest
 from diffuserve.server.chat_output import ChatDeltas, ChatOutputFormat
 from diffuserve.server.protocol import Tool
 from diffuserve.server.reasoning import split_reasoning, template_thinks
-from diffuserve.tool_format import TOOLS_PROMPT, parse_calls, template_messages
+from diffuserve.text.tool_format import TOOLS_PROMPT, parse_calls, template_messages
 
 CALL = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
 REPLIES = [

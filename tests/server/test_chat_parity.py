@@ -1,5 +1,5 @@
 """The same messages become the same prompt token ids offline (`LLM.chat`) and over HTTP (the openai client's
-chat completion): both go through one chat renderer (diffuserve/chat_prompt.py). The server's ids are those it
+chat completion): both go through one chat renderer (diffuserve/text/chat_template.py). The server's ids are those it
 hands the engine; the offline ones are those of the `LLM.chat` output. Two templates: the tiny model's ChatML,
 which does not render tools (they come as a system prompt), and a Qwen3-shaped one that does."""
 

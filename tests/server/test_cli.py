@@ -18,8 +18,8 @@ import httpx
 import openai
 import pytest
 
-from diffuserve.cli import main
-from diffuserve.server.cli import usage_hint
+from diffuserve.cli.main import main
+from diffuserve.cli.serve import usage_hint
 from diffuserve.server.config import ServerConfig
 from tests.test_hub import populate_hub_cache
 

@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 import httpx
 import pytest
 
-from diffuserve.server.cli import ServerConfig
+from diffuserve.cli.serve import ServerConfig
 from diffuserve.server.guards import SESSION_COOKIE
 from tests.server.conftest import API_KEY, MODEL_NAME, LiveServer
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from diffuserve.default_model import DEFAULT_MODEL_DIR
+from diffuserve.model.default_model import DEFAULT_MODEL_DIR
 from diffuserve.server.config import ServerConfig
 from tests.server.conftest import LiveServer
 

@@ -11,7 +11,7 @@ import pytest
 from diffuserve.reference.byte_tokenizer import SPECIAL_TOKENS, special_token_ids, write_byte_tokenizer
 from diffuserve.server.errors import APIError
 from diffuserve.server.prompts import PromptRules, completion_prompts
-from diffuserve.tokenizer import Tokenizer
+from diffuserve.text.tokenizer import Tokenizer
 from tests.server.conftest import MODEL_NAME, LiveServer
 
 IDS = special_token_ids()

@@ -16,9 +16,9 @@ from diffuserve.bench.baselines.recompute import RecomputeRunner
 from diffuserve.bench.baselines.rescan import RescanRunner
 from diffuserve.config import EngineConfig
 from diffuserve.decoding.block_decoding import BlockDecoding
-from diffuserve.engine.llm import LLM
 from diffuserve.engine.llm_engine import LLMEngine
-from diffuserve.hub import resolve_model
+from diffuserve.llm import LLM
+from diffuserve.model.hub import resolve_model
 from diffuserve.worker.executor import ModelExecutor
 from diffuserve.worker.model_runner import ModelRunner
 

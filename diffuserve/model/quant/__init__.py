@@ -12,6 +12,6 @@ GPTQ, AWQ, compressed-tensors), and the matmuls that read them. One concept per 
     writer.py             `diffuserve quantize`: a compressed-tensors checkpoint from a 16-bit one
     weight_bytes.py       bytes of a loaded model by kind (what the planner predicts)
 
-What the user asked for (method, targets, group size) is diffuserve/quant_scheme.py (standard library, read by
+What the user asked for (method, targets, group size) is diffuserve/model/quant/scheme.py (standard library, read by
 the engine config). Knows nothing of requests or the engine; the loader (model/loader.py) calls loading.py and apply.py.
 """

@@ -22,7 +22,7 @@ from diffuserve.model.quant.dequant_kernel import dequant_matmul
 from diffuserve.model.quant.formats import QuantFormat, QuantParts
 from diffuserve.model.quant.kernels_cpu import Int4PackCpuKernel, Int8PackKernel
 from diffuserve.model.quant.kernels_cuda import ScaledMmFp8Kernel, TinyGemmInt4Kernel, inner_k_tiles
-from diffuserve.quant_scheme import INT4_GROUP_SIZES
+from diffuserve.model.quant.scheme import INT4_GROUP_SIZES
 
 logger = logging.getLogger(__name__)
 _LOGGED: set[str] = set()

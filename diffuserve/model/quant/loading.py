@@ -27,9 +27,9 @@ from diffuserve.model.quant.checkpoint_base import CheckpointQuant
 from diffuserve.model.quant.checkpoint_config import checkpoint_quant
 from diffuserve.model.quant.formats import QuantFormat, QuantParts, Region, slice_parts
 from diffuserve.model.quant.quantize import on_load_format
+from diffuserve.model.quant.scheme import QuantScheme
 from diffuserve.model.weight_names import WeightTarget
 from diffuserve.model.weight_pieces import Index, local_pieces
-from diffuserve.quant_scheme import QuantScheme
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from diffuserve.model.quant.apply import check_width
 from diffuserve.model.quant.checkpoint_base import pack_nibbles
 from diffuserve.model.quant.formats import QuantFormat, QuantParts
 from diffuserve.model.quant.quantize import on_load_format, quantize
+from diffuserve.model.quant.scheme import QuantScheme
 from diffuserve.model.quant.weight import CHUNK_ELEMENTS
-from diffuserve.quant_scheme import QuantScheme
 
 INDEX = "model.safetensors.index.json"
 

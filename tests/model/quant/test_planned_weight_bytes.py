@@ -9,12 +9,12 @@ import json
 import pytest
 
 from diffuserve.model.loader import load_model
+from diffuserve.model.quant.scheme import make_scheme
 from diffuserve.model.weight_bytes import weight_bytes
 from diffuserve.planner.inputs import Deployment
 from diffuserve.planner.memory import memory_breakdown
 from diffuserve.planner.model_spec import spec_from_config
 from diffuserve.planner.params import count_parameters
-from diffuserve.quant_scheme import make_scheme
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.reference.llada2_checkpoint import write_llada2_checkpoint
 from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint

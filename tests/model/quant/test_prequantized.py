@@ -27,8 +27,8 @@ from diffuserve.model.quant.apply import quant_weights
 from diffuserve.model.quant.checkpoint_ct import CompressedTensorsCheckpoint
 from diffuserve.model.quant.checkpoint_fp8 import Fp8Checkpoint
 from diffuserve.model.quant.checkpoint_gptq_awq import AWQ_ORDER, GptqAwqCheckpoint
+from diffuserve.model.quant.scheme import make_scheme
 from diffuserve.model.quant.writer import quantize_checkpoint
-from diffuserve.quant_scheme import make_scheme
 from diffuserve.reference.clover_moe_checkpoint import write_clover_moe_checkpoint
 from diffuserve.reference.reference_quant import reference_dequantize
 from tests.model.quant.conftest import GROUP, model_logits

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from diffuserve import EngineConfig
 from diffuserve.model.loader import load_model
 from diffuserve.model.quant.checkpoint_gptq_awq import GptqAwqCheckpoint
-from diffuserve.quant_scheme import make_scheme
+from diffuserve.model.quant.scheme import make_scheme
 from tests.model.quant.test_prequantized import fp8_blocks
 
 

@@ -13,7 +13,7 @@ from diffuserve.model.loader import build_model, load_args, load_model, load_wei
 from diffuserve.model.quant.apply import quant_weights
 from diffuserve.model.quant.formats import QuantParts
 from diffuserve.model.quant.loading import quant_plan
-from diffuserve.quant_scheme import make_scheme
+from diffuserve.model.quant.scheme import make_scheme
 from diffuserve.reference.reference_quant import reference_dequantize
 from tests.model.quant.conftest import GROUP, model_logits
 

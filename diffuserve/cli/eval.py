@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from diffuserve import LLM
     from diffuserve.eval.harness import decoding_sweep, evaluate, format_table
     from diffuserve.eval.tasks import GENERATORS, TASKS, heldout_examples
-    from diffuserve.hub import resolve_model
+    from diffuserve.model.hub import resolve_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -13,7 +13,7 @@ import argparse
 import os
 from pathlib import Path
 
-from diffuserve.default_model import DEFAULT_MODEL_DIR
+from diffuserve.model.default_model import DEFAULT_MODEL_DIR
 
 ALLOW_PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken")
 """What a model directory needs: config/generation/tokenizer JSON, weights, sentencepiece or BPE files and

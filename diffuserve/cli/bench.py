@@ -11,7 +11,7 @@ import argparse
 import importlib
 
 from diffuserve.config import parse_bool
-from diffuserve.quant_scheme import DEFAULT_TARGETS
+from diffuserve.model.quant.scheme import DEFAULT_TARGETS
 
 MODULES = {
     "latency": "diffuserve.bench.latency",

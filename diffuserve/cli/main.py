@@ -13,13 +13,13 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
-    "serve": ("diffuserve.server.cli", "start the OpenAI-compatible HTTP server"),
-    "generate": ("diffuserve.offline_cli", "generate completions for prompts (offline)"),
-    "chat": ("diffuserve.chat_cli", "interactive chat in the terminal"),
-    "bench": ("diffuserve.bench.cli", "benchmarks: latency, throughput, compare, serve"),
-    "plan": ("diffuserve.planner.cli", "capacity and cost planner"),
-    "eval": ("diffuserve.eval.cli", "exact-match accuracy of a model on its checkable tasks"),
-    "quantize": ("diffuserve.quantize_cli", "write a quantized (compressed-tensors) checkpoint of a 16-bit one"),
+    "serve": ("diffuserve.cli.serve", "start the OpenAI-compatible HTTP server"),
+    "generate": ("diffuserve.cli.generate", "generate completions for prompts (offline)"),
+    "chat": ("diffuserve.cli.chat", "interactive chat in the terminal"),
+    "bench": ("diffuserve.cli.bench", "benchmarks: latency, throughput, compare, serve"),
+    "plan": ("diffuserve.cli.plan", "capacity and cost planner"),
+    "eval": ("diffuserve.cli.eval", "exact-match accuracy of a model on its checkable tasks"),
+    "quantize": ("diffuserve.cli.quantize", "write a quantized (compressed-tensors) checkpoint of a 16-bit one"),
 }
 
 

@@ -20,8 +20,8 @@ from typing import Any
 import jinja2
 
 from diffuserve.errors import RequestError
-from diffuserve.tokenizer import Tokenizer
-from diffuserve.tool_format import template_messages, template_renders_tools
+from diffuserve.text.tokenizer import Tokenizer
+from diffuserve.text.tool_format import template_messages, template_renders_tools
 
 TEMPLATE_ROLES = {"developer": "system"}
 """Roles the chat template sees under another name (OpenAI's `developer` is its newer name for `system`)."""

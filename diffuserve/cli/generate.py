@@ -8,11 +8,11 @@ import sys
 from typing import TYPE_CHECKING
 
 from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
-from diffuserve.hub import add_hub_arguments, resolve_model
+from diffuserve.model.hub import add_hub_arguments, resolve_model
 from diffuserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from diffuserve.engine.llm import LLM
+    from diffuserve.llm import LLM
 
 SAMPLING_SKIP = ("n", "seed")  # one completion each; seeding is the engine's --seed
 
@@ -40,7 +40,7 @@ def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
 
 
 def build_llm(args: argparse.Namespace) -> LLM:
-    from diffuserve.engine.llm import LLM
+    from diffuserve.llm import LLM
 
     config = engine_config_from_args(resolve_model(args.model, args.revision, args.download_dir), args)
     return LLM(config.model, **config.to_kwargs())

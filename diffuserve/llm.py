@@ -1,7 +1,7 @@
 """LLM: the offline API (vLLM's shape). `LLM(model, **engine options).generate(prompts, params)` runs every
 prompt through one engine concurrently and returns the outputs in prompt order, with a progress bar (vLLM's
 `use_tqdm`: by default only when stderr is an interactive terminal). `model` is a directory or a Hugging Face
-Hub id (`diffuserve.hub`)."""
+Hub id (`diffuserve.model.hub`)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any, cast, overload
 
 from tqdm.auto import tqdm
 
-from diffuserve.chat_prompt import chat_token_ids
 from diffuserve.config import EngineConfig
 from diffuserve.core.outputs import RequestOutput
 from diffuserve.engine.llm_engine import LLMEngine
-from diffuserve.hub import resolve_model
+from diffuserve.model.hub import resolve_model
 from diffuserve.sampling_params import SamplingParams
+from diffuserve.text.chat_template import chat_token_ids
 
 PromptType = str | list[int] | dict[str, Any]
 Conversation = list[dict[str, Any]]
@@ -113,11 +113,12 @@ class LLM:
     ) -> RequestOutput | list[RequestOutput]:
         """One conversation (OpenAI-shaped messages, `tool` results and assistant `tool_calls` included), or a
         list of them run concurrently (then one output per conversation, in order; one params for all or one per
-        conversation), through the model's chat template as the server renders them (`diffuserve.chat_prompt`:
-        text that spells a special token stays plain text), offering `tools` (OpenAI's function dicts; templates
-        that do not render tools get them in a system prompt, see tool_format). `template_kwargs` go to the
-        template (e.g. enable_thinking=False). Parse calls out of the reply with `diffuserve.tool_format.parse_calls`;
-        force one with `structured_outputs=StructuredOutputsParams(grammar=tool_format.call_grammar(tools, False))`."""
+        conversation), through the model's chat template as the server renders them
+        (`diffuserve.text.chat_template`: text that spells a special token stays plain text), offering `tools`
+        (OpenAI's function dicts; templates that do not render tools get them in a system prompt, see
+        tool_format). `template_kwargs` go to the template (e.g. enable_thinking=False). Parse calls out of the
+        reply with `diffuserve.text.tool_format.parse_calls`; force one with
+        `structured_outputs=StructuredOutputsParams(grammar=tool_format.call_grammar(tools, False))`."""
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
             raise ValueError("messages: this model directory has no tokenizer")

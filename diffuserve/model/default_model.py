@@ -1,5 +1,5 @@
 """Where the bundled default model lives: the tiny Clover (`clover_moe`) checkpoint shipped inside the package, used by
-`diffuserve serve | generate | chat | eval` when no model is given (`diffuserve.hub.resolve_model`)."""
+`diffuserve serve | generate | chat | eval` when no model is given (`diffuserve.model.hub.resolve_model`)."""
 
 from __future__ import annotations
 

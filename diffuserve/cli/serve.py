@@ -3,7 +3,7 @@
 Its flags come from the config dataclasses' field docstrings: `server.config.ServerConfig` for the server's and
 `diffuserve.config.EngineConfig` for the engine's. Torch, FastAPI and the engine are imported inside `run`, so
 `diffuserve --help` stays fast. MODEL is a directory, a Hugging Face Hub id
-(`diffuserve.hub`), or nothing for the bundled default model. The API key may also come from
+(`diffuserve.model.hub`), or nothing for the bundled default model. The API key may also come from
 DIFFUSERVE_API_KEY (the flag wins).
 
 The listening socket is bound before the model is fetched or loaded, so a busy port fails at once; SIGTERM or
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
-from diffuserve.hub import add_hub_arguments, resolve_model
+from diffuserve.model.hub import add_hub_arguments, resolve_model
 from diffuserve.server.config import ServerConfig
 
 API_KEY_ENV = "DIFFUSERVE_API_KEY"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from diffuserve.errors import RequestError
-from diffuserve.tokenizer_bounds import chars_per_token_bound
+from diffuserve.text.tokenizer_bounds import chars_per_token_bound
 
 DEFUSED_CHAR = "\ue000"
 """Private-use character that stands in for a spelled special token when locating the template's own ones."""

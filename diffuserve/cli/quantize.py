@@ -16,8 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from diffuserve.model.quant.scheme import DEFAULT_TARGETS, make_scheme
     from diffuserve.model.quant.writer import quantize_checkpoint
-    from diffuserve.quant_scheme import DEFAULT_TARGETS, make_scheme
 
     scheme = make_scheme(
         getattr(args, "quantization", None),

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from diffuserve.cli.generate import SAMPLING_SKIP, add_model_arguments, build_llm, sampling_params_from_args
 from diffuserve.config import add_config_arguments
-from diffuserve.offline_cli import SAMPLING_SKIP, add_model_arguments, build_llm, sampling_params_from_args
 from diffuserve.sampling_params import SamplingParams
 
 
