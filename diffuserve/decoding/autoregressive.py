@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 
 from diffuserve.core.request import Request
-from diffuserve.decoding.block_write import block_write
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
 from diffuserve.decoding.mask_policies import propose
 from diffuserve.decoding.protocol import BlockDecode
@@ -35,7 +34,7 @@ class NextTokenDecoder:
         proposal = propose(
             rows, index, self.block_length, request.params, generator, num_logprobs=request.params.logprobs
         )
-        return BlockDecode(block_write(proposal, index))
+        return BlockDecode(proposal.write(index))
 
     def release(self, request_id: str) -> None:
         """Nothing per request."""

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from diffuserve.core.request import Request
-from diffuserve.decoding.block_write import block_write
+from diffuserve.core.request import BlockWrite, Request
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
 from diffuserve.decoding.grammar_walk import StructuredDecoding
 from diffuserve.decoding.protocol import BlockDecode, Decoder
@@ -30,7 +29,9 @@ class GrammarConstrained:
         rows = forbid_tokens(request, positions, rows)
         generator = generators.for_sampling(request)
         proposal, written = self.structured.decode(request, rows, positions, generator, self.block_length)
-        return BlockDecode(block_write(proposal, torch.tensor(written, dtype=torch.long, device=rows.device)))
+        if proposal is None:  # the matcher failed: nothing written, the failure reported (take_failures)
+            return BlockDecode(BlockWrite([]))
+        return BlockDecode(proposal.write(torch.tensor(written, dtype=torch.long, device=rows.device)))
 
     def release(self, request_id: str) -> None:
         self.inner.release(request_id)

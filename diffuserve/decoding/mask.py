@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from diffuserve.core.request import Request
-from diffuserve.decoding.block_write import block_write
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
 from diffuserve.decoding.mask_policies import MaskPolicy, propose
 from diffuserve.decoding.protocol import BlockDecode
@@ -45,7 +44,7 @@ class MaskDecoder:
         write = self.policy.decide(
             proposal, canvas, canvas == request.mask_token_id, request.step_in_block, params, self.block_length
         )
-        return BlockDecode(block_write(proposal, write.nonzero().flatten()))
+        return BlockDecode(proposal.write(write.nonzero().flatten()))
 
     def release(self, request_id: str) -> None:
         """Nothing per request: the policy is stateless."""

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.decoding.logprobs import LogprobRows, logprob_rows
+from diffuserve.core.request import BlockWrite
+from diffuserve.decoding.logprobs import LogprobRows, logprob_rows, token_logprobs
 from diffuserve.sampling_params import MASK_DECODER_NAMES, ResolvedSamplingParams
 
 
@@ -43,6 +44,16 @@ class Proposal:
         confidence = self.confidence.masked_fill(~positions, float("-inf"))
         entropy = None if self.entropy is None else self.entropy.masked_fill(~positions, float("inf"))
         return Proposal(self.tokens, confidence, entropy, self.logprobs)
+
+    def write(self, indices: torch.Tensor) -> BlockWrite:
+        """The proposed tokens at canvas `indices` [W] (and their logprobs, if it has them) as host values."""
+        if not indices.numel():
+            return BlockWrite([])
+        written, tokens = torch.stack([indices, self.tokens[indices]]).tolist()  # one transfer
+        accepted = list(zip(written, tokens))
+        if self.logprobs is None:
+            return BlockWrite(accepted)
+        return BlockWrite(accepted, token_logprobs(self.logprobs, self.tokens, indices))
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -5,4 +5,4 @@ from __future__ import annotations
 
 from pathlib import Path
 
-DEFAULT_MODEL_DIR = Path(__file__).parent / "assets" / "default-model"
+DEFAULT_MODEL_DIR = Path(__file__).parents[1] / "assets" / "default-model"  # diffuserve/assets/

@@ -1,8 +1,8 @@
 """docs/architecture.md against the code it describes, so the map cannot go stale:
 
 - every path in the package map exists, and a package whose modules the map lists has all of them listed;
-- the torch-free list ("`engine/` (except ...) and `planner/` import without torch") is what importing each
-  module with torch blocked measures;
+- the torch-free list ("`core/`, `text/`, `cli/` and `planner/` import without torch, and `engine/` except ...")
+  is what importing each module with torch blocked measures;
 - the life of one offline request, hop by hop, names exactly the files a traced `LLM.generate` call runs code in,
   and the count the doc states is that number.
 """
@@ -67,11 +67,14 @@ def test_a_package_with_listed_modules_lists_them_all():
     assert not unlisted, f"docs/architecture.md's package map does not mention: {unlisted}"
 
 
-TORCH_PROBE = """
+TORCH_FREE = ("diffuserve.core", "diffuserve.planner", "diffuserve.text", "diffuserve.cli")
+"""Packages that import without torch, every module of them (the CLI imports the engine inside its commands)."""
+TORCH_PROBE = f"""
 import importlib, json, pkgutil, sys
+TORCH_FREE = {TORCH_FREE!r}
 sys.modules["torch"] = None  # any `import torch` now raises ImportError
 needs = []
-for package in ("diffuserve.engine", "diffuserve.planner"):
+for package in TORCH_FREE + ("diffuserve.engine",):
     for info in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
         try:
             importlib.import_module(info.name)
@@ -96,8 +99,8 @@ def test_torch_free_list_is_measured():
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     measured = set(json.loads(result.stdout))
-    planner = {m for m in measured if m.startswith("diffuserve.planner")}
-    assert not planner, f"planner modules that need torch: {sorted(planner)}"
+    torch_free = {m for m in measured if m.startswith(TORCH_FREE)}
+    assert not torch_free, f"modules of torch-free packages that need torch: {sorted(torch_free)}"
     assert measured == documented, (
         f"engine modules that need torch: measured {sorted(measured)}, documented {sorted(documented)}"
     )
@@ -155,3 +158,70 @@ def test_the_clover_hop_list_names_the_files_a_request_runs_in():
     from diffuserve.model.default_model import DEFAULT_MODEL_DIR
 
     _check_hops("The same request on the bundled Clover, hop by hop", _trace(DEFAULT_MODEL_DIR))
+
+
+TOKEN_STAGES = (  # (file prefix under diffuserve/, the stage a block's tokens are in there), in path order
+    ("worker/model_runner.py", "logits"),
+    ("decoding/", "decoder"),
+    ("core/scheduler.py", "applied"),
+    ("core/cache/", "applied"),
+    ("engine/output_processor.py", "output"),
+    ("engine/detokenizer.py", "output"),
+    ("text/", "output"),
+    ("core/outputs.py", "output"),
+)
+STATUS_ONLY = {"finish_requests", "release", "finish_block"}
+"""Calls that carry no token: finishing (statuses set by stop strings, aborts) and freeing a finished request's or
+block's per-request state. Left out of the path, as is core/request.py, the request itself, which every stage
+reads."""
+
+
+def _stage(frame) -> str | None:
+    path = os.path.relpath(frame.f_code.co_filename, PACKAGE)
+    if frame.f_code.co_name in STATUS_ONLY:
+        return None
+    return next((stage for prefix, stage in TOKEN_STAGES if path.startswith(prefix)), None)
+
+
+def test_a_block_goes_from_logits_to_output_without_going_back(tmp_path: Path):
+    """From the moment a step's logits exist (`ModelRunner._decode_blocks`) to the step's `RequestOutput`s, the
+    code a block's tokens run through visits each stage once, in order: the runner, the request's decoder, the
+    scheduler applying them, the output processor, the outputs. A design where the runner and the decoding
+    code call each other back and forth (or the decoder is chosen in several places) fails here."""
+    from diffuserve import LLM, SamplingParams
+    from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
+
+    llm = LLM(str(write_random_checkpoint(tmp_path / "m", make_config("sdar-moe-tiny", block_length=4))))
+    engine = llm.engine
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13]]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, SamplingParams(max_tokens=8, ignore_eos=True))
+    sequences: list[list[str]] = []
+
+    recording = False
+
+    def profile(frame, event, _arg):
+        nonlocal recording
+        name = frame.f_code.co_name
+        if event == "return" and name == "step" and frame.f_code.co_filename.endswith("llm_engine.py"):
+            recording = False  # the step's outputs are built
+        if event != "call":
+            return
+        if name == "_decode_blocks":
+            recording = True
+            sequences.append([])
+        stage = _stage(frame) if recording else None
+        if stage is not None and (not sequences[-1] or sequences[-1][-1] != stage):
+            sequences[-1].append(stage)
+
+    sys.setprofile(profile)
+    try:
+        while engine.has_unfinished_requests():
+            engine.step()
+    finally:
+        sys.setprofile(None)
+    order = ["logits", "decoder", "applied", "output"]
+    assert sequences, "no step decoded a block"
+    for sequence in sequences:
+        assert sequence == [s for s in order if s in sequence], f"a block's tokens went back: {sequence}"
+        assert sequence[:3] == ["logits", "decoder", "applied"], sequence
