@@ -27,7 +27,6 @@ from diffuserve.model.layers.moe.layer import set_moe_backend
 from diffuserve.model.layers.moe.offload_context import OffloadContext, offload_context
 from diffuserve.model.loader import load_model
 from diffuserve.model.registry import cache_layout
-from diffuserve.model.step_inputs import StepInputs
 from diffuserve.worker.cache.allocation import (
     CacheRequest,
     CacheTensors,
@@ -85,16 +84,17 @@ class CompiledForward:
         mode = "reduce-overhead" if device.type == "cuda" else None
         self._fn: Callable[..., Any] = torch.compile(model, dynamic=True, mode=mode) if compiled else model
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        """input_ids, positions [N] and the step's inputs -> the model's output [N, ...]."""
+    def __call__(self, input_ids: torch.Tensor, *rest: Any) -> torch.Tensor:
+        """input_ids [N] and the model's other arguments (positions [N], then the step's `StepInputs`) -> the
+        model's output [N, ...]."""
         num_tokens = input_ids.shape[0]
         if self.bucketed:
             pad = bucket_size(num_tokens) - num_tokens
-            input_ids, positions = F.pad(input_ids, (0, pad)), F.pad(positions, (0, pad))
+            input_ids, rest = F.pad(input_ids, (0, pad)), (F.pad(rest[0], (0, pad)), *rest[1:])
         if not self._first_call:
-            return self._fn(input_ids, positions, step)[:num_tokens]
+            return self._fn(input_ids, *rest)[:num_tokens]
         started = time.perf_counter()
-        out = self._fn(input_ids, positions, step)
+        out = self._fn(input_ids, *rest)
         self.compile_s += time.perf_counter() - started
         self._first_call = False
         logger.info("compiled the model forward in %.1f s", self.compile_s)

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from diffuserve import LLM, SamplingParams
 from diffuserve.model.layers.attention import SequenceSlice, block_causal_mask
 from diffuserve.worker.cache.paged_step import PagedStepMetadata
+from diffuserve.worker.cache.step_metadata import StepMetadata
 from diffuserve.worker.executor import ForwardInputs
 from tests.conftest import tiny_checkpoint, write_llada2_checkpoint
 
@@ -50,7 +51,7 @@ def _prefill(block_length: int, num_tokens: int) -> ForwardInputs:
     positions = torch.arange(num_tokens)
     ids = (positions * 37 + 11) % 250 + 1
     sequence = SequenceSlice(0, num_tokens, positions, block_causal_mask(positions, num_tokens, block_length))
-    return ForwardInputs(ids, positions, (PagedStepMetadata(positions, (sequence,)),))
+    return ForwardInputs(ids, positions, StepMetadata({"kv": PagedStepMetadata(positions, (sequence,))}))
 
 
 @torch.inference_mode()

@@ -49,7 +49,7 @@ def test_noisy_blocks_see_what_the_engine_sees():
     encoded = [encode_example(e, block) for e in EXAMPLES]
     batch = build_batch(encoded, block, torch.Generator().manual_seed(0), num_copies=2)
     with torch.no_grad():
-        hidden = model(batch.input_ids, batch.positions, batch.attention)
+        hidden = model(batch.input_ids, batch.positions, StepInputs(batch.attention))
         checked = 0
         for row, (ids, num_prompt) in enumerate(encoded):
             noisy_start = len(ids)
