@@ -11,14 +11,14 @@ never names a path on the server. Knows no formula.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import asdict
 
-from diffuserve.cli.plan import DEFAULT_HARDWARE, build_plan, default_args
+from diffuserve.planner.build import build_plan
 from diffuserve.planner.figures import device_memory, fit_curve, sequences_that_fit
 from diffuserve.planner.hardware import HARDWARE_PRESETS
 from diffuserve.planner.inputs import KV_BYTES, WEIGHT_BYTES
 from diffuserve.planner.model_presets import MODEL_PRESETS
+from diffuserve.planner.options import DEFAULT_HARDWARE, PlanOptions
 from diffuserve.planner.report import plan_to_dict, render_text
 from diffuserve.server.errors import bad_request, from_value_error
 from diffuserve.server.plan_models import FitPointOut, MemoryPartOut, PlanPresets, PlanRequest, PlanResponse
@@ -57,17 +57,20 @@ class Planner:
             fit_curve=[FitPointOut(**asdict(point)) for point in fit_curve(plan)],
         )
 
-    def arguments(self, body: PlanRequest) -> argparse.Namespace:
-        """`diffuserve plan`'s arguments for the body: the command's defaults, the given fields set."""
-        args = default_args()
-        args.model = self._model(body.model)
-        args.hardware = _choice("hardware", body.hardware, list(HARDWARE_PRESETS))
-        if body.weight_dtype is not None:
-            args.weight_dtype = _choice("weight_dtype", body.weight_dtype, WEIGHT_BYTES)
-        args.kv_cache_dtype = _choice("kv_cache_dtype", body.kv_cache_dtype, KV_CACHE_DTYPES)
-        args.num_gpus, args.concurrency, args.context_length = body.num_gpus, body.concurrency, body.context_length
-        args.tensor_parallel_size, args.expert_parallel_size = body.tensor_parallel_size, body.expert_parallel_size
-        return args
+    def arguments(self, body: PlanRequest) -> PlanOptions:
+        """The plan options of the body (the fields it gives; the defaults `diffuserve plan` has for the rest)."""
+        weight_dtype = body.weight_dtype
+        return PlanOptions(
+            model=self._model(body.model),
+            hardware=_choice("hardware", body.hardware, list(HARDWARE_PRESETS)),
+            weight_dtype=None if weight_dtype is None else _choice("weight_dtype", weight_dtype, WEIGHT_BYTES),
+            kv_cache_dtype=_choice("kv_cache_dtype", body.kv_cache_dtype, KV_CACHE_DTYPES),
+            num_gpus=body.num_gpus,
+            concurrency=body.concurrency,
+            context_length=body.context_length,
+            tensor_parallel_size=body.tensor_parallel_size,
+            expert_parallel_size=body.expert_parallel_size,
+        )
 
     def _model(self, name: str) -> str:
         if name in MODEL_PRESETS:

@@ -149,3 +149,15 @@ def test_chart_is_a_png(capsys, tmp_path):
 def test_non_positive_flags_are_rejected_not_defaulted(capsys, flags, message):
     assert main(["plan", "LLaDA2.0-mini", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_command_and_the_http_api_share_one_set_of_defaults():
+    """`diffuserve plan` with no flag asks for exactly `PlanOptions()`, what the server's POST /plan starts from."""
+    import argparse
+
+    from diffuserve.cli.plan import add_arguments
+    from diffuserve.planner.options import PlanOptions
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert PlanOptions.from_flags(parser.parse_args([])) == PlanOptions()

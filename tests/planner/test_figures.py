@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from diffuserve.cli.plan import build_plan, default_args
+from diffuserve.planner.build import build_plan
 from diffuserve.planner.figures import context_lengths, device_memory, fit_curve, sequences_that_fit
+from diffuserve.planner.options import PlanOptions
 from diffuserve.planner.units import GiB
 
 
 def _plan(**flags):
-    args = default_args()
-    args.model, args.hardware = "Clover-35B-A3B", "H200"
-    for name, value in flags.items():
-        setattr(args, name, value)
-    return build_plan(args)
+    return build_plan(PlanOptions(**{"model": "Clover-35B-A3B", "hardware": "H200", **flags}))
 
 
 def test_memory_parts_add_up_to_the_device_by_hand():
@@ -52,9 +49,7 @@ def test_replicas_multiply_the_sequences_and_full_attention_models_have_one_curv
     one, four = _plan(context_length=32768), _plan(context_length=32768, num_gpus=4)
     assert sequences_that_fit(four) == 4 * sequences_that_fit(one)
     assert fit_curve(four)[0].sequences == 4 * fit_curve(one)[0].sequences
-    args = default_args()
-    args.model, args.hardware = "SDAR-30B-A3B", "H200"
-    sdar = build_plan(args)
+    sdar = build_plan(PlanOptions(model="SDAR-30B-A3B", hardware="H200"))
     assert all(point.full_attention_sequences is None for point in fit_curve(sdar))
 
 
