@@ -1,4 +1,5 @@
-"""`diffuserve serve | generate | chat | bench | plan | eval | quantize`: one entry point, one module per subcommand.
+"""`diffuserve serve | generate | chat | bench | plan | eval | quantize | verify`: one entry point, one module per
+subcommand.
 
 Each subcommand module exposes `add_arguments(parser)` and `run(args) -> int` and imports its heavy
 dependencies (torch, the server) inside `run`. Only the chosen subcommand's module is imported, so
@@ -20,6 +21,7 @@ SUBCOMMANDS = {
     "plan": ("diffuserve.planner.cli", "capacity and cost planner"),
     "eval": ("diffuserve.eval.cli", "exact-match accuracy of a model on its checkable tasks"),
     "quantize": ("diffuserve.quantize_cli", "write a quantized (compressed-tensors) checkpoint of a 16-bit one"),
+    "verify": ("diffuserve.verify.cli", "compare the engine with the checkpoint's reference code, layer by layer"),
 }
 
 
