@@ -48,6 +48,6 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except ValueError as e:
         print(f"diffuserve {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return int(getattr(e, "exit_code", 2))  # 2: a usage or input error; a config error may name its own
     except KeyboardInterrupt:
         return 130
