@@ -35,7 +35,8 @@ class VerifyResult:
         if self.reference is None:
             return NO_REFERENCE
         tensors = [*self.layer_checks, *([self.logits] if self.logits else [])]
-        return AGREE if all(c.agrees for c in tensors) and all(g.agrees for g in self.greedy) else PART
+        block = self.block_steps is None or self.block_steps.agrees
+        return AGREE if all(c.agrees for c in tensors) and all(g.agrees for g in self.greedy) and block else PART
 
     @property
     def verdict(self) -> str:
@@ -47,6 +48,8 @@ class VerifyResult:
         greedy = next((g for g in self.greedy if not g.agrees), None)
         if greedy is not None:
             return f"part at greedy continuation of prompt {greedy.prompt}, token {greedy.first_difference}"
+        if self.block_steps is not None and not self.block_steps.agrees:
+            return "part at one block of block-diffusion decoding"
         return "agree"
 
 
@@ -93,7 +96,15 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
         ],
         "block_steps": None
         if result.block_steps is None
-        else {"tried": list(result.block_steps.tried), "found": list(result.block_steps.found), "compared": False},
+        else {
+            "tried": list(result.block_steps.tried),
+            "found": list(result.block_steps.found),
+            "compared": result.block_steps.compared,
+            "ours": result.block_steps.ours,
+            "reference": result.block_steps.reference,
+            "agrees": result.block_steps.agrees,
+            "summary": result.block_steps.summary,
+        },
         "verdict": result.verdict,
         "exit_code": result.exit_code,
     }

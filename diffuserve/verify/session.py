@@ -112,5 +112,24 @@ def _compare(options: VerifyOptions, model_dir: Path, family: str, reference: Re
         layer_checks=layer_checks(ours_runs, reference_runs, layer_names(args, family), dtype),
         logits=logits_check(ours_runs, reference_runs, dtype),
         greedy=greedy,
-        block_steps=block_steps_check(hf_model),
+        block_steps=block_steps_check(
+            hf_model,
+            lambda prompt, length, threshold: _engine_block(model_dir, options, prompt, length, threshold),
+            prompts[0],
+            args.block_length,
+            args.mask_token_id,
+            args.eos_token_ids[0] if args.eos_token_ids else None,
+        ),
     )
+
+
+def _engine_block(
+    model_dir: Path, options: VerifyOptions, prompt: list[int], block_length: int, threshold: float
+) -> list[int]:
+    """The engine's greedy tokens for one block after `prompt` (its threshold decoder, default steps)."""
+    from diffuserve import LLM
+    from diffuserve.sampling_params import SamplingParams
+
+    llm = LLM(str(model_dir), dtype=options.dtype, device=options.device, block_length=block_length)
+    params = SamplingParams(max_tokens=block_length, temperature=0.0, decoder="threshold", threshold=threshold)
+    return list(llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids)

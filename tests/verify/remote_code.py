@@ -49,6 +49,39 @@ class TestForCausalLM({model_class}):
             mlp.forward = _ungated_shared_expert.__get__(mlp)
 '''
 
+BLOCK_GENERATE = '''
+
+    @torch.no_grad()
+    def generate(self, inputs, block_length=4, gen_length=4, steps=4, threshold=0.9, temperature=0.0, mask_id=None,
+                 eos_id=None):
+        """LLaDA2's block-diffusion loop, restated: blocks on the absolute grid, each step the whole prefix under
+        the block-causal mask, accept the masked positions whose greedy confidence (softmax over the whole
+        vocabulary) is > threshold, or else the schedule's count of most confident ones."""
+        prompt = inputs.shape[1]
+        total = -(-(prompt + gen_length) // block_length) * block_length
+        x = torch.full((1, total), mask_id, dtype=torch.long)
+        x[:, :prompt] = inputs
+        grid = torch.arange(total) // block_length
+        bias = torch.zeros(total, total).masked_fill(grid[:, None] < grid[None, :], float("-inf"))[None, None]
+        schedule = [block_length // steps + (1 if j < block_length % steps else 0) for j in range(steps)]
+        for start in range(prompt // block_length * block_length, total, block_length):
+            end = start + block_length
+            for count in schedule:
+                active = x[0, start:end] == mask_id
+                if not active.any():
+                    break
+                positions = torch.arange(end)[None]
+                out = self(input_ids=x[:, :end], attention_mask=bias[..., :end, :end], position_ids=positions)
+                confidence, tokens = out.logits[0, {rows}].float().softmax(-1).max(-1)
+                confidence = torch.where(active, confidence, float("-inf"))
+                pick = confidence > threshold
+                if pick.sum() < count:
+                    pick = torch.zeros_like(active)
+                    pick[confidence.topk(min(count, int(active.sum()))).indices] = True
+                x[0, start:end][pick] = tokens[pick]
+        return x[:, prompt : prompt + gen_length]
+'''
+
 BASES = {
     "clover_moe": ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig"),
     "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig"),
@@ -63,7 +96,11 @@ def add_remote_code(model_dir: Path, model_type: str, **perturb) -> Path:
     (model_dir / f"{config_module}.py").write_text(
         CONFIG_MODULE.format(config_class=config_class, model_type=model_type)
     )
+    block_generate = perturb.pop("block_generate", None)  # None, "faithful" or "ar_shift"
     code = MODEL_MODULE.format(model_class=model_class, config_module=config_module, perturb=perturb)
+    if block_generate is not None:
+        # the perturbed loop predicts position p from row p - 1 (the AR shift) instead of from its own row
+        code += BLOCK_GENERATE.replace("{rows}", "start:end" if block_generate == "faithful" else "start - 1 : end - 1")
     (model_dir / f"{model_module}.py").write_text(code)
     config = json.loads((model_dir / "config.json").read_text())
     config["auto_map"] = {

@@ -94,6 +94,20 @@ def test_perturbed_remote_code_parts_at_its_layer(tmp_path, capsys, kind, pertur
     assert all(earlier) and not result["hidden_states"][perturb["layer"]]["agrees"]
 
 
+@pytest.mark.parametrize("variant, code", [("faithful", 0), ("ar_shift", 1)])
+def test_one_block_through_the_references_generate(tmp_path, capsys, variant, code):
+    """The checkpoint's code carries LLaDA2's block-diffusion generate (restated in the test's module): one block
+    of it against the engine, token for token; a loop that predicts each position from the row before it parts."""
+    model_dir = _sdar_moe(tmp_path, f"sdar_generate_{variant}", block_generate=variant)
+    got, result, _ = _verify(capsys, model_dir, "--trust-remote-code")
+    block = result["block_steps"]
+    assert block["found"] == ["generate(block_length=...)"] and block["compared"], block
+    assert len(block["reference"]) == 4 and all(t != 95 for t in block["reference"])  # 4 tokens, no mask left
+    assert got == code and block["agrees"] == (code == 0)
+    if code:
+        assert result["verdict"] == "part at one block of block-diffusion decoding"
+
+
 def test_without_trust_remote_code_the_code_is_refused_in_one_line(tmp_path, capsys):
     """The perturbed code would part; refused, it never runs, and the built-in Qwen3.5-MoE agrees."""
     model_dir = _clover(tmp_path, "clover_refused", layer=2, norm_eps=1e-2)
