@@ -27,6 +27,16 @@ OURS_ONLY = ("architectures", "model_type", "torch_dtype", "auto_map", "text_con
 """config.json keys that name our checkpoint or its diffusion, not the transformers architecture it is built as."""
 
 
+NO_BUILTIN = {
+    "llada2": "transformers has no LLaDA2 class; its reference is the checkpoint's own code (modeling_llada2_moe.py "
+    "registered in config.json's auto_map, run with --trust-remote-code)",
+    "diffusion_gemma": "verify does not compare DiffusionGemma yet: it has no causal trunk with logits (its encoder "
+    "only fills the cache); its canvas forward is checked against transformers' DiffusionGemmaForBlockDiffusion by "
+    "tests/model/test_diffusion_gemma_parity.py",
+}
+"""Why a family has no built-in reference (the checkpoint's own code may still be one)."""
+
+
 @dataclass(frozen=True)
 class Reference:
     name: str
@@ -77,7 +87,7 @@ def _builtin(config: dict, family: str) -> tuple[Reference | None, str]:
     elif family == "sdar":
         classes = ("Qwen3ForCausalLM", "Qwen3Config")
     else:
-        return None, f"transformers has no built-in class verify runs for the {family} family's causal trunk"
+        return None, NO_BUILTIN.get(family, f"verify knows no built-in reference for the {family} family")
     name = f"transformers {classes[0]} (built-in class of the base architecture)"
 
     def build(path: Path, dtype: torch.dtype) -> tuple[nn.Module, list[str]]:
