@@ -103,6 +103,7 @@ def _compare(options: VerifyOptions, model_dir: Path, family: str, reference: Re
         GreedyCheck(i, _greedy(ours, p, options.max_new_tokens), _greedy(theirs, p, options.max_new_tokens))
         for i, p in enumerate(prompts)
     ]
+    del ours, ours_model  # the block step builds the engine itself: hold two copies of the model, not three
     return VerifyResult(
         model=options.model,
         dtype=str(dtype).removeprefix("torch."),
