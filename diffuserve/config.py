@@ -151,6 +151,9 @@ class EngineConfig:
     quantization_group_size: int = 128
     """With --quantization int4: input columns sharing one scale and zero point (must divide every quantized
     weight's input width)."""
+    strict_config: bool = False
+    """A config.json key or checkpoint tensor that looks like a diffusion or routing setting the engine does not
+    implement (or any key it does not know) is an error instead of a warning at load."""
     expert_stats: bool | None = None
     """Keep MoE routing statistics (experts touched per step and per block, load imbalance: /metrics and
     `bench`). Each step copies every MoE layer's routing to the host, so the default is on where they are

@@ -1,4 +1,5 @@
-"""`diffuserve serve | generate | chat | bench | plan | eval | quantize`: one entry point, one module per subcommand.
+"""`diffuserve serve | generate | chat | bench | plan | eval | quantize | verify`: one entry point, one module per
+subcommand.
 
 Each subcommand module exposes `add_arguments(parser)` and `run(args) -> int` and imports its heavy
 dependencies (torch, the server) inside `run`. Only the chosen subcommand's module is imported, so
@@ -20,6 +21,7 @@ SUBCOMMANDS = {
     "plan": ("diffuserve.cli.plan", "capacity and cost planner"),
     "eval": ("diffuserve.cli.eval", "exact-match accuracy of a model on its checkable tasks"),
     "quantize": ("diffuserve.cli.quantize", "write a quantized (compressed-tensors) checkpoint of a 16-bit one"),
+    "verify": ("diffuserve.cli.verify", "compare the engine with the checkpoint's reference code, layer by layer"),
 }
 
 
@@ -46,6 +48,6 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except ValueError as e:
         print(f"diffuserve {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return int(getattr(e, "exit_code", 2))  # 2: a usage or input error; a config error may name its own
     except KeyboardInterrupt:
         return 130

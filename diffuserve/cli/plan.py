@@ -103,6 +103,14 @@ def _add_workload_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--request-rate", type=float, help="requests/s to size the deployment for")
     group.add_argument("--block-length", type=int, help="diffusion block length (default: the model's)")
     group.add_argument("--tpf", type=float, help=f"tokens committed per forward per sequence (default {DEFAULT_TPF})")
+    group.add_argument(
+        "--block-expert-coreset",
+        type=int,
+        default=PlanOptions.block_expert_coreset,
+        metavar="C",
+        help="route each block's positions to at most C experts per MoE layer while it is denoised; also shows "
+        "batch 1 with and without it (default 0: off)",
+    )
     group.add_argument("--experts-touched-fraction", type=float, help="override 1 - (1 - k/E)^T")
 
 

@@ -83,7 +83,7 @@ def resolve_max_model_len(requested: int | None, args: ModelArgs) -> int:
 
 def load_model_args(config: EngineConfig) -> tuple[ModelFamily, ModelArgs, int]:
     """(family, args with the configured block length, max_model_len): what every rank derives alike."""
-    family, args = load_args(config.model)
+    family, args = load_args(config.model, config.strict_config)
     args = args.replace(block_length=config.block_length or args.block_length)
     return family, args, resolve_max_model_len(config.max_model_len, args)
 

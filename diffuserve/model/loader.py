@@ -31,6 +31,8 @@ from diffuserve.model.quant.checkpoint_base import CheckpointQuant
 from diffuserve.model.quant.loading import QuantLoader, quant_plan
 from diffuserve.model.quant.scheme import QuantScheme
 from diffuserve.model.registry import deprecation_notice, family_for
+from diffuserve.model.settings_check import is_setting_tensor
+from diffuserve.model.settings_load import check_settings
 from diffuserve.model.special_tokens import fill_special_token_ids
 from diffuserve.model.tensor_parallel import apply_tp
 from diffuserve.model.weight_names import WeightTarget
@@ -66,15 +68,17 @@ def read_model_config(model_dir: str | Path) -> tuple[dict, dict]:
     return read_json(path / "config.json"), read_json(generation) if generation.is_file() else {}
 
 
-def load_args(model_dir: str | Path) -> tuple[ModelFamily, ModelArgs]:
-    """(family, args) of a model directory."""
-    config, generation = read_model_config(model_dir)
-    family = family_for(config)
-    _notify_deprecated(config, Path(model_dir))
-    config = fill_special_token_ids(config, generation, family.special_tokens, Path(model_dir))
+def load_args(model_dir: str | Path, strict_config: bool = False) -> tuple[ModelFamily, ModelArgs]:
+    """(family, args) of a model directory; its settings the family does not implement are logged, or raised
+    under `strict_config` (settings_check)."""
+    raw, generation = read_model_config(model_dir)
+    family = family_for(raw)
+    _notify_deprecated(raw, Path(model_dir))
+    config = fill_special_token_ids(raw, generation, family.special_tokens, Path(model_dir))
     args = family.parse_args(config, generation)
     if family.checkpoint_args is not None:
         args = family.checkpoint_args(args, Path(model_dir))
+    check_settings(raw, Path(model_dir), family, args, strict_config)
     return family, args
 
 
@@ -135,6 +139,8 @@ def load_weights(
         if target.param in quant.weights:
             quant.write_float(target, tensor, name)
             continue
+        if target.param not in params and is_setting_tensor(name):
+            continue  # a diffusion setting the engine does not implement, reported by load_args
         if target.param not in params:
             raise ValueError(
                 f"checkpoint: unexpected weight {name!r} (no parameter {target.param!r} in {args.architecture})"

@@ -123,6 +123,7 @@ def _workload(
         request_rate=options.request_rate,
         experts_touched_fraction=options.experts_touched_fraction,
         experts_touched_per_block=touched,
+        block_expert_coreset=options.block_expert_coreset,
     )
 
 

@@ -98,6 +98,9 @@ class Workload:
     """Override of the fraction of routed experts one forward reads (default: 1 - (1 - k/E)^T)."""
     experts_touched_per_block: float | None = None
     """Measured distinct experts one block's tokens route to, per MoE layer (from a calibration)."""
+    block_expert_coreset: int = 0
+    """Block expert coreset routing: while a block is denoised, each MoE layer routes its positions to at most
+    this many experts (0: off, every position to its own top-k)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -113,6 +116,8 @@ class Workload:
             _positive(name, getattr(self, name))
         if self.experts_touched_fraction is not None:
             _fraction("experts_touched_fraction", self.experts_touched_fraction)
+        if self.block_expert_coreset < 0:
+            raise ValueError(f"block_expert_coreset: must be >= 0 (0 turns it off), got {self.block_expert_coreset}")
         if self.tpf > self.block_length:
             raise ValueError(
                 f"tpf: {self.tpf} tokens per forward exceeds the block length {self.block_length}; "

@@ -48,6 +48,8 @@ class PlanOptions:
     block_length: int | None = None
     tpf: float | None = None
     experts_touched_fraction: float | None = None
+    block_expert_coreset: int = 0
+    """Each block routed to at most this many experts per MoE layer while denoised (0: per-token routing)."""
     # efficiency
     bandwidth_fraction: float | None = None
     flops_fraction: float | None = None

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from diffuserve.planner.advice import not_fit_error
 from diffuserve.planner.capacity import Capacity, compute_capacity, fit_problem
+from diffuserve.planner.coreset import CoresetComparison, compare_coreset
 from diffuserve.planner.cost import CostEstimate, estimate_cost
 from diffuserve.planner.hardware import HardwareSpec
 from diffuserve.planner.inputs import CostInputs, Deployment, Efficiency, Workload, check_fits_model
@@ -45,6 +46,8 @@ class Plan:
     cost_inputs: CostInputs
     rate: RateSizing | None = None
     calibration: CalibrationCheck | None = None
+    coreset: CoresetComparison | None = None
+    """Batch 1 with the workload's block expert coreset beside per-token routing (None: coreset off)."""
 
     def explain(self) -> list[str]:
         """Every formula of the plan with its numbers, section by section."""
@@ -55,6 +58,7 @@ class Plan:
             ("decode forward (per device)", self.decode.formulas),
             ("prefill and time to first token", self.prefill.formulas),
             ("request rate", self.rate.formulas if self.rate else ()),
+            ("block expert coreset", self.coreset.formulas if self.coreset else ()),
             ("cost", self.cost.formulas),
             ("calibration", self.calibration.formulas if self.calibration else ()),
         ]
@@ -146,4 +150,5 @@ def make_plan(
         cost,
         cost_inputs,
         rate,
+        coreset=compare_coreset(roofline, workload),
     )

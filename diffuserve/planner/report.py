@@ -24,6 +24,7 @@ def render_text(plan: Plan) -> list[str]:
         *_capacity_lines(plan),
         *_hybrid_lines(plan),
         *_decode_lines(plan),
+        *_coreset_lines(plan),
         f"Prefill     {load.prompt_tokens:,} prompt tokens in {fmt_time(plan.prefill.t_prefill)}; "
         f"TTFT {fmt_time(plan.prefill.ttft)} (first block after {plan.prefill.first_block_forwards} forwards)",
         *_rate_lines(plan),
@@ -78,6 +79,16 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         },
         "prefill": _numbers(plan.prefill),
         "request_rate": _numbers(plan.rate) if plan.rate else None,
+        "block_expert_coreset": (
+            {
+                "coreset": plan.coreset.coreset,
+                "batch1_with_coreset": _numbers(plan.coreset.with_coreset),
+                "batch1_per_token_routing": _numbers(plan.coreset.per_token),
+                "speedup": plan.coreset.speedup,
+            }
+            if plan.coreset
+            else None
+        ),
         "cost": {**_numbers(plan.cost), "inputs": asdict(plan.cost_inputs)},
         "calibration": (
             {**_numbers(plan.calibration), "relative_error": plan.calibration.relative_error}
@@ -166,6 +177,19 @@ def _decode_lines(plan: Plan) -> list[str]:
         f"forward -> {fmt_time(f.t_forward)} ({f.bound})",
         f"            {d.tokens_per_s_per_seq:,.1f} tokens/s per sequence (TPOT {fmt_time(1 / d.tokens_per_s_per_seq)})"
         f", {d.tokens_per_s_total:,.1f} tokens/s total",
+    ]
+
+
+def _coreset_lines(plan: Plan) -> list[str]:
+    if plan.coreset is None:
+        return []
+    c = plan.coreset
+    with_c, per_token = c.with_coreset, c.per_token
+    return [
+        f"Coreset     batch 1 with block expert coreset C = {c.coreset}: {with_c.tokens_per_s_per_seq:,.1f} tokens/s "
+        f"(experts touched {with_c.forward.experts_touched:.1%}, {fmt_bytes(with_c.forward.bytes)} per forward) vs "
+        f"{per_token.tokens_per_s_per_seq:,.1f} with per-token routing ({per_token.forward.experts_touched:.1%}, "
+        f"{fmt_bytes(per_token.forward.bytes)}): {c.speedup:.2f}x",
     ]
 
 

@@ -35,6 +35,17 @@ def experts_touched_fraction(
     return 1 - (1 - spec.num_experts_per_tok / spec.num_experts) ** num_tokens
 
 
+def experts_per_block(spec: ModelSpec, block_length: int, coreset: int, per_block: float | None = None) -> float:
+    """Distinct experts one block's positions route to, per MoE layer: the union of their top-k (measured, or
+    E x (1 - (1 - k/E)^S) under uniform routing), capped at the block expert coreset C when it is on."""
+    union = (
+        per_block
+        if per_block is not None
+        else spec.num_experts * (1 - (1 - spec.num_experts_per_tok / spec.num_experts) ** block_length)
+    )
+    return min(coreset, union) if coreset > 0 else union
+
+
 @dataclass(frozen=True)
 class ForwardCost:
     """One forward on one device."""
@@ -192,9 +203,10 @@ class Roofline:
             return workload.experts_touched_fraction
         # With EP wider than TP, one expert shard serves the tokens of ep / tp replicas.
         share = max(1, self.deployment.expert_parallel_size // self.deployment.tensor_parallel_size)
-        return experts_touched_fraction(
-            self.spec, tokens * share, workload.block_length, workload.experts_touched_per_block
-        )
+        per_block = workload.experts_touched_per_block
+        if workload.block_expert_coreset > 0 and self.spec.is_moe:
+            per_block = experts_per_block(self.spec, workload.block_length, workload.block_expert_coreset, per_block)
+        return experts_touched_fraction(self.spec, tokens * share, workload.block_length, per_block)
 
     def _attention_flops(self, queries: int, visible_context: float) -> float:
         """QK^T and PV: 4 FLOPs x Hq x D per (query, visible key) pair per layer."""
@@ -229,6 +241,15 @@ class Roofline:
             + (" (given)" if workload.experts_touched_fraction is not None else "")
             + (" (from measured experts per block)" if workload.experts_touched_per_block else "")
         )
+        if spec.is_moe and workload.block_expert_coreset > 0 and workload.experts_touched_fraction is None:
+            per_block = experts_per_block(
+                spec, workload.block_length, workload.block_expert_coreset, workload.experts_touched_per_block
+            )
+            touch = (
+                f"experts touched = 1 - (1 - min(C {workload.block_expert_coreset}, distinct experts of a block's "
+                f"top-k) = {per_block:.1f} / E {spec.num_experts})^(T / S) = {cost.experts_touched:.1%}"
+                " (block expert coreset; commits route per token, not modelled)"
+            )
         weights_dtype = self.deployment.weight_dtype
         act_dtype = "fp32" if weights_dtype == "fp32" else "bf16"
         gdn = spec.linear_attention

@@ -1,0 +1,131 @@
+"""Which reference `diffuserve verify` compares the engine with, and building it.
+
+In order: the checkpoint's own modeling code, named by config.json's `auto_map` (run by transformers with
+`trust_remote_code=True`, and only when the user passed `--trust-remote-code`, as vLLM asks); else transformers'
+built-in class of the family's base architecture (Qwen3.5-MoE for Clover's causal trunk, Qwen3 / Qwen3-MoE for
+the sdar family); else none. Both read the checkpoint directory themselves (`from_pretrained`), so the engine's
+loader is checked too, and what they could not place (weights missing or left over) is reported. Knows nothing
+of the engine's model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from diffuserve.model.families.clover_moe.config import text_fields
+
+AUTO_MAP_CLASSES = ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModel")
+"""auto_map entries that name a model class, in the order tried (the first with an LM head preferred)."""
+OURS_ONLY = ("architectures", "model_type", "torch_dtype", "auto_map", "text_config", "block_length", "mask_token_id")
+"""config.json keys that name our checkpoint or its diffusion, not the transformers architecture it is built as."""
+
+
+NO_BUILTIN = {
+    "llada2": "transformers has no LLaDA2 class; its reference is the checkpoint's own code (modeling_llada2_moe.py "
+    "registered in config.json's auto_map, run with --trust-remote-code)",
+    "diffusion_gemma": "verify does not compare DiffusionGemma yet: it has no causal trunk with logits (its encoder "
+    "only fills the cache); its canvas forward is checked against transformers' DiffusionGemmaForBlockDiffusion by "
+    "tests/model/test_diffusion_gemma_parity.py",
+}
+"""Why a family has no built-in reference (the checkpoint's own code may still be one)."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    name: str
+    """What runs, as the report names it."""
+    remote_code: bool
+    build: Callable[[Path, torch.dtype], tuple[nn.Module, list[str]]]
+    """(model directory, dtype) -> (the model in eval mode, lines about weights it could not place)."""
+
+
+def remote_class(config: dict) -> tuple[str, str] | None:
+    """(auto class, "module.Class") of the checkpoint's own model code, or None if config.json names none."""
+    auto_map = config.get("auto_map") or {}
+    for auto_class in AUTO_MAP_CLASSES:
+        if auto_map.get(auto_class):
+            target = auto_map[auto_class]
+            return auto_class, target if isinstance(target, str) else target[0]
+    return None
+
+
+def refusal(config: dict) -> str | None:
+    """The one line said instead of running the checkpoint's code without --trust-remote-code (None: it has none)."""
+    found = remote_class(config)
+    if found is None:
+        return None
+    return (
+        f"verify: not running the checkpoint's own code ({found[1]}, via auto_map) without --trust-remote-code; "
+        "pass it to compare with that code"
+    )
+
+
+def choose_reference(config: dict, family: str, trust_remote_code: bool) -> tuple[Reference | None, str]:
+    """(the reference, or None; why there is none, or "")."""
+    found = remote_class(config)
+    if found is not None and trust_remote_code:
+        auto_class, target = found
+        name = f"{target} (the checkpoint's own code, via auto_map {auto_class})"
+        return Reference(name, True, lambda path, dtype: _from_pretrained(auto_class, path, dtype, None, True)), ""
+    return _builtin(config, family)
+
+
+def _builtin(config: dict, family: str) -> tuple[Reference | None, str]:
+    if family == "clover_moe":
+        classes = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig")
+    elif family == "sdar" and (config.get("shared_expert_intermediate_size") or config.get("num_shared_experts")):
+        return None, "transformers' Qwen3-MoE has no shared expert, and the checkpoint names no code of its own"
+    elif family == "sdar" and int(config.get("num_experts") or config.get("num_local_experts") or 0) > 0:
+        classes = ("Qwen3MoeForCausalLM", "Qwen3MoeConfig")
+    elif family == "sdar":
+        classes = ("Qwen3ForCausalLM", "Qwen3Config")
+    else:
+        return None, NO_BUILTIN.get(family, f"verify knows no built-in reference for the {family} family")
+    name = f"transformers {classes[0]} (built-in class of the base architecture)"
+
+    def build(path: Path, dtype: torch.dtype) -> tuple[nn.Module, list[str]]:
+        import transformers
+
+        fields = json.loads((path / "config.json").read_text())  # the --layers view's, when there is one
+        fields = text_fields(fields) if family == "clover_moe" else fields
+        hf_config = getattr(transformers, classes[1])(**{k: v for k, v in fields.items() if k not in OURS_ONLY})
+        return _from_pretrained(classes[0], path, dtype, hf_config, False)
+
+    return Reference(name, False, build), ""
+
+
+def _from_pretrained(
+    cls_name: str, path: Path, dtype: torch.dtype, config: Any, trust_remote_code: bool
+) -> tuple[nn.Module, list[str]]:
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # it warns about every tensor it leaves unused; those are reported below
+    hf_logging.disable_progress_bar()
+    kwargs: dict[str, Any] = {"dtype": dtype, "output_loading_info": True, "local_files_only": True}
+    if config is not None:
+        kwargs["config"] = config
+    if trust_remote_code:
+        kwargs["trust_remote_code"] = True
+    model, info = getattr(transformers, cls_name).from_pretrained(str(path), **kwargs)
+    notes = [
+        f"reference: {len(info[key])} {what} ({_first_names(info[key])})"
+        for key, what in (
+            ("missing_keys", "weights missing from the checkpoint, left at their initial values"),
+            ("unexpected_keys", "checkpoint tensors it does not use"),
+        )
+        if info.get(key)
+    ]
+    return model.eval(), notes
+
+
+def _first_names(names: list[str]) -> str:
+    shown = sorted(names)
+    return ", ".join(shown[:3]) + (", ..." if len(shown) > 3 else "")

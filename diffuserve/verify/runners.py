@@ -1,0 +1,110 @@
+"""One causal forward of either side of `diffuserve verify`, with every decoder layer's output kept.
+
+Both sides run the same prompt under the causal mask: the engine's model through its own entry point (Clover's
+`forward_causal`; the block-diffusion transformers with a dense causal mask) and the reference through its
+`forward` (with no mask for a model with recurrent layers, whose transformers code builds the causal one itself;
+otherwise an explicit 4-D additive causal mask, since some checkpoints' code, LLaDA2's, is bidirectional when
+given none). Layer outputs are taken by forward hooks on each side's list of decoder layers, so neither model's
+code changes. Knows nothing of tolerances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+from torch import nn
+
+from diffuserve.model.interface import DiffusionModel
+from diffuserve.model.layers.attention import DenseAttentionInputs
+from diffuserve.model.step_inputs import StepInputs
+
+
+@dataclass(frozen=True)
+class CausalRun:
+    hidden: list[torch.Tensor]
+    """Each decoder layer's output [T, H] (fp32, on the CPU), layer 0 first."""
+    logits: torch.Tensor
+    """[T, V] fp32."""
+
+
+@contextmanager
+def captured(layers: Iterable[nn.Module]) -> Iterator[list[torch.Tensor]]:
+    """Collects each layer's output (the first element of a tuple output) while the block runs."""
+    outputs: list[torch.Tensor] = []
+
+    def keep(module: nn.Module, inputs: object, output: object) -> None:
+        tensor = output[0] if isinstance(output, tuple) else output
+        assert isinstance(tensor, torch.Tensor), f"{type(module).__name__} returned {type(output).__name__}"
+        outputs.append(tensor.detach()[0].float().cpu())
+
+    handles = [layer.register_forward_hook(keep) for layer in layers]
+    try:
+        yield outputs
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def decoder_layers(model: nn.Module, num_layers: int) -> nn.ModuleList:
+    """The model's list of decoder layers: the shortest-named `*layers` ModuleList of `num_layers` entries."""
+    found = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.ModuleList) and name.endswith("layers") and len(module) == num_layers
+    ]
+    if not found:
+        raise ValueError(f"reference: no list of {num_layers} decoder layers found in {type(model).__name__}")
+    return min(found, key=lambda item: len(item[0]))[1]
+
+
+def causal_mask(length: int, device: torch.device) -> torch.Tensor:
+    """[1, 1, T, T] bool: position q sees k <= q."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
+
+
+class OursRunner:
+    def __init__(self, model: DiffusionModel, device: torch.device) -> None:
+        self.model, self.device = model, device
+        self.layers = decoder_layers(model, len(cast(nn.ModuleList, model.get_submodule("model.layers"))))
+
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        """[T, V] fp32 logits of the prompt `ids`."""
+        return self.model.compute_logits(self._hidden(ids))[0].cpu()
+
+    def run(self, ids: list[int]) -> CausalRun:
+        with torch.no_grad(), captured(self.layers) as hidden:
+            logits = self.logits(ids)
+        return CausalRun(hidden, logits)
+
+    def _hidden(self, ids: list[int]) -> torch.Tensor:
+        tokens = torch.tensor([ids], device=self.device)
+        forward_causal = getattr(self.model, "forward_causal", None)
+        if forward_causal is not None:  # a model with recurrent layers: its own causal entry point
+            return forward_causal(tokens)[0]
+        positions = torch.arange(len(ids), device=self.device)[None]
+        return self.model(tokens, positions, StepInputs(DenseAttentionInputs(causal_mask(len(ids), self.device))))
+
+
+class ReferenceRunner:
+    def __init__(self, model: nn.Module, num_layers: int, device: torch.device, recurrent: bool) -> None:
+        self.model, self.device, self.recurrent = model, device, recurrent
+        self.layers = decoder_layers(model, num_layers)
+
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        tokens = torch.tensor([ids], device=self.device)
+        if self.recurrent:
+            return self.model(input_ids=tokens).logits[0].float().cpu()
+        dtype = next(self.model.parameters()).dtype
+        mask = causal_mask(len(ids), self.device)
+        additive = torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill(~mask, float("-inf"))
+        positions = torch.arange(len(ids), device=self.device)[None]
+        return self.model(input_ids=tokens, attention_mask=additive, position_ids=positions).logits[0].float().cpu()
+
+    def run(self, ids: list[int]) -> CausalRun:
+        with torch.no_grad(), captured(self.layers) as hidden:
+            logits = self.logits(ids)
+        return CausalRun(hidden, logits)
