@@ -10,7 +10,8 @@ import pytest
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.bench.baselines.engines import baseline_llm
-from diffuserve.core.cache import recurrent, state_step
+from diffuserve.core.cache import recurrent
+from diffuserve.worker.cache import state_step
 from diffuserve.errors import UnsupportedParameter
 from diffuserve.model.loader import load_model
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
