@@ -6,22 +6,29 @@
   loads the one torch-free config parser it plans hybrid models with);
 - running an SDAR checkpoint loads the sdar family and no other (the registry imports a family only when a
   checkpoint names it);
-- every family folder registers itself through one record (`family.py: FAMILY`), found by the registry's name.
+- every family folder registers itself through one record (`family.py: FAMILY`), found by the registry's name,
+  and a family defined outside the package is served once the registry's table names it (the one shared edit).
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
 import diffuserve
+from diffuserve import LLM, SamplingParams
 from diffuserve.model import registry
+from diffuserve.model.families.sdar.model import SDARForBlockDiffusion
+from diffuserve.model.layers.mlp import SwiGLU
+from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 
 PACKAGE = Path(diffuserve.__file__).parent
 GENERIC = ("engine", "decoding", "worker", "core", "model/layers")
@@ -121,3 +128,33 @@ def test_every_family_folder_is_registered_by_its_record():
     assert sorted(set(registry.ARCHITECTURES.values())) == FAMILIES
     for name in FAMILIES:
         assert registry.load_family(name).name == name
+
+
+class DenseOnly(SDARForBlockDiffusion):
+    """A family of the test's own: every layer a dense SwiGLU, whatever the config says of experts."""
+
+    def make_mlp(self, args, layer_id):
+        return SwiGLU(args.hidden_size, args.intermediate_size)
+
+
+def test_a_family_defined_outside_the_package_needs_only_its_record_and_the_registry_table(tmp_path, monkeypatch):
+    """Adding a family edits no shared file except the registry's table: a family whose folder (here a module
+    object standing in for `model/families/dense_only/`) holds its record is served once one architecture name
+    points at it. On a dense checkpoint it is the sdar model's math, so it gives the sdar family's tokens."""
+    config = make_config("sdar-moe-tiny", num_experts=0, intermediate_size=96, block_length=4)
+    sdar_dir = write_random_checkpoint(tmp_path / "sdar", config, seed=3)
+    sdar = registry.load_family("sdar")
+    folder = types.ModuleType("diffuserve.model.families.dense_only")
+    record = types.ModuleType("diffuserve.model.families.dense_only.family")
+    record.FAMILY = dataclasses.replace(sdar, name="dense_only", model_cls=DenseOnly)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, folder.__name__, folder)
+    monkeypatch.setitem(sys.modules, record.__name__, record)
+    monkeypatch.setitem(registry.ARCHITECTURES, "DenseOnlyLM", "dense_only")
+    toy_dir = write_random_checkpoint(tmp_path / "toy", {**config, "architectures": ["DenseOnlyLM"]}, seed=3)
+    prompts = [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": list(range(10, 25))}]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    toy = LLM(str(toy_dir))
+    assert isinstance(toy.engine.runner.model, DenseOnly)
+    got = [o.outputs[0].token_ids for o in toy.generate(prompts, params)]
+    expected = [o.outputs[0].token_ids for o in LLM(str(sdar_dir)).generate(prompts, params)]
+    assert got == expected and all(len(t) == 8 for t in got)

@@ -12,6 +12,7 @@ import torch
 
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.interface import DiffusionModel
+from diffuserve.model.known_settings import NO_SETTINGS, FamilySettings
 from diffuserve.model.shapes import CacheLayout, attention_layout
 from diffuserve.model.weight_names import WeightTarget
 
@@ -58,5 +59,7 @@ class ModelFamily:
     knobs its own way (None: the file's keys that are SamplingParams names, engine_setup.GENERATION_KEYS)."""
     parallel_dims: Callable[[ModelArgs], list[ParallelDim]] | None = None
     """The family's own dimensions tensor parallelism splits, beyond attention heads and MLP / expert widths."""
+    settings: FamilySettings = NO_SETTINGS
+    """The config.json keys its parser reads or knows to be irrelevant (every other one is reported at load)."""
     kv_heads_replicable: bool = False
     """Its attention replicates K/V heads when the ranks outnumber them (else they must divide evenly)."""

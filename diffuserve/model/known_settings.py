@@ -94,13 +94,17 @@ sliding-window keys are off in every released SDAR / Qwen3 checkpoint)."""
 
 @dataclass(frozen=True)
 class FamilySettings:
+    """What one family's parser reads (`understood`), knows not to matter (`irrelevant`), and does instead of
+    a diffusion or routing setting it does not implement. Each family's record carries its own
+    (`ModelFamily.settings`, in the family's folder)."""
+
     understood: frozenset[str]
     irrelevant: frozenset[str]
     instead: str
     """What the engine does, said after a diffusion or routing setting it does not implement."""
 
 
-_QWEN3_MOE = frozenset(
+QWEN3_MOE = frozenset(
     {
         "num_experts",
         "num_local_experts",
@@ -115,78 +119,8 @@ _QWEN3_MOE = frozenset(
         "layer_types",
     }
 )
+"""The experts keys of Qwen3-MoE-shaped configs, which several families' parsers read."""
 
-FAMILIES: dict[str, FamilySettings] = {
-    "sdar": FamilySettings(
-        _QWEN3_MOE,
-        frozenset(),
-        "diffuserve decodes each block with its own decoders (SamplingParams: threshold, steps, ...) and per-token "
-        "top-k routing",
-    ),
-    "llada2": FamilySettings(
-        _QWEN3_MOE | {"use_qkv_bias", "use_bias", "use_qk_norm", "n_group", "topk_group", "routed_scaling_factor"},
-        frozenset(
-            {
-                "score_function",
-                "router_dtype",
-                "rotary_dim",
-                "moe_router_enable_expert_bias",
-                "use_rmsnorm",
-                "num_nextn_predict_layers",
-                "mtp_loss_scaling_factor",
-                "using_split_qkv_in_self_attention",
-            }
-        ),
-        "diffuserve decodes each block with its own decoders (SamplingParams: threshold, steps, ...) and the "
-        "group-limited top-k router per token",
-    ),
-    "clover_moe": FamilySettings(
-        _QWEN3_MOE
-        | {
-            "full_attention_interval",
-            "linear_conv_kernel_dim",
-            "linear_key_head_dim",
-            "linear_value_head_dim",
-            "linear_num_key_heads",
-            "linear_num_value_heads",
-            "diffusion_prediction_shift",
-        },
-        frozenset(
-            {
-                "vision_config",
-                "image_token_id",
-                "video_token_id",
-                "vision_start_token_id",
-                "vision_end_token_id",
-                "mtp_num_hidden_layers",
-                "mtp_use_dedicated_embeddings",
-                "attn_output_gate",
-                "mamba_ssm_dtype",
-            }
-        ),
-        "diffuserve denoises each block with per-token top-k routing over all experts and its own reading of the "
-        "block-diffusion GDN tensors, so its diffusion output may differ from the release's (exact output would "
-        "need verified decoding, which diffuserve does not have yet; `diffuserve verify` compares the causal "
-        "trunk with the checkpoint's own code)",
-    ),
-    "diffusion_gemma": FamilySettings(
-        frozenset(
-            {
-                "canvas_length",
-                "layer_types",
-                "num_experts",
-                "top_k_experts",
-                "moe_intermediate_size",
-                "global_head_dim",
-                "num_global_key_value_heads",
-                "attention_k_eq_v",
-                "final_logit_softcapping",
-                "hidden_activation",
-                "per_layer_config",
-                "use_bidirectional_attention",
-            }
-        ),
-        frozenset({"vision_config", "boi_token_id", "eoi_token_id", "image_token_id"}),
-        "diffuserve decodes each canvas with its renoise decoder (SamplingParams and generation_config.json)",
-    ),
-}
+
+NO_SETTINGS = FamilySettings(frozenset(), frozenset(), "diffuserve does not implement it")
+"""A family that declares none: every key beyond the common ones is reported."""

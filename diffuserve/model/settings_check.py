@@ -1,6 +1,6 @@
 """Unknown settings are never silent: every config.json key (top level and `text_config`) is understood by the
-family, known to be irrelevant (known_settings.py), or reported; so is every checkpoint tensor that looks like
-a block-diffusion or routing setting and that no parameter of the model takes.
+family, known to be irrelevant (known_settings.py and the family's settings.py), or reported; so is every
+checkpoint tensor that looks like a block-diffusion or routing setting and that no parameter of the model takes.
 
 A key or tensor that looks like a diffusion or routing setting (`bd_*`, `*coreset*`, `block_*`, `mask*`,
 `*router*`, ...) is one line naming it and saying what the engine does instead; the other unknown keys are one
@@ -16,7 +16,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable
 
-from diffuserve.model.known_settings import COMMON_IRRELEVANT, COMMON_UNDERSTOOD, FAMILIES
+from diffuserve.model.known_settings import COMMON_IRRELEVANT, COMMON_UNDERSTOOD, FamilySettings
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +43,8 @@ def is_setting_tensor(name: str) -> bool:
     return SETTING_TENSOR.search(name) is not None
 
 
-def key_lines(config: dict, family: str) -> list[str]:
+def key_lines(config: dict, settings: FamilySettings) -> list[str]:
     """One line per unimplemented diffusion / routing key, then one for the other unknown keys (if any)."""
-    settings = FAMILIES[family]
     known = COMMON_UNDERSTOOD | COMMON_IRRELEVANT | settings.understood | settings.irrelevant
     fields = {**config, **(config.get("text_config") or {})}
     unknown = sorted(key for key in fields if key not in known)
@@ -64,11 +63,11 @@ def key_lines(config: dict, family: str) -> list[str]:
     return lines
 
 
-def tensor_lines(names: Iterable[str], is_loaded: Callable[[str], bool], family: str) -> list[str]:
+def tensor_lines(names: Iterable[str], is_loaded: Callable[[str], bool], settings: FamilySettings) -> list[str]:
     """One line per checkpoint tensor that looks like a diffusion setting and that no parameter takes."""
     return [
         f"checkpoint: tensor `{name}` looks like a diffusion or routing setting diffuserve does not implement; it "
-        f"is not loaded: {FAMILIES[family].instead}"
+        f"is not loaded: {settings.instead}"
         for name in names
         if is_setting_tensor(name) and not is_loaded(name)
     ]

@@ -45,5 +45,5 @@ def check_settings(config: dict, model_dir: Path, family: ModelFamily, args: Mod
         target = family.weight_target(name, args)
         return target is None or target.param in params  # None: a tensor the family skips by design
 
-    lines = key_lines(config, family.name) + tensor_lines(candidates, is_loaded, family.name)
+    lines = key_lines(config, family.settings) + tensor_lines(candidates, is_loaded, family.settings)
     report(lines, strict, _REPORTED.setdefault(model_dir.resolve(), set()))

@@ -11,12 +11,12 @@ import pytest
 from diffuserve import LLM, SamplingParams
 from diffuserve.bench.baselines.engines import baseline_llm
 from diffuserve.core.cache import recurrent
-from diffuserve.worker.cache import state_step
 from diffuserve.errors import UnsupportedParameter
 from diffuserve.model.loader import load_model
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.reference.reference_scoring import reference_hybrid_prompt_log_probs
 from diffuserve.worker import prompt_scoring
+from diffuserve.worker.cache import state_step
 from tests.engine.test_oracle_mutations import apply_source_mutation
 from tests.engine.test_prompt_scoring import _mismatches
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.families.clover_moe.config import cache_layout, clover_moe_args_from_hf, hybrid_args
 from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
+from diffuserve.model.families.clover_moe.settings import SETTINGS
 from diffuserve.model.families.clover_moe.weights import (
     clover_moe_checkpoint_args,
     clover_moe_checkpoint_tensors,
@@ -33,4 +34,5 @@ FAMILY = ModelFamily(
     cache_layout=cache_layout,
     parallel_dims=gdn_parallel_dims,
     kv_heads_replicable=True,
+    settings=SETTINGS,
 )

@@ -7,6 +7,7 @@ from diffuserve.model.families.diffusion_gemma.config import (
     generation_defaults,
 )
 from diffuserve.model.families.diffusion_gemma.model import DiffusionGemmaForBlockDiffusion
+from diffuserve.model.families.diffusion_gemma.settings import SETTINGS
 from diffuserve.model.families.diffusion_gemma.weights import (
     diffusion_gemma_checkpoint_tensors,
     diffusion_gemma_weight_target,
@@ -21,4 +22,5 @@ FAMILY = ModelFamily(
     diffusion_gemma_checkpoint_tensors,
     cache_layout=cache_layout,
     generation_defaults=generation_defaults,
+    settings=SETTINGS,
 )

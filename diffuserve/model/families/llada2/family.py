@@ -3,6 +3,7 @@ decoding (decoder="edit")."""
 
 from diffuserve.model.config import llada2_args_from_hf
 from diffuserve.model.families.llada2.model import LLaDA2ForBlockDiffusion
+from diffuserve.model.families.llada2.settings import SETTINGS
 from diffuserve.model.families.llada2.weights import llada2_checkpoint_tensors, llada2_weight_target
 from diffuserve.model.family import ModelFamily
 
@@ -15,4 +16,5 @@ FAMILY = ModelFamily(
     special_tokens={"mask_token_id": "<|mask|>", "eos_token_id": "<|endoftext|>"},
     decoding_defaults={"decoder": "threshold", "threshold": 0.95, "temperature": 0.0},
     steps_capped_by_max_tokens=True,
+    settings=SETTINGS,
 )
