@@ -89,7 +89,7 @@ class ModelArgs:
         return dataclasses.replace(self, **changes)
 
 
-def _require(config: dict, key: str, *aliases: str) -> Any:
+def require_field(config: dict, key: str, *aliases: str) -> Any:
     for name in (key, *aliases):
         if config.get(name) is not None:
             return config[name]
@@ -97,7 +97,7 @@ def _require(config: dict, key: str, *aliases: str) -> Any:
     raise ValueError(f"config.json: missing field `{names}`; add it to the model's config.json")
 
 
-def _first(config: dict, *keys: str, default: Any = None) -> Any:
+def first_field(config: dict, *keys: str, default: Any = None) -> Any:
     for key in keys:
         if config.get(key) is not None:
             return config[key]
@@ -113,10 +113,12 @@ def parse_rope(config: dict) -> RopeArgs:
         rope_type = "longrope"
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"config.json: rope type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
-    theta = _first(params, "rope_theta", default=_first(config, "rope_theta", default=10000.0))
-    partial = _first(params, "partial_rotary_factor", default=_first(config, "partial_rotary_factor", default=1.0))
-    original = _first(config, "original_max_position_embeddings")
-    original = _first(params, "original_max_position_embeddings", default=original)
+    theta = first_field(params, "rope_theta", default=first_field(config, "rope_theta", default=10000.0))
+    partial = first_field(
+        params, "partial_rotary_factor", default=first_field(config, "partial_rotary_factor", default=1.0)
+    )
+    original = first_field(config, "original_max_position_embeddings")
+    original = first_field(params, "original_max_position_embeddings", default=original)
     if rope_type in ("yarn", "llama3") and original is None:
         original = config.get("max_position_embeddings")
     factor = params.get("factor")
@@ -143,15 +145,15 @@ def parse_rope(config: dict) -> RopeArgs:
 
 def parse_block_length(config: dict) -> int:
     """The block length under any of BLOCK_LENGTH_KEYS (DEFAULT_BLOCK_LENGTH when none is present)."""
-    value = int(_first(config, *BLOCK_LENGTH_KEYS, default=DEFAULT_BLOCK_LENGTH))
+    value = int(first_field(config, *BLOCK_LENGTH_KEYS, default=DEFAULT_BLOCK_LENGTH))
     if value < 1:
         key = next(k for k in BLOCK_LENGTH_KEYS if config.get(k) is not None)
         raise ValueError(f"config.json: `{key}` is {value}; a block length must be >= 1")
     return value
 
 
-def _eos_ids(config: dict, generation_config: dict) -> tuple[int, ...]:
-    ids = _first(generation_config, "eos_token_id", default=config.get("eos_token_id"))
+def eos_ids(config: dict, generation_config: dict) -> tuple[int, ...]:
+    ids = first_field(generation_config, "eos_token_id", default=config.get("eos_token_id"))
     if ids is None:
         return ()
     return tuple(ids) if isinstance(ids, list) else (int(ids),)
@@ -172,107 +174,36 @@ def dense_layer_ids(config: dict, num_layers: int, num_experts: int) -> frozense
 def qwen3_args_from_hf(config: dict, generation_config: dict | None = None) -> ModelArgs:
     """Builds ModelArgs for the Qwen3 / Qwen3-MoE shaped sdar family (SDAR, SDAR-MoE, Qwen3)."""
     generation_config = generation_config or {}
-    hidden = int(_require(config, "hidden_size"))
-    heads = int(_require(config, "num_attention_heads"))
-    layers = int(_require(config, "num_hidden_layers"))
-    experts = int(_first(config, "num_experts", "num_local_experts", default=0))
-    shared = int(_first(config, "shared_expert_intermediate_size", default=0))
+    hidden = int(require_field(config, "hidden_size"))
+    heads = int(require_field(config, "num_attention_heads"))
+    layers = int(require_field(config, "num_hidden_layers"))
+    experts = int(first_field(config, "num_experts", "num_local_experts", default=0))
+    shared = int(first_field(config, "shared_expert_intermediate_size", default=0))
     if not shared and config.get("num_shared_experts"):
-        shared = int(config["num_shared_experts"]) * int(_require(config, "moe_intermediate_size"))
+        shared = int(config["num_shared_experts"]) * int(require_field(config, "moe_intermediate_size"))
     return ModelArgs(
         architecture=(config.get("architectures") or ["?"])[0],
-        vocab_size=int(_require(config, "vocab_size")),
+        vocab_size=int(require_field(config, "vocab_size")),
         hidden_size=hidden,
         num_layers=layers,
         num_heads=heads,
-        num_kv_heads=int(_first(config, "num_key_value_heads", default=heads)),
-        head_dim=int(_first(config, "head_dim", default=hidden // heads)),
-        intermediate_size=int(_first(config, "intermediate_size", default=0)),
-        mask_token_id=int(_require(config, "mask_token_id")),
+        num_kv_heads=int(first_field(config, "num_key_value_heads", default=heads)),
+        head_dim=int(first_field(config, "head_dim", default=hidden // heads)),
+        intermediate_size=int(first_field(config, "intermediate_size", default=0)),
+        mask_token_id=int(require_field(config, "mask_token_id")),
         block_length=parse_block_length(config),
         num_experts=experts,
-        num_experts_per_tok=int(_first(config, "num_experts_per_tok", default=0)),
-        moe_intermediate_size=int(_first(config, "moe_intermediate_size", default=0)),
-        norm_topk_prob=bool(_first(config, "norm_topk_prob", default=False)),
+        num_experts_per_tok=int(first_field(config, "num_experts_per_tok", default=0)),
+        moe_intermediate_size=int(first_field(config, "moe_intermediate_size", default=0)),
+        norm_topk_prob=bool(first_field(config, "norm_topk_prob", default=False)),
         shared_expert_intermediate_size=shared,
         dense_layer_ids=dense_layer_ids(config, layers, experts),
-        rms_norm_eps=float(_first(config, "rms_norm_eps", default=1e-6)),
+        rms_norm_eps=float(first_field(config, "rms_norm_eps", default=1e-6)),
         rope=parse_rope(config),
-        max_position_embeddings=int(_first(config, "max_position_embeddings", default=32768)),
+        max_position_embeddings=int(first_field(config, "max_position_embeddings", default=32768)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         attention_bias=bool(config.get("attention_bias", False)),
-        eos_token_ids=_eos_ids(config, generation_config),
+        eos_token_ids=eos_ids(config, generation_config),
         pad_token_id=config.get("pad_token_id"),
-        torch_dtype=_first(config, "torch_dtype", "dtype"),
-    )
-
-
-# Defaults of the reference `LLaDA2MoeConfig` class, which apply when a config.json omits the key. They differ
-# from the released configs (e.g. rms_norm_eps 1e-6 and use_bias false there): always read the JSON.
-LLADA2_CONFIG_DEFAULTS: dict[str, Any] = dict(
-    rms_norm_eps=1e-5,
-    rope_theta=10000.0,
-    partial_rotary_factor=0.5,
-    max_position_embeddings=16384,
-    tie_word_embeddings=False,
-    use_qkv_bias=False,
-    use_qk_norm=True,
-    use_bias=True,
-    num_shared_experts=0,
-    first_k_dense_replace=0,
-    n_group=8,
-    topk_group=4,
-    routed_scaling_factor=2.5,
-)
-
-
-def llada2_args_from_hf(config: dict, generation_config: dict | None = None) -> ModelArgs:
-    """Builds ModelArgs for LLaDA2.0 / LLaDA2.1 (`LLaDA2MoeModelLM`, BailingMoeV2 keys).
-
-    `use_qkv_bias` is the q/k/v bias; `use_bias` (o_proj = `dense` bias), `use_qk_norm` and the router's
-    `n_group`, `topk_group`, `routed_scaling_factor` go to `extra`. The reference ignores `norm_topk_prob`,
-    `score_function`, `router_dtype`, `moe_router_enable_expert_bias` and `rotary_dim` (the rotated width is
-    head_dim * partial_rotary_factor), and so do we. Released configs name no mask id and no EOS: the loader
-    fills them from the tokenizer (see the family's `special_tokens`); generation_config.json may set them too.
-    """
-    generation_config = generation_config or {}
-    config = {**LLADA2_CONFIG_DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
-    hidden = int(_require(config, "hidden_size"))
-    heads = int(_require(config, "num_attention_heads"))
-    layers = int(_require(config, "num_hidden_layers"))
-    experts = int(_require(config, "num_experts"))
-    moe_intermediate = int(_require(config, "moe_intermediate_size"))
-    mask_token_id = _first(config, "mask_token_id", default=generation_config.get("mask_token_id"))
-    if mask_token_id is None:
-        raise ValueError(
-            "config.json: missing field `mask_token_id`, and the tokenizer has no `<|mask|>` token to take it "
-            "from; add `mask_token_id` to config.json"
-        )
-    return ModelArgs(
-        architecture=(config.get("architectures") or ["?"])[0],
-        vocab_size=int(_require(config, "vocab_size")),
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=int(config.get("num_key_value_heads") or heads),  # 0 means "as many as query heads"
-        head_dim=int(config.get("head_dim") or hidden // heads),
-        intermediate_size=int(config.get("intermediate_size") or 0),
-        mask_token_id=int(mask_token_id),
-        block_length=parse_block_length(config),
-        num_experts=experts,
-        num_experts_per_tok=int(_require(config, "num_experts_per_tok")),
-        moe_intermediate_size=moe_intermediate,
-        shared_expert_intermediate_size=int(config["num_shared_experts"]) * moe_intermediate,
-        dense_layer_ids=dense_layer_ids(config, layers, experts),
-        rms_norm_eps=float(config["rms_norm_eps"]),
-        rope=parse_rope(config),
-        max_position_embeddings=int(config["max_position_embeddings"]),
-        tie_word_embeddings=bool(config["tie_word_embeddings"]),
-        attention_bias=bool(config["use_qkv_bias"]),
-        eos_token_ids=_eos_ids(config, generation_config),
-        pad_token_id=config.get("pad_token_id"),
-        torch_dtype=_first(config, "torch_dtype", "dtype"),
-        extra={
-            key: config[key] for key in ("use_qk_norm", "use_bias", "n_group", "topk_group", "routed_scaling_factor")
-        },
+        torch_dtype=first_field(config, "torch_dtype", "dtype"),
     )

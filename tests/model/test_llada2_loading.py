@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from diffuserve.model.config import llada2_args_from_hf
+from diffuserve.model.families.llada2.config import llada2_args_from_hf
 from diffuserve.model.families.llada2.model import LLaDA2ForBlockDiffusion
 from diffuserve.model.loader import load_model
 from diffuserve.planner.model_presets import find_preset

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from diffuserve.model.config import BLOCK_LENGTH_KEYS, llada2_args_from_hf, qwen3_args_from_hf
+from diffuserve.model.config import BLOCK_LENGTH_KEYS, qwen3_args_from_hf
+from diffuserve.model.families.llada2.config import llada2_args_from_hf
 from diffuserve.planner.model_spec import spec_from_config
 
 SDAR = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from diffuserve.model.config import ModelArgs, _eos_ids, _first, _require, parse_rope
+from diffuserve.model.config import ModelArgs, eos_ids, first_field, parse_rope, require_field
 from diffuserve.model.shapes import CacheLayout, PagedKV, RecurrentState
 
 LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
@@ -181,13 +181,13 @@ def clover_moe_args_from_hf(config: dict, generation_config: dict | None = None)
     """Builds ModelArgs for `CloverMoeModelLM` / `Qwen3_5MoeForCausalLM` configs (see module docstring)."""
     generation_config = generation_config or {}
     fields = text_fields(config)
-    layers = int(_require(fields, "num_hidden_layers"))
-    heads = int(_require(fields, "num_attention_heads"))
+    layers = int(require_field(fields, "num_hidden_layers"))
+    heads = int(require_field(fields, "num_attention_heads"))
     _check_divides(fields, "num_attention_heads", "num_key_value_heads")
     shared = int(fields["shared_expert_intermediate_size"])
     if shared < 1:
         raise ValueError(f"config.json: `shared_expert_intermediate_size` is {shared}; expected a positive width")
-    mask_token_id = _first(fields, "mask_token_id", default=generation_config.get("mask_token_id"))
+    mask_token_id = first_field(fields, "mask_token_id", default=generation_config.get("mask_token_id"))
     hybrid = HybridArgs(
         _layer_types(fields, layers),
         gdn_args(fields),
@@ -195,15 +195,15 @@ def clover_moe_args_from_hf(config: dict, generation_config: dict | None = None)
     )
     return ModelArgs(
         architecture=(config.get("architectures") or ["?"])[0],
-        vocab_size=int(_require(fields, "vocab_size")),
-        hidden_size=int(_require(fields, "hidden_size")),
+        vocab_size=int(require_field(fields, "vocab_size")),
+        hidden_size=int(require_field(fields, "hidden_size")),
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(fields["num_key_value_heads"]),
         head_dim=int(fields["head_dim"]),
         intermediate_size=0,
         mask_token_id=NO_MASK_TOKEN if mask_token_id is None else int(mask_token_id),
-        block_length=int(_first(fields, "block_length", "block_size", "bd_size", default=32)),
+        block_length=int(first_field(fields, "block_length", "block_size", "bd_size", default=32)),
         num_experts=int(fields["num_experts"]),
         num_experts_per_tok=int(fields["num_experts_per_tok"]),
         moe_intermediate_size=int(fields["moe_intermediate_size"]),
@@ -214,9 +214,9 @@ def clover_moe_args_from_hf(config: dict, generation_config: dict | None = None)
         max_position_embeddings=int(fields["max_position_embeddings"]),
         tie_word_embeddings=bool(fields["tie_word_embeddings"]),
         attention_bias=bool(fields["attention_bias"]),
-        eos_token_ids=_eos_ids(fields, generation_config),
+        eos_token_ids=eos_ids(fields, generation_config),
         pad_token_id=fields.get("pad_token_id"),
-        torch_dtype=_first(fields, "torch_dtype", "dtype"),
+        torch_dtype=first_field(fields, "torch_dtype", "dtype"),
         extra={"hybrid": hybrid},
     )
 

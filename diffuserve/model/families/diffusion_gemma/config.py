@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diffuserve.decoding.renoise_knobs import RenoiseDefaults
-from diffuserve.model.config import ModelArgs, RopeArgs, _first, _require
+from diffuserve.model.config import ModelArgs, RopeArgs, first_field, require_field
 from diffuserve.model.shapes import CacheLayout, CanvasState, PagedKV, SlidingWindowKV
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -108,7 +108,7 @@ def _rope(text: dict, kind: str) -> GemmaRope:
             f"config.json: rope_parameters.{kind} is {params}; diffuserve runs DiffusionGemma with rope_type "
             "'default' (no partial_rotary_factor) or 'proportional'"
         )
-    theta = float(_first(params, "rope_theta", default=10_000.0))
+    theta = float(first_field(params, "rope_theta", default=10_000.0))
     return GemmaRope(rope_type, theta, partial, float(params.get("factor", 1.0)))
 
 
@@ -147,7 +147,7 @@ def _check_text(text: dict) -> None:
             "biases apart from the decoder's (its weight ties skip biases), which diffuserve does not model: the "
             "published DiffusionGemma has none; set it to false"
         )
-    heads = int(_require(text, "num_attention_heads"))
+    heads = int(require_field(text, "num_attention_heads"))
     for key in ("num_key_value_heads", "num_global_key_value_heads"):
         if text.get(key) and heads % int(text[key]):
             raise ValueError(f"config.json: `{key}` = {text[key]} does not divide num_attention_heads = {heads}")
@@ -167,7 +167,7 @@ def diffusion_gemma_args_from_hf(config: dict, generation_config: dict | None = 
     text = dict(config.get("text_config") or {})
     _check_text(text)
     _check_tied(config)
-    layers = int(_require(text, "num_hidden_layers"))
+    layers = int(require_field(text, "num_hidden_layers"))
     types = _layer_types(text, layers)
     sliding_kv, sliding_dim = int(text.get("num_key_value_heads") or 4), int(text.get("head_dim") or 256)
     sliding = AttentionShape(sliding_kv, sliding_dim, _rope(text, SLIDING))
@@ -181,13 +181,13 @@ def diffusion_gemma_args_from_hf(config: dict, generation_config: dict | None = 
     eos = generation_config.get("eos_token_id", text.get("eos_token_id"))
     return ModelArgs(
         architecture=(config.get("architectures") or ["?"])[0],
-        vocab_size=int(_require(text, "vocab_size")),
-        hidden_size=int(_require(text, "hidden_size")),
+        vocab_size=int(require_field(text, "vocab_size")),
+        hidden_size=int(require_field(text, "hidden_size")),
         num_layers=layers,
-        num_heads=int(_require(text, "num_attention_heads")),
+        num_heads=int(require_field(text, "num_attention_heads")),
         num_kv_heads=sliding.num_kv_heads,
         head_dim=sliding.head_dim,
-        intermediate_size=int(_require(text, "intermediate_size")),
+        intermediate_size=int(require_field(text, "intermediate_size")),
         mask_token_id=NO_MASK_TOKEN,
         block_length=canvas,
         num_experts=experts,
@@ -199,7 +199,7 @@ def diffusion_gemma_args_from_hf(config: dict, generation_config: dict | None = 
         tie_word_embeddings=True,
         eos_token_ids=() if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),),
         pad_token_id=generation_config.get("pad_token_id", text.get("pad_token_id")),
-        torch_dtype=_first(text, "dtype", "torch_dtype", default=_first(config, "dtype", "torch_dtype")),
+        torch_dtype=first_field(text, "dtype", "torch_dtype", default=first_field(config, "dtype", "torch_dtype")),
         extra={"gemma": gemma},
     )
 

@@ -1,7 +1,7 @@
 """The llada2 family's record. LLaDA2.0 and LLaDA2.1 share architecture name and config; 2.1 differs only in
 decoding (decoder="edit")."""
 
-from diffuserve.model.config import llada2_args_from_hf
+from diffuserve.model.families.llada2.config import llada2_args_from_hf
 from diffuserve.model.families.llada2.model import LLaDA2ForBlockDiffusion
 from diffuserve.model.families.llada2.settings import SETTINGS
 from diffuserve.model.families.llada2.weights import llada2_checkpoint_tensors, llada2_weight_target
