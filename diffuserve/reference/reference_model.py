@@ -27,6 +27,9 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "entropy_bound": 0.35,
     "edit_threshold": 0.5,
     "max_post_edit_steps": 16,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
 }
 """Documented defaults of the decoding knobs (`steps` unset means block_length steps: one token a step)."""
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -35,7 +38,18 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 """Per architecture, the reference `generate`'s decoding (LLaDA2: threshold 0.95, greedy, top-1 fallback)."""
 STEPS_CAPPED_BY_GEN_LENGTH = ("LLaDA2MoeModelLM",)
 """Architectures whose `generate` starts with `steps = min(steps, gen_length // minimal_topk)` (minimal_topk 1)."""
-KNOBS = ("temperature", "decoder", "threshold", "steps", "entropy_bound", "edit_threshold", "max_post_edit_steps")
+KNOBS = (
+    "temperature",
+    "decoder",
+    "threshold",
+    "steps",
+    "entropy_bound",
+    "edit_threshold",
+    "max_post_edit_steps",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 """The knobs a None in SamplingParams leaves to the model (generation_config.json overrides the family's)."""
 DEFAULT_MAX_MODEL_LEN = 32768
 """Without a configured limit the context is the model's max_position_embeddings, at most this."""
