@@ -39,6 +39,11 @@ COMMON_UNDERSTOOD = frozenset(
         "block_length",
         "block_size",
         "bd_size",
+        "block_expert_coreset",
+        "expert_coreset_size",
+        "block_coreset_size",
+        "coreset_size",
+        "num_coreset_experts",
         "quantization_config",
         "text_config",
         "hidden_act",  # SiLU in every family but DiffusionGemma, whose parser reads `hidden_activation`
@@ -164,7 +169,8 @@ FAMILIES: dict[str, FamilySettings] = {
                 "mamba_ssm_dtype",
             }
         ),
-        "diffuserve denoises each block with per-token top-k routing over all experts and its own reading of the "
+        "diffuserve denoises each block with per-token top-k routing over all experts (or, with "
+        "--block-expert-coreset C, within its own coreset of C experts) and its own reading of the "
         "block-diffusion GDN tensors, so its diffusion output may differ from the release's (exact output would "
         "need verified decoding, which diffuserve does not have yet; `diffuserve verify` compares the causal "
         "trunk with the checkpoint's own code)",
