@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,9 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.model.layers.moe.coreset import block_coreset, route_in_coreset
+from diffuserve.model.loader import load_model
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_block_decode
 from diffuserve.reference.reference_decode import reference_generate
 from diffuserve.reference.reference_model import load_reference
 from tests.conftest import tiny_checkpoint
@@ -84,3 +88,18 @@ def test_a_coreset_smaller_than_top_k_is_refused(model_dir):
         LLM(str(model_dir), num_pages=16, block_expert_coreset=1)
     with pytest.raises(ValueError, match="block_expert_coreset: must be >= 0"):
         LLM(str(model_dir), num_pages=16, block_expert_coreset=-1)
+
+
+def test_clover_coreset_routing_matches_its_reference_decoder(tmp_path):
+    """The hybrid model: the block's preview routes by the coreset, the causal prefix (commits) per token."""
+    config = make_clover_moe_config(block_length=4)  # 8 experts, top-2, a gated shared expert
+    model_dir = write_clover_moe_checkpoint(tmp_path / "clover", config, seed=12, init_std=0.1, logit_scale=20.0)
+    prompts = [[5, 9, 14], [7, 3, 22, 41, 8, 19], [11]]
+    params = SamplingParams(max_tokens=9, ignore_eos=True, threshold=0.5)
+    llm = LLM(str(model_dir), device="cpu", max_model_len=256, block_expert_coreset=2)
+    got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+    _, model = load_model(model_dir)
+    settings = ReferenceSettings(max_new_tokens=9, threshold=0.5, block_expert_coreset=2)
+    assert got == [reference_block_decode(model, p, settings) for p in prompts]
+    per_token = replace(settings, block_expert_coreset=0)
+    assert got != [reference_block_decode(model, p, per_token) for p in prompts]
