@@ -95,3 +95,15 @@ def test_out_of_range_penalties_are_one_line_errors(field, value, words):
     with pytest.raises(RequestError) as info:
         SamplingParams(**{field: value})
     assert info.value.param == field and words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_sampled_penalised_requests_are_the_same_batched_and_alone(llm):
+    """The penalties and the per-request counts are per request: sampling (seeded) does not depend on the batch."""
+    prompts = [[(i * 7 + j * 3) % 300 + 1 for j in range(3 + 4 * i)] for i in range(4)]
+    params = [
+        BASE.replace(temperature=0.8, seed=10 + i, frequency_penalty=0.5 * i, repetition_penalty=1.0 + 0.25 * i)
+        for i in range(4)
+    ]
+    batched = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+    alone = [llm.generate({"prompt_token_ids": p}, q)[0].outputs[0].token_ids for p, q in zip(prompts, params)]
+    assert batched == alone
