@@ -83,11 +83,13 @@ def test_config_json_sets_the_coreset_and_the_flag_overrides_it(model_dir, tmp_p
     assert reference.block_expert_coreset == 2
 
 
-def test_a_coreset_smaller_than_top_k_is_refused(model_dir):
+def test_coresets_the_engine_cannot_route_are_refused(model_dir, tiny_llada2_dir):
     with pytest.raises(ValueError, match="block_expert_coreset: 1 is below the 2 experts per token"):
         LLM(str(model_dir), num_pages=16, block_expert_coreset=1)
     with pytest.raises(ValueError, match="block_expert_coreset: must be >= 0"):
         LLM(str(model_dir), num_pages=16, block_expert_coreset=-1)
+    with pytest.raises(ValueError, match="GroupLimitedRouter has none; set 0"):  # a sigmoid router: no distribution
+        LLM(str(tiny_llada2_dir), num_pages=16, block_expert_coreset=4)
 
 
 def test_clover_coreset_routing_matches_its_reference_decoder(tmp_path):
