@@ -77,6 +77,13 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "loop", "bmm", "grouped_mm"),
         help="how MoE layers compute their experts (default: auto; loop = the reference path)",
     )
+    model.add_argument(
+        "--block-expert-coreset",
+        type=int,
+        default=None,
+        help="route each denoised block within a coreset of C experts (docs/models.md; 0 = off; default: the "
+        "model's config.json, else off)",
+    )
     _add_weights_and_cache(model)
     _add_execution(model)
 
