@@ -154,6 +154,11 @@ class EngineConfig:
     strict_config: bool = False
     """A config.json key or checkpoint tensor that looks like a diffusion or routing setting the engine does not
     implement (or any key it does not know) is an error instead of a warning at load."""
+    block_expert_coreset: int | None = None
+    """MoE models: while a block is denoised, each MoE layer routes the block's positions within a coreset of this
+    many experts chosen for the block (the C with the largest summed router probability; each position then takes
+    its top-k inside it, renormalised; docs/models.md). Commits keep per-token routing. 0 = off; default: the
+    model's config.json (docs/models.md lists the keys read), else off."""
     expert_stats: bool | None = None
     """Keep MoE routing statistics (experts touched per step and per block, load imbalance: /metrics and
     `bench`). Each step copies every MoE layer's routing to the host, so the default is on where they are
@@ -165,6 +170,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _positive("max_model_len", self.max_model_len)
         _positive("block_length", self.block_length)
+        if self.block_expert_coreset is not None and self.block_expert_coreset < 0:
+            raise ValueError(f"block_expert_coreset: must be >= 0 (0 turns it off), got {self.block_expert_coreset}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format: must be auto or dummy, got {self.load_format!r}")
         if self.moe_backend not in ("auto", "loop", "bmm", "grouped_mm"):

@@ -38,6 +38,9 @@ RENOISE_DEFAULTS: dict[str, Any] = {
     "confidence_threshold": 0.005,
 }
 """The renoise knobs' built-in values (transformers' DiffusionGemmaGenerationConfig defaults)."""
+PENALTY_DEFAULTS: dict[str, float] = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+"""The penalties' neutral values (decoding/penalties.py): what a request gets when neither it nor the model's
+generation_config.json sets them."""
 BUILTIN_DEFAULTS: dict[str, Any] = {
     "temperature": 0.0,
     "decoder": "threshold",
@@ -46,6 +49,7 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "edit_threshold": 0.5,
     "max_post_edit_steps": 16,
     **RENOISE_DEFAULTS,
+    **PENALTY_DEFAULTS,
 }
 """Values of the knobs below that neither the request nor the model's generation config set."""
 MODEL_DEFAULTED = (
@@ -60,6 +64,7 @@ MODEL_DEFAULTED = (
     "t_max",
     "stability_threshold",
     "confidence_threshold",
+    *PENALTY_DEFAULTS,
 )
 """Knobs whose None is filled from the model's generation config."""
 
@@ -124,6 +129,17 @@ class SamplingParams:
     record_denoising: bool = False
     """Keep every denoising step's writes (which output positions it decided, and their tokens), for the
     outputs to carry (`CompletionOutput.denoising_steps`; the server's `stream_options.include_denoising`)."""
+    presence_penalty: float | None = None
+    """OpenAI's: subtracted from the logit of every token the response already holds, in [-2, 2]; counted over
+    the request's committed output tokens (decoding/penalties.py). Default: the model's, else 0."""
+    frequency_penalty: float | None = None
+    """OpenAI's: times the token's count in the response, subtracted from its logit, in [-2, 2]. Default 0."""
+    repetition_penalty: float | None = None
+    """transformers' / vLLM's: the logit of a token the response holds is divided by it when positive, multiplied
+    when not, > 0 (1 = off). Default: the model's, else 1."""
+    penalize_prompt: bool = False
+    """The penalties also count the prompt's tokens (as transformers' and vLLM's repetition_penalty do); default
+    False: the response's tokens only, as the release's decoding record asks."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -159,6 +175,7 @@ class SamplingParams:
             ">= 0",
         )
         self._check_renoise()
+        check_penalties(self.presence_penalty, self.frequency_penalty, self.repetition_penalty)
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings")
         _check(
             all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
@@ -230,6 +247,7 @@ class SamplingParams:
         eos = () if self.ignore_eos else tuple(eos_token_ids)
         if knobs["t_min"] >= knobs["t_max"]:
             raise RequestError("t_min", f"got {knobs['t_min']!r}, must be below t_max ({knobs['t_max']!r})")
+        check_penalties(knobs["presence_penalty"], knobs["frequency_penalty"], knobs["repetition_penalty"])
         return ResolvedSamplingParams(
             n=self.n,
             top_p=self.top_p,
@@ -247,6 +265,7 @@ class SamplingParams:
             logprobs=self.logprobs,
             prompt_logprobs=self.prompt_logprobs,
             record_denoising=self.record_denoising,
+            penalize_prompt=self.penalize_prompt,
             **knobs,
         )
 
@@ -293,6 +312,15 @@ class ResolvedSamplingParams:
     """Top alternatives per scored prompt token; None = the prompt is not scored (SamplingParams.prompt_logprobs)."""
     record_denoising: bool = False
     """Whether the request keeps each denoising step's writes (SamplingParams.record_denoising)."""
+    presence_penalty: float = PENALTY_DEFAULTS["presence_penalty"]
+    frequency_penalty: float = PENALTY_DEFAULTS["frequency_penalty"]
+    repetition_penalty: float = PENALTY_DEFAULTS["repetition_penalty"]
+    penalize_prompt: bool = False
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether any penalty changes the logits (a request without pays nothing for them)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
 
     @property
     def is_greedy(self) -> bool:
@@ -317,6 +345,13 @@ class ResolvedSamplingParams:
 
     def replace(self, **changes: Any) -> ResolvedSamplingParams:
         return dataclasses.replace(self, **changes)
+
+
+def check_penalties(presence: float | None, frequency: float | None, repetition: float | None) -> None:
+    """The penalties' ranges (OpenAI's for presence and frequency, vLLM's for repetition); None = unset."""
+    _check(presence is None or -2 <= presence <= 2, "presence_penalty", presence, "in [-2, 2] (0 = off)")
+    _check(frequency is None or -2 <= frequency <= 2, "frequency_penalty", frequency, "in [-2, 2] (0 = off)")
+    _check(repetition is None or repetition > 0, "repetition_penalty", repetition, "> 0 (1 = off)")
 
 
 def _check(ok: bool, name: str, value: Any, allowed: str) -> None:

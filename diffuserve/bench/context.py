@@ -127,6 +127,7 @@ def make_context(ns: argparse.Namespace) -> BenchContext:
         probe_seconds=ns.probe_seconds,
         engine_options={
             "moe_backend": getattr(ns, "moe_backend", "auto"),
+            "block_expert_coreset": getattr(ns, "block_expert_coreset", None),
             "attention_backend": getattr(ns, "attention_backend", "auto"),
             "kv_cache_dtype": getattr(ns, "kv_cache_dtype", "auto"),
             "enforce_eager": getattr(ns, "enforce_eager", None),

@@ -7,6 +7,7 @@
 2. Offload: the engine generating for 16 requests (fixed 8-step schedule per 32-token block) with no offload,
    then with an expert cache of 25 % and 50 % of each layer's experts, per-block vs per-step residency: hit rate,
    bytes moved per generated token, and a check that the tokens are identical to the run without offload.
+3. With --coreset-sizes: block expert coreset routing at each C against per-token routing (moe_coreset.py).
 
 Fixed seeds, a warm-up before timing, interleaved repeats (median), a human table, and a final JSON line.
 """
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from diffuserve.bench.moe_coreset import bench_coreset, print_coreset_table
 from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
 from diffuserve.model.layers.moe.dispatch import grouped_experts, looped_experts, run_experts
 from diffuserve.model.layers.moe.layer import SparseMoeBlock
@@ -46,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
         )
         dispatch = bench_dispatch(model_dir, args)
         offload = [] if args.skip_offload else bench_offload(model_dir, args)
+        sizes = args.coreset_sizes
+        coreset = (
+            bench_coreset(Path(tmp), sizes, args.block_length, args.steps_per_block, args.max_tokens) if sizes else []
+        )
     result = {
         "bench": "moe",
         "model": preset,
@@ -54,8 +60,11 @@ def run(args: argparse.Namespace) -> int:
         "git_sha": _git_sha(),
         "dispatch": dispatch,
         "offload": offload,
+        "coreset": coreset,
     }
     print_tables(result)
+    if coreset:
+        print_coreset_table(coreset)
     print(json.dumps(result))
     return 0
 

@@ -77,6 +77,13 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "loop", "bmm", "grouped_mm"),
         help="how MoE layers compute their experts (default: auto; loop = the reference path)",
     )
+    model.add_argument(
+        "--block-expert-coreset",
+        type=int,
+        default=None,
+        help="route each denoised block within a coreset of C experts (docs/models.md; 0 = off; default: the "
+        "model's config.json, else off)",
+    )
     _add_weights_and_cache(model)
     _add_execution(model)
 
@@ -289,6 +296,13 @@ def _add_moe(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request in the offload runs")
     parser.add_argument("--steps-per-block", type=int, default=8, help="fixed denoising steps per block")
     parser.add_argument("--skip-offload", action="store_true", help="only the dispatch benchmark")
+    parser.add_argument(
+        "--coreset-sizes",
+        type=lambda text: [int(size) for size in text.split(",")],
+        default=[],
+        help="block expert coreset sizes C to measure against per-token routing on a random 256-expert shape at "
+        "batch 1, comma-separated (e.g. 8,16,32,48): experts and bytes per forward, and the planner's bytes",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

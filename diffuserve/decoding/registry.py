@@ -5,6 +5,7 @@ check of whether that decoder fits the model and the request's other options (th
     the model's blocks are renoise canvases                          -> renoise (the only decoder that fits them)
     otherwise                                                        -> the mask decoder the request names
     with structured_outputs                                          -> that decoder, grammar-constrained
+    with a presence, frequency or repetition penalty                 -> that decoder, its rows penalised first
 
 One instance of each decoder serves every request resolved to it (their per-request state is keyed by id).
 """
@@ -18,6 +19,7 @@ from diffuserve.decoding.constrained import GrammarConstrained
 from diffuserve.decoding.grammar_walk import StructuredDecoding
 from diffuserve.decoding.mask import MaskDecoder
 from diffuserve.decoding.mask_policies import MASK_POLICIES
+from diffuserve.decoding.penalties import Penalized, PenaltyCounts
 from diffuserve.decoding.protocol import Decoder
 from diffuserve.decoding.renoise import RenoiseDecoder
 from diffuserve.errors import RequestError, UnsupportedParameter
@@ -45,15 +47,18 @@ class DecoderRegistry:
             for name, decoder in self._plain.items()
             if structured is not None and name != "renoise"
         }
+        self.penalty_counts = PenaltyCounts()
 
     def resolve(self, params: ResolvedSamplingParams) -> Decoder:
         """The decoder of a request with `params`; a RequestError naming the field if it cannot be decoded."""
         name = "autoregressive" if self.rules.autoregressive else params.decoder
         self._check_fits(params)
         if params.structured_outputs is None:
-            return self._plain[name]
-        self._check_structured(params)
-        return self._constrained[name]
+            decoder = self._plain[name]
+        else:
+            self._check_structured(params)
+            decoder = self._constrained[name]
+        return Penalized(decoder, self.penalty_counts) if params.has_penalties else decoder
 
     def decoders(self) -> list[Decoder]:
         """Every decoder instance (to release a request from whichever holds state for it)."""

@@ -46,6 +46,8 @@ GENERATION_KEYS = (
 )
 """generation_config.json keys read as request defaults under their own names (unless the family reads its file
 itself: ModelFamily.generation_defaults)."""
+PENALTY_KEYS = ("presence_penalty", "frequency_penalty", "repetition_penalty")
+"""generation_config.json keys read as request defaults for every family (decoding/penalties.py)."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,8 @@ def generation_defaults(family: ModelFamily, generation: dict) -> dict[str, Any]
         from_file = family.generation_defaults(generation)
     else:
         from_file = {k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None}
-    return {**family.decoding_defaults, **from_file}
+    penalties = {k: generation[k] for k in PENALTY_KEYS if generation.get(k) is not None}
+    return {**family.decoding_defaults, **from_file, **penalties}
 
 
 def build_components(config: EngineConfig, make_runner: RunnerFactory | None = None) -> EngineComponents:

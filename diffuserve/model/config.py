@@ -152,6 +152,30 @@ def parse_block_length(config: dict) -> int:
     return value
 
 
+BLOCK_EXPERT_CORESET_KEYS = (
+    "block_expert_coreset",
+    "expert_coreset_size",
+    "block_coreset_size",
+    "coreset_size",
+    "num_coreset_experts",
+)
+"""Spellings of the block expert coreset size C (model/layers/moe/coreset.py), first present wins, at the top
+level or in `text_config`: ours (the --block-expert-coreset flag's name), then the likely names of a release's
+block-diffusion record. A missing key, or 0, is per-token routing."""
+
+
+def parse_block_expert_coreset(config: dict) -> int:
+    """C under any of BLOCK_EXPERT_CORESET_KEYS (0 when none is present)."""
+    for scope in (config, config.get("text_config") or {}):
+        value = first_field(scope, *BLOCK_EXPERT_CORESET_KEYS)
+        if value is not None:
+            if type(value) is not int or value < 0:
+                key = next(k for k in BLOCK_EXPERT_CORESET_KEYS if scope.get(k) is not None)
+                raise ValueError(f"config.json: `{key}` is {value!r}; a block expert coreset is an integer >= 0")
+            return value
+    return 0
+
+
 def eos_ids(config: dict, generation_config: dict) -> tuple[int, ...]:
     ids = first_field(generation_config, "eos_token_id", default=config.get("eos_token_id"))
     if ids is None:

@@ -39,6 +39,11 @@ COMMON_UNDERSTOOD = frozenset(
         "block_length",
         "block_size",
         "bd_size",
+        "block_expert_coreset",
+        "expert_coreset_size",
+        "block_coreset_size",
+        "coreset_size",
+        "num_coreset_experts",
         "quantization_config",
         "text_config",
         "hidden_act",  # SiLU in every family but DiffusionGemma, whose parser reads `hidden_activation`

@@ -36,14 +36,19 @@ def experts_touched_fraction(
 
 
 def experts_per_block(spec: ModelSpec, block_length: int, coreset: int, per_block: float | None = None) -> float:
-    """Distinct experts one block's positions route to, per MoE layer: the union of their top-k (measured, or
-    E x (1 - (1 - k/E)^S) under uniform routing), capped at the block expert coreset C when it is on."""
-    union = (
-        per_block
-        if per_block is not None
-        else spec.num_experts * (1 - (1 - spec.num_experts_per_tok / spec.num_experts) ** block_length)
-    )
-    return min(coreset, union) if coreset > 0 else union
+    """Distinct experts one block's positions route to, per MoE layer. Per-token routing: the union u of their
+    top-k (measured, or E (1 - (1 - k/E)^S) under uniform routing). With a block expert coreset of C < E experts:
+    the positions act as n independent top-k draws, n the number that gives u over all E experts
+    (E (1 - (1 - k/E)^n) = u; n = S under uniform routing), drawn inside the coreset: C (1 - (1 - k/C)^n), at
+    most C, and u again at C = E (bench moe --coreset-sizes measures it)."""
+    k, experts = spec.num_experts_per_tok, spec.num_experts
+    union = per_block if per_block is not None else experts * (1 - (1 - k / experts) ** block_length)
+    if coreset <= 0 or coreset >= experts:
+        return union
+    if k >= coreset or union >= experts:
+        return float(coreset)
+    draws = math.log(1 - union / experts) / math.log(1 - k / experts)
+    return coreset * (1 - (1 - k / coreset) ** draws)
 
 
 @dataclass(frozen=True)
@@ -246,8 +251,8 @@ class Roofline:
                 spec, workload.block_length, workload.block_expert_coreset, workload.experts_touched_per_block
             )
             touch = (
-                f"experts touched = 1 - (1 - min(C {workload.block_expert_coreset}, distinct experts of a block's "
-                f"top-k) = {per_block:.1f} / E {spec.num_experts})^(T / S) = {cost.experts_touched:.1%}"
+                f"experts touched = 1 - (1 - C {workload.block_expert_coreset} (1 - (1 - k/C)^n), n the top-k draws "
+                f"giving a block's union = {per_block:.1f} / E {spec.num_experts})^(T / S) = {cost.experts_touched:.1%}"
                 " (block expert coreset; commits route per token, not modelled)"
             )
         weights_dtype = self.deployment.weight_dtype

@@ -17,13 +17,15 @@ confidence is the sampled token's probability. Knows nothing of the engine (it m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
+from torch import nn
 
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.families.clover_moe.config import hybrid_args
 from diffuserve.model.families.clover_moe.model import HybridState
+from diffuserve.reference.reference_coreset import block_coreset_routing
 
 
 class HybridLM(Protocol):
@@ -48,6 +50,8 @@ class ReferenceSettings:
     threshold: float = 0.9
     temperature: float = 0.0
     eos_token_ids: tuple[int, ...] = ()
+    block_expert_coreset: int = 0
+    """C of block expert coreset routing in the block's preview (reference_coreset.py); 0 = per-token."""
 
 
 def _pick(
@@ -70,11 +74,13 @@ def _pick(
 
 
 @torch.no_grad()
-def _block_logits(model: HybridLM, seq: list[int], start: int, block: list[int]) -> torch.Tensor:
-    """Logits [len(block), V] that predict each position of the block at this step."""
+def _block_logits(model: HybridLM, seq: list[int], start: int, block: list[int], coreset: int = 0) -> torch.Tensor:
+    """Logits [len(block), V] that predict each position of the block at this step (the preview routed by a
+    block expert coreset of `coreset` experts when > 0; the causal prefix always per token)."""
     prefix = torch.tensor([seq[:start]], dtype=torch.long)
     hidden, state = model.forward_causal(prefix) if start else (None, None)
-    preview = model.forward_preview(torch.tensor([block], dtype=torch.long), state)[0]  # [B, H]
+    with block_coreset_routing(cast(nn.Module, model), 0, len(block), coreset):
+        preview = model.forward_preview(torch.tensor([block], dtype=torch.long), state)[0]  # [B, H]
     if hybrid_args(model.args).prediction_shift:
         # Row p - 1 predicts position p; the sequence's position 0 is never masked, so its own row fills in.
         previous = hidden[0, -1:] if hidden is not None else preview[:1]
@@ -106,7 +112,7 @@ def reference_block_decode(
             is_mask = torch.tensor([token == mask_id for token in block])
             if is_mask[0] and start == 0:
                 raise ValueError("reference decode: the first position of the sequence cannot be masked")
-            logits = _block_logits(model, seq, start, block)
+            logits = _block_logits(model, seq, start, block, settings.block_expert_coreset)
             tokens, conf = _pick(logits, settings.temperature, generator, never=mask_id)
             conf = conf.masked_fill(~is_mask, -1.0)
             accept = is_mask & (conf > settings.threshold)

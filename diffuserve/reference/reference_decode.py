@@ -11,6 +11,10 @@ stop id (inclusive; not before min_tokens) and at max_tokens. With decoder=edit 
 `generate` runs it: steps while masks remain, then up to max_post_edit_steps more, ending early at a step that
 changes nothing. With `logprobs` set, it also records each answer token's logprob, rank and top alternatives
 under the distribution of the step that last wrote it.
+
+Penalties (presence, frequency, repetition) are applied by plain arithmetic, token by token, to every step's
+logits: counted over the generated tokens of the blocks before the one being denoised (and the prompt's with
+penalize_prompt), as the SamplingParams field docs define them.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 
 from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.step_inputs import StepInputs
+from diffuserve.reference.reference_coreset import block_coreset_routing
 from diffuserve.reference.reference_decoders import positions_to_write, propose
 from diffuserve.reference.reference_model import ReferenceModel, post_edit_budget
 from diffuserve.sampling_params import SamplingParams
@@ -129,6 +134,7 @@ def _decode_block(
                 break
         read = list(range(first_generated, block)) if editing else masked
         logits = _logits(ref, seq.tokens[:end], mask, [start + i for i in read])
+        _penalize(logits, seq, start, params)
         _suppress_early_stops(logits, [start + i - seq.num_prompt for i in read], params.min_tokens, stop_ids)
         keep_log_probs = params.logprobs is not None
         proposal = propose(logits, read, block, params, generator, keep_log_probs, ref.mask_token_id)
@@ -152,10 +158,12 @@ def _decode_block(
 
 
 def _logits(ref: ReferenceModel, tokens: list[int], mask: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """Full recompute of `tokens` (positions 0..T-1); fp32 logits [M, V] at the positions `rows`."""
+    """Full recompute of `tokens` (positions 0..T-1, the last block being denoised); fp32 logits [M, V] at the
+    positions `rows`. With a block expert coreset, the last block's rows route by it (reference_coreset)."""
     length = len(tokens)
     attention = StepInputs(DenseAttentionInputs(mask[:length, :length][None, None]))
-    hidden = ref.model(torch.tensor(tokens)[None], torch.arange(length)[None], attention)  # [1, T, H]
+    with block_coreset_routing(ref.model, length - ref.block_length, length, ref.block_expert_coreset):
+        hidden = ref.model(torch.tensor(tokens)[None], torch.arange(length)[None], attention)  # [1, T, H]
     return ref.model.compute_logits(hidden[0, rows])
 
 
@@ -165,6 +173,26 @@ def _logprob(log_probs: torch.Tensor, token: int, params: SamplingParams) -> Ref
     rank = 1 + sum(1 for v in values if v > values[token])
     ordered = sorted(range(len(values)), key=lambda t: -values[t])[: params.logprobs]
     return ReferenceLogprob(values[token], rank, {t: values[t] for t in ordered if values[t] != float("-inf")})
+
+
+def _penalize(logits: torch.Tensor, seq: _Sequence, start: int, params: SamplingParams) -> None:
+    """logits [M, V] of the block at `start`, edited: each counted token's logit l (count c) becomes l / r if
+    l > 0 else l * r (repetition r), then l - f * c (frequency f), then l - p (presence p)."""
+    prompt = seq.tokens[: seq.num_prompt]
+    counted = seq.tokens[seq.num_prompt : start] + (prompt if params.penalize_prompt else [])
+    r, f, p = params.repetition_penalty, params.frequency_penalty, params.presence_penalty
+    assert r is not None and f is not None and p is not None, "resolved by ReferenceModel.resolve"
+    for token in sorted(set(counted)):
+        c = counted.count(token)
+        for row in range(logits.shape[0]):
+            value = logits[row, token]
+            if r != 1:
+                value = value / r if value > 0 else value * r
+            if f:
+                value = value - f * c
+            if p:
+                value = value - p
+            logits[row, token] = value
 
 
 def _suppress_early_stops(

@@ -27,6 +27,9 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "entropy_bound": 0.35,
     "edit_threshold": 0.5,
     "max_post_edit_steps": 16,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
 }
 """Documented defaults of the decoding knobs (`steps` unset means block_length steps: one token a step)."""
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -35,8 +38,27 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 """Per architecture, the reference `generate`'s decoding (LLaDA2: threshold 0.95, greedy, top-1 fallback)."""
 STEPS_CAPPED_BY_GEN_LENGTH = ("LLaDA2MoeModelLM",)
 """Architectures whose `generate` starts with `steps = min(steps, gen_length // minimal_topk)` (minimal_topk 1)."""
-KNOBS = ("temperature", "decoder", "threshold", "steps", "entropy_bound", "edit_threshold", "max_post_edit_steps")
+KNOBS = (
+    "temperature",
+    "decoder",
+    "threshold",
+    "steps",
+    "entropy_bound",
+    "edit_threshold",
+    "max_post_edit_steps",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 """The knobs a None in SamplingParams leaves to the model (generation_config.json overrides the family's)."""
+CORESET_KEYS = (
+    "block_expert_coreset",
+    "expert_coreset_size",
+    "block_coreset_size",
+    "coreset_size",
+    "num_coreset_experts",
+)
+"""config.json's names of the block expert coreset size, in the order docs/models.md gives them."""
 DEFAULT_MAX_MODEL_LEN = 32768
 """Without a configured limit the context is the model's max_position_embeddings, at most this."""
 GREEDY_BELOW = 1e-5
@@ -54,6 +76,8 @@ class ReferenceModel:
     defaults: Mapping[str, Any]
     """Decoding knobs by SamplingParams name: built-in, then the family's, then generation_config.json."""
     steps_capped_by_gen_length: bool = False
+    block_expert_coreset: int = 0
+    """C of block expert coreset routing (reference_coreset.py) while a block is denoised; 0 = per-token."""
 
     def resolve(self, params: SamplingParams) -> SamplingParams:
         """`params` with every None knob filled from the model's defaults."""
@@ -88,9 +112,11 @@ def load_reference(
     block_length: int | None = None,
     max_model_len: int | None = None,
     dtype: str = "auto",
+    block_expert_coreset: int | None = None,
 ) -> ReferenceModel:
     """The reference for a model directory: loads its own copy of the model (or drives `model`, e.g. the
-    transformers one of `bench compare`). `block_length` / `max_model_len` as the engine was configured."""
+    transformers one of `bench compare`). `block_length` / `max_model_len` / `block_expert_coreset` as the engine
+    was configured (the coreset by default from config.json)."""
     config, generation = read_model_config(model_dir)
     if model is None:
         args, model = load_model(model_dir, dtype=dtype)
@@ -109,4 +135,14 @@ def load_reference(
         limit,
         defaults,
         architecture in STEPS_CAPPED_BY_GEN_LENGTH,
+        _coreset(config) if block_expert_coreset is None else block_expert_coreset,
     )
+
+
+def _coreset(config: dict) -> int:
+    """The first of CORESET_KEYS that config.json (or its text_config) sets, else 0."""
+    for scope in (config, config.get("text_config") or {}):
+        for key in CORESET_KEYS:
+            if scope.get(key) is not None:
+                return int(scope[key])
+    return 0

@@ -1,7 +1,7 @@
 """From an OpenAI request to what the engine takes: `SamplingParams` (prompts are `prompts`' business).
 
 Sampling params, and the policy for fields diffuserve lacks:
-- Fields OpenAI or vLLM define but diffuserve does not implement (penalties, ...) are rejected with a 400
+- Fields OpenAI or vLLM define but diffuserve does not implement (logit_bias, min_p, ...) are rejected with a 400
   naming the field unless they carry their neutral value: never silently ignored.
 - Logprobs: chat's `logprobs` + `top_logprobs` and completions' `logprobs` become `SamplingParams.logprobs`.
 - Prompt scoring: completions' `prompt_logprobs`, and `logprobs` with `echo` (the echoed prompt's logprobs,
@@ -34,9 +34,6 @@ MIN_TEMPERATURE = 1e-2
 
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "logit_bias": ({},),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-    "repetition_penalty": (1, 1.0),
     "min_p": (0, 0.0),
     "use_beam_search": (False,),
     "bad_words": ([],),
@@ -49,9 +46,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 
 UNSUPPORTED_COMMON = (
     "logit_bias",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
     "min_p",
     "use_beam_search",
     "allowed_token_ids",
@@ -159,6 +153,10 @@ def _sampling_params(
             structured_outputs=structured,
             logprobs=logprobs,
             record_denoising=request.stream_options is not None and request.stream_options.include_denoising,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            repetition_penalty=request.repetition_penalty,
+            penalize_prompt=request.penalize_prompt,
         )
     except ValueError as e:
         raise from_value_error(e) from e

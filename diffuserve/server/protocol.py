@@ -120,11 +120,14 @@ class SamplingFields(RequestModel):
     """Renoise: a canvas may stop once its argmax repeated that of this many previous steps."""
     confidence_threshold: float | None = Field(default=None, gt=0)
     """Renoise: ... and its mean entropy (nats) is below this."""
+    # Penalties (decoding/penalties.py): OpenAI's presence / frequency, vLLM's repetition. None = the model's.
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    penalize_prompt: bool = False
+    """The penalties also count the prompt's tokens (default: the response's only)."""
     # Defined by OpenAI or vLLM, not implemented: any non-neutral value is a 400.
     logit_bias: Any = unsupported()
-    presence_penalty: Any = unsupported()
-    frequency_penalty: Any = unsupported()
-    repetition_penalty: Any = unsupported()
     min_p: Any = unsupported()
     use_beam_search: Any = unsupported()
     allowed_token_ids: Any = unsupported()

@@ -20,12 +20,13 @@ import torch.nn.functional as F
 from diffuserve.config import EngineConfig
 from diffuserve.core.cache.manager import CacheSizes
 from diffuserve.distributed.launcher import ParallelRuntime
-from diffuserve.model.config import ModelArgs
+from diffuserve.model.config import ModelArgs, parse_block_expert_coreset
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.attention_backends.selection import set_attention_backend
+from diffuserve.model.layers.moe.coreset import set_block_coreset
 from diffuserve.model.layers.moe.layer import set_moe_backend
 from diffuserve.model.layers.moe.offload_context import OffloadContext, offload_context
-from diffuserve.model.loader import load_model
+from diffuserve.model.loader import load_model, read_model_config
 from diffuserve.model.registry import cache_layout
 from diffuserve.worker.cache.allocation import (
     CacheRequest,
@@ -146,6 +147,8 @@ class ModelExecutor:
         self._no_rows = torch.zeros(0, hidden_size, dtype=model_dtype(model), device=device)
         self.run_model = CompiledForward(model, False, device)
         """The forward a step calls: `model`, or its compiled form (see `build`)."""
+        self.block_coreset = 0
+        """Block expert coreset size C of the model's MoE layers (0: per-token routing); set by `build`."""
 
     @classmethod
     def build(
@@ -187,11 +190,17 @@ class ModelExecutor:
         )
         caches, sizes = allocate_caches(layout, want, group, device)
         set_moe_backend(model, config.moe_backend)
+        coreset = config.block_expert_coreset
+        if coreset is None:
+            coreset = parse_block_expert_coreset(read_model_config(config.model)[0])
+        set_block_coreset(model, coreset)
         model.set_recurrent_backend(config.gdn_backend, device)
         set_attention_backend(model, config.attention_backend, device)
         executor = cls(model, caches, sizes, experts, device, runtime, args.hidden_size)
-        # Offload's hooks stay eager, and so does the recurrent step, whose row groups are not bucket-padded.
-        compiled = should_compile(config.enforce_eager, device) and not offload and caches.state is None
+        executor.block_coreset = coreset
+        # Offload's hooks and coreset routing (their block rows) stay eager, and so does the recurrent step, whose
+        # row groups are not bucket-padded.
+        compiled = should_compile(config.enforce_eager, device) and not offload and not coreset and caches.state is None
         executor.run_model = CompiledForward(model, compiled, device)
         return executor
 

@@ -54,6 +54,9 @@ class ExpertStatsSnapshot:
     """Routed (token, expert) pairs per touched expert per layer-step, averaged."""
     load_imbalance: float
     """max / mean tokens over the touched experts of a layer-step, averaged (1.0 = perfectly even)."""
+    experts_touched_by_blocks_per_step: float = 0.0
+    """Distinct experts per MoE layer per step that the step's denoised blocks touch (their rows only: commits and
+    prefill left out; what a block expert coreset caps), averaged over the layer-steps with blocks."""
 
 
 def num_cache_slots(budget: int | None, expert_bytes: int, num_layers: int, num_experts: int) -> int:
@@ -134,6 +137,8 @@ class ExpertTracker:
         self._num_layer_steps = 0
         self._block_touched_sum = 0.0
         self._num_blocks = 0
+        self._blocks_step_sum = 0.0  # distinct experts of the step's block rows, summed over layer-steps
+        self._num_block_layer_steps = 0
 
     @property
     def enabled(self) -> bool:
@@ -150,6 +155,10 @@ class ExpertTracker:
                 (touched.new_tensor(len(touched)), touched.mean(), touched.max() / touched.mean())
             ).cpu()
             self._num_layer_steps += 1
+            if block_rows:
+                rows = torch.cat([ids[start : start + length].flatten() for _, start, length in block_rows])
+                self._blocks_step_sum += float(rows.unique().numel())
+                self._num_block_layer_steps += 1
             for request_id, start, length in block_rows:
                 union = self._blocks.setdefault(
                     request_id, torch.zeros(len(self.layers), self.num_experts, dtype=torch.bool, device=ids.device)
@@ -167,4 +176,5 @@ class ExpertTracker:
         steps = max(self._num_layer_steps, 1)
         touched, per_expert, imbalance = (self._step_sums / steps).tolist()
         per_block = self._block_touched_sum / self._num_blocks if self._num_blocks else 0.0
-        return ExpertStatsSnapshot(self.num_experts, touched, per_block, per_expert, imbalance)
+        by_blocks = self._blocks_step_sum / max(self._num_block_layer_steps, 1)
+        return ExpertStatsSnapshot(self.num_experts, touched, per_block, per_expert, imbalance, by_blocks)

@@ -157,7 +157,7 @@ class ModelRunner:
             torch.tensor(ids, dtype=torch.long, device=self.device),
             torch.tensor(positions, dtype=torch.long, device=self.device),
             metadata,
-            self._offload_context(blocks) if self.executor.offload is not None else None,
+            self._block_context(blocks) if self.executor.offload is not None or self.executor.block_coreset else None,
         )
         rows = [row for block in blocks for row in self._logit_rows(block, num_rows)]
         return StepBatch(forward, blocks, torch.tensor(rows, dtype=torch.long, device=self.device), scoring)
@@ -191,8 +191,8 @@ class ModelRunner:
         first = num_rows + state_slot(block.work.request) if 0 in block.positions else -1
         return [block.token_start + i - 1 if i > 0 else first for i in block.positions]
 
-    def _offload_context(self, blocks: list[BlockRows]) -> OffloadContext:
-        """The step's blocks as expert offload sees them (built only when offload is on)."""
+    def _block_context(self, blocks: list[BlockRows]) -> OffloadContext:
+        """The step's blocks as expert offload and coreset routing see them (built only when one is on)."""
         return OffloadContext(
             tuple(
                 BlockRef(

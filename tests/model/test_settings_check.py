@@ -30,13 +30,13 @@ def _warnings(caplog) -> list[str]:
 
 
 def test_a_coreset_key_is_one_warning_naming_it(tmp_path, caplog):
-    model_dir = _clover(tmp_path, "m", block_expert_coreset=48, bd_softmax_temperature=0.5, frobnicate=1)
+    model_dir = _clover(tmp_path, "m", coreset_temperature=48, bd_softmax_temperature=0.5, frobnicate=1)
     with caplog.at_level(logging.WARNING):
         load_model(model_dir)
         load_args(model_dir)  # a second load of the same directory says nothing new
     lines = _warnings(caplog)
     assert len(lines) == 3, lines
-    coreset = next(line for line in lines if "`block_expert_coreset` = 48" in line)
+    coreset = next(line for line in lines if "`coreset_temperature` = 48" in line)
     assert "diffusion or routing setting" in coreset and INSTEAD in coreset and "\n" not in coreset
     assert any("`bd_softmax_temperature` = 0.5" in line for line in lines)
     assert any("does not read `frobnicate`" in line for line in lines)
@@ -56,11 +56,11 @@ def test_an_unimplemented_diffusion_tensor_is_reported_and_not_loaded(tmp_path, 
 
 
 def test_strict_config_exits_1_with_the_line(tmp_path, capsys):
-    model_dir = _clover(tmp_path, "s", block_expert_coreset=48)
+    model_dir = _clover(tmp_path, "s", coreset_temperature=48)
     code = main(["generate", "hello", "--model", str(model_dir), "--strict-config", "--max-tokens", "4"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1
-    assert len(err) == 1 and "`block_expert_coreset` = 48" in err[0] and "--strict-config" in err[0], err
+    assert len(err) == 1 and "`coreset_temperature` = 48" in err[0] and "--strict-config" in err[0], err
 
 
 def test_llm_option(tmp_path):

@@ -1,10 +1,12 @@
-"""Block expert coreset routing in the planner: a preview forward's blocks each touch min(C, the union of their
-positions' top-k) experts per MoE layer; bytes and tokens/s follow; `diffuserve plan --block-expert-coreset C`
-shows batch 1 with it beside per-token routing. Checked by hand."""
+"""Block expert coreset routing in the planner: a preview forward's blocks each touch C (1 - (1 - k/C)^n) experts
+per MoE layer (n the independent top-k draws that give the block's union over all E); bytes and tokens/s
+follow; `diffuserve plan --block-expert-coreset C` shows batch 1 with it beside per-token routing. Checked by
+hand."""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -29,12 +31,15 @@ def _plan(workload: Workload) -> Plan:
     return make_plan(toy_spec(), hardware, Deployment(), workload, Efficiency(1.0, 1.0, 0.0), costs)
 
 
-def test_experts_per_block_is_the_union_capped_at_the_coreset():
+def test_experts_per_block_draws_the_union_inside_the_coreset():
     spec, _ = load_model("Clover-35B-A3B")
     assert experts_per_block(spec, 32, 0) == pytest.approx(UNION_32)
-    assert experts_per_block(spec, 32, 48) == 48
-    assert experts_per_block(spec, 32, 256) == pytest.approx(UNION_32)  # C above the union: today's routing
-    assert experts_per_block(spec, 32, 48, per_block=20.0) == 20.0  # a measured union below C
+    assert experts_per_block(spec, 32, 48) == pytest.approx(48 * (1 - (5 / 6) ** 32))  # n = S = 32 draws
+    assert experts_per_block(spec, 32, 256) == pytest.approx(UNION_32)  # C = E: today's routing
+    assert experts_per_block(spec, 32, 8) == 8  # k = C: every position takes the whole coreset
+    draws = math.log(1 - 20 / 256) / math.log(1 - 8 / 256)  # a measured union of 20: 2.56 draws
+    assert experts_per_block(spec, 32, 48, per_block=20.0) == pytest.approx(48 * (1 - (5 / 6) ** draws))
+    assert experts_per_block(spec, 32, 256, per_block=20.0) == 20.0
 
 
 def test_decode_bytes_follow_the_coreset():
@@ -50,13 +55,14 @@ def test_decode_bytes_follow_the_coreset():
 
 
 def test_plan_shows_batch_1_beside_per_token_routing(capsys):
-    """Clover at batch 1: 48 / 256 = 18.75 % of the experts with C = 48, 163.3 / 256 = 63.8 % without."""
+    """Clover at batch 1: 47.86 / 256 = 18.7 % of the experts with C = 48, 163.3 / 256 = 63.8 % without."""
     out = _run(capsys, "Clover-35B-A3B", "--block-expert-coreset", "48")
     (line,) = [x for x in out.splitlines() if x.startswith("Coreset")]
-    assert "C = 48" in line and "experts touched 18.8%" in line and "with per-token routing (63.8%" in line
+    assert "C = 48" in line and "experts touched 18.7%" in line and "with per-token routing (63.8%" in line
     document = json.loads(_run(capsys, "Clover-35B-A3B", "--block-expert-coreset", "48", "--json"))
     figures = document["block_expert_coreset"]
-    assert figures["batch1_with_coreset"]["forward"]["experts_touched"] == pytest.approx(48 / 256)
+    expected = 48 * (1 - (5 / 6) ** 32) / 256
+    assert figures["batch1_with_coreset"]["forward"]["experts_touched"] == pytest.approx(expected)
     assert figures["batch1_per_token_routing"]["forward"]["experts_touched"] == pytest.approx(UNION_32 / 256)
     faster = figures["batch1_with_coreset"]["tokens_per_s_per_seq"]
     assert faster == pytest.approx(figures["speedup"] * figures["batch1_per_token_routing"]["tokens_per_s_per_seq"])

@@ -70,11 +70,11 @@ CASES = [
     ("/v1/completions", {**COMPLETION, "best_of": 3}, 400, "best_of", "unsupported_parameter", ["best_of"]),
     (
         "/v1/completions",
-        {**COMPLETION, "presence_penalty": 0.5},
+        {**COMPLETION, "presence_penalty": 2.5},
         400,
         "presence_penalty",
-        "unsupported_parameter",
-        ["not supported"],
+        "invalid_value",
+        ["less than or equal to 2"],
     ),
     (
         "/v1/completions",

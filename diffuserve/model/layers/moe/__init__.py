@@ -6,7 +6,8 @@
                         FusedExperts + shared expert) with its tensor / expert parallel split
     expert_cache.py     one layer's device slots in front of its host-resident experts, and the byte accounting
     offload.py          the offloading ExpertRunner: which experts are resident, fetch or compute a miss on the host
-    offload_context.py  the step's blocks that offload reads, set around a forward only when offload is on
+    coreset.py          block expert coreset routing: a denoised block's positions route within C experts
+    offload_context.py  the step's blocks that offload and coreset routing read, set around a forward only then
 
 Knows nothing of requests or the engine (the engine installs offload and sets its context, see engine/experts).
 """

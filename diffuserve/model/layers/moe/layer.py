@@ -33,6 +33,7 @@ from torch import nn
 
 from diffuserve.model.layers.linear import ShardSpec, sharded_parameter
 from diffuserve.model.layers.mlp import SwiGLU
+from diffuserve.model.layers.moe.coreset import step_coreset_routing
 from diffuserve.model.layers.moe.dispatch import (
     ExpertGroups,
     check_backend,
@@ -73,6 +74,10 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return softmax_topk(F.linear(x, self.weight), self.top_k, self.norm_topk_prob)
+
+    def probabilities(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, H] -> the router's distribution over the experts [N, E] fp32 (what a block coreset sums)."""
+        return torch.softmax(F.linear(x, self.weight), dim=-1, dtype=torch.float32)
 
 
 def _top_indices(values: torch.Tensor, k: int) -> torch.Tensor:
@@ -230,6 +235,9 @@ class SparseMoeBlock(nn.Module):
         """Replaces `experts` as the source of expert weights (expert offload installs one)."""
         self.backend = "auto"
         """How this rank's own experts compute (see backends); offload and expert parallel keep the loop."""
+        self.coreset_size = 0
+        """Block expert coreset routing (coreset.py): a denoised block's positions route within this many experts
+        chosen for the block; 0 = per-token routing (set_block_coreset)."""
 
     def shard_(self, group: ParallelGroup) -> None:
         """Splits the experts across the group (whole experts when expert parallel, else their width)."""
@@ -245,6 +253,8 @@ class SparseMoeBlock(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # [N, H]
         weights, ids = self.gate(flat)  # [N, K]
+        if self.coreset_size:
+            weights, ids = self._block_coreset(flat, weights, ids)
         self.last_expert_ids = ids
         out = self._routed(flat, weights, ids)
         shared = self.shared_output(flat)
@@ -258,6 +268,14 @@ class SparseMoeBlock(nn.Module):
         """The shared expert's output for x [N, H] (under tensor parallelism this rank's partial sum, reduced with
         the routed one), or None without one. A family with another shared-expert rule overrides it."""
         return None if self.shared_experts is None else self.shared_experts(x)
+
+    @torch.compiler.disable
+    def _block_coreset(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's denoised blocks routed each within its coreset (coreset.py: the rows come from the step's
+        offload_context; a forward outside the engine's steps keeps per-token routing)."""
+        return step_coreset_routing(self.gate, x, weights, ids, self.coreset_size)
 
     @torch.compiler.disable
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

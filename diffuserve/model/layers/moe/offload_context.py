@@ -1,6 +1,7 @@
 """The per-step context offloaded MoE layers read: the step's diffusion blocks (their rows in the batch, and which
-are at their first step). The engine builds it only when expert offload is on and sets it around the forward, so
-the layers' signatures stay those of a plain forward. Knows nothing of requests beyond a block's key.
+are at their first step). The engine builds it only when expert offload or block coreset routing (coreset.py) is
+on and sets it around the forward, so the layers' signatures stay those of a plain forward. Knows nothing of
+requests beyond a block's key.
 
 Scoped: `offload_context` refuses nesting and always clears itself; reading it outside one is an error.
 """
@@ -43,6 +44,11 @@ def offload_context(context: OffloadContext) -> Iterator[OffloadContext]:
         yield context
     finally:
         _CURRENT.reset(token)
+
+
+def active_offload_context() -> OffloadContext | None:
+    """The context of the forward in progress, or None outside one (a forward the engine did not start)."""
+    return _CURRENT.get()
 
 
 def current_offload_context() -> OffloadContext:

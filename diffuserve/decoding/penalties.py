@@ -1,0 +1,91 @@
+"""Presence, frequency and repetition penalties: a step applied to a block's logit rows before any decoder reads
+them, so every decoder (mask policies, autoregressive, renoise, grammar-constrained) decodes penalised logits at
+every denoising step. For a logit l of a token counted c > 0 times, in this order (vLLM's):
+
+    repetition r (transformers', vLLM's)    l / r if l > 0 else l * r
+    frequency  f (OpenAI's)                 l - f * c
+    presence   p (OpenAI's)                 l - p
+
+on the raw logits, before temperature, top-k, top-p and the decoder's rule. Counted tokens: the request's
+committed output tokens (its finished blocks; tokens accepted in the open block do not count until it is
+finished), plus the prompt's with `penalize_prompt`. Each request's counts [V] live on the device and grow as
+its blocks finish. A request without penalties is never wrapped (registry.py), so it pays nothing.
+Knows nothing of batches, caches or models.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from diffuserve.core.request import Request
+from diffuserve.decoding.generators import RequestGenerators
+from diffuserve.decoding.protocol import BlockDecode, Decoder
+from diffuserve.sampling_params import ResolvedSamplingParams
+
+
+def apply_penalties(rows: torch.Tensor, counts: torch.Tensor, params: ResolvedSamplingParams) -> torch.Tensor:
+    """rows [M, V] fp32, edited in place; counts [V]: each token's count among the counted tokens."""
+    seen = counts > 0  # [V]
+    if params.repetition_penalty != 1:
+        r = params.repetition_penalty
+        rows[:, seen] = torch.where(rows[:, seen] > 0, rows[:, seen] / r, rows[:, seen] * r)
+    if params.frequency_penalty:
+        rows -= params.frequency_penalty * counts.to(rows.dtype)
+    if params.presence_penalty:
+        rows -= params.presence_penalty * seen.to(rows.dtype)
+    return rows
+
+
+class PenaltyCounts:
+    """Each penalised request's token counts [V] on the device, grown as its output is committed."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, tuple[int, torch.Tensor]] = {}
+        """request id -> (output tokens counted, counts [V])."""
+
+    def of(self, request: Request, vocab_size: int, device: torch.device) -> torch.Tensor:
+        """The request's counts now: its committed output tokens (and its prompt's with penalize_prompt)."""
+        output = request.output_token_ids
+        entry = self._counts.get(request.request_id)
+        if entry is not None and entry[0] <= len(output):
+            counted, counts = entry
+        else:  # first use, or an output cut back: count afresh
+            counted, counts = 0, torch.zeros(vocab_size, dtype=torch.long, device=device)
+            if request.params.penalize_prompt:
+                counts += _bincount(request.prompt_token_ids, vocab_size, device)
+        if counted < len(output):
+            counts = counts + _bincount(output[counted:], vocab_size, device)
+        self._counts[request.request_id] = (len(output), counts)
+        return counts
+
+    def release(self, request_id: str) -> None:
+        self._counts.pop(request_id, None)
+
+
+def _bincount(tokens: list[int], vocab_size: int, device: torch.device) -> torch.Tensor:
+    ids = torch.tensor([t for t in tokens if 0 <= t < vocab_size], dtype=torch.long, device=device)
+    return torch.bincount(ids, minlength=vocab_size)
+
+
+class Penalized:
+    """A decoder whose logit rows are penalised (apply_penalties) before it reads them."""
+
+    def __init__(self, inner: Decoder, counts: PenaltyCounts) -> None:
+        self.inner, self.counts = inner, counts
+        self.name = inner.name
+
+    def read_positions(self, request: Request) -> list[int]:
+        return self.inner.read_positions(request)
+
+    def block_tokens(self, request: Request, generators: RequestGenerators) -> list[int]:
+        return self.inner.block_tokens(request, generators)
+
+    def decode(
+        self, request: Request, rows: torch.Tensor, positions: list[int], generators: RequestGenerators
+    ) -> BlockDecode:
+        counts = self.counts.of(request, rows.shape[-1], rows.device)
+        return self.inner.decode(request, apply_penalties(rows, counts, request.params), positions, generators)
+
+    def release(self, request_id: str) -> None:
+        self.counts.release(request_id)
+        self.inner.release(request_id)
