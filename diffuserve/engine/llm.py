@@ -1,7 +1,12 @@
 """LLM: the offline API (vLLM's shape). `LLM(model, **engine options).generate(prompts, params)` runs every
 prompt through one engine concurrently and returns the outputs in prompt order, with a progress bar (vLLM's
 `use_tqdm`: by default only when stderr is an interactive terminal). `model` is a directory or a Hugging Face
-Hub id (`diffuserve.hub`)."""
+Hub id (`diffuserve.hub`).
+
+A request that fails inside the engine (an exception in a step, a grammar that failed) is an error the caller
+sees: once every request of the call has finished, `generate` / `chat` raise `GenerationFailed`, which names the
+request and the cause and carries every output of the call (vLLM raises too, though its engine dies with the
+step; here the engine goes on serving, so the other requests' outputs are kept on the exception)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from diffuserve.chat_prompt import chat_token_ids
 from diffuserve.config import EngineConfig
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.engine.outputs import RequestOutput
+from diffuserve.errors import GenerationFailed
 from diffuserve.hub import resolve_model
 from diffuserve.sampling_params import SamplingParams
 
@@ -65,7 +71,7 @@ class LLM:
         return self._run(ids, use_tqdm)
 
     def _run(self, ids: list[str], use_tqdm: bool | None) -> list[RequestOutput]:
-        """Steps until every request in `ids` finished."""
+        """Steps until every request in `ids` finished; raises GenerationFailed if any failed in the engine."""
         finished: dict[str, RequestOutput] = {}
         # disable=None is tqdm's own "only on a terminal" (vLLM's use_tqdm, when not given)
         disable = None if use_tqdm is None else not use_tqdm
@@ -75,7 +81,13 @@ class LLM:
                     if out.finished:
                         finished[out.request_id] = out
                         bar.update(1)
-        return [finished[i] for i in ids]
+        outputs = [finished[i] for i in ids]
+        failures = {
+            o.request_id: c.error or "unknown error" for o in outputs for c in o.outputs if c.finish_reason == "error"
+        }
+        if failures:
+            raise GenerationFailed(failures, outputs)
+        return outputs
 
     @overload
     def chat(
