@@ -6,11 +6,18 @@ Hub id (`diffuserve.hub`).
 A request that fails inside the engine (an exception in a step, a grammar that failed) is an error the caller
 sees: once every request of the call has finished, `generate` / `chat` raise `GenerationFailed`, which names the
 request and the cause and carries every output of the call (vLLM raises too, though its engine dies with the
-step; here the engine goes on serving, so the other requests' outputs are kept on the exception)."""
+step; here the engine goes on serving, so the other requests' outputs are kept on the exception).
+
+Its life: `shutdown()` (or leaving `with LLM(...) as llm:`, or the object being garbage collected) stops the
+worker processes of a parallel engine, destroys the process group, unpins the host memory it pinned and drops
+the model and its caches, so that another `LLM`, with another parallel layout, can start in the same process."""
 
 from __future__ import annotations
 
+import gc
+import sys
 from collections.abc import Sequence
+from types import TracebackType
 from typing import Any, cast, overload
 
 from tqdm.auto import tqdm
@@ -40,8 +47,38 @@ class LLM:
         return llm
 
     def _attach(self, engine: LLMEngine) -> None:
-        self.engine = engine
+        self._engine: LLMEngine | None = engine
         self._counter = 0
+
+    @property
+    def engine(self) -> LLMEngine:
+        if self._engine is None:
+            raise RuntimeError("LLM: this LLM was shut down; create a new one")
+        return self._engine
+
+    def shutdown(self) -> None:
+        """Stops the worker processes and destroys the process group of a parallel engine, unpins its host memory
+        and drops the model and its caches (idempotent; any later call raises)."""
+        engine, self._engine = getattr(self, "_engine", None), None
+        if engine is None:
+            return
+        engine.shutdown()
+        del engine
+        gc.collect()  # the model and its caches hold reference cycles (modules); free their memory now
+        _release_cuda_cache()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        engine = getattr(self, "_engine", None)
+        if engine is not None:  # garbage collected without shutdown(): stop the workers, free the group
+            engine.shutdown()
 
     def generate(
         self,
@@ -155,3 +192,11 @@ def _unwrap(prompt: PromptType) -> str | list[int]:
             return prompt["prompt"]
         raise ValueError("prompt: a dict prompt needs `prompt` or `prompt_token_ids`")
     return prompt
+
+
+def _release_cuda_cache() -> None:
+    """Hands the CUDA caching allocator's free blocks back to the driver, if this process used CUDA (without
+    importing torch or starting CUDA to find out)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
