@@ -127,6 +127,10 @@ class LLMEngine:
                 "this engine cannot score prompts (a baseline rebuilding state, sliding-window layers, or renoise "
                 "canvases, which have no masked positions to score); remove it",
             )
+        if params.stop and self.tokenizer is None:
+            raise UnsupportedParameter(
+                "stop", "this model directory has no tokenizer to find stop strings with; use stop_token_ids"
+            )
         vocab = self.args.vocab_size
         bad = [t for t in params.stop_token_ids if t >= vocab]
         if bad:
@@ -195,6 +199,12 @@ class LLMEngine:
                 "decoder",
                 f"{params.decoder} fills mask tokens, and this model's blocks are renoise canvases (random tokens, no "
                 "mask token); use renoise or leave it unset",
+            )
+        if params.is_editing and self.runner.rules.autoregressive:
+            raise UnsupportedParameter(
+                "decoder",
+                "edit rewrites decided tokens of a block, and this model decodes autoregressively (a checkpoint "
+                "without block-diffusion tensors: one final token per forward); use threshold, fixed or entropy",
             )
         if params.is_renoise and not self.runner.rules.renoise_canvas:
             raise UnsupportedParameter(

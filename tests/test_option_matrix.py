@@ -1,0 +1,43 @@
+"""The family x option matrix (diffuserve/testing/option_matrix.py): each cell gives the family's independent
+reference tokens under its option(s), or is refused before any step with one line naming the option; no cell
+fails inside a step. The fast cells run here; the slow ones (worker processes, compilation) are marked and run by
+scripts/option_matrix.py, which writes the table into docs/testing.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diffuserve.testing.matrix_families import FAMILIES
+from diffuserve.testing.option_matrix import Cell, cells, run_cell
+
+CELLS = cells()
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("matrix")
+    written: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in written:
+            written[family] = FAMILIES[family].write(root / family)
+        return written[family]
+
+    return get  # type: ignore[return-value]
+
+
+def _marks(cell: Cell) -> list:
+    marks = [pytest.mark.slow] if cell.slow else []
+    if cell.family == "diffusion_gemma":
+        marks.append(pytest.mark.hf)
+    return marks
+
+
+@pytest.mark.parametrize("cell", [pytest.param(c, id=c.id, marks=_marks(c)) for c in CELLS])
+def test_cell_matches_its_reference_or_is_refused(cell: Cell, family_dirs):
+    if cell.family == "diffusion_gemma":
+        pytest.importorskip("transformers")
+    result = run_cell(cell, family_dirs(cell.family))
+    assert not result.outcome.startswith("FAIL"), result.outcome
