@@ -54,8 +54,12 @@ class Family:
 
 def _sdar(moe: bool) -> Callable[[Path], Path]:
     def write(root: Path) -> Path:
-        overrides = {"first_k_dense_replace": 1, "shared_expert_intermediate_size": 64} if moe else {"num_experts": 0}
-        return write_random_checkpoint(root / "sdar", make_config("sdar-moe-tiny", **overrides), seed=0, logit_scale=40.0)
+        overrides: dict[str, Any] = (
+            {"first_k_dense_replace": 1, "shared_expert_intermediate_size": 64} if moe else {"num_experts": 0}
+        )
+        return write_random_checkpoint(
+            root / "sdar", make_config("sdar-moe-tiny", **overrides), seed=0, logit_scale=40.0
+        )
 
     return write
 

@@ -20,7 +20,11 @@ from diffuserve.testing.reference_model import ReferenceModel, post_edit_budget
 
 @torch.no_grad()
 def reference_hybrid_generate(
-    model: HybridLM, defaults: ReferenceModel, prompt: list[int], params: SamplingParams, generator: torch.Generator | None
+    model: HybridLM,
+    defaults: ReferenceModel,
+    prompt: list[int],
+    params: SamplingParams,
+    generator: torch.Generator | None,
 ) -> list[int]:
     """-> the generated tokens (prompt excluded), `params.max_tokens` of them; `defaults` resolves the knobs a
     request leaves unset."""
