@@ -5,6 +5,7 @@ scripts/option_matrix.py, which writes the table into docs/testing.md."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,11 @@ def test_cell_matches_its_reference_or_is_refused(cell: Cell, family_dirs):
         pytest.importorskip("transformers")
     result = run_cell(cell, family_dirs(cell.family))
     assert not result.outcome.startswith("FAIL"), result.outcome
+
+
+def test_the_table_in_the_docs_is_of_this_matrix():
+    """docs/testing.md's table comes from docs/results/option-matrix.json (scripts/render_docs.py): a run of every
+    cell as the matrix is defined now, none failed (rerun scripts/option_matrix.py after changing the matrix)."""
+    recorded = json.loads((Path(__file__).parents[1] / "docs/results/option-matrix.json").read_text())["result"]
+    assert [(c["family"], tuple(c["options"])) for c in recorded["cells"]] == [(c.family, c.options) for c in CELLS]
+    assert recorded["failed"] == 0 and not [c for c in recorded["cells"] if c["outcome"].startswith("FAIL")]

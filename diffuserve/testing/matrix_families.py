@@ -34,8 +34,9 @@ from diffuserve.testing.reference_hybrid_decode import reference_hybrid_generate
 from diffuserve.testing.reference_kv_fp8 import fp8_kv_reference
 from diffuserve.testing.reference_model import load_reference
 
-QUANT_GROUP_SIZE = 32
-"""`quantization_group_size` of the quantized cells (the tiny models' widths are multiples of 32)."""
+QUANT_GROUP_SIZE = 16
+"""`quantization_group_size` of the quantized cells: the tiny models' widths, halved by tensor parallelism, are
+multiples of 16."""
 MAX_MODEL_LEN = 160
 
 

@@ -140,6 +140,8 @@ def run_cell(cell: Cell, model_dir: Path) -> CellResult:
         outcome = _run(cell, model_dir)
     except AssertionError as e:
         outcome = f"FAIL: {e}"
+    except Exception as e:  # neither the reference's tokens nor a refusal: the cell fails, the run goes on
+        outcome = f"FAIL: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return CellResult(outcome, time.perf_counter() - started)
 
 
