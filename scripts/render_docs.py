@@ -75,6 +75,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "long-context-chunks": benchmarks_quant.long_context_chunks,
     "long-context": benchmarks_quant.long_context_summary,
     "option-matrix": testing.option_matrix,
+    "fuzz-http": testing.fuzz_http,
 }
 """Region name -> the renderer that fills it (tests/docs checks that each has exactly one region)."""
 

@@ -33,6 +33,11 @@ def check_parallel_sizes(args: ModelArgs, size: int, expert_parallel: bool) -> N
     that split all of them."""
     if expert_parallel and not args.is_moe:
         raise ValueError("enable_expert_parallel: the model has no experts; drop --enable-expert-parallel")
+    if size > 1 and "gemma" in args.extra:  # its layers have no `shard_`: each rank would keep them whole
+        raise ValueError(
+            f"tensor_parallel_size: {size} ranks cannot split diffusion_gemma yet (its attention and experts have "
+            "no tensor-parallel packing); use 1"
+        )
     dims = _parallel_dims(args, expert_parallel)
     for name, value, replicable in dims:
         if not _splits(value, size, replicable):
