@@ -51,6 +51,9 @@ class Family:
     """LLM options every cell of the family runs with."""
     preemption_pages: int = 10
     """A page budget (pages of 4 tokens) under which the matrix's requests preempt one another."""
+    prefix_survives_preemption: bool = True
+    """Whether that budget still keeps a finished request's prefix for the next run (DiffusionGemma's window
+    group needs so many pages that, at a budget that preempts, cached prefixes are evicted before reuse)."""
 
 
 def _sdar(moe: bool) -> Callable[[Path], Path]:
@@ -93,7 +96,14 @@ FAMILIES = {
         Family("llada2", _llada2, "recompute", (("block_length", 4),)),
         Family("clover_moe", _clover(True), "clover"),
         Family("clover_moe_ar", _clover(False), "clover_ar"),
-        Family("diffusion_gemma", _diffusion_gemma, "transformers", (("dtype", "float32"),), preemption_pages=7),
+        Family(
+            "diffusion_gemma",
+            _diffusion_gemma,
+            "transformers",
+            (("dtype", "float32"),),
+            preemption_pages=7,
+            prefix_survives_preemption=False,
+        ),
     ]
 }
 
