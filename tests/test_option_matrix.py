@@ -1,11 +1,14 @@
 """The family x option matrix (diffuserve/testing/option_matrix.py): each cell gives the family's independent
 reference tokens under its option(s), or is refused before any step with one line naming the option; no cell
-fails inside a step. The fast cells run here; the slow ones (worker processes, compilation) are marked and run by
-scripts/option_matrix.py, which writes the table into docs/testing.md."""
+fails inside a step. The fast cells run here; the others (worker processes, compilation, the pairs of the families
+besides sdar_moe and clover_moe) are marked slow and skipped unless DIFFUSERVE_FULL_MATRIX=1: scripts/
+option_matrix.py runs them all and its run fills the table in docs/testing.md, which the last test checks."""
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,8 @@ CELLS = cells()
 
 
 @pytest.fixture(scope="module")
-def family_dirs(tmp_path_factory) -> dict[str, Path]:
+def family_dirs(tmp_path_factory) -> Callable[[str], Path]:
+    """family -> its checkpoint directory, written on first use (a run of some cells writes only theirs)."""
     root = tmp_path_factory.mktemp("matrix")
     written: dict[str, Path] = {}
 
@@ -26,11 +30,17 @@ def family_dirs(tmp_path_factory) -> dict[str, Path]:
             written[family] = FAMILIES[family].write(root / family)
         return written[family]
 
-    return get  # type: ignore[return-value]
+    return get
+
+
+FULL = os.environ.get("DIFFUSERVE_FULL_MATRIX") == "1"
+"""Run every cell here too (the script's cells: worker processes, compilation, the other families' pairs)."""
 
 
 def _marks(cell: Cell) -> list:
-    marks = [pytest.mark.slow] if cell.slow else []
+    marks = []
+    if cell.slow:
+        marks += [pytest.mark.slow, pytest.mark.skipif(not FULL, reason="scripts/option_matrix.py runs it")]
     if cell.family == "diffusion_gemma":
         marks.append(pytest.mark.hf)
     return marks

@@ -101,7 +101,8 @@ PAIRS = [
     ("logprobs", "chunked prefill"),
     ("prefix hit", "preemption"),
 ]
-TRIPLES = [("int8", "expert offload", "ep2")]
+TRIPLES = [("int8", "expert offload", "ep2"), ("kv fp8", "prefix hit", "preemption")]
+"""Expert offload with quantized experts under expert parallelism; prefix caching with fp8 K/V under preemption."""
 CI_FAMILIES = ("sdar_moe", "clover_moe")
 """The families whose pairs and backend cells run in CI: an attention-only MoE and the hybrid."""
 """Expert offload with quantized experts under expert parallelism (the issue's own example)."""
