@@ -1,5 +1,6 @@
 """Typed errors for bad requests, raised by `LLMEngine.add_request` (the single authority for context length,
-token-id range and stop-token checks) and by `SamplingParams` validation.
+token-id range and stop-token checks) and by `SamplingParams` validation; and `GenerationFailed`, what the
+offline API raises when requests failed inside the engine.
 
 Each carries the field it is about (`param`) and an OpenAI-style error `code`, so that the server maps it to an
 HTTP 400 without parsing messages. Every class is a `ValueError`, so offline callers keep catching ValueError.
@@ -7,6 +8,11 @@ Messages name the field, the value, the limit and the fix. No torch.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from diffuserve.core.outputs import RequestOutput
 
 
 class RequestError(ValueError):
@@ -42,3 +48,16 @@ class UnsupportedParameter(RequestError):
     """A field this model or engine configuration cannot honour (e.g. prompt_logprobs on a hybrid model)."""
 
     code = "unsupported_parameter"
+
+
+class GenerationFailed(RuntimeError):
+    """Requests of one `LLM.generate` / `LLM.chat` call that failed inside the engine (an exception in a step they
+    were in, a grammar that failed): raised once every request of the call has finished. `failures` maps each
+    failed request id to its cause; `outputs` holds every output of the call in prompt order (the failed ones
+    with finish_reason "error" and their `error`), so the requests that succeeded are not lost."""
+
+    def __init__(self, failures: dict[str, str], outputs: list[RequestOutput]) -> None:
+        (first, cause), *rest = failures.items()
+        more = f"; {len(rest)} more failed ({', '.join(r for r, _ in rest[:5])})" if rest else ""
+        super().__init__(f"request {first} failed inside the engine: {cause}{more}")
+        self.failures, self.outputs = failures, outputs

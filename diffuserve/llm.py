@@ -1,11 +1,23 @@
 """LLM: the offline API (vLLM's shape). `LLM(model, **engine options).generate(prompts, params)` runs every
 prompt through one engine concurrently and returns the outputs in prompt order, with a progress bar (vLLM's
 `use_tqdm`: by default only when stderr is an interactive terminal). `model` is a directory or a Hugging Face
-Hub id (`diffuserve.model.hub`)."""
+Hub id (`diffuserve.model.hub`).
+
+A request that fails inside the engine (an exception in a step, a grammar that failed) is an error the caller
+sees: once every request of the call has finished, `generate` / `chat` raise `GenerationFailed`, which names the
+request and the cause and carries every output of the call (vLLM raises too, though its engine dies with the
+step; here the engine goes on serving, so the other requests' outputs are kept on the exception).
+
+Its life: `shutdown()` (or leaving `with LLM(...) as llm:`, or the object being garbage collected) stops the
+worker processes of a parallel engine, destroys the process group, unpins the host memory it pinned and drops
+the model and its caches, so that another `LLM`, with another parallel layout, can start in the same process."""
 
 from __future__ import annotations
 
+import gc
+import sys
 from collections.abc import Sequence
+from types import TracebackType
 from typing import Any, cast, overload
 
 from tqdm.auto import tqdm
@@ -13,6 +25,7 @@ from tqdm.auto import tqdm
 from diffuserve.config import EngineConfig
 from diffuserve.core.outputs import RequestOutput
 from diffuserve.engine.llm_engine import LLMEngine
+from diffuserve.errors import GenerationFailed
 from diffuserve.model.hub import resolve_model
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.text.chat_template import chat_token_ids
@@ -34,8 +47,38 @@ class LLM:
         return llm
 
     def _attach(self, engine: LLMEngine) -> None:
-        self.engine = engine
+        self._engine: LLMEngine | None = engine
         self._counter = 0
+
+    @property
+    def engine(self) -> LLMEngine:
+        if self._engine is None:
+            raise RuntimeError("LLM: this LLM was shut down; create a new one")
+        return self._engine
+
+    def shutdown(self) -> None:
+        """Stops the worker processes and destroys the process group of a parallel engine, unpins its host memory
+        and drops the model and its caches (idempotent; any later call raises)."""
+        engine, self._engine = getattr(self, "_engine", None), None
+        if engine is None:
+            return
+        engine.shutdown()
+        del engine
+        gc.collect()  # the model and its caches hold reference cycles (modules); free their memory now
+        _release_cuda_cache()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        engine = getattr(self, "_engine", None)
+        if engine is not None:  # garbage collected without shutdown(): stop the workers, free the group
+            engine.shutdown()
 
     def generate(
         self,
@@ -65,7 +108,7 @@ class LLM:
         return self._run(ids, use_tqdm)
 
     def _run(self, ids: list[str], use_tqdm: bool | None) -> list[RequestOutput]:
-        """Steps until every request in `ids` finished."""
+        """Steps until every request in `ids` finished; raises GenerationFailed if any failed in the engine."""
         finished: dict[str, RequestOutput] = {}
         # disable=None is tqdm's own "only on a terminal" (vLLM's use_tqdm, when not given)
         disable = None if use_tqdm is None else not use_tqdm
@@ -75,7 +118,13 @@ class LLM:
                     if out.finished:
                         finished[out.request_id] = out
                         bar.update(1)
-        return [finished[i] for i in ids]
+        outputs = [finished[i] for i in ids]
+        failures = {
+            o.request_id: c.error or "unknown error" for o in outputs for c in o.outputs if c.finish_reason == "error"
+        }
+        if failures:
+            raise GenerationFailed(failures, outputs)
+        return outputs
 
     @overload
     def chat(
@@ -144,3 +193,11 @@ def _unwrap(prompt: PromptType) -> str | list[int]:
             return prompt["prompt"]
         raise ValueError("prompt: a dict prompt needs `prompt` or `prompt_token_ids`")
     return prompt
+
+
+def _release_cuda_cache() -> None:
+    """Hands the CUDA caching allocator's free blocks back to the driver, if this process used CUDA (without
+    importing torch or starting CUDA to find out)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

@@ -1,5 +1,5 @@
-"""Writes the result tables of docs/benchmarks.md, docs/moe.md, docs/default-model.md and docs/server.md from
-docs/results/.
+"""Writes the result tables of docs/benchmarks.md, docs/moe.md, docs/default-model.md, docs/server.md and
+docs/testing.md from docs/results/.
 
 Each file in docs/results/ is one run: {"command": the command line, "result": the final JSON line it printed,
 "provenance": only where the line was not kept and was transcribed from older docs}. A doc marks each generated
@@ -26,12 +26,20 @@ from typing import Any
 # The renderers live beside this script (scripts/doc_tables), not in the package: importable from the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.doc_tables import benchmarks_batch1, benchmarks_compare, benchmarks_quant, benchmarks_serving, models, moe
+from scripts.doc_tables import (
+    benchmarks_batch1,
+    benchmarks_compare,
+    benchmarks_quant,
+    benchmarks_serving,
+    models,
+    moe,
+    testing,
+)
 from scripts.doc_tables.cells import Load
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-DOCS = ("benchmarks.md", "moe.md", "default-model.md", "server.md")
+DOCS = ("benchmarks.md", "moe.md", "default-model.md", "server.md", "testing.md")
 REGION = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
 
 
@@ -66,6 +74,8 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "quant-kl": benchmarks_quant.quant_kl,
     "long-context-chunks": benchmarks_quant.long_context_chunks,
     "long-context": benchmarks_quant.long_context_summary,
+    "option-matrix": testing.option_matrix,
+    "fuzz-http": testing.fuzz_http,
 }
 """Region name -> the renderer that fills it (tests/docs checks that each has exactly one region)."""
 

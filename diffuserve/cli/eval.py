@@ -26,6 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-only", action="store_true", help="score only the model's default decoding")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--dtype", default="auto", help="auto (the checkpoint's), float32, bfloat16 or float16")
+    parser.add_argument(
+        "--block-expert-coreset",
+        type=int,
+        default=None,
+        metavar="C",
+        help="route each block to a coreset of C experts while it is denoised (default: the model's; 0 off)",
+    )
     add_quantization_arguments(parser)
 
 
@@ -47,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"num_per_task: got {args.num_per_task}, must be >= 1")
     thresholds = _parse_thresholds(args.thresholds)
     quantization = {k: v for k, v in vars(args).items() if k in QUANTIZATION_FIELDS}
-    llm = LLM(resolve_model(args.model), dtype=args.dtype, **quantization)
+    llm = LLM(
+        resolve_model(args.model), dtype=args.dtype, block_expert_coreset=args.block_expert_coreset, **quantization
+    )
     sweep = decoding_sweep(thresholds, llm.engine.args.block_length)
     if args.default_only:
         sweep = sweep[:1]
@@ -60,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
                 "model": llm.engine.config.model,
                 "dtype": llm.engine.config.dtype,
                 "quantization": llm.engine.config.quantization,
+                "block_expert_coreset": llm.engine.config.block_expert_coreset,
                 "num_examples": len(examples),
                 "defaults": llm.engine.generation_defaults,
                 "results": [r.summary() for r in results],

@@ -1,4 +1,8 @@
-"""`diffuserve generate`: complete prompts offline (no server) and print the answers with NFE and TPF."""
+"""`diffuserve generate`: complete prompts offline (no server) and print the answers with NFE and TPF.
+
+A model with a chat template gets each prompt as a user turn of it (as `--chat`) unless the prompt already holds
+one of the tokenizer's special tokens (it is templated by hand) or `--no-chat` is given: a chat-tuned model fed
+the bare text often answers nothing (the bundled model knows only its chat format)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from diffuserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from diffuserve.llm import LLM
+    from diffuserve.text.tokenizer import Tokenizer
 
 SAMPLING_SKIP = ("n", "seed")  # one completion each; seeding is the engine's --seed
 
@@ -28,7 +33,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt text ('-' reads one from stdin)")
-    parser.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn of the chat template")
+    parser.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="wrap each prompt as a user turn of the chat template (default: when the model has one and the "
+        "prompt holds none of its special tokens); --no-chat sends the text as it is",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     add_model_arguments(parser)
     add_config_arguments(parser, SamplingParams, skip=SAMPLING_SKIP)
@@ -50,8 +61,10 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_params_from_args(args)
     prompts = [sys.stdin.read() if p == "-" else p for p in args.prompts]
     llm = build_llm(args)
-    if args.chat:
-        if llm.engine.tokenizer is None:
+    tokenizer = llm.engine.tokenizer
+    chat = args.chat if args.chat is not None else tokenizer is not None and _untemplated(tokenizer, prompts)
+    if chat:
+        if tokenizer is None:
             raise ValueError("--chat: this model directory has no tokenizer")
         outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
     else:
@@ -79,3 +92,11 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     return 0
+
+
+def _untemplated(tokenizer: Tokenizer, prompts: list[str]) -> bool:
+    """The model has a chat template and no prompt spells one of its special tokens (a hand-templated prompt)."""
+    if not tokenizer.has_chat_template:
+        return False
+    specials = {tokenizer.decode([i], skip_special_tokens=False) for i in tokenizer.special_ids}
+    return not any(s and s in p for s in specials for p in prompts)

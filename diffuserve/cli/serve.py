@@ -114,8 +114,11 @@ def _serve(args: argparse.Namespace, config: ServerConfig, sock: socket.socket |
         )
     )
     # uvicorn re-raises the Ctrl-C it handled once it has shut down; uvicorn.run swallows it too.
-    with contextlib.suppress(KeyboardInterrupt):
-        server.run(sockets=[sock])
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run(sockets=[sock])
+    finally:
+        engine.shutdown()  # the worker ranks and the process group go with the server
     if server.engine_died:
         logger.error("exiting with code 1: the engine is not running: %s", bridge.dead_reason)
         return 1

@@ -73,6 +73,12 @@ class DecoderRegistry:
                 f"{params.decoder} fills mask tokens, and this model's blocks are renoise canvases (random tokens, no "
                 "mask token); use renoise or leave it unset",
             )
+        if params.is_editing and self.rules.autoregressive:
+            raise UnsupportedParameter(
+                "decoder",
+                "edit rewrites decided tokens of a block, and this model decodes autoregressively (a checkpoint "
+                "without block-diffusion tensors: one final token per forward); use threshold, fixed or entropy",
+            )
         if params.is_renoise and not self.rules.renoise_canvas:
             raise UnsupportedParameter(
                 "decoder",

@@ -58,7 +58,7 @@ class ParallelRuntime:
         """Why a local worker failed: the first error one reported (its traceback), else the first one that
         exited, else None. Reads the workers' pipes (waits up to EXIT_GRACE_S per live worker)."""
         for rank, conn in enumerate(self.connections, start=1):
-            while self._error is None and (message := _receive(conn, 0)) is not None:
+            while not conn.closed and self._error is None and (message := _receive(conn, 0)) is not None:
                 self._record(rank, message)
         if self._error is not None:
             return self._error
@@ -78,10 +78,11 @@ class ParallelRuntime:
             self._error = f"worker rank {rank} failed:\n{message[1]}"
 
     def close(self) -> None:
-        """Rank 0: stops the workers (idempotent; also run at interpreter exit)."""
+        """Rank 0: stops the workers and destroys the process group (idempotent; also run at interpreter exit)."""
         if self.closed:
             return
         self.closed = True
+        atexit.unregister(self.close)  # nothing left to do at exit, and the runtime may be freed
         if self.channel is not None and self.group.rank == 0 and all(p.is_alive() for p in self.processes):
             try:
                 self.channel.send(None)
@@ -95,7 +96,10 @@ class ParallelRuntime:
             if process.is_alive():
                 process.kill()
                 process.join()
-        destroy_group()
+        for conn in self.connections:
+            conn.close()
+        if self.group.size > 1:  # a one-process engine made no group: never destroy one its caller made
+            destroy_group()
         if self.rendezvous_dir is not None:
             shutil.rmtree(self.rendezvous_dir, ignore_errors=True)
 

@@ -129,6 +129,10 @@ class LLMEngine:
                 "this engine cannot score prompts (a baseline rebuilding state, sliding-window layers, or renoise "
                 "canvases, which have no masked positions to score); remove it",
             )
+        if params.stop and self.tokenizer is None:
+            raise UnsupportedParameter(
+                "stop", "this model directory has no tokenizer to find stop strings with; use stop_token_ids"
+            )
         vocab = self.args.vocab_size
         bad = [t for t in params.stop_token_ids if t >= vocab]
         if bad:

@@ -61,5 +61,7 @@ class ModelFamily:
     """The family's own dimensions tensor parallelism splits, beyond attention heads and MLP / expert widths."""
     settings: FamilySettings = NO_SETTINGS
     """The config.json keys its parser reads or knows to be irrelevant (every other one is reported at load)."""
+    tensor_parallel: bool = True
+    """Its layers know their tensor-parallel packing (`shard_`); False: refused above one rank."""
     kv_heads_replicable: bool = False
     """Its attention replicates K/V heads when the ranks outnumber them (else they must divide evenly)."""

@@ -52,6 +52,22 @@ def materialize(model: nn.Module, device: torch.device, expert_device: torch.dev
             module.reset_tables(device)
 
 
+_PINNED: set[int] = set()
+"""Host addresses this process page-locked (`pin_host_memory`), until `unpin_host_memory` releases them."""
+
+
+def unpin_host_memory(model: nn.Module) -> None:
+    """Releases the page locks `materialize` took on the model's host-resident experts (at engine shutdown: host
+    memory freed while still registered would stay locked)."""
+    if not _PINNED:
+        return
+    for param in model.parameters():
+        pointer = param.data_ptr()
+        if pointer in _PINNED:
+            torch.cuda.cudart().cudaHostUnregister(pointer)
+            _PINNED.discard(pointer)
+
+
 def pin_host_memory(tensor: torch.Tensor) -> None:
     """Page-locks a host tensor in place (cudaHostRegister), so host -> device copies from it are asynchronous.
     Not `pin_memory=True`: PyTorch's pinned allocator rounds every block up to a power of two, which for a 35B
@@ -59,6 +75,8 @@ def pin_host_memory(tensor: torch.Tensor) -> None:
     nbytes = tensor.numel() * tensor.element_size()
     register = getattr(torch.cuda.cudart(), "cudaHostRegister", None)
     error = int(register(tensor.data_ptr(), nbytes, 0)) if register is not None else -1  # 0 = cudaSuccess
+    if error == 0:
+        _PINNED.add(tensor.data_ptr())
     if error != 0:
         logger.warning(
             "could not pin %d MiB of expert weights (CUDA error %s); copies will be slower", nbytes >> 20, error

@@ -178,7 +178,9 @@ class CacheLayout:
 
     def with_kv_dtype(self, dtype: str) -> CacheLayout:
         """Every attention layer's K/V in `dtype` (`--kv-cache-dtype`); the recurrent state keeps its own dtypes."""
-        return CacheLayout(tuple(replace(s, dtype=dtype) if isinstance(s, PagedKV) else s for s in self.layers))
+        return replace(
+            self, layers=tuple(replace(s, dtype=dtype) if isinstance(s, PagedKV) else s for s in self.layers)
+        )
 
 
 def attention_layout(num_layers: int, num_kv_heads: int, head_dim: int, dtype: str) -> CacheLayout:

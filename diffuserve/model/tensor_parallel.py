@@ -34,7 +34,13 @@ def check_parallel_sizes(args: ModelArgs, size: int, expert_parallel: bool) -> N
     that split all of them."""
     if expert_parallel and not args.is_moe:
         raise ValueError("enable_expert_parallel: the model has no experts; drop --enable-expert-parallel")
-    dims = _parallel_dims(args, family_of(args), expert_parallel)
+    family = family_of(args)
+    if size > 1 and not family.tensor_parallel:  # its layers have no `shard_`: each rank would keep them whole
+        raise ValueError(
+            f"tensor_parallel_size: {size} ranks cannot split {family.name} yet (its layers have no "
+            "tensor-parallel packing); use 1"
+        )
+    dims = _parallel_dims(args, family, expert_parallel)
     for name, value, replicable in dims:
         if not _splits(value, size, replicable):
             largest = max(v for _, v, _ in dims)

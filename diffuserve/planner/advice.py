@@ -83,12 +83,23 @@ def _fewest_devices(
 
 
 def _cheaper_dtypes(deployment: Deployment, workload: Workload, evaluate: Evaluate) -> list[str]:
+    """FP8 weights, FP8 K/V, and, where neither alone fits, both: every way on the same devices."""
     options = []
     float_weights = deployment.weight_dtype in ("fp32", "bf16", "fp16")
-    if float_weights and _fits(replace(deployment, weight_dtype="fp8"), workload, evaluate):
+    fp8_weights = float_weights and _fits(replace(deployment, weight_dtype="fp8"), workload, evaluate)
+    fp8_kv = deployment.kv_dtype != "fp8" and _fits(replace(deployment, kv_dtype="fp8"), workload, evaluate)
+    if fp8_weights:
         options.append("FP8 weights: --weight-dtype fp8")
-    if deployment.kv_dtype != "fp8" and _fits(replace(deployment, kv_dtype="fp8"), workload, evaluate):
+    if fp8_kv:
         options.append("FP8 KV cache: --kv-cache-dtype fp8")
+    both = replace(deployment, weight_dtype="fp8", kv_dtype="fp8")
+    if (
+        float_weights
+        and deployment.kv_dtype != "fp8"
+        and not (fp8_weights or fp8_kv)
+        and _fits(both, workload, evaluate)
+    ):
+        options.append("FP8 weights and KV cache: --weight-dtype fp8 --kv-cache-dtype fp8")
     return options
 
 

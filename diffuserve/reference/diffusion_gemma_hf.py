@@ -5,18 +5,23 @@ its `generate` with every canvas recorded.
 buffer a seeded random value (norm weights, router scales, per-expert scales and the encoder's and decoder's
 layer scalars around 1, each its own, so a swapped or skipped one shows), and saves it with its
 `generation_config.json`. `recorded_generate` runs `model.generate` with its sampler wrapped so that each
-denoising step's input canvas and accepted positions are kept. Needs transformers 5.x (imported lazily); never
-imported by what serves.
+denoising step's input canvas and accepted positions are kept; within `hf_kv_fp8`, its attention sees its K and
+V rounded to e4m3 by plain arithmetic (the fp8 K/V oracle, testing/reference_kv_fp8). Needs transformers 5.x
+(imported lazily); never imported by what serves.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from diffuserve.reference.reference_kv_fp8 import e4m3_round
 
 TINY_TEXT: dict[str, Any] = dict(
     vocab_size=96,
@@ -142,3 +147,26 @@ def recorded_generate(model: Any, prompt: list[int], seed: int, **kwargs: Any) -
     finally:
         del model._prepare_sampler
     return out.sequences, record
+
+
+@contextmanager
+def hf_kv_fp8() -> Iterator[None]:
+    """Within it, every attention layer of transformers' DiffusionGemma attends over K and V rounded to e4m3 (after
+    their norms and rotary, as the engine writes them into an fp8 cache): the oracle of `--kv-cache-dtype fp8`."""
+    from unittest import mock
+
+    from transformers.models.diffusion_gemma import modeling_diffusion_gemma as modeling
+
+    functions = modeling.ALL_ATTENTION_FUNCTIONS
+
+    class Rounded:
+        def get_interface(self, name: str, default: Any) -> Any:
+            attend = functions.get_interface(name, default)
+
+            def rounded(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kw: Any) -> Any:
+                return attend(module, q, e4m3_round(k), e4m3_round(v), *args, **kw)
+
+            return rounded
+
+    with mock.patch.object(modeling, "ALL_ATTENTION_FUNCTIONS", Rounded()):
+        yield

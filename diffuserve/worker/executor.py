@@ -27,6 +27,7 @@ from diffuserve.model.layers.moe.coreset import set_block_coreset
 from diffuserve.model.layers.moe.layer import set_moe_backend
 from diffuserve.model.layers.moe.offload_context import OffloadContext, offload_context
 from diffuserve.model.loader import load_model, read_model_config
+from diffuserve.model.materialize import unpin_host_memory
 from diffuserve.model.registry import cache_layout
 from diffuserve.worker.cache.allocation import (
     CacheRequest,
@@ -253,5 +254,6 @@ class ModelExecutor:
                 self.forward(inputs.to(self.device))
 
     def close(self) -> None:
-        """Rank 0: stops the worker ranks, if any (idempotent)."""
+        """Rank 0: stops the worker ranks, if any, and unpins the host memory of offloaded experts (idempotent)."""
         self.runtime.close()
+        unpin_host_memory(self.model)

@@ -88,7 +88,10 @@ class ExpertOffload:
         """Installs an offloading runner in every MoE layer of `model` (mutates the layers)."""
         blocks = moe_layers(model)
         if not blocks:
-            raise ValueError("expert_offload: the model has no MoE layers; drop --expert-offload")
+            raise ValueError(
+                f"expert_offload: {type(model).__name__} has no MoE layers that offload can hold (the shared "
+                "SparseMoeBlock's routed experts; docs/moe.md lists the families built on it); drop --expert-offload"
+            )
         self.counters = OffloadCounters()
         cost = cost or OffloadCostModel.for_device(device)
         experts = blocks[0].experts

@@ -12,6 +12,7 @@ import pytest
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.engine import engine_setup
+from diffuserve.errors import GenerationFailed
 
 PARAMS = SamplingParams(max_tokens=16, ignore_eos=True, threshold=0.7)
 PROMPTS = [{"prompt_token_ids": [(i * 11 + j * 5) % 250 + 1 for j in range(2 + 6 * i)]} for i in range(3)]
@@ -72,14 +73,17 @@ def test_a_worker_that_fails_to_start_fails_the_engine_start_with_its_error(tiny
 def test_a_worker_that_fails_mid_run_fails_the_step_with_its_error(tiny_model_dir, monkeypatch, target, message):
     llm = _parallel_llm(tiny_model_dir, monkeypatch, target)
     try:
-        outputs = llm.generate(PROMPTS, PARAMS)
+        with pytest.raises(GenerationFailed) as failed:
+            llm.generate(PROMPTS, PARAMS)
+        outputs = failed.value.outputs
         errors = [o.outputs[0].error for o in outputs]
         assert all(e is not None for e in errors), errors  # all in flight at the third step
         assert all(o.outputs[0].finish_reason == "error" for o in outputs)
         assert re.search(message, errors[0]), errors[0]
         started = time.monotonic()
-        later = llm.generate(PROMPTS[:1], PARAMS)[0].outputs[0]  # no collective is tried again: fails at once
-        assert "stopped after a failed step" in later.error and time.monotonic() - started < 5
+        with pytest.raises(GenerationFailed) as again:  # no collective is tried again: fails at once
+            llm.generate(PROMPTS[:1], PARAMS)
+        assert "stopped after a failed step" in str(again.value) and time.monotonic() - started < 5
     finally:
         llm.engine.shutdown()
     workers = llm.engine.runner.executor.runtime.processes

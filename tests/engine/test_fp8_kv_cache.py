@@ -3,7 +3,8 @@
 The oracle is the dense reference attention with its K and V rounded by plain arithmetic
 (testing/reference_kv_fp8.py: no fp8 dtype, no cast): the engine decodes what it decodes, token for token, on an
 attention family (chunked prefill included) and on Clover's block diffusion; the rounding itself equals the plain
-rule on every e4m3 value, every tie between two of them and beyond the range. The bytes: the engine's K/V per
+rule on every e4m3 value, every tie between two of them and beyond the range; DiffusionGemma's canvases match
+transformers' generate with its attention's K/V rounded the same way. The bytes: the engine's K/V per
 token at fp8 are the planner's `--kv-cache-dtype fp8` figure and half the bf16 ones; the GDN state keeps fp32.
 """
 
@@ -92,6 +93,29 @@ def test_fp8_kv_clover_block_diffusion_matches_the_rounded_reference_decoder(tmp
     with fp8_kv_reference():
         expected = [reference_block_decode(model, p, settings) for p in prompts]
     assert got == expected
+
+
+def test_fp8_kv_diffusion_gemma_matches_transformers_with_rounded_kv(tmp_path):
+    """DiffusionGemma's renoise canvases over fp8 pages == transformers' generate whose attention sees e4m3-rounded
+    K/V, draw for draw; and not the unrounded run (the canvas state survives the layout's fp8 transform)."""
+    pytest.importorskip("transformers")
+    from diffuserve.reference.diffusion_gemma_hf import (
+        FAST,
+        FAST_CANVAS,
+        hf_kv_fp8,
+        load_hf_model,
+        recorded_generate,
+        write_hf_checkpoint,
+    )
+
+    model_dir = write_hf_checkpoint(tmp_path / "dg", None, FAST_CANVAS, seed=3, feedback=0.1, generation=FAST)
+    hf, prompt = load_hf_model(model_dir), list(range(10, 19))
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=160, page_size=4, kv_cache_dtype="fp8")
+    got = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=16, seed=12))[0].outputs[0].token_ids
+    with hf_kv_fp8():
+        rounded = recorded_generate(hf, prompt, 12, max_new_tokens=16)[0][0, len(prompt) :].tolist()
+    unrounded = recorded_generate(hf, prompt, 12, max_new_tokens=16)[0][0, len(prompt) :].tolist()
+    assert got == rounded != unrounded
 
 
 def _planned(capsys, model_dir: str, kv_dtype: str) -> dict:

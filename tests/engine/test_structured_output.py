@@ -13,7 +13,7 @@ import pytest
 from diffuserve import LLM, SamplingParams
 from diffuserve.decoding import grammar_walk as grammar_decoding
 from diffuserve.decoding.grammar_state import GrammarState
-from diffuserve.errors import RequestError
+from diffuserve.errors import GenerationFailed, RequestError
 from diffuserve.structured_outputs import StructuredOutputsParams
 from diffuserve.text.tool_format import call_grammar, parse_calls
 
@@ -197,10 +197,12 @@ def test_a_failing_grammar_fails_its_request_only(tiny_model_dir, monkeypatch):
 
     monkeypatch.setattr(GrammarState, "allowed", fail)
     spec = StructuredOutputsParams(regex="[a-z]+")
-    outs = llm.generate(
-        [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9, 8, 7]}],
-        [SamplingParams(max_tokens=8, structured_outputs=spec), free],
-    )
+    with pytest.raises(GenerationFailed, match="parser too complex") as failed:
+        llm.generate(
+            [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9, 8, 7]}],
+            [SamplingParams(max_tokens=8, structured_outputs=spec), free],
+        )
+    outs = failed.value.outputs
     assert outs[0].outputs[0].finish_reason == "error" and "parser too complex" in outs[0].outputs[0].error
     assert outs[1].outputs[0].token_ids == expected
 

@@ -4,11 +4,13 @@ all three (they agree by construction, not by three copies compared)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from diffuserve.bench.flops import model_cost
 from diffuserve.model.families.clover_moe.config import cache_layout, clover_moe_args_from_hf
-from diffuserve.model.shapes import CacheLayout, PagedKV, RecurrentState, SlidingWindowKV, attention_layout
+from diffuserve.model.shapes import CacheLayout, CanvasState, PagedKV, RecurrentState, SlidingWindowKV, attention_layout
 from diffuserve.planner.inputs import Deployment
 from diffuserve.planner.memory import kv_bytes_per_sequence, kv_bytes_per_token
 from diffuserve.planner.model_spec import spec_from_config
@@ -44,6 +46,20 @@ def test_layout_groups_and_indices():
     assert layout.kv_bytes_per_token() == 2 * layout.paged("kv")[0].bytes_per_token()
     assert layout.state_bytes_per_sequence() == 6 * layout.recurrent[0].bytes_per_sequence()
     assert attention_layout(3, 4, 8, "bf16") == CacheLayout((PagedKV(4, 8, "bf16"),) * 3)
+
+
+def test_every_layout_transform_keeps_every_other_field():
+    """Each `with_*` transform changes what it names and keeps every other field of the layout (a transform that
+    rebuilt the layout from `layers` alone dropped DiffusionGemma's canvas under `--kv-cache-dtype fp8`)."""
+    layout = CacheLayout((GDN, PagedKV(2, 8, "bf16"), SlidingWindowKV(2, 8, "bf16", window=16)), CanvasState(8, 4))
+    assert all(f.name == "layers" or getattr(layout, f.name) is not None for f in dataclasses.fields(layout))
+    transforms = {name: getattr(layout, name) for name in dir(CacheLayout) if name.startswith("with_")}
+    assert set(transforms) == {"with_kv_dtype"}, "a new transform: give it an argument below"
+    changed = transforms["with_kv_dtype"]("fp8")
+    assert [getattr(s, "dtype", None) for s in changed.layers] == [None, "fp8", "fp8"]
+    for field in dataclasses.fields(layout):
+        if field.name != "layers":
+            assert getattr(changed, field.name) == getattr(layout, field.name), field.name
 
 
 def test_engine_planner_and_bench_share_one_function(monkeypatch):

@@ -93,3 +93,16 @@ def test_two_gpus_split_kv_heads_and_state():
     tp2 = Deployment(num_gpus=2, tensor_parallel_size=2)
     assert kv_bytes_per_token(tp2, spec.attention[0]) == KV_PER_TOKEN / 2
     assert state_bytes_per_sequence(spec, tp2) == STATE_PER_SEQUENCE / 2
+
+
+def test_one_l40s_lists_every_way_that_fits(capsys):
+    """bf16 Clover (64.6 GiB) on one L40S (40.5 GiB usable): two GPUs, or FP8 weights with FP8 K/V on the one
+    (FP8 weights alone leave too little for a 128K sequence's bf16 K/V); and the suggested command does fit."""
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    with pytest.raises(ValueError) as error:
+        cli.run(parser.parse_args(["Clover-35B-A3B", "--hardware", "L40S"]))
+    message = str(error.value)
+    assert "--num-gpus 2 --tensor-parallel-size 2" in message
+    assert "FP8 weights and KV cache: --weight-dtype fp8 --kv-cache-dtype fp8" in message
+    assert _run(capsys, "Clover-35B-A3B", "--hardware", "L40S", "--weight-dtype", "fp8", "--kv-cache-dtype", "fp8")

@@ -22,5 +22,6 @@ FAMILY = ModelFamily(
     diffusion_gemma_checkpoint_tensors,
     cache_layout=cache_layout,
     generation_defaults=generation_defaults,
+    tensor_parallel=False,  # its attention and experts have no tensor-parallel packing yet
     settings=SETTINGS,
 )
