@@ -28,6 +28,7 @@ from pathlib import Path
 from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
 from diffuserve.hub import add_hub_arguments, resolve_model
 from diffuserve.server.config import ServerConfig
+from diffuserve.server.replicas import add_replica_arguments, is_replicated, run_replicated
 
 API_KEY_ENV = "DIFFUSERVE_API_KEY"
 DEAD_ENGINE_EXIT_S = 3.0
@@ -47,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_hub_arguments(parser)
     add_config_arguments(parser, ServerConfig)
     add_config_arguments(parser, EngineConfig, skip=("model",))
+    add_replica_arguments(parser)
 
 
 def server_config_from_args(args: argparse.Namespace, model_arg: str | None, model_dir: str) -> ServerConfig:
@@ -58,6 +60,9 @@ def server_config_from_args(args: argparse.Namespace, model_arg: str | None, mod
 
 def run(args: argparse.Namespace) -> int:
     from diffuserve.distributed.group import launched_by_torchrun
+
+    if is_replicated(args):
+        return run_replicated(args)
 
     is_worker = launched_by_torchrun() and os.environ["RANK"] != "0"
     config = server_config_from_args(args, args.model, args.model or "default-model")
