@@ -249,6 +249,15 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--output-tokens", type=positive_int, default=64, help="max_tokens, EOS ignored (default: 64)")
     parser.add_argument(
+        "--shared-prefix-words",
+        type=int,
+        default=0,
+        help="put each prompt behind one of --prefix-groups shared prefixes of this many words (default: 0, none)",
+    )
+    parser.add_argument(
+        "--prefix-groups", type=positive_int, default=8, help="distinct shared prefixes, prompt i gets i %% G (default: 8)"
+    )
+    parser.add_argument(
         "--concurrency",
         type=positive_int,
         nargs="*",
