@@ -255,7 +255,10 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
         help="put each prompt behind one of --prefix-groups shared prefixes of this many words (default: 0, none)",
     )
     parser.add_argument(
-        "--prefix-groups", type=positive_int, default=8, help="distinct shared prefixes, prompt i gets i %% G (default: 8)"
+        "--prefix-groups",
+        type=positive_int,
+        default=8,
+        help="distinct shared prefixes: prompt i gets prefix i %% G (default: 8)",
     )
     parser.add_argument(
         "--concurrency",
