@@ -1,9 +1,9 @@
 """`diffuserve bench serve` through a gateway at 1, 2 and 3 replicas of the bundled model, per routing policy, and
 once straight to one server (the gateway's overhead is the difference). Each point is its own deployment
 (`diffuserve serve --replicas N --gateway G --gateway-policy P --port 0`, stopped with SIGTERM after the load),
-so no point starts with another one's prefix cache. The workload puts every prompt behind one of 8 shared
-prefixes (`--shared-prefix-words`), and the prefix hit rate is the servers' own count
-(usage.prompt_tokens_details.cached_tokens / prompt tokens). Prints one JSON line at the end, the results file
+so no point starts with another one's prefix cache. The workload is 8 conversations of 6 turns (each turn resends
+the conversation's opening and earlier turns: `--shared-prefix-words`, `--prefix-groups`), and the prefix hit rate
+is the servers' own count (usage.prompt_tokens_details.cached_tokens / prompt tokens). Prints one JSON line at the end, the results file
 of docs/benchmarks.md "Behind a gateway" (scripts/render_docs.py --record gateway).
 
     OMP_NUM_THREADS=1 python scripts/bench_gateway.py > /tmp/gateway.out
@@ -81,7 +81,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-prompts", type=int, default=48)
     parser.add_argument("--prompt-words", type=int, default=16)
-    parser.add_argument("--shared-prefix-words", type=int, default=64)
+    parser.add_argument("--shared-prefix-words", type=int, default=32)
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-num-seqs", type=int, default=16)

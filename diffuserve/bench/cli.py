@@ -252,13 +252,14 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
         "--shared-prefix-words",
         type=int,
         default=0,
-        help="put each prompt behind one of --prefix-groups shared prefixes of this many words (default: 0, none)",
+        help="send the prompts as --prefix-groups conversations that open with this many shared words and resend "
+        "their earlier turns (default: 0: independent prompts)",
     )
     parser.add_argument(
         "--prefix-groups",
         type=positive_int,
         default=8,
-        help="distinct shared prefixes: prompt i gets prefix i %% G (default: 8)",
+        help="conversations: prompt i is turn i // G of conversation i %% G (default: 8)",
     )
     parser.add_argument(
         "--concurrency",

@@ -102,13 +102,20 @@ def text_prompts(count: int, num_words: int, seed: int) -> list[str]:
     return [" ".join(random.Random(f"{seed}:{i}").choices(WORDS, k=num_words)) for i in range(count)]
 
 
-def with_shared_prefixes(prompts: list[str], prefix_words: int, groups: int, seed: int) -> list[str]:
-    """Prompt i behind the shared prefix of group i % `groups` (`prefix_words` words), for prefix-cache hits and
-    prefix-affinity routing; the prompts unchanged when `prefix_words` is 0."""
+def as_conversations(prompts: list[str], prefix_words: int, groups: int, seed: int) -> list[str]:
+    """The prompts as `groups` conversations: prompt i is turn i // groups of conversation i % groups, sent after
+    that conversation's shared opening (`prefix_words` words) and all its earlier turns, as a chat client resends
+    the history. Each turn's prompt extends the previous one, so a server whose prefix cache restores state only at
+    a cached prompt's end (a hybrid model's state snapshot) hits too. The prompts unchanged when `prefix_words` is 0.
+    """
     if prefix_words == 0:
         return prompts
-    prefixes = [" ".join(random.Random(f"{seed}:prefix:{g}").choices(WORDS, k=prefix_words)) for g in range(groups)]
-    return [f"{prefixes[i % groups]} {prompt}" for i, prompt in enumerate(prompts)]
+    history = [" ".join(random.Random(f"{seed}:prefix:{g}").choices(WORDS, k=prefix_words)) for g in range(groups)]
+    result = []
+    for i, prompt in enumerate(prompts):
+        history[i % groups] = f"{history[i % groups]} {prompt}"
+        result.append(history[i % groups])
+    return result
 
 
 def arrival_offsets(count: int, rate: float, fixed: bool, seed: int) -> list[float]:
@@ -229,7 +236,7 @@ async def _sweep(ns: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
         model = ns.model or await _first_model(http)
         client = Client(http, ns, model)
         prompts = text_prompts(ns.num_prompts, ns.prompt_words, ns.seed)
-        prompts = with_shared_prefixes(prompts, ns.shared_prefix_words, ns.prefix_groups, ns.seed)
+        prompts = as_conversations(prompts, ns.shared_prefix_words, ns.prefix_groups, ns.seed)
         warm = await client.send(text_prompts(1, ns.prompt_words, ns.seed + 1)[0])
         if warm.error:
             raise ValueError(f"base_url: the warm-up request to {ns.base_url}{ns.endpoint} failed: {warm.error}")
