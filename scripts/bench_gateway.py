@@ -3,8 +3,8 @@ once straight to one server (the gateway's overhead is the difference). Each poi
 (`diffuserve serve --replicas N --gateway G --gateway-policy P --port 0`, stopped with SIGTERM after the load),
 so no point starts with another one's prefix cache. The workload is 8 conversations of 6 turns (each turn resends
 the conversation's opening and earlier turns: `--shared-prefix-words`, `--prefix-groups`), and the prefix hit rate
-is the servers' own count (usage.prompt_tokens_details.cached_tokens / prompt tokens). Prints one JSON line at the end, the results file
-of docs/benchmarks.md "Behind a gateway" (scripts/render_docs.py --record gateway).
+is the servers' own count (usage.prompt_tokens_details.cached_tokens / prompt tokens). Prints one JSON line at
+the end, the results file of docs/benchmarks.md "Behind a gateway" (scripts/render_docs.py --record gateway).
 
     OMP_NUM_THREADS=1 python scripts/bench_gateway.py > /tmp/gateway.out
 """
