@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from diffuserve.cli import main
+from diffuserve.cli import build_parser, main
 from diffuserve.planner import cli
 
 FIXTURE = Path(__file__).parent / "data" / "bench_sdar_moe_cpu.txt"
@@ -149,3 +149,13 @@ def test_chart_is_a_png(capsys, tmp_path):
 def test_non_positive_flags_are_rejected_not_defaulted(capsys, flags, message):
     assert main(["plan", "LLaDA2.0-mini", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_replicas_come_with_the_command_that_deploys_them(capsys):
+    out = _run(capsys, "Clover-35B-A3B", "--hardware", "H100", "--num-gpus", "4", "-tp", "2")
+    line = next(line for line in out.splitlines() if line.startswith("Replicas"))
+    assert line.startswith("Replicas    2 servers of 2 GPU(s)")
+    command = line[line.index("diffuserve serve") : line.index(" (one machine")].split()[1:]
+    args = build_parser("serve").parse_args(command)  # the CLI takes it as printed
+    assert (args.replicas, args.tensor_parallel_size, args.gateway) == (2, 2, "smg")
+    assert "Replicas" not in _run(capsys, "Clover-35B-A3B", "--hardware", "H100", "--num-gpus", "2", "-tp", "2")
