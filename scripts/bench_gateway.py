@@ -1,7 +1,7 @@
 """`diffuserve bench serve` through a gateway at 1, 2 and 3 replicas of the bundled model, per routing policy, and
 once straight to one server (the gateway's overhead is the difference). Each point is its own deployment
 (`diffuserve serve --replicas N --gateway G --gateway-policy P --port 0`, stopped with SIGTERM after the load),
-so no point starts with another one's prefix cache. The workload is 8 conversations of 6 turns (each turn resends
+so no point starts with another one's prefix cache. The workload is 7 conversations of about 7 turns (each turn resends
 the conversation's opening and earlier turns: `--shared-prefix-words`, `--prefix-groups`), and the prefix hit rate
 is the servers' own count (usage.prompt_tokens_details.cached_tokens / prompt tokens). Prints one JSON line at
 the end, the results file of docs/benchmarks.md "Behind a gateway" (scripts/render_docs.py --record gateway).
@@ -70,7 +70,14 @@ def bench(url: str, ns: argparse.Namespace) -> dict[str, Any]:
             *(sys.executable, "-m", "diffuserve", "bench", "serve", "--base-url", url),
             *("--endpoint", "/v1/completions", "--num-prompts", str(ns.num_prompts)),
             *("--prompt-words", str(ns.prompt_words), "--shared-prefix-words", str(ns.shared_prefix_words)),
-            *("--prefix-groups", "8", "--output-tokens", str(ns.output_tokens), "--concurrency", str(ns.concurrency)),
+            *(
+                "--prefix-groups",
+                str(ns.prefix_groups),
+                "--output-tokens",
+                str(ns.output_tokens),
+                "--concurrency",
+                str(ns.concurrency),
+            ),
             *("--json-out", out.name),
         ]
         subprocess.run(command, check=False, stdout=subprocess.DEVNULL)
@@ -82,6 +89,13 @@ def main() -> int:
     parser.add_argument("--num-prompts", type=int, default=48)
     parser.add_argument("--prompt-words", type=int, default=16)
     parser.add_argument("--shared-prefix-words", type=int, default=32)
+    parser.add_argument(
+        "--prefix-groups",
+        type=int,
+        default=7,
+        help="conversations; prime, so that round robin over 2 or 3 "
+        "replicas moves each conversation (with 8 over 2 replicas, conversation c would always land on c %% 2)",
+    )
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-num-seqs", type=int, default=16)
