@@ -3,7 +3,8 @@ once straight to one server (the gateway's overhead is the difference). Each poi
 (`diffuserve serve --replicas N --gateway G --gateway-policy P --port 0`, stopped with SIGTERM after the load),
 so no point starts with another one's prefix cache. The workload is 7 conversations of about 7 turns (each turn resends
 the conversation's opening and earlier turns: `--shared-prefix-words`, `--prefix-groups`), and the prefix hit rate
-is the servers' own count (usage.prompt_tokens_details.cached_tokens / prompt tokens). Prints one JSON line at
+is the servers' own count (usage.prompt_tokens_details.cached_tokens / prompt tokens). Chat, not completions: the bundled model answers
+only in its chat format (a raw-text prompt gets special tokens, which stream no text). Prints one JSON line at
 the end, the results file of docs/benchmarks.md "Behind a gateway" (scripts/render_docs.py --record gateway).
 
     OMP_NUM_THREADS=1 python scripts/bench_gateway.py > /tmp/gateway.out
@@ -68,7 +69,7 @@ def bench(url: str, ns: argparse.Namespace) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = [
             *(sys.executable, "-m", "diffuserve", "bench", "serve", "--base-url", url),
-            *("--endpoint", "/v1/completions", "--num-prompts", str(ns.num_prompts)),
+            *("--endpoint", "/v1/chat/completions", "--num-prompts", str(ns.num_prompts)),
             *("--prompt-words", str(ns.prompt_words), "--shared-prefix-words", str(ns.shared_prefix_words)),
             *(
                 "--prefix-groups",
