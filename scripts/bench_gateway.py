@@ -1,11 +1,12 @@
 """`diffuserve bench serve` through a gateway at 1, 2 and 3 replicas of the bundled model, per routing policy, and
 once straight to one server (the gateway's overhead is the difference). Each point is its own deployment
 (`diffuserve serve --replicas N --gateway G --gateway-policy P --port 0`, stopped with SIGTERM after the load),
-so no point starts with another one's prefix cache. The workload is 7 conversations of about 7 turns (each turn resends
-the conversation's opening and earlier turns: `--shared-prefix-words`, `--prefix-groups`), and the prefix hit rate
-is the servers' own count (usage.prompt_tokens_details.cached_tokens / prompt tokens). Chat, not completions: the bundled model answers
-only in its chat format (a raw-text prompt gets special tokens, which stream no text). Prints one JSON line at
-the end, the results file of docs/benchmarks.md "Behind a gateway" (scripts/render_docs.py --record gateway).
+so no point starts with another one's prefix cache. The workload is 7 conversations of about 7 turns (each turn
+resends the conversation's opening and earlier turns: `--shared-prefix-words`, `--prefix-groups`), and the prefix
+hit rate is the servers' own count (usage.prompt_tokens_details.cached_tokens / prompt tokens). Chat, not
+completions: the bundled model answers only in its chat format (a raw-text prompt gets special tokens, which
+stream no text). Prints one JSON line at the end, the results file of docs/benchmarks.md "Behind a gateway"
+(scripts/render_docs.py --record gateway).
 
     OMP_NUM_THREADS=1 python scripts/bench_gateway.py > /tmp/gateway.out
 """
