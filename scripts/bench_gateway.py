@@ -89,8 +89,8 @@ def bench(url: str, ns: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-prompts", type=int, default=48)
-    parser.add_argument("--prompt-words", type=int, default=16)
-    parser.add_argument("--shared-prefix-words", type=int, default=32)
+    parser.add_argument("--prompt-words", type=int, default=12)
+    parser.add_argument("--shared-prefix-words", type=int, default=24)
     parser.add_argument(
         "--prefix-groups",
         type=int,

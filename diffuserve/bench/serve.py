@@ -98,22 +98,36 @@ WORDS = (
 )
 
 
+TURN_SEPARATOR = "\n\n"
+ASSISTANT_REPLY = "Go on."
+
+
+def chat_messages(prompt: str) -> list[dict[str, str]]:
+    """One user message, or for a conversation's turns (TURN_SEPARATOR) the turns as user messages, each but the
+    last answered by ASSISTANT_REPLY."""
+    messages = []
+    for turn in prompt.split(TURN_SEPARATOR):
+        messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": ASSISTANT_REPLY}]
+    return messages[:-1]
+
+
 def text_prompts(count: int, num_words: int, seed: int) -> list[str]:
     return [" ".join(random.Random(f"{seed}:{i}").choices(WORDS, k=num_words)) for i in range(count)]
 
 
 def as_conversations(prompts: list[str], prefix_words: int, groups: int, seed: int) -> list[str]:
     """The prompts as `groups` conversations: prompt i is turn i // groups of conversation i % groups, sent after
-    that conversation's shared opening (`prefix_words` words) and all its earlier turns, as a chat client resends
-    the history. Each turn's prompt extends the previous one, so a server whose prefix cache restores state only at
-    a cached prompt's end (a hybrid model's state snapshot) hits too. The prompts unchanged when `prefix_words` is 0.
+    that conversation's shared opening (`prefix_words` words) and all its earlier turns (joined by TURN_SEPARATOR;
+    on the chat endpoint each turn is a user message, answered by ASSISTANT_REPLY), as a chat client resends the
+    history. Each turn's prompt extends the previous one, so a server whose prefix cache restores state only at a
+    cached prompt's end (a hybrid model's state snapshot) hits too. The prompts unchanged when `prefix_words` is 0.
     """
     if prefix_words == 0:
         return prompts
     history = [" ".join(random.Random(f"{seed}:prefix:{g}").choices(WORDS, k=prefix_words)) for g in range(groups)]
     result = []
     for i, prompt in enumerate(prompts):
-        history[i % groups] = f"{history[i % groups]} {prompt}"
+        history[i % groups] = f"{history[i % groups]}{TURN_SEPARATOR}{prompt}"
         result.append(history[i % groups])
     return result
 
@@ -146,7 +160,7 @@ class Client:
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
         if self.is_chat:
-            body["messages"] = [{"role": "user", "content": prompt}]
+            body["messages"] = chat_messages(prompt)
         else:
             body["prompt"] = prompt
         return body

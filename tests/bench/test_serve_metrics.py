@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from diffuserve.bench.serve import arrival_offsets, as_conversations
+from diffuserve.bench.serve import TURN_SEPARATOR, arrival_offsets, as_conversations, chat_messages
 from diffuserve.bench.serve_metrics import RequestTrace, meets_slos, parse_slos, summarize
 
 
@@ -95,7 +95,11 @@ def test_prefix_hit_rate_is_cached_over_prompt_tokens():
 
 def test_conversations_resend_their_history():
     prompts = as_conversations(["p0", "p1", "p2", "p3", "p4"], 6, 2, seed=3)
-    opening = [" ".join(p.split()[:6]) for p in prompts]
-    assert opening[0] == opening[2] == opening[4] != opening[1] == opening[3]
-    assert [p.split()[6:] for p in prompts] == [["p0"], ["p1"], ["p0", "p2"], ["p1", "p3"], ["p0", "p2", "p4"]]
+    turns = [p.split(TURN_SEPARATOR) for p in prompts]
+    assert turns[0][0] == turns[2][0] == turns[4][0] != turns[1][0] == turns[3][0] and len(turns[0][0].split()) == 6
+    assert [t[1:] for t in turns] == [["p0"], ["p1"], ["p0", "p2"], ["p1", "p3"], ["p0", "p2", "p4"]]
     assert as_conversations(["p0"], 0, 8, seed=3) == ["p0"]
+    assert [m["role"] for m in chat_messages(prompts[4])] == ["user", "assistant"] * 3 + ["user"]
+    assert chat_messages(prompts[4])[-1]["content"] == "p4" and chat_messages("one") == [
+        {"role": "user", "content": "one"}
+    ]
