@@ -111,7 +111,7 @@ def main() -> int:
             result = bench(url, ns)
         finally:
             process.send_signal(signal.SIGTERM)
-            stop_all([process], 60)
+            stop_all([process], 60, groups=False)
         point = result["results"][0]
         points.append({"gateway": gateway, "policy": policy, "replicas": replicas, **point})
         print(

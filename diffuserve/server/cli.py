@@ -28,6 +28,7 @@ from pathlib import Path
 from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
 from diffuserve.hub import add_hub_arguments, resolve_model
 from diffuserve.server.config import ServerConfig
+from diffuserve.server.loading import LoadingResponder
 from diffuserve.server.replicas import add_replica_arguments, is_replicated, run_replicated
 
 API_KEY_ENV = "DIFFUSERVE_API_KEY"
@@ -67,14 +68,19 @@ def run(args: argparse.Namespace) -> int:
     is_worker = launched_by_torchrun() and os.environ["RANK"] != "0"
     config = server_config_from_args(args, args.model, args.model or "default-model")
     sock = None if is_worker else bind(config.host, config.port)  # before the model: a busy port fails at once
+    loading = LoadingResponder(sock).start() if sock is not None else None  # 503 until uvicorn takes over
     try:
-        return _serve(args, config, sock)
+        return _serve(args, config, sock, loading)
     finally:
+        if loading is not None:
+            loading.stop()
         if sock is not None:
             sock.close()
 
 
-def _serve(args: argparse.Namespace, config: ServerConfig, sock: socket.socket | None) -> int:
+def _serve(
+    args: argparse.Namespace, config: ServerConfig, sock: socket.socket | None, loading: LoadingResponder | None
+) -> int:
     model_dir = resolve_model(args.model, args.revision, args.download_dir)
     config = server_config_from_args(args, args.model, model_dir)
     engine_config = engine_config_from_args(model_dir, args)
@@ -118,6 +124,8 @@ def _serve(args: argparse.Namespace, config: ServerConfig, sock: socket.socket |
             timeout_graceful_shutdown=config.shutdown_timeout,  # type: ignore[arg-type]
         )
     )
+    assert loading is not None
+    loading.stop()
     # uvicorn re-raises the Ctrl-C it handled once it has shut down; uvicorn.run swallows it too.
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])

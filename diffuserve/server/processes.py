@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import httpx
 
@@ -43,9 +44,10 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def stop_all(processes: Sequence[subprocess.Popen[bytes] | None], timeout_s: float) -> None:
+def stop_all(processes: Sequence[subprocess.Popen[Any] | None], timeout_s: float, groups: bool = True) -> None:
     """SIGTERM to each, up to `timeout_s` in all for them to exit, then SIGKILL to each one's whole process group
-    (the ranks a server spawned, anything left behind by a leader that exited)."""
+    (`spawn`'s children lead their own: the ranks a server spawned, anything a leader that exited left behind);
+    with `groups=False` (children started in the caller's group) SIGKILL to each child alone."""
     running = [p for p in processes if p is not None]
     for process in running:
         if process.poll() is None:
@@ -56,7 +58,10 @@ def stop_all(processes: Sequence[subprocess.Popen[bytes] | None], timeout_s: flo
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(max(0.0, deadline - time.monotonic()))
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
+            if groups:
+                os.killpg(process.pid, signal.SIGKILL)  # the group outlives its leader while a member lives
+            elif process.poll() is None:
+                process.kill()
         process.wait()
 
 
