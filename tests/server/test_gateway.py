@@ -16,6 +16,8 @@ import pytest
 
 from tests.server.gateway_harness import Server, assert_no_strays, family, start_gateway, start_replicas, stop
 
+pytestmark = pytest.mark.slow  # four replicas and the gateways: about a minute on 2 cores
+
 MODEL = "default-model"
 SAMPLED = {"temperature": 0.8, "seed": 7, "max_tokens": 24}
 TURNS, CONVERSATIONS = 5, 8

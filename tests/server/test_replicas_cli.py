@@ -85,6 +85,7 @@ def _healthy(gateway: str, url: str) -> bool:
     return next(w["is_healthy"] for w in workers if w["url"] == url)
 
 
+@pytest.mark.slow  # the whole deployment, a restart and SIGTERM: about a minute on 2 cores
 def test_a_killed_replica_under_load(record_property):
     gateway_binary("smg")
     launcher = Launcher(
