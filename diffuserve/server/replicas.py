@@ -87,7 +87,7 @@ def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def is_replicated(args: argparse.Namespace) -> bool:
-    return getattr(args, "replicas", 1) > 1 or getattr(args, "gateway", None) is not None
+    return getattr(args, "replicas", 1) != 1 or getattr(args, "gateway", None) is not None
 
 
 def replica_flags(args: argparse.Namespace) -> list[str]:
@@ -136,10 +136,13 @@ def say(line: str) -> None:
 
 def run_replicated(args: argparse.Namespace) -> int:
     """The deployment of `args` until SIGTERM or Ctrl-C (0), or until the gateway exits (1)."""
+    from diffuserve.distributed.group import launched_by_torchrun
     from diffuserve.hub import resolve_model
 
     if args.replicas < 1:
         raise ValueError(f"replicas: got {args.replicas}, must be >= 1")
+    if launched_by_torchrun():
+        raise ValueError("replicas: --replicas / --gateway cannot run under torchrun; start one torchrun per replica")
     name = args.gateway or "smg"
     binary = find_binary(name)  # before anything is downloaded or started
     model_dir = resolve_model(args.model, args.revision, args.download_dir)  # once, not once per replica

@@ -22,6 +22,7 @@ import httpx
 import openai
 import pytest
 
+from diffuserve.cli import main
 from diffuserve.server.gateways import GatewaySpec, gateway_command
 from diffuserve.server.replicas import gpu_slices, replica_flags
 from tests.server.gateway_harness import ENV, Server, assert_no_strays, family, gateway_binary
@@ -132,6 +133,19 @@ def test_a_killed_replica_under_load(record_property):
     assert after_down == Counter(ok=16) and rejoined == Counter(ok=6) and served_by_restarted >= 1
     assert code == 0
     assert_no_strays(pids)
+
+
+def test_launcher_errors_are_one_line(capsys, monkeypatch):
+    assert main(["serve", "--replicas", "0"]) == 2
+    assert capsys.readouterr().err == "diffuserve serve: error: replicas: got 0, must be >= 1\n"
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    assert main(["serve", "--replicas", "2", "--gateway", "vllm-router"]) == 2
+    assert "gateway: vllm-router is not installed; install it with `pip install vllm-router`" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["serve", "--replicas", "2"]) == 2
+    assert "cannot run under torchrun" in capsys.readouterr().err
 
 
 def test_each_replica_gets_the_flags_given():
