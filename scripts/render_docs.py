@@ -63,6 +63,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "skinny-gemm": benchmarks_batch1.skinny_gemm,
     "latency": benchmarks_serving.latency,
     "serve": benchmarks_serving.serve,
+    "gateway": benchmarks_serving.gateway,
     "moe-dispatch": moe.moe_dispatch,
     "moe-offload": moe.moe_offload,
     "training": models.training,

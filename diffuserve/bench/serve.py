@@ -98,8 +98,38 @@ WORDS = (
 )
 
 
+TURN_SEPARATOR = "\n\n"
+ASSISTANT_REPLY = "Go on."
+
+
+def chat_messages(prompt: str) -> list[dict[str, str]]:
+    """One user message, or for a conversation's turns (TURN_SEPARATOR) the turns as user messages, each but the
+    last answered by ASSISTANT_REPLY."""
+    messages = []
+    for turn in prompt.split(TURN_SEPARATOR):
+        messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": ASSISTANT_REPLY}]
+    return messages[:-1]
+
+
 def text_prompts(count: int, num_words: int, seed: int) -> list[str]:
     return [" ".join(random.Random(f"{seed}:{i}").choices(WORDS, k=num_words)) for i in range(count)]
+
+
+def as_conversations(prompts: list[str], prefix_words: int, groups: int, seed: int) -> list[str]:
+    """The prompts as `groups` conversations: prompt i is turn i // groups of conversation i % groups, sent after
+    that conversation's shared opening (`prefix_words` words) and all its earlier turns (joined by TURN_SEPARATOR;
+    on the chat endpoint each turn is a user message, answered by ASSISTANT_REPLY), as a chat client resends the
+    history. Each turn's prompt extends the previous one, so a server whose prefix cache restores state only at a
+    cached prompt's end (a hybrid model's state snapshot) hits too. The prompts unchanged when `prefix_words` is 0.
+    """
+    if prefix_words == 0:
+        return prompts
+    history = [" ".join(random.Random(f"{seed}:prefix:{g}").choices(WORDS, k=prefix_words)) for g in range(groups)]
+    result = []
+    for i, prompt in enumerate(prompts):
+        history[i % groups] = f"{history[i % groups]}{TURN_SEPARATOR}{prompt}"
+        result.append(history[i % groups])
+    return result
 
 
 def arrival_offsets(count: int, rate: float, fixed: bool, seed: int) -> list[float]:
@@ -130,7 +160,7 @@ class Client:
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
         if self.is_chat:
-            body["messages"] = [{"role": "user", "content": prompt}]
+            body["messages"] = chat_messages(prompt)
         else:
             body["prompt"] = prompt
         return body
@@ -174,6 +204,7 @@ class Client:
         if usage:
             trace.output_tokens = usage.get("completion_tokens")
             trace.prompt_tokens = usage.get("prompt_tokens")
+            trace.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         text = "".join(self._content(c) for c in event.get("choices") or [])
         if text:
             trace.chunk_times.append(time.perf_counter())
@@ -219,6 +250,7 @@ async def _sweep(ns: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
         model = ns.model or await _first_model(http)
         client = Client(http, ns, model)
         prompts = text_prompts(ns.num_prompts, ns.prompt_words, ns.seed)
+        prompts = as_conversations(prompts, ns.shared_prefix_words, ns.prefix_groups, ns.seed)
         warm = await client.send(text_prompts(1, ns.prompt_words, ns.seed + 1)[0])
         if warm.error:
             raise ValueError(f"base_url: the warm-up request to {ns.base_url}{ns.endpoint} failed: {warm.error}")
@@ -263,6 +295,7 @@ def table(results: list[dict[str, Any]]) -> str:
         "E2E p50 s",
         "E2E p99 s",
         "tok/chunk",
+        "prefix hit",
     ]
     rows = [
         [
@@ -281,6 +314,7 @@ def table(results: list[dict[str, Any]]) -> str:
             r["e2e_s"]["p50"],
             r["e2e_s"]["p99"],
             r["tokens_per_chunk"],
+            r["prefix_hit_rate"],
         ]
         for r in results
     ]
@@ -294,6 +328,8 @@ def _ms(seconds: float | None) -> float | None:
 def run(ns: argparse.Namespace) -> int:
     if not ns.concurrency and not ns.request_rate:
         raise ValueError("concurrency: give at least one --concurrency or --request-rate")
+    if ns.shared_prefix_words < 0:
+        raise ValueError(f"shared_prefix_words: got {ns.shared_prefix_words}, must be >= 0")
     if any(r <= 0 for r in ns.request_rate):
         raise ValueError(f"request_rate: every rate must be > 0 (inf = all at once), got {ns.request_rate}")
     started_in = environment()  # before the load: its load average is the machine's at the start
@@ -308,6 +344,8 @@ def run(ns: argparse.Namespace) -> int:
                 "num_prompts": ns.num_prompts,
                 "prompt_words": ns.prompt_words,
                 "output_tokens": ns.output_tokens,
+                "shared_prefix_words": ns.shared_prefix_words,
+                "prefix_groups": ns.prefix_groups,
                 "temperature": ns.temperature,
                 "seed": ns.seed,
                 "goodput_ms": ns.goodput,

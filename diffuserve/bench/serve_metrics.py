@@ -39,6 +39,8 @@ class RequestTrace:
     output_tokens: int | None = None
     """From the final usage; None if the server reported none."""
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    """Prompt tokens the server served from its prefix cache (usage.prompt_tokens_details), if it said."""
     error: str | None = None
 
     @property
@@ -113,6 +115,14 @@ def meets_slos(trace: RequestTrace, slos: dict[str, float]) -> bool:
     return all(observed[name] <= limit for name, limit in slos.items())
 
 
+def prefix_hit_rate(traces: Sequence[RequestTrace]) -> float | None:
+    """Cached prompt tokens / prompt tokens over `traces` (None if the server reported no cached tokens)."""
+    if not traces or any(t.cached_tokens is None for t in traces):
+        return None
+    prompt = sum(t.prompt_tokens or 0 for t in traces)
+    return sum(t.cached_tokens or 0 for t in traces) / prompt if prompt else 0.0
+
+
 def summarize(traces: Sequence[RequestTrace], slos: dict[str, float]) -> dict[str, Any]:
     """The sweep point's figures over all its requests (failed ones count as errors, never as latencies)."""
     ok = [t for t in traces if t.ok]
@@ -143,4 +153,5 @@ def summarize(traces: Sequence[RequestTrace], slos: dict[str, float]) -> dict[st
         "e2e_s": distribution([t.e2e() for t in ok]),
         "tokens_per_chunk": output_tokens / chunks if chunks else 0.0,
         "chunk_token_counts": "usage" if ok and all(t.tokens_exact for t in ok) else "estimated",
+        "prefix_hit_rate": prefix_hit_rate(ok),
     }

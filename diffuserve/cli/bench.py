@@ -256,6 +256,19 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--output-tokens", type=positive_int, default=64, help="max_tokens, EOS ignored (default: 64)")
     parser.add_argument(
+        "--shared-prefix-words",
+        type=int,
+        default=0,
+        help="send the prompts as --prefix-groups conversations that open with this many shared words and resend "
+        "their earlier turns (default: 0: independent prompts)",
+    )
+    parser.add_argument(
+        "--prefix-groups",
+        type=positive_int,
+        default=8,
+        help="conversations: prompt i is turn i // G of conversation i %% G (default: 8)",
+    )
+    parser.add_argument(
         "--concurrency",
         type=positive_int,
         nargs="*",

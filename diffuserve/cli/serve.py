@@ -28,6 +28,8 @@ from pathlib import Path
 from diffuserve.config import EngineConfig, add_config_arguments, engine_config_from_args
 from diffuserve.model.hub import add_hub_arguments, resolve_model
 from diffuserve.server.config import ServerConfig
+from diffuserve.server.loading import LoadingResponder
+from diffuserve.server.replicas import add_replica_arguments, is_replicated, run_replicated
 
 API_KEY_ENV = "DIFFUSERVE_API_KEY"
 DEAD_ENGINE_EXIT_S = 3.0
@@ -47,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_hub_arguments(parser)
     add_config_arguments(parser, ServerConfig)
     add_config_arguments(parser, EngineConfig, skip=("model",))
+    add_replica_arguments(parser)
 
 
 def server_config_from_args(args: argparse.Namespace, model_arg: str | None, model_dir: str) -> ServerConfig:
@@ -59,17 +62,25 @@ def server_config_from_args(args: argparse.Namespace, model_arg: str | None, mod
 def run(args: argparse.Namespace) -> int:
     from diffuserve.distributed.group import launched_by_torchrun
 
+    if is_replicated(args):
+        return run_replicated(args, lambda: resolve_model(args.model, args.revision, args.download_dir))
+
     is_worker = launched_by_torchrun() and os.environ["RANK"] != "0"
     config = server_config_from_args(args, args.model, args.model or "default-model")
     sock = None if is_worker else bind(config.host, config.port)  # before the model: a busy port fails at once
+    loading = LoadingResponder(sock).start() if sock is not None else None  # 503 until uvicorn takes over
     try:
-        return _serve(args, config, sock)
+        return _serve(args, config, sock, loading)
     finally:
+        if loading is not None:
+            loading.stop()
         if sock is not None:
             sock.close()
 
 
-def _serve(args: argparse.Namespace, config: ServerConfig, sock: socket.socket | None) -> int:
+def _serve(
+    args: argparse.Namespace, config: ServerConfig, sock: socket.socket | None, loading: LoadingResponder | None
+) -> int:
     model_dir = resolve_model(args.model, args.revision, args.download_dir)
     config = server_config_from_args(args, args.model, model_dir)
     engine_config = engine_config_from_args(model_dir, args)
@@ -113,6 +124,8 @@ def _serve(args: argparse.Namespace, config: ServerConfig, sock: socket.socket |
             timeout_graceful_shutdown=config.shutdown_timeout,  # type: ignore[arg-type]
         )
     )
+    assert loading is not None
+    loading.stop()
     # uvicorn re-raises the Ctrl-C it handled once it has shut down; uvicorn.run swallows it too.
     try:
         with contextlib.suppress(KeyboardInterrupt):

@@ -22,6 +22,7 @@ def render_text(plan: Plan) -> list[str]:
         _parameter_line(plan),
         *_memory_lines(plan),
         *_capacity_lines(plan),
+        *_replica_lines(plan),
         *_hybrid_lines(plan),
         *_decode_lines(plan),
         *_coreset_lines(plan),
@@ -150,6 +151,17 @@ def _capacity_lines(plan: Plan) -> list[str]:
     return [
         f"Capacity    {c.max_seqs_by_kv * c.num_replicas} sequences fit at {c.context_length:,} tokens{engine_cap}; "
         f"at {c.concurrency} sequences the context can reach {c.max_context_at_concurrency:,} tokens",
+    ]
+
+
+def _replica_lines(plan: Plan) -> list[str]:
+    """With more than one replica, the command that deploys them (docs/server.md, "Behind a gateway")."""
+    replicas, tp = plan.capacity.num_replicas, plan.deployment.tensor_parallel_size
+    if replicas < 2:
+        return []
+    return [
+        f"Replicas    {replicas} servers of {tp} GPU(s) behind a gateway: diffuserve serve MODEL "
+        f"--tensor-parallel-size {tp} --replicas {replicas} --gateway smg (one machine; deploy/ for a cluster)"
     ]
 
 

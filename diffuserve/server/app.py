@@ -43,6 +43,7 @@ from diffuserve.server.response_models import (
     VersionResponse,
 )
 from diffuserve.server.serving import OpenAIServing
+from diffuserve.server.worker_info import worker_info_routes
 from diffuserve.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -93,7 +94,11 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
         max_request_bytes=config.max_request_bytes or default_max_request_bytes(engine.max_model_len),
     )
     app.include_router(_public_routes(serving))
-    protected = [_api_routes(serving), _plan_routes(Planner(model_name, str(engine.config.model)))]
+    protected = [
+        _api_routes(serving),
+        worker_info_routes(engine, config, model_name, metrics),
+        _plan_routes(Planner(model_name, str(engine.config.model))),
+    ]
     if not config.no_web_console:
         console = Console(credentials, _console_config(engine, model_name, config), load_assets())
         app.include_router(console_routes(console))

@@ -1,6 +1,6 @@
 """`ServerConfig`: the HTTP server's settings (`diffuserve serve` flags), a frozen dataclass whose field docstrings
 are the flags' help, like the engine's config dataclasses (`diffuserve.config`). Validates its own values (one
-line naming the field); knows nothing of how they are read (server/cli.py) or used (app.py, serving.py).
+line naming the field); knows nothing of how they are read (cli/serve.py) or used (app.py, serving.py).
 """
 
 from __future__ import annotations

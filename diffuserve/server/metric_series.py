@@ -77,6 +77,7 @@ VLLM_SERIES = frozenset(
         "iteration_tokens_total",
         "request_params_n",
         "request_params_max_tokens",
+        "cache_config_info",
     }
 )
 """The series vLLM exports under the same name and meaning (`--metrics-vllm-names` renames them `vllm:...`)."""
@@ -90,12 +91,12 @@ class MetricSeries:
 
     def __init__(self, model_name: str, vllm_names: bool = False) -> None:
         self.registry = CollectorRegistry()
+        self.vllm_names = vllm_names
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.registry.register(collector)
 
         def make(kind: type, name: str, doc: str, labels: tuple[str, ...] = (), **kwargs: object) -> Any:
-            prefix = VLLM_PREFIX if vllm_names and name in VLLM_SERIES else PREFIX
-            metric = kind(prefix + name, doc, ("model_name", *labels), registry=self.registry, **kwargs)
+            metric = kind(self.series_name(name), doc, ("model_name", *labels), registry=self.registry, **kwargs)
             return metric.labels(model_name=model_name) if not labels else _Bound(metric, model_name)
 
         self.running = make(Gauge, "num_requests_running", "Requests in the running batch.")
@@ -103,6 +104,12 @@ class MetricSeries:
         self.kv_usage = make(Gauge, "kv_cache_usage_perc", "Fraction of KV-cache pages in use (1 = 100 %).")
         self.kv_pages_used = make(Gauge, "kv_cache_pages_used", "KV-cache pages in use (held by requests).")
         self.kv_pages_total = make(Gauge, "kv_cache_pages_total", "KV-cache pages in the pool.")
+        self.cache_config = make(
+            Gauge,
+            "cache_config_info",
+            "KV-cache settings as labels (value 1): block_size is the page size in tokens.",
+            ("block_size", "num_gpu_blocks", "cache_dtype"),
+        )
         self.prefix_hit_rate = make(
             Gauge,
             "prefix_cache_hit_rate",
@@ -131,6 +138,9 @@ class MetricSeries:
         """Hybrid models' recurrent-state pool (set only for models with GDN layers)."""
         self.state_slots_used = make(Gauge, "state_slots_used", "Recurrent-state slots held by running requests.")
         self.state_slots_total = make(Gauge, "state_slots_total", "Recurrent-state slots in the pool.")
+        self.state_usage = make(
+            Gauge, "state_slot_usage_perc", "Fraction of recurrent-state slots held by running requests (1 = 100 %)."
+        )
         self.state_snapshots = make(Gauge, "state_prefix_snapshots", "Slots holding a prefix-cache state snapshot.")
         self.state_hit_rate = make(
             Gauge,
@@ -247,6 +257,10 @@ class MetricSeries:
         self.tpf = make(
             Histogram, "tokens_per_forward", "TPF: generated tokens / NFE, per completion.", buckets=TPF_BUCKETS
         )
+
+    def series_name(self, name: str) -> str:
+        """`name` with the prefix this server exports it under (`vllm:` for vLLM's series with vllm_names)."""
+        return (VLLM_PREFIX if self.vllm_names and name in VLLM_SERIES else PREFIX) + name
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

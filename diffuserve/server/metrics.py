@@ -104,6 +104,11 @@ class ServerMetrics(MetricSeries):
         for reason in tracker.finish_reasons or [None] * tracker.n:
             self.success.labels(finished_reason=reason or "abort").inc()
 
+    @property
+    def latest_stats(self) -> EngineStats | None:
+        """The snapshot of the engine's latest step (None before the first)."""
+        return self._last
+
     def engine_stats(self, stats: EngineStats) -> None:
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
@@ -114,6 +119,7 @@ class ServerMetrics(MetricSeries):
         if stats.state is not None:
             self.state_slots_used.set(stats.state.slots_used)
             self.state_slots_total.set(stats.state.slots_total)
+            self.state_usage.set(stats.state.slots_used / stats.state.slots_total if stats.state.slots_total else 0.0)
             self.state_snapshots.set(stats.state.num_snapshots)
             self.state_hit_rate.set(stats.state.hit_rate)
         last = self._last

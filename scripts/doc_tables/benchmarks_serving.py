@@ -160,3 +160,37 @@ def serve(load: Load) -> str:
         ],
         rows,
     )
+
+
+def gateway(load: Load) -> str:
+    """`scripts/bench_gateway.py`: bench serve straight to one server, then through a gateway per policy."""
+    rows = []
+    for p in load("gateway")["result"]["points"]:
+        hit = p["prefix_hit_rate"]
+        rows.append(
+            [
+                "none (direct)" if p["gateway"] == "none" else p["gateway"],
+                p["policy"],
+                p["replicas"],
+                f"{p['completed']} / {p['errors']}",
+                f"{p['output_tokens_per_s']:.1f}",
+                f"{p['ttft_s']['p50']:.2f} / {p['ttft_s']['p99']:.2f}",
+                f"{ms(p['itl_chunk_s']['p50'], 0)} / {ms(p['itl_chunk_s']['p99'], 0)}",
+                f"{p['e2e_s']['p50']:.2f} / {p['e2e_s']['p99']:.2f}",
+                "n/a" if hit is None else pct(hit),
+            ]
+        )
+    return table(
+        [
+            "gateway",
+            "policy",
+            "replicas",
+            "ok / errors",
+            "output tok/s",
+            "TTFT p50 / p99 s",
+            "ITL per chunk p50 / p99 ms",
+            "E2E p50 / p99 s",
+            "prefix hit rate",
+        ],
+        rows,
+    )

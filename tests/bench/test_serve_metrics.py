@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from diffuserve.bench.serve import arrival_offsets
+from diffuserve.bench.serve import TURN_SEPARATOR, arrival_offsets, as_conversations, chat_messages
 from diffuserve.bench.serve_metrics import RequestTrace, meets_slos, parse_slos, summarize
 
 
@@ -84,3 +84,22 @@ def test_arrivals():
     poisson = arrival_offsets(2000, 10.0, False, 0)
     assert poisson == arrival_offsets(2000, 10.0, False, 0)  # seeded
     assert poisson[-1] / 1999 == pytest.approx(0.1, rel=0.1)  # mean gap 1 / rate
+
+
+def test_prefix_hit_rate_is_cached_over_prompt_tokens():
+    a, b = trace_a(), trace_a()
+    a.cached_tokens, b.cached_tokens, b.prompt_tokens = 0, 6, 9  # (0 + 6) / (7 + 9)
+    assert summarize([a, b], {})["prefix_hit_rate"] == pytest.approx(6 / 16)
+    assert summarize([trace_a()], {})["prefix_hit_rate"] is None  # a server that reports no cached tokens
+
+
+def test_conversations_resend_their_history():
+    prompts = as_conversations(["p0", "p1", "p2", "p3", "p4"], 6, 2, seed=3)
+    turns = [p.split(TURN_SEPARATOR) for p in prompts]
+    assert turns[0][0] == turns[2][0] == turns[4][0] != turns[1][0] == turns[3][0] and len(turns[0][0].split()) == 6
+    assert [t[1:] for t in turns] == [["p0"], ["p1"], ["p0", "p2"], ["p1", "p3"], ["p0", "p2", "p4"]]
+    assert as_conversations(["p0"], 0, 8, seed=3) == ["p0"]
+    assert [m["role"] for m in chat_messages(prompts[4])] == ["user", "assistant"] * 3 + ["user"]
+    assert chat_messages(prompts[4])[-1]["content"] == "p4" and chat_messages("one") == [
+        {"role": "user", "content": "one"}
+    ]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from diffuserve.cli import plan as cli
-from diffuserve.cli.main import main
+from diffuserve.cli.main import build_parser, main
 
 FIXTURE = Path(__file__).parent / "data" / "bench_sdar_moe_cpu.txt"
 
@@ -161,3 +161,13 @@ def test_the_command_and_the_http_api_share_one_set_of_defaults():
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert PlanOptions.from_flags(parser.parse_args([])) == PlanOptions()
+
+
+def test_replicas_come_with_the_command_that_deploys_them(capsys):
+    out = _run(capsys, "Clover-35B-A3B", "--hardware", "H100", "--num-gpus", "4", "-tp", "2")
+    line = next(line for line in out.splitlines() if line.startswith("Replicas"))
+    assert line.startswith("Replicas    2 servers of 2 GPU(s)")
+    command = line[line.index("diffuserve serve") : line.index(" (one machine")].split()[1:]
+    args = build_parser("serve").parse_args(command)  # the CLI takes it as printed
+    assert (args.replicas, args.tensor_parallel_size, args.gateway) == (2, 2, "smg")
+    assert "Replicas" not in _run(capsys, "Clover-35B-A3B", "--hardware", "H100", "--num-gpus", "2", "-tp", "2")
