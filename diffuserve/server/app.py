@@ -22,12 +22,12 @@ from diffuserve import __version__
 from diffuserve.sampling_params import DECODERS, SamplingParams
 from diffuserve.server.bridge import AsyncEngine
 from diffuserve.server.config import ServerConfig
-from diffuserve.server.console import Console, console_api_routes, console_routes, load_assets
+from diffuserve.server.console.page import Console, console_api_routes, console_routes, load_assets
+from diffuserve.server.console.plan_api import Planner
+from diffuserve.server.console.plan_models import PlanPresets, PlanRequest, PlanResponse
 from diffuserve.server.errors import engine_unavailable, install_error_handlers
 from diffuserve.server.guards import Credentials, RequestGuard, default_max_request_bytes
 from diffuserve.server.metrics import ServerMetrics
-from diffuserve.server.plan_api import Planner
-from diffuserve.server.plan_models import PlanPresets, PlanRequest, PlanResponse
 from diffuserve.server.prompts import PromptRules
 from diffuserve.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from diffuserve.server.response_models import (

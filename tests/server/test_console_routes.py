@@ -17,7 +17,7 @@ from diffuserve.server.guards import SESSION_COOKIE
 from tests.server.conftest import API_KEY, MODEL_NAME, LiveServer
 
 ROOT = Path(__file__).resolve().parents[2]
-STATIC = ROOT / "diffuserve" / "server" / "static"
+STATIC = ROOT / "diffuserve" / "server" / "console" / "static"
 
 
 def _signed_in(live_server: LiveServer) -> httpx.Client:

@@ -20,8 +20,8 @@ from diffuserve.planner.inputs import KV_BYTES, WEIGHT_BYTES
 from diffuserve.planner.model_presets import MODEL_PRESETS
 from diffuserve.planner.options import DEFAULT_HARDWARE, PlanOptions
 from diffuserve.planner.report import plan_to_dict, render_text
+from diffuserve.server.console.plan_models import FitPointOut, MemoryPartOut, PlanPresets, PlanRequest, PlanResponse
 from diffuserve.server.errors import bad_request, from_value_error
-from diffuserve.server.plan_models import FitPointOut, MemoryPartOut, PlanPresets, PlanRequest, PlanResponse
 
 DEFAULT_MODEL = "Clover-35B-A3B"
 KV_CACHE_DTYPES = ["auto", *KV_BYTES]

@@ -1,5 +1,5 @@
 """The web console: `GET /` (one page: chat, the denoising view, the planner, live metrics), its static files
-under `/console/assets/` (the package's `server/static/`: plain HTML, CSS and JavaScript modules, no build step,
+under `/console/assets/` (the package's `server/console/static/`: plain HTML, CSS and JavaScript modules, no build step,
 nothing fetched from anywhere else), its sign-in, and `GET /console/config` (what the page needs to know of the
 served model). `--no-web-console` leaves all of them out.
 
@@ -44,8 +44,8 @@ PROBLEM_MARK = "<!--problem-->"
 
 
 def load_assets() -> dict[str, bytes]:
-    """Every file of the package's `server/static/`, by name."""
-    folder = resources.files("diffuserve.server").joinpath("static")
+    """Every file of the package's `server/console/static/`, by name."""
+    folder = resources.files("diffuserve.server.console").joinpath("static")
     return {item.name: item.read_bytes() for item in folder.iterdir() if item.is_file()}
 
 
