@@ -36,7 +36,8 @@ CHROMIUM_FLAGS = (
 )
 LAPTOP = (1280, 900)
 PHONE = (390, 844)
-CHAT_PROMPT = "Sort 7 3 9 1 5 2"
+CHAT_PROMPT, CHAT_ANSWER = "Sort 8 2 6 4", "2 4 6 8"
+"""What the screenshots show the bundled model answering: a question it gets right (checked before any picture)."""
 PLAN = {"model": "Clover-35B-A3B", "hardware": "H200", "context": "131072"}
 WAIT_S = 60
 
@@ -208,7 +209,11 @@ def take_screenshots(driver: Any, url: str, out: Path, api_key: str | None = Non
     out.mkdir(parents=True, exist_ok=True)
     resize(driver, LAPTOP)
     open_console(driver, url, api_key)
-    send_chat(driver, CHAT_PROMPT)
+    reply = send_chat(driver, CHAT_PROMPT)
+    if reply["content"].strip() != CHAT_ANSWER:
+        raise RuntimeError(
+            f"console_screenshots: {CHAT_PROMPT!r} was answered {reply['content']!r}, not {CHAT_ANSWER!r}"
+        )
     shots = {}
     for view in ("chat", "denoising", "planner"):
         if view == "planner":
