@@ -4,6 +4,7 @@ check of whether that decoder fits the model and the request's other options (th
     the model reads blocks causally (no block-diffusion tensors)    -> the autoregressive rule, whatever was asked
     the model's blocks are renoise canvases                          -> renoise (the only decoder that fits them)
     otherwise                                                        -> the mask decoder the request names
+    verified, on a model whose causal path predicts the next token   -> the verified decoder (refused otherwise)
     with structured_outputs                                          -> that decoder, grammar-constrained
 
 One instance of each decoder serves every request resolved to it (their per-request state is keyed by id).
@@ -20,6 +21,7 @@ from diffuserve.decoding.mask import MaskDecoder
 from diffuserve.decoding.mask_policies import MASK_POLICIES
 from diffuserve.decoding.protocol import Decoder
 from diffuserve.decoding.renoise import RenoiseDecoder
+from diffuserve.decoding.verified import VerifiedDecoder
 from diffuserve.errors import RequestError, UnsupportedParameter
 from diffuserve.model.interface import StepRules
 from diffuserve.sampling_params import ResolvedSamplingParams
@@ -40,10 +42,11 @@ class DecoderRegistry:
         }
         self._plain["autoregressive"] = NextTokenDecoder(block_length)
         self._plain["renoise"] = RenoiseDecoder(block_length, vocab_size, device)
+        self._plain["verified"] = VerifiedDecoder(block_length)
         self._constrained = {
             name: GrammarConstrained(decoder, structured, block_length)
             for name, decoder in self._plain.items()
-            if structured is not None and name != "renoise"
+            if structured is not None and name not in ("renoise", "verified")
         }
 
     def resolve(self, params: ResolvedSamplingParams) -> Decoder:
@@ -74,6 +77,8 @@ class DecoderRegistry:
                 "renoise decodes random-token canvases, and this model's blocks are masked; use threshold, fixed, "
                 "entropy or edit",
             )
+        if params.is_verified and not self.rules.autoregressive:
+            self._check_verified(params)
         if params.is_renoise and (params.top_p < 1 or params.top_k > 0):
             name, value = ("top_p", params.top_p) if params.top_p < 1 else ("top_k", params.top_k)
             raise UnsupportedParameter(
@@ -81,6 +86,22 @@ class DecoderRegistry:
                 f"got {value}; the renoise decoder samples every canvas position from its whole tempered "
                 "distribution (temperatures t_max -> t_min), so it has no nucleus or top-k filter; remove the field",
             )
+
+    def _check_verified(self, params: ResolvedSamplingParams) -> None:
+        """Verification reads the commit forward's causal rows as next-token predictions: only a model whose
+        position p is predicted from row p - 1 (StepRules.prediction_shift) has them."""
+        if not self.rules.prediction_shift:
+            raise UnsupportedParameter(
+                "decoder",
+                "verified checks drafts against the causal path's next-token predictions, and this model predicts "
+                "each masked position from its own row (no AR shift), so its causal rows predict nothing to check; "
+                "use threshold, fixed, entropy or edit",
+            )
+        for name, value in (("structured_outputs", params.structured_outputs), ("logprobs", params.logprobs)):
+            if value is not None:
+                raise UnsupportedParameter(
+                    name, f"cannot be combined with decoder=verified yet (got {value!r}); remove it or the decoder"
+                )
 
     def _check_structured(self, params: ResolvedSamplingParams) -> None:
         """RequestError unless the engine can constrain this request (a tokenizer, a non-editing, non-renoise

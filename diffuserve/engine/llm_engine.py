@@ -89,6 +89,8 @@ class LLMEngine:
         token_ids = self._encode(prompt)
         resolved = self.resolve_params(params, len(token_ids))
         decoder = self.runner.decoding.resolve(resolved)  # the one place a decoder is chosen and checked
+        if resolved.is_verified and decoder.name != resolved.decoder:  # a causal-only model: autoregressive
+            resolved = resolved.replace(decoder=decoder.name)
         parent = ParentRequest(
             request_id,
             prompt if isinstance(prompt, str) else None,
@@ -156,7 +158,7 @@ class LLMEngine:
             logger.exception("engine step failed; failing its %d requests", len(output.scheduled))
             return self._fail_step(output, f"{type(e).__name__}: {e}")
         seconds = time.perf_counter() - started
-        update = self.scheduler.update_from_output(output, result.writes)
+        update = self.scheduler.update_from_output(output, result.writes, result.verifications)
         if output.num_batched_tokens:  # a step of requests with nothing left to compute ran no forward
             self.counters.record_step(output.num_batched_tokens, seconds, update)
         self._release(update)
