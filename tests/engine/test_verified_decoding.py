@@ -123,7 +123,7 @@ def test_verified_equals_transformers_greedy(tmp_path, block_length):
     from tests.model.test_clover_moe_parity import _hf_model
 
     bd, ar = _checkpoints(tmp_path, block_length)
-    prompts = PROMPTS[:3] + [PREFIX * 3]
+    prompts = [*PROMPTS[:3], PREFIX * 3]
     got, _ = _generate(bd, prompts, _greedy(36, decoder="verified"))
     hf = _hf_model(bd)
     mask = json.loads((bd / "config.json").read_text())["mask_token_id"]
