@@ -285,7 +285,8 @@ class EngineCounters:
         self.step_time_s += seconds
         self.num_prefill_tokens += update.num_prefill_tokens
         self.num_generated_tokens += update.num_generated_tokens
-        self.spec_decode = self.spec_decode.add(update)
+        if update.num_verified_blocks:
+            self.spec_decode = self.spec_decode.add(update)
 
     def snapshot(
         self,

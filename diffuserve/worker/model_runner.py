@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from diffuserve.core.request import BlockWrite, Request, ScheduledRequest, StepResult
+from diffuserve.core.verification import Verification
 from diffuserve.decoding.block_decoding import BlockDecoding
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext
@@ -94,7 +95,8 @@ class ModelRunner:
         """Runs the step (see the module docstring)."""
         batch = self.build_batch(scheduled)
         carried = self.executor.carried_rows()  # [slots, H]: the last committed row of each state slot, or [0, H]
-        kept = batch.drafts.kept_rows(carried)  # [K, H] copied before the forward keeps new rows
+        drafts = batch.drafts if batch.drafts.drafts else None  # drafted blocks this step commits (verified)
+        kept = drafts.kept_rows(carried) if drafts else None  # [K, H] copied before the forward keeps new rows
         if batch.forward.input_ids.numel():
             hidden = self.executor.execute(batch.forward)  # [N, H]
             self.rollback = []
@@ -108,11 +110,11 @@ class ModelRunner:
         if batch.scoring.requests:
             rows = torch.tensor(batch.scoring.logit_rows, dtype=torch.long, device=self.device)
             scores = prompt_logprobs(self.model.compute_logits(hidden.index_select(0, rows)), batch.scoring.requests)
-        verdicts = batch.drafts.verify(hidden, kept, self.model.compute_logits, self.decoding)
+        verdicts: dict[str, Verification] = {}
+        if drafts is not None and kept is not None:
+            verdicts = drafts.verify(hidden, kept, self.model.compute_logits, self.decoding)
+            self.rollback = drafts.rejected_slots(verdicts)
         rejected = {request_id for request_id, verdict in verdicts.items() if verdict.token is not None}
-        self.rollback = [
-            state_slot(d.work.request) for d in batch.drafts.drafts if d.work.request.request_id in rejected
-        ]
         writes = self._decode_blocks(batch, hidden, rejected) if batch.blocks else {}
         return StepResult(writes, scores, self.decoding.take_failures(), verdicts)
 
@@ -144,7 +146,8 @@ class ModelRunner:
             request = work.request
             for group in groups:
                 group.add(work, len(ids))
-            drafts.add(work, len(ids))
+            if request.drafted:
+                drafts.add(work, len(ids))
             ids += request.known_tokens(work.commit_start, work.commit_end)
             if work.has_block:
                 decoder = self.decoding.decoder_of(request)
@@ -196,7 +199,7 @@ class ModelRunner:
         plan = self.plan_state(scheduled, variants)
         if not (self.rollback or drafts.drafts):
             return plan
-        slots = [
+        slots = [  # the slots to put back, then those to save
             torch.tensor(s, dtype=torch.long, device=self.device) if s else None for s in (self.rollback, drafts.slots)
         ]
         return replace(plan, rollback=slots[0], backup=slots[1])

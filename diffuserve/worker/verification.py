@@ -48,7 +48,7 @@ class StepDrafts:
     def add(self, work: ScheduledRequest, first_row: int) -> None:
         """`work`'s commit run starts at batch row `first_row`; records its draft if the run commits one."""
         request = work.request
-        if not request.drafted or work.commit_start != request.settled_end or work.commit_end < request.block_start:
+        if work.commit_start != request.settled_end or work.commit_end < request.block_start:
             return
         positions = list(range(verify_start(request), request.block_start))
         rows = [first_row + p - 1 - work.commit_start for p in positions]
@@ -61,6 +61,12 @@ class StepDrafts:
     def slots(self) -> list[int]:
         """The state slots of the requests whose draft the step commits (saved before the forward)."""
         return [state_slot(d.work.request) for d in self.drafts]
+
+    def rejected_slots(self, verdicts: dict[str, Verification]) -> list[int]:
+        """The state slots of the drafts `verdicts` rejected (the next forward puts them back first)."""
+        return [
+            state_slot(d.work.request) for d in self.drafts if verdicts[d.work.request.request_id].token is not None
+        ]
 
     def kept_rows(self, carried: torch.Tensor) -> torch.Tensor:
         """Before the forward: a copy of the kept rows the drafts read ([K, H])."""
