@@ -13,6 +13,9 @@
   (g)  gdn-rescan       hybrid models: diffuserve with its K/V pages cached as usual but no GDN state carried
                         between steps: every step rebuilds it by scanning the committed prefix's kept
                         projections (bench/baselines/rescan.py)
+  (i)  verified         (only when asked) the engine with decoder=verified: threshold drafts kept only where the
+                        causal path agrees, so its tokens must equal (d)'s; verified-batched: given every prompt at
+                        once, as (e)
   (h)  attention-loop   (only when asked) engine-batched with --attention-backend loop: one SDPA per sequence in
                         every layer, the attention before issue 23 (engine-batched_vs_attention-loop: the gain of
                         the batched attention backend at --num-prompts concurrent sequences)
@@ -62,10 +65,14 @@ VARIANT_ORDER = (
     "transformers-kv",
     "separate-commit",
     "ar",
+    "verified",
+    "verified-batched",
     "recompute-state",
     "gdn-rescan",
 )
 ENGINE_VARIANTS = (
+    "verified",
+    "verified-batched",
     "engine",
     "engine-batched",
     "attention-loop",
@@ -88,7 +95,9 @@ SAME_TOKENS = (
 )
 BASELINE_RUNNERS = {"recompute-state": "recompute", "gdn-rescan": "rescan"}
 """The hybrid-model baselines: variant -> its runner (bench/baselines)."""
-ALL_AT_ONCE = ("engine-batched", "attention-loop")
+ALL_AT_ONCE = ("engine-batched", "attention-loop", "verified-batched")
+VERIFIED = ("verified", "verified-batched")
+"""The variants decoding with decoder=verified: their tokens are the autoregressive ones, checked against (d)."""
 """The variants given every prompt at once (the others decode each prompt alone)."""
 TARGETS = (
     (32, "engine", "reference", 5.0),
@@ -113,8 +122,11 @@ class EngineVariant:
     sequential: bool = True
     compile_s: float = 0.0
     """Seconds the warm-up spent compiling the forward (0 when eager); never part of the timed rounds."""
+    decoder: str | None = None
+    """The decoder this variant asks for instead of the run's (verified)."""
 
     def measure(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        params = params.replace(decoder=self.decoder) if self.decoder else params
         record = run_requests(self.engine, prompts, params, sequential=self.sequential)
         tokens = [o.outputs[0].token_ids for o in record.outputs]
         if self.tokens is not None and tokens != self.tokens:
@@ -124,7 +136,11 @@ class EngineVariant:
 
     def result(self) -> dict[str, Any]:
         assert self.tokens is not None, "measure() first"
-        return variant_record(self.tokens, self.nfe, self.walls) | {"compile_s": self.compile_s}
+        record = variant_record(self.tokens, self.nfe, self.walls) | {"compile_s": self.compile_s}
+        spec = self.engine.stats().spec_decode
+        if spec.num_drafts:
+            record |= {"acceptance_rate": spec.acceptance_rate, "mean_acceptance_length": spec.mean_acceptance_length}
+        return record
 
 
 def engine_variant(
@@ -152,7 +168,8 @@ def engine_variant(
     compile_s = engine.runner.executor.run_model.compile_s
     if compile_s:
         print(f"compare: {name} compiled its forward in {compile_s:.1f} s (warm-up, not timed)", file=sys.stderr)
-    return EngineVariant(engine, sequential=not batched, compile_s=compile_s)
+    decoder = "verified" if name in VERIFIED else None
+    return EngineVariant(engine, sequential=not batched, compile_s=compile_s, decoder=decoder)
 
 
 def reference_variant(
@@ -252,6 +269,7 @@ def compare_block(
     variants |= {name: variant.result() for name, variant in engines.items()}
     variants = {name: variants[name] for name in VARIANT_ORDER if name in variants}
     exact = [variants[n]["token_ids"] for n in SAME_TOKENS if n in variants]
+    autoregressive = [variants[n]["token_ids"] for n in ("ar", *VERIFIED) if n in variants]
     for v in variants.values():
         del v["token_ids"]  # checked here; the JSON keeps the verdict, not 3 x prompts x tokens ids
     ratios = {
@@ -266,6 +284,7 @@ def compare_block(
         "variants": variants,
         "ratios": ratios,
         "identical_tokens": all(t == exact[0] for t in exact) if len(exact) > 1 else None,
+        "verified_equals_ar": all(t == autoregressive[0] for t in autoregressive) if len(autoregressive) > 1 else None,
     }
 
 
@@ -346,6 +365,9 @@ def run(ns: argparse.Namespace) -> int:
         ns.json_out,
         ns.plot,
     )
+    if any(r.get("verified_equals_ar") is False for r in results):
+        print("compare: verified decoding gave other tokens than autoregressive decoding (ar)", flush=True)
+        return 1
     if any(r["identical_tokens"] is False for r in results):
         print(
             f"compare: the variants {', '.join(n for n in SAME_TOKENS if n in ns.variants)} gave different tokens",

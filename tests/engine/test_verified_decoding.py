@@ -18,7 +18,10 @@ from diffuserve import LLM, SamplingParams
 from diffuserve.core.request import BlockWrite
 from diffuserve.decoding import verified
 from diffuserve.decoding.protocol import BlockDecode
+from diffuserve.decoding.registry import DecoderRegistry
+from diffuserve.errors import UnsupportedParameter
 from diffuserve.model.families.clover_moe.gdn_preview import DIFFUSION_TENSORS
+from diffuserve.model.interface import StepRules
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.worker.cache import state_step
 from tests.engine.test_oracle_mutations import apply_source_mutation
@@ -104,6 +107,18 @@ def test_drafts_kept_whole_or_cut_anywhere_give_the_same_tokens(block4, monkeypa
     assert got == want
     spec = llm.engine.stats().spec_decode
     assert 0 < spec.num_discarded_steps < spec.num_drafts  # some blocks kept whole, some cut
+
+
+def test_verified_is_refused_where_no_causal_row_predicts_the_next_token():
+    """SDAR and LLaDA2 (no AR shift) refuse it in one line; so do what it cannot combine with yet."""
+    params = SamplingParams(decoder="verified", max_tokens=4)
+    own_row = DecoderRegistry(StepRules(), 4, torch.device("cpu"), 32)
+    with pytest.raises(UnsupportedParameter, match=r"^decoder: verified checks drafts .* from its own row"):
+        own_row.resolve(params.with_defaults({}))
+    shifted = DecoderRegistry(StepRules(prediction_shift=True, causal_commits=True), 4, torch.device("cpu"), 32)
+    assert shifted.resolve(params.with_defaults({})).name == "verified"
+    with pytest.raises(UnsupportedParameter, match=r"^logprobs: cannot be combined with decoder=verified"):
+        shifted.resolve(params.replace(logprobs=2).with_defaults({}))
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
