@@ -6,7 +6,8 @@
   (b2) transformers-kv  transformers' model with its KV cache, decoded by the SDAR scheme (separate commit
                         forward): what a user runs without an engine
   (c)  separate-commit  diffuserve with a separate commit forward per block (SGLang, dInfer, the SDAR reference)
-  (d)  ar               the same model decoded autoregressively (block length 1): the AR baseline
+  (d)  ar               the same model decoded autoregressively (block length 1): the AR baseline; ar-batched
+                        (only when asked) the same given every prompt at once
   (e)  engine-batched   (only when asked) the engine given all --num-prompts prompts at once
   (f)  recompute-state  hybrid models (GDN layers): diffuserve recomputing every request's committed prefix each
                         step through the whole model, with no cache at all (bench/baselines/recompute.py)
@@ -65,6 +66,7 @@ VARIANT_ORDER = (
     "transformers-kv",
     "separate-commit",
     "ar",
+    "ar-batched",
     "verified",
     "verified-batched",
     "recompute-state",
@@ -95,7 +97,9 @@ SAME_TOKENS = (
 )
 BASELINE_RUNNERS = {"recompute-state": "recompute", "gdn-rescan": "rescan"}
 """The hybrid-model baselines: variant -> its runner (bench/baselines)."""
-ALL_AT_ONCE = ("engine-batched", "attention-loop", "verified-batched")
+ALL_AT_ONCE = ("engine-batched", "attention-loop", "verified-batched", "ar-batched")
+AUTOREGRESSIVE = ("ar", "ar-batched")
+"""The variants at block length 1, built once and measured beside every block length's."""
 VERIFIED = ("verified", "verified-batched")
 """The variants decoding with decoder=verified: their tokens are the autoregressive ones, checked against (d)."""
 """The variants given every prompt at once (the others decode each prompt alone)."""
@@ -244,15 +248,15 @@ def compare_block(
     block: int,
     prompts: list[list[int]],
     params: SamplingParams,
-    ar: EngineVariant | None,
+    block_one: dict[str, EngineVariant],
 ) -> dict[str, Any]:
     """All variants at one block length. The engine variants run --repeats rounds, interleaved (a, c, d, a,
     c, d, ...) so that a change in machine load hits them alike; the slow reference runs once, after the
     first round."""
     engines = {name: engine_variant(ctx, ns, block, params, name) for name in ns.variants if name in ENGINE_VARIANTS}
-    if ar is not None:
-        ar.walls = []  # AR is measured again in every block's rounds, beside that block's variants
-        engines["ar"] = ar
+    for name, variant in block_one.items():
+        variant.walls = []  # AR is measured again in every block's rounds, beside that block's variants
+        engines[name] = variant
     variants: dict[str, dict[str, Any]] = {}
     for round_index in range(ns.repeats):
         for name, variant in engines.items():
@@ -269,7 +273,7 @@ def compare_block(
     variants |= {name: variant.result() for name, variant in engines.items()}
     variants = {name: variants[name] for name in VARIANT_ORDER if name in variants}
     exact = [variants[n]["token_ids"] for n in SAME_TOKENS if n in variants]
-    autoregressive = [variants[n]["token_ids"] for n in ("ar", *VERIFIED) if n in variants]
+    autoregressive = [variants[n]["token_ids"] for n in (*AUTOREGRESSIVE, *VERIFIED) if n in variants]
     for v in variants.values():
         del v["token_ids"]  # checked here; the JSON keeps the verdict, not 3 x prompts x tokens ids
     ratios = {
@@ -334,8 +338,8 @@ def run(ns: argparse.Namespace) -> int:
         return renoise_compare.run(ns, ctx)
     prompts = ctx.prompts(ns.num_prompts, ns.prompt_tokens)
     params = sampling_params(ns, ns.output_tokens)
-    ar = engine_variant(ctx, ns, 1, params) if "ar" in ns.variants else None
-    results = [compare_block(ctx, ns, block, prompts, params, ar) for block in ns.block_lengths]
+    block_one = {name: engine_variant(ctx, ns, 1, params, name) for name in AUTOREGRESSIVE if name in ns.variants}
+    results = [compare_block(ctx, ns, block, prompts, params, block_one) for block in ns.block_lengths]
     print(table(results))
     for r in results:
         if "engine-batched_vs_attention-loop" in r["ratios"]:
