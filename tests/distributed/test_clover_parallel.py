@@ -4,7 +4,8 @@ its logits within 1e-4. Each case is one multi-process engine running a batch of
 prefixes (prefix-cache hits restore each rank's state snapshots) under a page budget that forces preemption,
 with chunked prefill, fused commits, logprobs, prompt scoring, structured output and verified decoding in the same
 batch; block 4 and 32, the diffusion tensors present and absent, and expert offload are spread over the cases so
-that every one meets a multi-process engine once. Sizes that do not divide the GDN heads are refused before any process starts.
+that every one meets a multi-process engine once. Sizes that do not divide the GDN heads are refused before any
+process starts.
 """
 
 from __future__ import annotations
