@@ -128,6 +128,9 @@ class Request:
     """Verified decoding (params.is_verified): the generated tokens of the last finished block, which the forward
     that commits them verifies (core/verification.py). They follow output_token_ids and are committed like them,
     but are neither output nor used to stop until verified."""
+    num_draft_tokens: int = 0
+    """Verified decoding: drafted tokens checked, and kept (`num_accepted_tokens`), over the request's life."""
+    num_accepted_tokens: int = 0
     verified_end: int = 0
     """Verified decoding: every position below it holds a verified token (the prompt, output_token_ids and, after
     a rejection, the head of the reopened block)."""

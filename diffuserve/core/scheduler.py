@@ -181,6 +181,8 @@ class Scheduler:
         block = request.block_start - self.block_length
         update.num_draft_tokens += verdict.num_checked
         update.num_accepted_tokens += verdict.num_accepted
+        request.num_draft_tokens += verdict.num_checked
+        request.num_accepted_tokens += verdict.num_accepted
         update.num_verified_blocks += 1
         if not apply_verification(request, verdict):
             return False

@@ -59,29 +59,38 @@ def block4(tmp_path_factory):
     return _checkpoints(tmp_path_factory.mktemp("verified4"), 4)
 
 
-def _generate(model_dir, prompts, params, **kwargs) -> tuple[list[list[int]], LLM]:
+def _generate(model_dir, prompts, params, outputs: list | None = None, **kwargs) -> tuple[list[list[int]], LLM]:
+    """Each prompt's tokens and the LLM; the RequestOutputs are appended to `outputs` when given."""
     llm = LLM(str(model_dir), device="cpu", **{"max_model_len": 128, **kwargs})
-    return [list(out.outputs[0].token_ids) for out in llm.generate(prompts, params)], llm
+    results = llm.generate(prompts, params)
+    if outputs is not None:
+        outputs += results
+    return [list(out.outputs[0].token_ids) for out in results], llm
 
 
 def _greedy(max_tokens: int, **changes) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, threshold=0.5, **changes)
 
 
-def _verified_under_preemption(model_dir):
+def _verified_under_preemption(model_dir, outputs: list | None = None):
     """Block 4, 16-token pages: 5 pages and 4 state slots for 8 requests of up to 34 positions (3 pages each)."""
     probe = LLM(str(model_dir), device="cpu", max_model_len=128)
     slot = probe.engine.state_pool.slot_bytes
-    return _generate(model_dir, PROMPTS, _greedy(12, decoder="verified"), num_pages=5, state_cache_memory=4 * slot)
+    params = _greedy(12, decoder="verified")
+    return _generate(model_dir, PROMPTS, params, outputs, num_pages=5, state_cache_memory=4 * slot)
 
 
 def test_verified_equals_autoregressive_decoding_under_preemption(block4):
     bd, ar = block4
     want, _ = _generate(ar, PROMPTS, _greedy(12))
-    got, llm = _verified_under_preemption(bd)
+    outputs: list = []
+    got, llm = _verified_under_preemption(bd, outputs)
     assert got == want
     stats = llm.engine.stats()
     spec = stats.spec_decode
+    # per request usage adds up to the engine's counters
+    assert sum(o.outputs[0].num_draft_tokens for o in outputs) == spec.num_draft_tokens
+    assert sum(o.outputs[0].num_accepted_tokens for o in outputs) == spec.num_accepted_tokens
     assert stats.num_preemptions > 0
     assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens  # some drafts kept, many rejected
     assert spec.num_discarded_steps > 0 and stats.prefix_hit_rate > 0
