@@ -69,7 +69,9 @@ def _generate(model_dir, prompts, params, outputs: list | None = None, **kwargs)
 
 
 def _greedy(max_tokens: int, **changes) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, threshold=0.5, **changes)
+    return SamplingParams(
+        **{"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True, "threshold": 0.5, **changes}
+    )
 
 
 def _verified_under_preemption(model_dir, outputs: list | None = None):
@@ -96,6 +98,21 @@ def test_verified_equals_autoregressive_decoding_under_preemption(block4):
     assert spec.num_discarded_steps > 0 and stats.prefix_hit_rate > 0
     diffusion, _ = _generate(bd, PROMPTS, _greedy(12, decoder="threshold"))
     assert diffusion != want  # the drafts alone are not the autoregressive output
+
+
+@pytest.mark.parametrize(
+    "engine, changes",
+    [
+        (dict(fused_commit=False), {}),  # a draft's commit forward carries no block
+        (dict(max_num_batched_tokens=8, max_num_seqs=3), {}),  # commits without the block when the budget is short
+        ({}, dict(ignore_eos=False, stop_token_ids=[17, 55, 100, 3, 200], min_tokens=3)),  # stops: verified only
+    ],
+)
+def test_verified_equals_autoregressive_decoding_with_engine_options(block4, engine, changes):
+    bd, ar = block4
+    want, _ = _generate(ar, PROMPTS, _greedy(12, **changes), **engine)
+    got, llm = _generate(bd, PROMPTS, _greedy(12, decoder="verified", **changes), **engine)
+    assert got == want and llm.engine.stats().spec_decode.num_drafts > 0
 
 
 def test_drafts_kept_whole_or_cut_anywhere_give_the_same_tokens(block4, monkeypatch):
