@@ -41,7 +41,6 @@ from diffuserve.sampling_params import ResolvedSamplingParams
 
 if TYPE_CHECKING:
     from diffuserve.core.outputs import TokenLogprobs
-    from diffuserve.core.verification import Verification
 
 
 class RequestStatus(enum.IntEnum):
@@ -381,6 +380,18 @@ class BlockWrite:
     final: bool | None = None
     """A renoise canvas: whether this step ended it (its tokens are then the written ones); None for the other
     decoders, whose blocks end when their masks are gone."""
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What the commit forward of a request's drafted block found (decoder=verified; core/verification.py)."""
+
+    num_checked: int
+    """Drafted positions compared, from `verify_start(request)` on."""
+    num_accepted: int
+    """The leading ones kept."""
+    token: int | None
+    """The causal path's token at the first rejected position; None when every checked position was kept."""
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,16 @@ from collections import deque
 from collections.abc import Mapping
 
 from diffuserve.core.cache.manager import CacheManager
-from diffuserve.core.request import BlockWrite, Request, RequestStatus, ScheduledRequest, SchedulerOutput, StepUpdate
-from diffuserve.core.verification import Verification, apply_verification
+from diffuserve.core.request import (
+    BlockWrite,
+    Request,
+    RequestStatus,
+    ScheduledRequest,
+    SchedulerOutput,
+    StepUpdate,
+    Verification,
+)
+from diffuserve.core.verification import apply_verification
 
 NO_WRITE = BlockWrite([])
 """A step that wrote nothing into a request's block (a grammar failure, or no result for it)."""

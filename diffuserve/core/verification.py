@@ -1,5 +1,5 @@
-"""Verified decoding's bookkeeping on a request (torch-free): what the forward that committed a drafted block
-found (`Verification`) and applying it.
+"""Verified decoding's bookkeeping on a request (torch-free): applying what the forward that committed a drafted
+block found (`core/request.py:Verification`).
 
 A request decoding with decoder=verified finishes a block as a draft (`Request.drafted`); the next forward commits
 it through the model's causal path, whose rows predict each next position, and the request's decoder compares
@@ -15,21 +15,7 @@ it through the model's causal path, whose rows predict each next position, and t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from diffuserve.core.request import Request
-
-
-@dataclass(frozen=True)
-class Verification:
-    """What the commit forward of a request's drafted block found."""
-
-    num_checked: int
-    """Drafted positions compared, from `verify_start(request)` on."""
-    num_accepted: int
-    """The leading ones kept."""
-    token: int | None
-    """The causal path's token at the first rejected position; None when every checked position was kept."""
+from diffuserve.core.request import Request, Verification
 
 
 def verify_start(request: Request) -> int:

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from diffuserve.core.request import Request
-from diffuserve.core.verification import Verification
+from diffuserve.core.request import Request, Verification
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
 from diffuserve.decoding.mask import MaskDecoder
 from diffuserve.decoding.mask_policies import ThresholdDecoder, filter_logits

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from diffuserve.core.request import BlockWrite, Request, ScheduledRequest, StepResult
-from diffuserve.core.verification import Verification
+from diffuserve.core.request import BlockWrite, Request, ScheduledRequest, StepResult, Verification
 from diffuserve.decoding.block_decoding import BlockDecoding
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext
