@@ -26,7 +26,10 @@ MASK_DECODER_NAMES = ("threshold", "fixed", "entropy", "edit")
 RENOISE = "renoise"
 """DiffusionGemma's decoder (decoding/renoise.py): a canvas of random tokens, every position sampled each
 step, the low-entropy ones kept and the rest renoised, on a temperature schedule (t_max -> t_min)."""
-DECODER_NAMES = (*MASK_DECODER_NAMES, RENOISE)
+VERIFIED = "verified"
+"""Verified decoding (decoding/verified.py): blocks drafted by the threshold policy, each kept only as far as the
+causal path of the forward that commits it agrees (models whose causal path predicts the next token)."""
+DECODER_NAMES = (*MASK_DECODER_NAMES, RENOISE, VERIFIED)
 """The decoders, by name: the one list that validation, the engine's policies and the server's schema use."""
 DECODERS = DECODER_NAMES
 """The same tuple under its former name (server/protocol.py and tests/server import it)."""
@@ -92,8 +95,9 @@ class SamplingParams:
     decoder: str | None = None
     """threshold (SDAR/LLaDA2 confidence threshold with a top-k fallback), fixed (a fixed number of tokens per
     step), entropy (EB-sampler entropy bound), edit (LLaDA2.1: threshold, plus rewriting accepted tokens while
-    their block is open) or renoise (DiffusionGemma's canvases, the only decoder of such a model). Default: the
-    model's (threshold, or renoise for DiffusionGemma)."""
+    their block is open), renoise (DiffusionGemma's canvases, the only decoder of such a model) or verified
+    (threshold drafts kept only where the causal path agrees: the model's autoregressive output; Clover). Default:
+    the model's (threshold, or renoise for DiffusionGemma)."""
     threshold: float | None = None
     """Confidence a proposal must exceed (strict >) to be accepted; default 0.9 (LLaDA2 models: 0.95)."""
     steps: int | None = None
@@ -332,6 +336,11 @@ class ResolvedSamplingParams:
     def is_renoise(self) -> bool:
         """Whether the request decodes renoise canvases (decoder=renoise)."""
         return self.decoder == RENOISE
+
+    @property
+    def is_verified(self) -> bool:
+        """Whether the request's blocks are drafts that the commit forward verifies (decoder=verified)."""
+        return self.decoder == VERIFIED
 
     @property
     def is_editing(self) -> bool:

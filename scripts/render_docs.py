@@ -51,6 +51,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "compare": benchmarks_compare.compare,
     "compare-quiet": benchmarks_compare.compare_quiet,
     "compare-hybrid": benchmarks_compare.compare_hybrid,
+    "compare-verified": benchmarks_compare.compare_verified,
     "attention-backends": benchmarks_compare.attention_backends,
     "throughput": benchmarks_serving.throughput,
     "calibration": benchmarks_serving.calibration,

@@ -6,13 +6,17 @@
   (b2) transformers-kv  transformers' model with its KV cache, decoded by the SDAR scheme (separate commit
                         forward): what a user runs without an engine
   (c)  separate-commit  diffuserve with a separate commit forward per block (SGLang, dInfer, the SDAR reference)
-  (d)  ar               the same model decoded autoregressively (block length 1): the AR baseline
+  (d)  ar               the same model decoded autoregressively (block length 1): the AR baseline; ar-batched
+                        (only when asked) the same given every prompt at once
   (e)  engine-batched   (only when asked) the engine given all --num-prompts prompts at once
   (f)  recompute-state  hybrid models (GDN layers): diffuserve recomputing every request's committed prefix each
                         step through the whole model, with no cache at all (bench/baselines/recompute.py)
   (g)  gdn-rescan       hybrid models: diffuserve with its K/V pages cached as usual but no GDN state carried
                         between steps: every step rebuilds it by scanning the committed prefix's kept
                         projections (bench/baselines/rescan.py)
+  (i)  verified         (only when asked) the engine with decoder=verified: threshold drafts kept only where the
+                        causal path agrees, so its tokens must equal (d)'s; verified-batched: given every prompt at
+                        once, as (e)
   (h)  attention-loop   (only when asked) engine-batched with --attention-backend loop: one SDPA per sequence in
                         every layer, the attention before issue 23 (engine-batched_vs_attention-loop: the gain of
                         the batched attention backend at --num-prompts concurrent sequences)
@@ -62,10 +66,15 @@ VARIANT_ORDER = (
     "transformers-kv",
     "separate-commit",
     "ar",
+    "ar-batched",
+    "verified",
+    "verified-batched",
     "recompute-state",
     "gdn-rescan",
 )
 ENGINE_VARIANTS = (
+    "verified",
+    "verified-batched",
     "engine",
     "engine-batched",
     "attention-loop",
@@ -88,7 +97,11 @@ SAME_TOKENS = (
 )
 BASELINE_RUNNERS = {"recompute-state": "recompute", "gdn-rescan": "rescan"}
 """The hybrid-model baselines: variant -> its runner (bench/baselines)."""
-ALL_AT_ONCE = ("engine-batched", "attention-loop")
+ALL_AT_ONCE = ("engine-batched", "attention-loop", "verified-batched", "ar-batched")
+AUTOREGRESSIVE = ("ar", "ar-batched")
+"""The variants at block length 1, built once and measured beside every block length's."""
+VERIFIED = ("verified", "verified-batched")
+"""The variants decoding with decoder=verified: their tokens are the autoregressive ones, checked against (d)."""
 """The variants given every prompt at once (the others decode each prompt alone)."""
 TARGETS = (
     (32, "engine", "reference", 5.0),
@@ -113,8 +126,11 @@ class EngineVariant:
     sequential: bool = True
     compile_s: float = 0.0
     """Seconds the warm-up spent compiling the forward (0 when eager); never part of the timed rounds."""
+    decoder: str | None = None
+    """The decoder this variant asks for instead of the run's (verified)."""
 
     def measure(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        params = params.replace(decoder=self.decoder) if self.decoder else params
         record = run_requests(self.engine, prompts, params, sequential=self.sequential)
         tokens = [o.outputs[0].token_ids for o in record.outputs]
         if self.tokens is not None and tokens != self.tokens:
@@ -124,7 +140,11 @@ class EngineVariant:
 
     def result(self) -> dict[str, Any]:
         assert self.tokens is not None, "measure() first"
-        return variant_record(self.tokens, self.nfe, self.walls) | {"compile_s": self.compile_s}
+        record = variant_record(self.tokens, self.nfe, self.walls) | {"compile_s": self.compile_s}
+        spec = self.engine.stats().spec_decode
+        if spec.num_drafts:
+            record |= {"acceptance_rate": spec.acceptance_rate, "mean_acceptance_length": spec.mean_acceptance_length}
+        return record
 
 
 def engine_variant(
@@ -152,7 +172,8 @@ def engine_variant(
     compile_s = engine.runner.executor.run_model.compile_s
     if compile_s:
         print(f"compare: {name} compiled its forward in {compile_s:.1f} s (warm-up, not timed)", file=sys.stderr)
-    return EngineVariant(engine, sequential=not batched, compile_s=compile_s)
+    decoder = "verified" if name in VERIFIED else None
+    return EngineVariant(engine, sequential=not batched, compile_s=compile_s, decoder=decoder)
 
 
 def reference_variant(
@@ -227,15 +248,15 @@ def compare_block(
     block: int,
     prompts: list[list[int]],
     params: SamplingParams,
-    ar: EngineVariant | None,
+    block_one: dict[str, EngineVariant],
 ) -> dict[str, Any]:
     """All variants at one block length. The engine variants run --repeats rounds, interleaved (a, c, d, a,
     c, d, ...) so that a change in machine load hits them alike; the slow reference runs once, after the
     first round."""
     engines = {name: engine_variant(ctx, ns, block, params, name) for name in ns.variants if name in ENGINE_VARIANTS}
-    if ar is not None:
-        ar.walls = []  # AR is measured again in every block's rounds, beside that block's variants
-        engines["ar"] = ar
+    for name, variant in block_one.items():
+        variant.walls = []  # AR is measured again in every block's rounds, beside that block's variants
+        engines[name] = variant
     variants: dict[str, dict[str, Any]] = {}
     for round_index in range(ns.repeats):
         for name, variant in engines.items():
@@ -252,6 +273,7 @@ def compare_block(
     variants |= {name: variant.result() for name, variant in engines.items()}
     variants = {name: variants[name] for name in VARIANT_ORDER if name in variants}
     exact = [variants[n]["token_ids"] for n in SAME_TOKENS if n in variants]
+    autoregressive = [variants[n]["token_ids"] for n in (*AUTOREGRESSIVE, *VERIFIED) if n in variants]
     for v in variants.values():
         del v["token_ids"]  # checked here; the JSON keeps the verdict, not 3 x prompts x tokens ids
     ratios = {
@@ -266,6 +288,7 @@ def compare_block(
         "variants": variants,
         "ratios": ratios,
         "identical_tokens": all(t == exact[0] for t in exact) if len(exact) > 1 else None,
+        "verified_equals_ar": all(t == autoregressive[0] for t in autoregressive) if len(autoregressive) > 1 else None,
     }
 
 
@@ -315,8 +338,8 @@ def run(ns: argparse.Namespace) -> int:
         return renoise_compare.run(ns, ctx)
     prompts = ctx.prompts(ns.num_prompts, ns.prompt_tokens)
     params = sampling_params(ns, ns.output_tokens)
-    ar = engine_variant(ctx, ns, 1, params) if "ar" in ns.variants else None
-    results = [compare_block(ctx, ns, block, prompts, params, ar) for block in ns.block_lengths]
+    block_one = {name: engine_variant(ctx, ns, 1, params, name) for name in AUTOREGRESSIVE if name in ns.variants}
+    results = [compare_block(ctx, ns, block, prompts, params, block_one) for block in ns.block_lengths]
     print(table(results))
     for r in results:
         if "engine-batched_vs_attention-loop" in r["ratios"]:
@@ -346,6 +369,9 @@ def run(ns: argparse.Namespace) -> int:
         ns.json_out,
         ns.plot,
     )
+    if any(r.get("verified_equals_ar") is False for r in results):
+        print("compare: verified decoding gave other tokens than autoregressive decoding (ar)", flush=True)
+        return 1
     if any(r["identical_tokens"] is False for r in results):
         print(
             f"compare: the variants {', '.join(n for n in SAME_TOKENS if n in ns.variants)} gave different tokens",

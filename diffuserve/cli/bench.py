@@ -230,6 +230,9 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
             "attention-loop",
             "recompute-state",
             "gdn-rescan",
+            "verified",
+            "verified-batched",
+            "ar-batched",
         ),
         help="(a) engine, (a0) baseline: the engine eager with the per-expert loop, (b) transformers "
         "recompute reference (clover_moe: the naive decode), (b2) transformers-kv: transformers "
@@ -238,7 +241,9 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
         "once, (f) recompute-state: hybrid models recomputing the whole prefix every step (no cache), "
         "(g) gdn-rescan: hybrid models with K/V cached but the GDN state rebuilt every step by scanning the "
         "prefix's kept projections, (h) attention-loop: engine-batched with --attention-backend loop (one SDPA "
-        "per sequence: the attention before issue 23); default: a, a0, b, b2, c, d",
+        "per sequence: the attention before issue 23), (i) verified: the engine with decoder=verified (its "
+        "tokens must equal ar's), verified-batched: the same given all --num-prompts at once, ar-batched: (d) "
+        "given all --num-prompts at once; default: a, a0, b, b2, c, d",
     )
 
 

@@ -53,6 +53,10 @@ class CompletionOutput:
     """The stop token id or stop string that ended the completion."""
     num_forwards: int = 0
     """NFE: denoising forwards this completion took part in (prefill chunks excluded)."""
+    num_draft_tokens: int = 0
+    """decoder=verified: drafted tokens its commit forwards checked ..."""
+    num_accepted_tokens: int = 0
+    """... and kept (both 0 for the other decoders)."""
     error: str | None = None
     logprobs: list[TokenLogprobs] | None = None
     """With SamplingParams.logprobs: per token, its logprob and the top alternatives, `decoded_token` filled.

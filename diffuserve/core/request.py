@@ -123,8 +123,19 @@ class Request:
     error: str | None = None
     denoising_steps: list[DenoisingStep] = field(default_factory=list)
     """With params.record_denoising: every denoising step's writes, oldest first (empty otherwise)."""
+    drafted: list[int] = field(default_factory=list)
+    """Verified decoding (params.is_verified): the generated tokens of the last finished block, which the forward
+    that commits them verifies (core/verification.py). They follow output_token_ids and are committed like them,
+    but are neither output nor used to stop until verified."""
+    num_draft_tokens: int = 0
+    """Verified decoding: drafted tokens checked, and kept (`num_accepted_tokens`), over the request's life."""
+    num_accepted_tokens: int = 0
+    verified_end: int = 0
+    """Verified decoding: every position below it holds a verified token (the prompt, output_token_ids and, after
+    a rejection, the head of the reopened block)."""
 
     def __post_init__(self) -> None:
+        self.verified_end = self.num_prompt_tokens
         self.open_block(self.num_prefill_positions)
 
     # ---- geometry ------------------------------------------------------------------------------------------
@@ -161,17 +172,24 @@ class Request:
         return max(0, self.num_prompt_tokens - self.score_cursor)
 
     @property
+    def settled_end(self) -> int:
+        """Positions before it hold tokens no verification can take back: the current block's start, or while a
+        drafted block waits for verification, that block's start."""
+        return self.block_start - self.block_length if self.drafted else self.block_start
+
+    @property
     def commit_target(self) -> int:
-        """Where commits run to: the current block; with max_tokens 0 (no block) only the blocks that prompt
+        """Where commits run to: the current block (a drafted block is committed in a forward of its own start,
+        whose state verification can roll back to); with max_tokens 0 (no block) only the blocks that prompt
         scoring reads, those before the last prompt position's block."""
         if self.params.max_tokens > 0:
-            return self.block_start
+            return self.settled_end if self.num_computed_tokens < self.settled_end else self.block_start
         return (self.num_prompt_tokens - 1) // self.block_length * self.block_length if self.num_unscored else 0
 
     def known_tokens(self, start: int, end: int) -> list[int]:
         """Final tokens at positions [start, end) < block_start (prompt, then finished blocks)."""
         prompt = self.prompt_token_ids
-        return (prompt + self.output_token_ids)[start:end] if end > len(prompt) else prompt[start:end]
+        return (prompt + self.output_token_ids + self.drafted)[start:end] if end > len(prompt) else prompt[start:end]
 
     def open_block(self, block_start: int) -> None:
         """Starts a new current block at `block_start`: known prompt tail, masks elsewhere (a renoise canvas: mask
@@ -243,6 +261,10 @@ class Request:
         if (params.is_editing or params.is_renoise) and not self.block_is_final:
             tail = [self.mask_token_id] * len(tail)
         generated = self.output_token_ids + tail
+        if params.is_verified:  # only verified tokens are decided
+            tail = self.drafted + tail
+            generated = (self.output_token_ids + tail)[: self.verified_end - self.num_prompt_tokens]
+            generated.append(self.mask_token_id)
         for g, token in enumerate(generated[: params.max_tokens]):
             if token == self.mask_token_id:
                 return None
@@ -260,8 +282,13 @@ class Request:
 
     def finish_block(self) -> list[int]:
         """The block is final and the request goes on: its generated part joins the output (to be committed by
-        the next forward) and the next block opens. Returns the new tokens."""
+        the next forward) and the next block opens. Returns the new tokens (none under verified decoding: the block
+        is a draft, `drafted`, until its commit forward verifies it)."""
         new = self.canvas[self.generation_start_in_block() :]
+        if self.params.is_verified:  # a draft until the forward that commits it verifies it
+            self.drafted = new
+            self.open_block(self.block_end)
+            return []
         self.output_token_ids.extend(new)
         if self.canvas_logprobs:
             self.output_logprobs.extend(self._generated_logprobs())
@@ -356,6 +383,18 @@ class BlockWrite:
 
 
 @dataclass(frozen=True)
+class Verification:
+    """What the commit forward of a request's drafted block found (decoder=verified; core/verification.py)."""
+
+    num_checked: int
+    """Drafted positions compared, from `verify_start(request)` on."""
+    num_accepted: int
+    """The leading ones kept."""
+    token: int | None
+    """The causal path's token at the first rejected position; None when every checked position was kept."""
+
+
+@dataclass(frozen=True)
 class StepResult:
     """What the model runner computed in one step."""
 
@@ -365,6 +404,8 @@ class StepResult:
     """Per request id scoring its prompt: (prompt position, logprobs) of the positions scored this step."""
     failures: dict[str, str] = field(default_factory=dict)
     """Per request id whose grammar failed while decoding: the message; the engine fails those requests alone."""
+    verifications: dict[str, Verification] = field(default_factory=dict)
+    """Per request id whose drafted block this step committed: what verifying it found (decoder=verified)."""
 
 
 @dataclass
@@ -382,3 +423,11 @@ class StepUpdate:
     num_prefill_tokens: int = 0
     """Prompt tokens whose K/V this step computed."""
     num_generated_tokens: int = 0
+    num_draft_tokens: int = 0
+    """Verified decoding: drafted tokens this step's commits checked ..."""
+    num_accepted_tokens: int = 0
+    """... the ones kept ..."""
+    num_verified_blocks: int = 0
+    """... in this many drafted blocks"""
+    num_discarded_steps: int = 0
+    """Block steps fused with a draft that was rejected, thrown away."""

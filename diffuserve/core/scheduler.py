@@ -27,7 +27,16 @@ from collections import deque
 from collections.abc import Mapping
 
 from diffuserve.core.cache.manager import CacheManager
-from diffuserve.core.request import BlockWrite, Request, RequestStatus, ScheduledRequest, SchedulerOutput, StepUpdate
+from diffuserve.core.request import (
+    BlockWrite,
+    Request,
+    RequestStatus,
+    ScheduledRequest,
+    SchedulerOutput,
+    StepUpdate,
+    Verification,
+)
+from diffuserve.core.verification import apply_verification
 
 NO_WRITE = BlockWrite([])
 """A step that wrote nothing into a request's block (a grammar failure, or no result for it)."""
@@ -90,10 +99,17 @@ class Scheduler:
             work.request.last_scheduled_step = self.num_steps
         return SchedulerOutput(scheduled, preempted)
 
-    def update_from_output(self, output: SchedulerOutput, writes: Mapping[str, BlockWrite]) -> StepUpdate:
+    def update_from_output(
+        self,
+        output: SchedulerOutput,
+        writes: Mapping[str, BlockWrite],
+        verifications: Mapping[str, Verification] | None = None,
+    ) -> StepUpdate:
         """Applies a step's results: `writes` holds, per request with a block, the (canvas index, token) pairs
-        the decoder wrote (and their logprobs, for requests that ask). Commits, counts forwards, writes the
-        tokens, then finishes the request (stop id, length) or, if its block is final, opens the next block.
+        the decoder wrote (and their logprobs, for requests that ask); `verifications`, per request whose drafted
+        block this step committed, what its causal rows kept (core/verification.py). Commits, counts forwards,
+        applies the verification, writes the tokens, then finishes the request (stop id, length) or, if its block
+        is final, opens the next block. A rejected draft discards the block step that assumed it.
 
         NOTE: a block is finished (and so committed by the next forward, fused) only once it is final: for an
         editing decoder that is after a step that changed nothing or once the post-edit budget is spent, so the
@@ -104,10 +120,15 @@ class Scheduler:
             self.cache.apply(work)
             self._end_scoring(work, update)
             update.num_prefill_tokens += max(0, min(work.commit_end, request.num_prefill_positions) - work.commit_start)
-            new = self._apply_block(work, writes.get(request.request_id, NO_WRITE), update) if work.has_block else 0
-            if not work.has_block and work.commit_end > request.num_prefill_positions:
-                request.num_forwards += 1  # a separate commit forward (fused_commit off)
+            before = len(request.output_token_ids)
+            verdict = (verifications or {}).get(request.request_id)
+            rejected = verdict is not None and self._apply_verification(work, verdict, update)
+            if work.has_block and not rejected:
+                self._apply_block(work, writes.get(request.request_id, NO_WRITE), update)
+            elif work.has_block or work.commit_end > request.num_prefill_positions:
+                request.num_forwards += 1  # a separate commit forward (fused_commit off), or a discarded step
             update.requests.append(request)
+            new = len(request.output_token_ids) - before
             update.new_token_counts[request.request_id] = new
             update.num_generated_tokens += max(new, 0)
         return update
@@ -141,22 +162,42 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ---- applying a step ------------------------------------------------------------------------------------
-    def _apply_block(self, work: ScheduledRequest, write: BlockWrite, update: StepUpdate) -> int:
-        """A denoising step of the request's block. Returns how many tokens became final."""
+    def _apply_block(self, work: ScheduledRequest, write: BlockWrite, update: StepUpdate) -> None:
+        """A denoising step of the request's block."""
         request = work.request
         request.num_forwards += 1
         request.step_in_block += 1
         request.apply_step(write.accepted, write.logprobs, write.final)
-        before = len(request.output_token_ids)
+        if not self._stop_check(request, update) and request.block_is_final:
+            request.finish_block()
+            update.finished_blocks.append(request.request_id)
+
+    def _stop_check(self, request: Request, update: StepUpdate) -> bool:
+        """Finishes the request if its tokens end it; returns whether they did."""
         stop = request.stop_check()
         if stop is not None:
             request.apply_stop(stop)
             self._finish(request, stop.status)
             update.finished.append(request)
-        elif request.block_is_final:
-            request.finish_block()
-            update.finished_blocks.append(request.request_id)
-        return len(request.output_token_ids) - before
+        return stop is not None
+
+    def _apply_verification(self, work: ScheduledRequest, verdict: Verification, update: StepUpdate) -> bool:
+        """The step committed the request's drafted block: keeps what its causal rows verified. A rejection
+        takes the caches back to the block's start (its commit is redone) and may end the request on a stop id
+        or the length among the verified tokens. Returns whether the draft was rejected."""
+        request = work.request
+        block = request.block_start - self.block_length
+        update.num_draft_tokens += verdict.num_checked
+        update.num_accepted_tokens += verdict.num_accepted
+        request.num_draft_tokens += verdict.num_checked
+        request.num_accepted_tokens += verdict.num_accepted
+        update.num_verified_blocks += 1
+        if not apply_verification(request, verdict):
+            return False
+        self.cache.rollback(request, block)
+        update.num_discarded_steps += int(work.has_block)
+        self._stop_check(request, update)
+        return True
 
     def _end_scoring(self, work: ScheduledRequest, update: StepUpdate) -> None:
         """After the forward: the scored positions advance the cursor (the cache took its scratch pages back); a
@@ -192,6 +233,7 @@ class Scheduler:
         is_block_commit = request.block_start > request.num_prefill_positions
         has_block = (
             chunk == pending
+            and start + chunk == request.block_start
             and self.block_length <= left
             and request.params.max_tokens > 0
             and score_end - score_start == request.num_unscored

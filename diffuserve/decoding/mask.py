@@ -9,6 +9,7 @@ from diffuserve.core.request import Request
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
 from diffuserve.decoding.mask_policies import MaskPolicy, propose
 from diffuserve.decoding.protocol import BlockDecode
+from diffuserve.sampling_params import ResolvedSamplingParams
 
 
 class MaskDecoder:
@@ -26,7 +27,7 @@ class MaskDecoder:
     def decode(
         self, request: Request, rows: torch.Tensor, positions: list[int], generators: RequestGenerators
     ) -> BlockDecode:
-        params = request.params
+        params = self.draft_params(request)
         # The mask token keeps its logit: propose counts its mass and never proposes it.
         rows = forbid_tokens(request, positions, rows, forbid_mask=False)
         index = torch.tensor(positions, dtype=torch.long, device=rows.device)
@@ -35,7 +36,7 @@ class MaskDecoder:
             index,
             self.block_length,
             params,
-            generators.for_sampling(request),
+            None if params.is_greedy else generators.of(request),
             self.policy.needs_entropy,
             params.logprobs,
             request.mask_token_id,
@@ -45,6 +46,10 @@ class MaskDecoder:
             proposal, canvas, canvas == request.mask_token_id, request.step_in_block, params, self.block_length
         )
         return BlockDecode(proposal.write(write.nonzero().flatten()))
+
+    def draft_params(self, request: Request) -> ResolvedSamplingParams:
+        """The parameters the block is proposed and decided with: the request's."""
+        return request.params
 
     def release(self, request_id: str) -> None:
         """Nothing per request: the policy is stateless."""

@@ -4,6 +4,7 @@ check of whether that decoder fits the model and the request's other options (th
     the model reads blocks causally (no block-diffusion tensors)    -> the autoregressive rule, whatever was asked
     the model's blocks are renoise canvases                          -> renoise (the only decoder that fits them)
     otherwise                                                        -> the mask decoder the request names
+    verified, on a model whose causal path predicts the next token   -> the verified decoder (refused otherwise)
     with structured_outputs                                          -> that decoder, grammar-constrained
     with a presence, frequency or repetition penalty                 -> that decoder, its rows penalised first
 
@@ -22,9 +23,10 @@ from diffuserve.decoding.mask_policies import MASK_POLICIES
 from diffuserve.decoding.penalties import Penalized, PenaltyCounts
 from diffuserve.decoding.protocol import Decoder
 from diffuserve.decoding.renoise import RenoiseDecoder
+from diffuserve.decoding.verified import VerifiedDecoder
 from diffuserve.errors import RequestError, UnsupportedParameter
 from diffuserve.model.interface import StepRules
-from diffuserve.sampling_params import ResolvedSamplingParams
+from diffuserve.sampling_params import PENALTY_DEFAULTS, ResolvedSamplingParams
 
 
 class DecoderRegistry:
@@ -42,10 +44,11 @@ class DecoderRegistry:
         }
         self._plain["autoregressive"] = NextTokenDecoder(block_length)
         self._plain["renoise"] = RenoiseDecoder(block_length, vocab_size, device)
+        self._plain["verified"] = VerifiedDecoder(block_length)
         self._constrained = {
             name: GrammarConstrained(decoder, structured, block_length)
             for name, decoder in self._plain.items()
-            if structured is not None and name != "renoise"
+            if structured is not None and name not in ("renoise", "verified")
         }
         self.penalty_counts = PenaltyCounts()
 
@@ -85,12 +88,41 @@ class DecoderRegistry:
                 "renoise decodes random-token canvases, and this model's blocks are masked; use threshold, fixed, "
                 "entropy or edit",
             )
+        if params.is_verified and not self.rules.autoregressive:
+            self._check_verified(params)
         if params.is_renoise and (params.top_p < 1 or params.top_k > 0):
             name, value = ("top_p", params.top_p) if params.top_p < 1 else ("top_k", params.top_k)
             raise UnsupportedParameter(
                 name,
                 f"got {value}; the renoise decoder samples every canvas position from its whole tempered "
                 "distribution (temperatures t_max -> t_min), so it has no nucleus or top-k filter; remove the field",
+            )
+
+    def _check_verified(self, params: ResolvedSamplingParams) -> None:
+        """Verification reads the commit forward's causal rows as next-token predictions: only a model whose
+        position p is predicted from row p - 1 (StepRules.prediction_shift) has them."""
+        if not self.rules.prediction_shift:
+            raise UnsupportedParameter(
+                "decoder",
+                "verified checks drafts against the causal path's next-token predictions, and this model predicts "
+                "each masked position from its own row (no AR shift), so its causal rows predict nothing to check; "
+                "use threshold, fixed, entropy or edit",
+            )
+        for name, value in (("structured_outputs", params.structured_outputs), ("logprobs", params.logprobs)):
+            if value is not None:
+                raise UnsupportedParameter(
+                    name, f"cannot be combined with decoder=verified yet (got {value!r}); remove it or the decoder"
+                )
+        if params.has_penalties:  # the drafts would be penalised, the causal rows that verify them would not
+            name = next(
+                n
+                for n in ("presence_penalty", "frequency_penalty", "repetition_penalty")
+                if getattr(params, n) != PENALTY_DEFAULTS[n]
+            )
+            raise UnsupportedParameter(
+                name,
+                f"cannot be combined with decoder=verified yet (got {getattr(params, name)}): the verifier's causal "
+                "rows are not penalised; remove it or the decoder",
             )
 
     def _check_structured(self, params: ResolvedSamplingParams) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +34,7 @@ from diffuserve.core.outputs import RequestOutput
 from diffuserve.core.request import Request, RequestStatus, SchedulerOutput, StepUpdate
 from diffuserve.engine.engine_setup import RunnerFactory, build_components
 from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest
+from diffuserve.engine.spec_decode_stats import SpecDecodeStats
 from diffuserve.errors import (
     ContextLengthExceeded,
     DuplicateRequestId,
@@ -89,6 +90,8 @@ class LLMEngine:
         token_ids = self._encode(prompt)
         resolved = self.resolve_params(params, len(token_ids))
         decoder = self.runner.decoding.resolve(resolved)  # the one place a decoder is chosen and checked
+        if resolved.is_verified and decoder.name != resolved.decoder:  # a causal-only model: autoregressive
+            resolved = resolved.replace(decoder=decoder.name)
         parent = ParentRequest(
             request_id,
             prompt if isinstance(prompt, str) else None,
@@ -160,7 +163,7 @@ class LLMEngine:
             logger.exception("engine step failed; failing its %d requests", len(output.scheduled))
             return self._fail_step(output, f"{type(e).__name__}: {e}")
         seconds = time.perf_counter() - started
-        update = self.scheduler.update_from_output(output, result.writes)
+        update = self.scheduler.update_from_output(output, result.writes, result.verifications)
         if output.num_batched_tokens:  # a step of requests with nothing left to compute ran no forward
             self.counters.record_step(output.num_batched_tokens, seconds, update)
         self._release(update)
@@ -254,6 +257,8 @@ class EngineStats:
     recurrent state, the same as prefix_hit_rate)."""
     state: StateStats | None = None
     """Hybrid models (GDN layers): the recurrent-state pool."""
+    spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+    """Verified decoding's drafts and accepted tokens (all zero when no request verifies)."""
 
     @property
     def tokens_per_step(self) -> float:
@@ -274,6 +279,7 @@ class EngineCounters:
     num_generated_tokens: int = 0
     num_prefill_tokens: int = 0
     step_time_s: float = 0.0
+    spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)
 
     def record_step(self, num_tokens: int, seconds: float, update: StepUpdate) -> None:
         """A completed step: `num_tokens` query tokens, `seconds` in the forward and decoders, and the tokens its
@@ -283,6 +289,8 @@ class EngineCounters:
         self.step_time_s += seconds
         self.num_prefill_tokens += update.num_prefill_tokens
         self.num_generated_tokens += update.num_generated_tokens
+        if update.num_verified_blocks:
+            self.spec_decode = self.spec_decode.add(update)
 
     def snapshot(
         self,
@@ -308,4 +316,5 @@ class EngineCounters:
             offload=offload,
             page_hit_rate=scheduler.page_hit_rate,
             state=cache.state_stats(scheduler.prefix_hit_rate),
+            spec_decode=self.spec_decode,
         )

@@ -60,6 +60,9 @@ VLLM_SERIES = frozenset(
         "prefix_cache_queries",
         "prefix_cache_hits",
         "num_preemptions",
+        "spec_decode_num_drafts",
+        "spec_decode_num_draft_tokens",
+        "spec_decode_num_accepted_tokens",
         "prompt_tokens",
         "generation_tokens",
         "request_success",
@@ -133,6 +136,7 @@ class MetricSeries:
         self._add_size_metrics(make)
         self._add_expert_metrics(make)
         self._add_state_metrics(make)
+        self._add_spec_decode_metrics(make)
 
     def _add_state_metrics(self, make: Any) -> None:
         """Hybrid models' recurrent-state pool (set only for models with GDN layers)."""
@@ -146,6 +150,21 @@ class MetricSeries:
             Gauge,
             "prefix_cache_state_hit_rate",
             "Prompt tokens restored from a state snapshot (with their pages) / prompt tokens looked up, since start.",
+        )
+
+    def _add_spec_decode_metrics(self, make: Any) -> None:
+        """Verified decoding (decoder=verified), under vLLM's speculative-decoding names."""
+        self.spec_drafts = make(Counter, "spec_decode_num_drafts", "Drafted blocks verified by a commit forward.")
+        self.spec_draft_tokens = make(
+            Counter, "spec_decode_num_draft_tokens", "Drafted tokens checked against the causal path."
+        )
+        self.spec_accepted_tokens = make(
+            Counter, "spec_decode_num_accepted_tokens", "Drafted tokens the causal path kept."
+        )
+        self.spec_acceptance_length = make(
+            Gauge,
+            "spec_decode_mean_acceptance_length",
+            "Tokens a verified block yields (kept drafts + the causal token at a rejection) per block, since start.",
         )
 
     def _add_phase_metrics(self, make: Any) -> None:

@@ -135,6 +135,11 @@ class ServerMetrics(MetricSeries):
         for _ in range(steps):  # one step per call in practice: its tokens are the batched-token delta
             self.iteration_tokens.observe((stats.num_batched_tokens - last.num_batched_tokens) / steps)
         self._expert_stats(stats, last)
+        spec, last_spec = stats.spec_decode, last.spec_decode
+        self.spec_drafts.inc(spec.num_drafts - last_spec.num_drafts)
+        self.spec_draft_tokens.inc(spec.num_draft_tokens - last_spec.num_draft_tokens)
+        self.spec_accepted_tokens.inc(spec.num_accepted_tokens - last_spec.num_accepted_tokens)
+        self.spec_acceptance_length.set(spec.mean_acceptance_length)
 
     def _expert_stats(self, stats: EngineStats, last: EngineStats) -> None:
         if stats.experts is not None:

@@ -20,11 +20,11 @@ Batch layout for a step (N query tokens, requests one after another, then prompt
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from diffuserve.core.request import BlockWrite, Request, ScheduledRequest, StepResult
+from diffuserve.core.request import BlockWrite, Request, ScheduledRequest, StepResult, Verification
 from diffuserve.decoding.block_decoding import BlockDecoding
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext
@@ -35,6 +35,7 @@ from diffuserve.worker.cache.step_metadata import StepMetadata
 from diffuserve.worker.executor import ForwardInputs, ModelExecutor
 from diffuserve.worker.experts import ExpertOffload, ExpertTracker
 from diffuserve.worker.prompt_scoring import ScoringRows, prompt_logprobs
+from diffuserve.worker.verification import StepDrafts
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class StepBatch:
     logit_rows: torch.Tensor
     """[M] the source row of each block position's logits, blocks one after another."""
     scoring: ScoringRows
+    drafts: StepDrafts = field(default_factory=StepDrafts)
+    """The drafted blocks the step commits and verifies (decoder=verified)."""
 
 
 class ModelRunner:
@@ -75,6 +78,8 @@ class ModelRunner:
         self.state = StateMetadataBuilder(self.block_length, not self.rules.autoregressive, self.device)
         self.experts = ExpertTracker(executor.model) if expert_stats else None
         """Routing statistics (`EngineConfig.expert_stats`); None when off."""
+        self.rollback: list[int] = []
+        """State slots whose draft the last forward rejected: the next forward puts them back first."""
 
     @property
     def model(self) -> DiffusionModel:
@@ -89,8 +94,11 @@ class ModelRunner:
         """Runs the step (see the module docstring)."""
         batch = self.build_batch(scheduled)
         carried = self.executor.carried_rows()  # [slots, H]: the last committed row of each state slot, or [0, H]
+        drafts = batch.drafts if batch.drafts.drafts else None  # drafted blocks this step commits (verified)
+        kept = drafts.kept_rows(carried) if drafts else None  # [K, H] copied before the forward keeps new rows
         if batch.forward.input_ids.numel():
             hidden = self.executor.execute(batch.forward)  # [N, H]
+            self.rollback = []
             hidden = torch.cat([hidden, carried]) if carried.numel() else hidden
             self._record_experts(batch)
         elif batch.scoring.requests:  # it only scores block first positions, read from kept rows: no forward
@@ -101,8 +109,13 @@ class ModelRunner:
         if batch.scoring.requests:
             rows = torch.tensor(batch.scoring.logit_rows, dtype=torch.long, device=self.device)
             scores = prompt_logprobs(self.model.compute_logits(hidden.index_select(0, rows)), batch.scoring.requests)
-        writes = self._decode_blocks(batch, hidden) if batch.blocks else {}
-        return StepResult(writes, scores, self.decoding.take_failures())
+        verdicts: dict[str, Verification] = {}
+        if drafts is not None and kept is not None:
+            verdicts = drafts.verify(hidden, kept, self.model.compute_logits, self.decoding)
+            self.rollback = drafts.rejected_slots(verdicts)
+        rejected = {request_id for request_id, verdict in verdicts.items() if verdict.token is not None}
+        writes = self._decode_blocks(batch, hidden, rejected) if batch.blocks else {}
+        return StepResult(writes, scores, self.decoding.take_failures(), verdicts)
 
     def release(self, request_id: str) -> None:
         """Forgets a finished request's decoding state; its last block's experts still count in the statistics."""
@@ -123,6 +136,7 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         blocks: list[BlockRows] = []
+        drafts = StepDrafts()
         groups = self._page_groups()
         paged = groups[0]  # the full-attention pages: what prompt scoring's variants read
         for work in scheduled:
@@ -131,6 +145,8 @@ class ModelRunner:
             request = work.request
             for group in groups:
                 group.add(work, len(ids))
+            if request.drafted:
+                drafts.add(work, len(ids))
             ids += request.known_tokens(work.commit_start, work.commit_end)
             if work.has_block:
                 decoder = self.decoding.decoder_of(request)
@@ -150,7 +166,7 @@ class ModelRunner:
             scoring.logit_rows[index] = num_rows + state_slot(request)
         metadata = StepMetadata(
             {group.group: group.build() for group in groups},
-            self.plan_state(scheduled, scoring.variants) if self.has_state else None,
+            self._state_plan(scheduled, scoring.variants, drafts) if self.has_state else None,
             self._canvas_inputs(blocks) if self.executor.caches.canvas is not None else None,
         )
         forward = ForwardInputs(
@@ -160,7 +176,7 @@ class ModelRunner:
             self._block_context(blocks) if self.executor.offload is not None or self.executor.block_coreset else None,
         )
         rows = [row for block in blocks for row in self._logit_rows(block, num_rows)]
-        return StepBatch(forward, blocks, torch.tensor(rows, dtype=torch.long, device=self.device), scoring)
+        return StepBatch(forward, blocks, torch.tensor(rows, dtype=torch.long, device=self.device), scoring, drafts)
 
     def _page_groups(self) -> list[PagedMetadataBuilder]:
         """A metadata builder per page group, in the executor's order: the full-attention pages, then each
@@ -174,6 +190,18 @@ class ModelRunner:
     def plan_state(self, scheduled: list[ScheduledRequest], variants: list[tuple[int, Request]]) -> StatePlan:
         """The step's recurrent-state plan; `variants`: each scoring variant's first row and request."""
         return self.state.plan(scheduled, variants)
+
+    def _state_plan(
+        self, scheduled: list[ScheduledRequest], variants: list[tuple[int, Request]], drafts: StepDrafts
+    ) -> StatePlan:
+        """The state plan, with the slots verified decoding saves before the forward or puts back first."""
+        plan = self.plan_state(scheduled, variants)
+        if not (self.rollback or drafts.drafts):
+            return plan
+        slots = [  # the slots to put back, then those to save
+            torch.tensor(s, dtype=torch.long, device=self.device) if s else None for s in (self.rollback, drafts.slots)
+        ]
+        return replace(plan, rollback=slots[0], backup=slots[1])
 
     def _canvas_inputs(self, blocks: list[BlockRows]) -> CanvasInputs:
         """The step's canvas rows and each canvas's self-conditioning input (zeros at a canvas's first step)."""
@@ -212,7 +240,8 @@ class ModelRunner:
             self.experts.record_step(rows)
 
     # ---- decoding ------------------------------------------------------------------------------------------
-    def _decode_blocks(self, batch: StepBatch, hidden: torch.Tensor) -> dict[str, BlockWrite]:
+    def _decode_blocks(self, batch: StepBatch, hidden: torch.Tensor, skip: set[str]) -> dict[str, BlockWrite]:
+        """Each block's decoder on its rows; not the blocks in `skip` (fused with a rejected draft)."""
         logits = self.model.compute_logits(hidden.index_select(0, batch.logit_rows))  # [M, V]
         writes, start = {}, 0
         carried: list[tuple[int, torch.Tensor]] = []  # (canvas slot, tempered logits [C, V]) of going-on canvases
@@ -220,6 +249,8 @@ class ModelRunner:
             request = block.work.request
             rows = logits[start : start + len(block.positions)]
             start += len(block.positions)
+            if request.request_id in skip:
+                continue
             decoder = self.decoding.decoder_of(request)
             decoded = decoder.decode(request, rows, block.positions, self.decoding.generators)
             writes[request.request_id] = decoded.write

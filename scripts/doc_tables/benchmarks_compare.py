@@ -39,6 +39,28 @@ def compare(load: Load) -> str:
     return table(["block", "variant", "tokens/s", "NFE", "TPF", "forwards/s", "engine speed-up"], rows)
 
 
+VERIFIED_ROWS = {
+    "ar": ("(d) autoregressive (block length 1)", 1),
+    "engine": ("(a) diffusion: threshold decoder", 1),
+    "verified": ("(i) verified: threshold drafts, causal check", 1),
+    "ar-batched": ("(d) autoregressive, all prompts at once", 16),
+    "engine-batched": ("(e) diffusion, all prompts at once", 16),
+    "verified-batched": ("(i) verified, all prompts at once", 16),
+}
+
+
+def compare_verified(load: Load) -> str:
+    """Autoregressive, diffusion and verified decoding of the same prompts (`compare-verified`)."""
+    r = load("compare-verified")["result"]["results"][0]
+    rows = []
+    for name, (label, concurrent) in VERIFIED_ROWS.items():
+        v = r["variants"][name]
+        accepted = f"{v['acceptance_rate']:.0%} / {v['mean_acceptance_length']:.2f}" if "acceptance_rate" in v else "–"
+        rows.append([label, concurrent, sig3(v["tokens_per_s"]), v["nfe"], f"{v['tpf']:.2f}", accepted])
+    header = ["variant", "concurrent", "tokens/s", "NFE", "TPF", "drafts kept / tokens per verified block"]
+    return table(header, rows)
+
+
 def compare_quiet(load: Load) -> str:
     rows = []
     for name in ("compare-quiet-block32", "compare-quiet-block4"):

@@ -2,9 +2,10 @@
 expert parallel (2 and 4 ranks, attention and GDN still split by head) give one device's tokens and, at every step,
 its logits within 1e-4. Each case is one multi-process engine running a batch of mixed-length prompts that share
 prefixes (prefix-cache hits restore each rank's state snapshots) under a page budget that forces preemption,
-with chunked prefill, fused commits, logprobs, prompt scoring and structured output in the same batch; block 4
-and 32, the diffusion tensors present and absent, and expert offload are spread over the cases so that every one
-meets a multi-process engine once. Sizes that do not divide the GDN heads are refused before any process starts.
+with chunked prefill, fused commits, logprobs, prompt scoring, structured output and verified decoding in the same
+batch; block 4 and 32, the diffusion tensors present and absent, and expert offload are spread over the cases so
+that every one meets a multi-process engine once. Sizes that do not divide the GDN heads are refused before any
+process starts.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def _params(block: int, count: int) -> list[SamplingParams]:
     params[1] = base.replace(logprobs=2)
     params[2] = base.replace(prompt_logprobs=2)
     params[4] = base.replace(structured_outputs=StructuredOutputsParams(regex="[ab]{3,6}"), ignore_eos=False)
+    params[6] = base.replace(decoder="verified")  # drafts rolled back on every rank (the AR checkpoints: AR)
     return params
 
 
@@ -198,6 +200,8 @@ def test_parallel_clover_gives_one_devices_tokens_and_logits(clover_dirs, name, 
         torch.testing.assert_close(a, b, atol=LOGIT_ATOL, rtol=0, msg=lambda m, step=step: f"step {step}: {m}")
     torch.testing.assert_close(_logprob_values(got), _logprob_values(expected), atol=LOGIT_ATOL, rtol=0)
     assert got[2].prompt_logprobs and got[1].outputs[0].logprobs
+    if case["diffusion"]:  # the verified request's drafts were checked, and some rolled back on every rank
+        assert stats.spec_decode.num_discarded_steps > 0
     assert set(got[4].outputs[0].text) <= set("ab") and got[4].outputs[0].finish_reason == "stop"
     assert stats.num_preemptions > 0, "the page budget should force preemption"
     assert stats.state is not None and stats.state.hit_rate > 0, "later prompts should restore state snapshots"

@@ -58,6 +58,9 @@ class CanvasKind(CacheKind):
     def apply(self, work: ScheduledRequest, page_hashes: list[int], num_registered: int) -> None:
         """Nothing to register: the runner wrote the step's soft embeddings into the slot."""
 
+    def rollback(self, request: Request, num_pages: int) -> None:
+        """Nothing: renoise canvases are never verified."""
+
     def release(self, request: Request) -> None:
         if request.canvas_slot is not None:
             self.pool.free(request.canvas_slot)

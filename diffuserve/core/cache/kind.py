@@ -52,6 +52,11 @@ class CacheKind(ABC):
         `num_registered` of them were already registered before this step)."""
 
     @abstractmethod
+    def rollback(self, request: Request, num_pages: int) -> None:
+        """A verified draft was rejected: the request's pages from `num_pages` on no longer hold committed
+        tokens (they will be written again), so none of them may stay in a prefix cache."""
+
+    @abstractmethod
     def release(self, request: Request) -> None:
         """Returns everything the request holds in this kind."""
 

@@ -151,6 +151,15 @@ class CacheManager:
         for kind in self.kinds:
             kind.apply(work, request.page_hashes, num_registered)
 
+    def rollback(self, request: Request, position: int) -> None:
+        """A verified draft was rejected: the request's caches hold committed tokens up to `position` only (a
+        block start); pages past it leave the prefix cache (the recurrent state is restored by the worker)."""
+        num_pages = position // self.page_size
+        request.num_computed_tokens = min(request.num_computed_tokens, position)
+        request.page_hashes = request.page_hashes[:num_pages]
+        for kind in self.kinds:
+            kind.rollback(request, num_pages)
+
     def release(self, request: Request) -> None:
         """Everything the request holds goes back (finished, aborted, preempted or not admitted after all)."""
         for kind in self.kinds:

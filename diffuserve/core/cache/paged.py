@@ -115,6 +115,12 @@ class PagePool:
             pages.append(page)
         return pages
 
+    def unregister(self, page: int) -> None:
+        """Takes a used page out of the prefix cache (its K/V are about to be overwritten); no-op if not in it."""
+        page_hash = self._hash_of.pop(page, None)
+        if page_hash is not None:
+            del self._page_of[page_hash]
+
     def register(self, page: int, page_hash: int) -> None:
         """Marks a used, full, committed page as reusable under `page_hash` (first page wins a duplicate)."""
         assert self._ref_count[page] > 0, f"registering unused page {page}"
@@ -165,7 +171,7 @@ class PagedKind(CacheKind):
         return request.commit_target
 
     def prefix_limit(self, request: Request) -> int:
-        return request.block_start
+        return request.settled_end
 
     def check_fits(self, request: Request) -> tuple[bool, str]:
         needed = self.pages_for_life(request)
@@ -214,6 +220,11 @@ class PagedKind(CacheKind):
         self.pool.free(request.score_pages.pop(self.name, []))
         if self.window is not None:
             self._free_behind_window(request)
+
+    def rollback(self, request: Request, num_pages: int) -> None:
+        for page in request.pages.get(self.name, [])[num_pages:]:
+            if page != FREED:
+                self.pool.unregister(page)
 
     def release(self, request: Request) -> None:
         pages = request.pages.pop(self.name, []) + request.score_pages.pop(self.name, [])

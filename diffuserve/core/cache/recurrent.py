@@ -172,7 +172,8 @@ class RecurrentKind(CacheKind):
         """Positions before the block a hit may cover. When the block's first position is generated (and so
         predicted from the position before it, under the AR shift) one position is left to recompute, whose
         forward yields that prediction's hidden row."""
-        end = request.block_start - (1 if request.generation_start_in_block() == 0 else 0)
+        generated_first = request.drafted or request.generation_start_in_block() == 0  # a draft: conservatively
+        end = request.settled_end - (1 if generated_first else 0)
         if request.num_unscored:
             # No state past the next scored block (`commit_limit`); if the next scored position is a block's
             # first, none past the row that predicts it either.
@@ -223,6 +224,10 @@ class RecurrentKind(CacheKind):
         if work.snapshot is not None and work.snapshot in self._pending:
             self._pending.remove(work.snapshot)
             self.pool.register_snapshot(work.snapshot.slot, work.snapshot.prefix_hash)
+
+    def rollback(self, request: Request, num_pages: int) -> None:
+        """Nothing here: a snapshot taken during the draft's commit holds the state after exactly the tokens its
+        hash names, so it stays valid (the worker puts the request's own slot back)."""
 
     def release(self, request: Request) -> None:
         self._restore.pop(request.request_id, None)

@@ -39,6 +39,11 @@ class StatePlan:
     """[S] ... and its slot: that row's final hidden state is kept as the slot's `last_hidden`."""
     observer: StateStepObserver | None = None
     """A benchmark baseline's hook into the GDN layers (bench/baselines); None when serving."""
+    rollback: torch.Tensor | None = None
+    """[S] slots whose last step's verified draft was rejected: put back to the copy saved before that step (the
+    state at the drafted block's start, and its `last_hidden`), before anything else; None when none."""
+    backup: torch.Tensor | None = None
+    """[S] slots whose drafted block this step commits: copied before the forward, kept one step; None when none."""
 
     def to(self, device: torch.device | str) -> StatePlan:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -57,6 +62,8 @@ class StatePlan:
             self.last_rows.to(device),
             self.last_slots.to(device),
             self.observer,
+            move(self.rollback),
+            move(self.backup),
         )
 
 
@@ -130,6 +137,8 @@ class StateTensors:
     conv_caches: list[torch.Tensor]
     recurrent_caches: list[torch.Tensor]
     last_hidden: torch.Tensor
+    saved: tuple[torch.Tensor, list[torch.Tensor]] | None = None
+    """(slots, a copy of their rows of every tensor above): the last step's `StatePlan.backup`."""
 
     @classmethod
     def allocate(cls, specs: list[RecurrentState], num_slots: int, hidden_size: int, tp: int, device: torch.device):
@@ -170,7 +179,9 @@ class StateTensors:
         )
 
     def before_forward(self, plan: StatePlan) -> None:
-        """Prefix-cache hits copied into their slots, then slots of sequences starting at position 0 emptied."""
+        """Rejected drafts' slots put back, prefix-cache hits copied into their slots, then slots of sequences
+        starting at position 0 emptied; then the slots of drafts this step commits are saved."""
+        self._roll_back(plan.rollback)
         if plan.restore is not None:
             src, dst = plan.restore
             for t in self.conv_caches + self.recurrent_caches:
@@ -178,6 +189,22 @@ class StateTensors:
         if plan.reset.numel():
             for t in self.conv_caches + self.recurrent_caches:
                 t.index_fill_(0, plan.reset, 0)
+        if plan.backup is not None:
+            self.saved = (plan.backup, [t[plan.backup] for t in self._tensors()])
+
+    def _roll_back(self, slots: torch.Tensor | None) -> None:
+        """Puts `slots` back to the copy the last step saved (each of them was saved), and drops the copy."""
+        saved, self.saved = self.saved, None
+        if slots is None:
+            return
+        assert saved is not None, "a rollback without a saved state"
+        order = {slot: i for i, slot in enumerate(saved[0].tolist())}
+        index = torch.tensor([order[slot] for slot in slots.tolist()], dtype=torch.long, device=slots.device)
+        for t, copy in zip(self._tensors(), saved[1], strict=True):
+            t.index_copy_(0, slots, copy[index])
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [*self.conv_caches, *self.recurrent_caches, self.last_hidden]
 
     def after_forward(self, plan: StatePlan, hidden: torch.Tensor) -> None:
         """Each committing sequence's last hidden row is kept in its slot."""

@@ -29,7 +29,7 @@ SETTINGS = FamilySettings(
     ),
     "diffuserve denoises each block with per-token top-k routing over all experts (or, with "
     "--block-expert-coreset C, within its own coreset of C experts) and its own reading of the "
-    "block-diffusion GDN tensors, so its diffusion output may differ from the release's (exact output would "
-    "need verified decoding, which diffuserve does not have yet; `diffuserve verify` compares the causal "
-    "trunk with the checkpoint's own code)",
+    "block-diffusion GDN tensors, so its diffusion output may differ from the release's (decoder=verified "
+    "keeps only what the causal path agrees with: the model's autoregressive output; `diffuserve verify` "
+    "compares the causal trunk with the checkpoint's own code)",
 )

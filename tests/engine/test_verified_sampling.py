@@ -1,0 +1,73 @@
+"""Verified decoding at temperature > 0 (decoding/verified.py): a greedy draft x checked against the causal row p
+keeps x with probability p(x) and otherwise draws from p without x, so each verified position is distributed as
+autoregressive sampling from p (temperature, top-k, top-p applied alike). Over many seeds on a 6-token vocabulary
+the verified tokens and autoregressive draws cannot be told apart; drawing the replacement from p itself (the
+residual resampling removed) can."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffuserve import SamplingParams
+from diffuserve.core.request import Request
+from diffuserve.decoding import verified
+from diffuserve.decoding.generators import RequestGenerators
+from diffuserve.decoding.mask_policies import filter_logits
+from diffuserve.decoding.verified import VerifiedDecoder
+from tests.engine.test_oracle_mutations import apply_source_mutation
+
+LOGITS = torch.tensor([[2.0, 1.6, 0.3, -0.5, 1.0, -3.0], [0.1, 1.2, 2.2, 0.4, -1.0, 0.9]])
+DRAFTS = [1, 2]  # neither is the most likely token of its row
+PARAMS = SamplingParams(temperature=0.8, top_k=5, max_tokens=8, ignore_eos=True, decoder="verified")
+SEEDS = 3000
+
+
+def _verified_draws() -> tuple[torch.Tensor, torch.Tensor]:
+    """Per seed: the first position's token, and the second's where the first kept its draft (else -1)."""
+    decoder = VerifiedDecoder(block_length=2)
+    first, second = [], []
+    for seed in range(SEEDS):
+        params = PARAMS.replace(seed=seed).with_defaults({})
+        request = Request(f"r{seed}", [7, 7, 7, 7], params, block_length=2, mask_token_id=99)
+        request.drafted = list(DRAFTS)  # the block [2, 4), drafted; the next block opens at 4
+        verdict = decoder.verify(request, LOGITS.clone(), [2, 3], RequestGenerators(torch.device("cpu")))
+        tokens = DRAFTS[: verdict.num_accepted] + ([verdict.token] if verdict.token is not None else [])
+        first.append(tokens[0])
+        second.append(tokens[1] if tokens[0] == DRAFTS[0] and len(tokens) > 1 else -1)
+    return torch.tensor(first), torch.tensor(second)
+
+
+def _autoregressive_draws() -> tuple[torch.Tensor, torch.Tensor]:
+    """The same positions sampled autoregressively: the first from row 0, the second from row 1 given the first."""
+    probs = torch.softmax(filter_logits(LOGITS / PARAMS.temperature, PARAMS.top_k, 1.0), dim=-1)
+    generator = torch.Generator().manual_seed(1234)
+    first = torch.multinomial(probs[0], SEEDS, replacement=True, generator=generator)
+    second = torch.multinomial(probs[1], SEEDS, replacement=True, generator=generator)
+    return first, torch.where(first == DRAFTS[0], second, -1)
+
+
+def _distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Total variation distance between the empirical distributions of two samples (values -1..5)."""
+    count = lambda x: torch.bincount(x + 1, minlength=7).double() / len(x)  # noqa: E731
+    return 0.5 * (count(a) - count(b)).abs().sum().item()
+
+
+def _conditional(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    return second[first == DRAFTS[0]]
+
+
+def test_verified_sampling_is_autoregressive_sampling():
+    first, second = _verified_draws()
+    ar_first, ar_second = _autoregressive_draws()
+    assert _distance(first, ar_first) < 0.04
+    assert _distance(_conditional(first, second), _conditional(ar_first, ar_second)) < 0.08
+    assert (first == DRAFTS[0]).any() and (first != DRAFTS[0]).any()  # both branches drawn
+    assert (first != 5).all()  # top_k=5 leaves the least likely token out, the residual too
+
+
+def test_without_the_residual_the_draft_is_too_likely(monkeypatch: pytest.MonkeyPatch):
+    apply_source_mutation(monkeypatch, verified, "residual[draft] = 0.0", "pass")
+    first, _ = _verified_draws()
+    ar_first, _ = _autoregressive_draws()
+    assert _distance(first, ar_first) > 0.1
