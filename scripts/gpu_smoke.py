@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
 WHEELS = ROOT / "wheels" / "gpu"
 BUDGET_S = 460
 """Of the 8 minutes: the wheel install and the start take the rest."""
@@ -42,20 +43,21 @@ class Step:
     share_s: int
 
 
+SPEED_ARGS = ("--phase", "speed", "--device", "cuda", "--concurrency", "1", "16", "64")
 PLAN = (
     Step("engine-tokens", "gpu_check_engine.py", ("--phase", "tokens", "--device", "cuda"), 100),
     Step("gdn-kernels", "gpu_check_gdn_kernels.py", ("--device", "cuda"), 70),
     Step("compiled", "gpu_check_compiled.py", ("--device", "cuda"), 100),
     Step("quant-fp8", "gpu_check_quant.py", ("fp8", "--device", "cuda"), 60),
     Step("quant-int4", "gpu_check_quant.py", ("int4", "--device", "cuda"), 60),
-    Step("speed", "gpu_check_engine.py", ("--phase", "speed", "--device", "cuda", "--concurrency", "1", "16", "64"), 70),
+    Step("speed", "gpu_check_engine.py", SPEED_ARGS, 70),
 )
 
 
 def _helps(scripts: set[str]) -> dict[str, str | None]:
     """Each existing script's --help text (None where it fails), the scripts started at once."""
     running = {
-        name: subprocess.Popen([sys.executable, str(ROOT / "scripts" / name), "--help"], stdout=subprocess.PIPE, text=True)
+        name: subprocess.Popen([sys.executable, str(SCRIPTS / name), "--help"], stdout=subprocess.PIPE, text=True)
         for name in sorted(scripts)
         if (ROOT / "scripts" / name).exists()
     }
@@ -98,7 +100,7 @@ def install_wheels() -> str:
 def run_step(step: Step, limit_s: float, out_dir: Path) -> dict:
     if limit_s <= 0:
         return {"step": step.name, "status": "skipped (budget spent)"}
-    command = [sys.executable, str(ROOT / "scripts" / step.script), *step.args, "--out", str(out_dir / f"{step.name}.json")]
+    command = [sys.executable, str(SCRIPTS / step.script), *step.args, "--out", str(out_dir / f"{step.name}.json")]
     started = time.perf_counter()
     with (out_dir / f"{step.name}.log").open("w") as log:
         try:
