@@ -223,12 +223,13 @@ class ModelRunner:
         writes, start = {}, 0
         for chunk in logit_chunks(batch.blocks, self.logits_budget_bytes // (4 * max(self.decoding.vocab_size, 1))):
             num_rows = sum(len(block.positions) for block in chunk)
-            logits = self.model.compute_logits(hidden.index_select(0, batch.logit_rows[start : start + num_rows]))
+            writes.update(self._decode_chunk(chunk, hidden.index_select(0, batch.logit_rows[start : start + num_rows])))
             start += num_rows
-            writes.update(self._decode_chunk(chunk, logits))  # logits [rows of the chunk, V]
         return writes
 
-    def _decode_chunk(self, blocks: list[BlockRows], logits: torch.Tensor) -> dict[str, BlockWrite]:
+    def _decode_chunk(self, blocks: list[BlockRows], hidden: torch.Tensor) -> dict[str, BlockWrite]:
+        """hidden [rows of the chunk's blocks, H] -> their writes; the chunk's logits live only in here."""
+        logits = self.model.compute_logits(hidden)  # [rows, V]
         writes, start = {}, 0
         carried: list[tuple[int, torch.Tensor]] = []  # (canvas slot, tempered logits [C, V]) of going-on canvases
         for block in blocks:
@@ -240,6 +241,7 @@ class ModelRunner:
             writes[request.request_id] = decoded.write
             if decoded.self_conditioning is not None:
                 carried.append((canvas_slot(request), decoded.self_conditioning))
+        del logits, rows  # freed before the self-conditioning pass (its tempered logits are their own tensors)
         if carried:
             self._keep_self_conditioning(carried)
         return writes
