@@ -27,6 +27,11 @@
 #   --attention the attention backends (issue 23): loop vs batched vs FlashInfer (pip install -e '.[cuda-kernels]'
 #               first) on random steps of every runner shape (max diff), their time at 1 / 16 / 64 sequences, and
 #               the engine's greedy tokens with each on a random sdar-moe-bench in bf16
+#        scripts/gpu_check.sh --smoke [--dry-run]
+#   --smoke     issue 36: the checks above that matter most, in priority order, in under 8 minutes on one H100 /
+#               H200 (scripts/gpu_smoke.py: engine bf16 vs CPU fp32, GDN kernels, compiled step, fp8 / int4,
+#               tokens/s at 1 / 16 / 64), after installing the wheels scripts/gpu_wheels.sh downloaded;
+#               --dry-run validates the plan on the CPU
 # Output: the log and the JSON summary in $OUT (or /tmp/diffuserve-gpu-check), the JSON also as the last line.
 set -euo pipefail
 
@@ -46,6 +51,9 @@ if [[ "${1:-}" == "--clover" && "${2:-}" == "--tensor-parallel-size" ]]; then
     shift
 elif [[ "${1:-}" == "--clover" ]]; then
     SCRIPT=gpu_check_clover
+    shift
+elif [[ "${1:-}" == "--smoke" ]]; then
+    SCRIPT=gpu_smoke
     shift
 elif [[ "${1:-}" == "--gdn-kernels" ]]; then
     SCRIPT=gpu_check_gdn_kernels

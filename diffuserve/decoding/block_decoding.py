@@ -26,7 +26,7 @@ class BlockDecoding:
         structured: StructuredDecoding | None = None,
         vocab_size: int = 0,
     ) -> None:
-        self.block_length, self.device = block_length, device
+        self.block_length, self.device, self.vocab_size = block_length, device, vocab_size
         self.structured = structured
         """Grammar-constrained decoding of requests with structured_outputs (None without a tokenizer)."""
         self.registry = DecoderRegistry(rules, block_length, device, vocab_size, structured)

@@ -37,6 +37,9 @@ from diffuserve.worker.experts import ExpertOffload, ExpertTracker
 from diffuserve.worker.prompt_scoring import ScoringRows, prompt_logprobs
 from diffuserve.worker.verification import StepDrafts
 
+LOGITS_BUDGET_BYTES = 1 << 30
+"""Default bound on one chunk's fp32 logits (1 GiB: 4 DiffusionGemma canvases of 256 x 262,144)."""
+
 
 @dataclass(frozen=True)
 class BlockRows:
@@ -80,6 +83,8 @@ class ModelRunner:
         """Routing statistics (`EngineConfig.expert_stats`); None when off."""
         self.rollback: list[int] = []
         """State slots whose draft the last forward rejected: the next forward puts them back first."""
+        self.logits_budget_bytes = LOGITS_BUDGET_BYTES
+        """The fp32 logits computed at once: blocks are decoded in chunks of at most this / (4 V) rows."""
 
     @property
     def model(self) -> DiffusionModel:
@@ -241,11 +246,23 @@ class ModelRunner:
 
     # ---- decoding ------------------------------------------------------------------------------------------
     def _decode_blocks(self, batch: StepBatch, hidden: torch.Tensor, skip: set[str]) -> dict[str, BlockWrite]:
-        """Each block's decoder on its rows; not the blocks in `skip` (fused with a rejected draft)."""
-        logits = self.model.compute_logits(hidden.index_select(0, batch.logit_rows))  # [M, V]
+        """Computes and decodes the logits a chunk of blocks at a time (`logit_chunks`): the fp32 logits alive
+        at once, and the tempered logits kept for self-conditioning, are one chunk's, not the step's. The
+        blocks in `skip` (fused with a rejected draft) are not decoded."""
+        writes, start = {}, 0
+        for chunk in logit_chunks(batch.blocks, self.logits_budget_bytes // (4 * max(self.decoding.vocab_size, 1))):
+            num_rows = sum(len(block.positions) for block in chunk)
+            rows = hidden.index_select(0, batch.logit_rows[start : start + num_rows])
+            writes.update(self._decode_chunk(chunk, rows, skip))
+            start += num_rows
+        return writes
+
+    def _decode_chunk(self, blocks: list[BlockRows], hidden: torch.Tensor, skip: set[str]) -> dict[str, BlockWrite]:
+        """hidden [rows of the chunk's blocks, H] -> their writes; the chunk's logits live only in here."""
+        logits = self.model.compute_logits(hidden)  # [rows, V]
         writes, start = {}, 0
         carried: list[tuple[int, torch.Tensor]] = []  # (canvas slot, tempered logits [C, V]) of going-on canvases
-        for block in batch.blocks:
+        for block in blocks:
             request = block.work.request
             rows = logits[start : start + len(block.positions)]
             start += len(block.positions)
@@ -256,6 +273,7 @@ class ModelRunner:
             writes[request.request_id] = decoded.write
             if decoded.self_conditioning is not None:
                 carried.append((canvas_slot(request), decoded.self_conditioning))
+        del logits, rows  # freed before the self-conditioning pass (its tempered logits are their own tensors)
         if carried:
             self._keep_self_conditioning(carried)
         return writes
@@ -265,6 +283,20 @@ class ModelRunner:
         assert self.executor.caches.canvas is not None, "renoise canvases keep their input in the canvas pool"
         soft = self.model.self_conditioning_input(torch.cat([logits for _, logits in carried]))  # [k x C, H]
         self.executor.caches.canvas.keep([slot for slot, _ in carried], soft)
+
+
+def logit_chunks(blocks: list[BlockRows], max_rows: int) -> list[list[BlockRows]]:
+    """The step's blocks in order, cut into runs of at most `max_rows` logit rows (a block larger than that is a
+    run of its own)."""
+    chunks: list[list[BlockRows]] = []
+    rows = 0
+    for block in blocks:
+        if not chunks or rows + len(block.positions) > max_rows:
+            chunks.append([])
+            rows = 0
+        chunks[-1].append(block)
+        rows += len(block.positions)
+    return chunks
 
 
 def canvas_slot(request: Request) -> int:
