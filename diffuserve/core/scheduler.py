@@ -27,16 +27,10 @@ from collections import deque
 from collections.abc import Mapping
 
 from diffuserve.core.cache.manager import CacheManager
-from diffuserve.core.request import (
-    BlockWrite,
-    Request,
-    RequestStatus,
-    ScheduledRequest,
-    SchedulerOutput,
-    StepUpdate,
-    Verification,
-)
+from diffuserve.core.request import Request, RequestStatus
+from diffuserve.core.step import ScheduledRequest, SchedulerOutput, StepUpdate
 from diffuserve.core.verification import apply_verification
+from diffuserve.core.writes import BlockWrite, Verification
 
 NO_WRITE = BlockWrite([])
 """A step that wrote nothing into a request's block (a grammar failure, or no result for it)."""

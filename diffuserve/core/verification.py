@@ -15,7 +15,8 @@ it through the model's causal path, whose rows predict each next position, and t
 
 from __future__ import annotations
 
-from diffuserve.core.request import Request, Verification
+from diffuserve.core.request import Request
+from diffuserve.core.writes import Verification
 
 
 def verify_start(request: Request) -> int:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from diffuserve.core.request import BlockWrite, Request
+from diffuserve.core.request import Request
+from diffuserve.core.writes import BlockWrite
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
 from diffuserve.decoding.grammar_walk import StructuredDecoding
 from diffuserve.decoding.protocol import BlockDecode, Decoder

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.core.request import BlockWrite
+from diffuserve.core.writes import BlockWrite
 from diffuserve.decoding.logprobs import LogprobRows, logprob_rows, token_logprobs
 from diffuserve.sampling_params import MASK_DECODER_NAMES, ResolvedSamplingParams
 

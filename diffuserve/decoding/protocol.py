@@ -17,7 +17,8 @@ from typing import Protocol
 
 import torch
 
-from diffuserve.core.request import BlockWrite, Request
+from diffuserve.core.request import Request
+from diffuserve.core.writes import BlockWrite
 from diffuserve.decoding.generators import RequestGenerators
 
 

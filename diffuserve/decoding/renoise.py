@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.core.request import BlockWrite, Request
+from diffuserve.core.request import Request
+from diffuserve.core.writes import BlockWrite
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
 from diffuserve.decoding.logprobs import logprob_rows, token_logprobs
 from diffuserve.decoding.protocol import BlockDecode

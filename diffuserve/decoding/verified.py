@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from diffuserve.core.request import Request, Verification
+from diffuserve.core.request import Request
+from diffuserve.core.writes import Verification
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
 from diffuserve.decoding.mask import MaskDecoder
 from diffuserve.decoding.mask_policies import ThresholdDecoder, filter_logits

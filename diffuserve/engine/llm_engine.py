@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 
 from diffuserve.config import EngineConfig
 from diffuserve.core.outputs import RequestOutput
-from diffuserve.core.request import Request, RequestStatus, SchedulerOutput, StepUpdate
+from diffuserve.core.request import Request, RequestStatus
+from diffuserve.core.step import SchedulerOutput, StepUpdate
 from diffuserve.engine.engine_setup import RunnerFactory, build_components
 from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest
 from diffuserve.engine.spec_decode_stats import SpecDecodeStats

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from diffuserve.core.request import StepUpdate
+from diffuserve.core.step import StepUpdate
 
 
 @dataclass(frozen=True)

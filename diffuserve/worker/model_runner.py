@@ -24,7 +24,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from diffuserve.core.request import BlockWrite, Request, ScheduledRequest, StepResult, Verification
+from diffuserve.core.request import Request
+from diffuserve.core.step import ScheduledRequest, StepResult
+from diffuserve.core.writes import BlockWrite, Verification
 from diffuserve.decoding.block_decoding import BlockDecoding
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext

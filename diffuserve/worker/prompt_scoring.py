@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import torch
 
 from diffuserve.core.outputs import TokenLogprobs
-from diffuserve.core.request import Request, ScheduledRequest
+from diffuserve.core.request import Request
+from diffuserve.core.step import ScheduledRequest
 from diffuserve.decoding.logprobs import logprob_rows, token_logprobs
 from diffuserve.model.layers.attention import SequenceSlice
 

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diffuserve.core.request import ScheduledRequest, Verification
+from diffuserve.core.step import ScheduledRequest
 from diffuserve.core.verification import verify_start
+from diffuserve.core.writes import Verification
 from diffuserve.decoding.block_decoding import BlockDecoding
 from diffuserve.decoding.verified import VerifiedDecoder
 from diffuserve.worker.cache.state_step import state_slot

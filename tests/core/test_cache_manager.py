@@ -12,8 +12,10 @@ import torch
 from diffuserve.core.cache.manager import CacheManager
 from diffuserve.core.cache.paged import FREED, PagedKind, PagePool
 from diffuserve.core.cache.recurrent import RecurrentKind, SlotPool
-from diffuserve.core.request import BlockWrite, Request, ScheduledRequest
+from diffuserve.core.request import Request
 from diffuserve.core.scheduler import Scheduler
+from diffuserve.core.step import ScheduledRequest
+from diffuserve.core.writes import BlockWrite
 from diffuserve.errors import ContextLengthExceeded
 from diffuserve.model.interface import StepRules
 from diffuserve.sampling_params import SamplingParams

@@ -9,8 +9,9 @@ import pytest
 
 from diffuserve.core.cache.manager import CacheManager
 from diffuserve.core.cache.paged import PagedKind, PagePool
-from diffuserve.core.request import BlockWrite, Request, RequestStatus
+from diffuserve.core.request import Request, RequestStatus
 from diffuserve.core.scheduler import Scheduler
+from diffuserve.core.writes import BlockWrite
 from diffuserve.errors import ContextLengthExceeded
 from diffuserve.sampling_params import SamplingParams
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.core.request import BlockWrite
+from diffuserve.core.writes import BlockWrite
 from diffuserve.decoding import verified
 from diffuserve.decoding.protocol import BlockDecode
 from diffuserve.decoding.registry import DecoderRegistry

@@ -18,7 +18,8 @@ from typing import cast
 
 import torch
 
-from diffuserve.core.request import BlockWrite, ScheduledRequest, StepResult
+from diffuserve.core.step import ScheduledRequest, StepResult
+from diffuserve.core.writes import BlockWrite
 from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
 from diffuserve.worker.model_runner import ModelRunner
 

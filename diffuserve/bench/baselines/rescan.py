@@ -21,7 +21,8 @@ from collections import defaultdict
 import torch
 
 from diffuserve.bench.baselines.gdn_rescan import GdnRescan, PrefixGroup
-from diffuserve.core.request import Request, ScheduledRequest
+from diffuserve.core.request import Request
+from diffuserve.core.step import ScheduledRequest
 from diffuserve.decoding.block_decoding import BlockDecoding
 from diffuserve.model.families.clover_moe.gated_deltanet import GdnInputs
 from diffuserve.worker.cache.state_step import StatePlan, state_slot

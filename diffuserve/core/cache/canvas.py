@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from diffuserve.core.cache.kind import CacheKind
 from diffuserve.core.cache.recurrent import SlotPool
-from diffuserve.core.request import Request, ScheduledRequest
+from diffuserve.core.request import Request
+from diffuserve.core.step import ScheduledRequest
 
 
 class CanvasKind(CacheKind):

@@ -33,7 +33,8 @@ from diffuserve.core.cache.canvas import CanvasKind
 from diffuserve.core.cache.kind import CacheKind
 from diffuserve.core.cache.paged import PagedKind, PagePool, chain_hash
 from diffuserve.core.cache.recurrent import RecurrentKind, SlotPool, StateStats
-from diffuserve.core.request import Request, ScheduledRequest
+from diffuserve.core.request import Request
+from diffuserve.core.step import ScheduledRequest
 from diffuserve.errors import ContextLengthExceeded
 
 

@@ -29,7 +29,8 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 from diffuserve.core.cache.kind import CacheKind
-from diffuserve.core.request import Request, ScheduledRequest
+from diffuserve.core.request import Request
+from diffuserve.core.step import ScheduledRequest
 
 FREED = -1
 """A page-table entry whose page fell out of the window and went back to the pool."""

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 from diffuserve.core.cache.kind import CacheKind
 from diffuserve.core.cache.paged import chain_hash
-from diffuserve.core.request import Request, ScheduledRequest, StateSnapshot
+from diffuserve.core.request import Request
+from diffuserve.core.step import ScheduledRequest, StateSnapshot
 
 
 class OutOfStateSlots(RuntimeError):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from diffuserve.core.cache.paged import FREED
-from diffuserve.core.request import ScheduledRequest
+from diffuserve.core.step import ScheduledRequest
 from diffuserve.model.interface import StepRules
 from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice, block_causal_mask
 from diffuserve.model.shapes import PagedKV

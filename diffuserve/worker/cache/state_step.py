@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.core.request import Request, ScheduledRequest
+from diffuserve.core.request import Request
+from diffuserve.core.step import ScheduledRequest
 from diffuserve.model.shapes import RecurrentState
 from diffuserve.model.step_inputs import RecurrentStepInputs, RowGroup, StateStepObserver
 from diffuserve.worker.cache.paged_step import TORCH_DTYPES

@@ -1,0 +1,35 @@
+"""What a step writes into a request's block (`BlockWrite`) and what verifying a drafted block found
+(`Verification`): the values the model runner hands back per request. Torch-free; knows nothing of requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from diffuserve.core.outputs import TokenLogprobs
+
+
+@dataclass(frozen=True)
+class BlockWrite:
+    """What a step writes into one request's block."""
+
+    accepted: list[tuple[int, int]]
+    """(canvas index, token) pairs."""
+    logprobs: list[TokenLogprobs] | None = None
+    """For a request that asks for logprobs: each written token's, in the order of `accepted`."""
+    final: bool | None = None
+    """A renoise canvas: whether this step ended it (its tokens are then the written ones); None for the other
+    decoders, whose blocks end when their masks are gone."""
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What the commit forward of a request's drafted block found (decoder=verified; core/verification.py)."""
+
+    num_checked: int
+    """Drafted positions compared, from `verify_start(request)` on."""
+    num_accepted: int
+    """The leading ones kept."""
+    token: int | None
+    """The causal path's token at the first rejected position; None when every checked position was kept."""
