@@ -26,7 +26,7 @@ from diffuserve.decoding.renoise import RenoiseDecoder
 from diffuserve.decoding.verified import VerifiedDecoder
 from diffuserve.errors import RequestError, UnsupportedParameter
 from diffuserve.model.interface import StepRules
-from diffuserve.sampling_params import PENALTY_DEFAULTS, ResolvedSamplingParams
+from diffuserve.sampling_params import ResolvedSamplingParams
 
 
 class DecoderRegistry:
@@ -39,18 +39,20 @@ class DecoderRegistry:
         structured: StructuredDecoding | None = None,
     ) -> None:
         self.rules, self.structured = rules, structured
+        self.penalty_counts = PenaltyCounts()
         self._plain: dict[str, Decoder] = {
             name: MaskDecoder(name, policy, block_length) for name, policy in MASK_POLICIES.items()
         }
         self._plain["autoregressive"] = NextTokenDecoder(block_length)
         self._plain["renoise"] = RenoiseDecoder(block_length, vocab_size, device)
-        self._plain["verified"] = VerifiedDecoder(block_length)
+        self.verified = VerifiedDecoder(block_length, self.penalty_counts)
+        """The one verified decoder: it drafts (through the registry, penalised like any decoder) and verifies."""
+        self._plain["verified"] = self.verified
         self._constrained = {
             name: GrammarConstrained(decoder, structured, block_length)
             for name, decoder in self._plain.items()
             if structured is not None and name not in ("renoise", "verified")
         }
-        self.penalty_counts = PenaltyCounts()
 
     def resolve(self, params: ResolvedSamplingParams) -> Decoder:
         """The decoder of a request with `params`; a RequestError naming the field if it cannot be decoded."""
@@ -113,17 +115,6 @@ class DecoderRegistry:
                 raise UnsupportedParameter(
                     name, f"cannot be combined with decoder=verified yet (got {value!r}); remove it or the decoder"
                 )
-        if params.has_penalties:  # the drafts would be penalised, the causal rows that verify them would not
-            name = next(
-                n
-                for n in ("presence_penalty", "frequency_penalty", "repetition_penalty")
-                if getattr(params, n) != PENALTY_DEFAULTS[n]
-            )
-            raise UnsupportedParameter(
-                name,
-                f"cannot be combined with decoder=verified yet (got {getattr(params, name)}): the verifier's causal "
-                "rows are not penalised; remove it or the decoder",
-            )
 
     def _check_structured(self, params: ResolvedSamplingParams) -> None:
         """RequestError unless the engine can constrain this request (a tokenizer, a non-editing, non-renoise

@@ -24,12 +24,15 @@ from diffuserve.core.writes import Verification
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
 from diffuserve.decoding.mask import MaskDecoder
 from diffuserve.decoding.mask_policies import ThresholdDecoder, filter_logits
+from diffuserve.decoding.penalties import PenaltyCounts, apply_penalties
 from diffuserve.sampling_params import VERIFIED, ResolvedSamplingParams
 
 
 class VerifiedDecoder(MaskDecoder):
-    def __init__(self, block_length: int) -> None:
+    def __init__(self, block_length: int, penalty_counts: PenaltyCounts) -> None:
         super().__init__(VERIFIED, ThresholdDecoder(), block_length)
+        self.penalty_counts = penalty_counts
+        """The counts the drafts were penalised with (the registry's): the causal rows get the same."""
 
     def draft_params(self, request: Request) -> ResolvedSamplingParams:
         """Drafts are greedy whatever the request's temperature (q is then a point mass: nothing to keep)."""
@@ -44,6 +47,8 @@ class VerifiedDecoder(MaskDecoder):
         offsets = [p - request.block_start for p in positions]  # canvas indices relative to the open block
         rows = forbid_tokens(request, offsets, rows)
         params = request.params
+        if params.has_penalties:  # the same counts as the drafts': the committed output before the block
+            rows = apply_penalties(rows, self.penalty_counts.of(request, rows.shape[-1], rows.device), params)
         if params.is_greedy:
             target = rows.argmax(dim=-1).tolist()
             for i, (draft, token) in enumerate(zip(drafts, target, strict=False)):

@@ -23,7 +23,6 @@ from diffuserve.core.step import ScheduledRequest
 from diffuserve.core.verification import verify_start
 from diffuserve.core.writes import Verification
 from diffuserve.decoding.block_decoding import BlockDecoding
-from diffuserve.decoding.verified import VerifiedDecoder
 from diffuserve.worker.cache.state_step import state_slot
 
 
@@ -91,9 +90,8 @@ class StepDrafts:
         verdicts, start = {}, 0
         for draft in self.drafts:
             request = draft.work.request
-            decoder = decoding.decoder_of(request)
-            assert isinstance(decoder, VerifiedDecoder), "only the verified decoder drafts"
             block = logits[start : start + len(draft.positions)]
             start += len(draft.positions)
-            verdicts[request.request_id] = decoder.verify(request, block, draft.positions, decoding.generators)
+            verifier = decoding.registry.verified  # a request that drafts decodes with it (perhaps penalised)
+            verdicts[request.request_id] = verifier.verify(request, block, draft.positions, decoding.generators)
         return verdicts

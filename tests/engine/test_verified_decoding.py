@@ -145,8 +145,19 @@ def test_verified_is_refused_where_no_causal_row_predicts_the_next_token():
     assert shifted.resolve(params.with_defaults({})).name == "verified"
     with pytest.raises(UnsupportedParameter, match=r"^logprobs: cannot be combined with decoder=verified"):
         shifted.resolve(params.replace(logprobs=2).with_defaults({}))
-    with pytest.raises(UnsupportedParameter, match=r"^frequency_penalty: cannot be combined with decoder=verified"):
-        shifted.resolve(params.replace(frequency_penalty=0.5).with_defaults({}))
+
+
+def test_penalised_verified_decoding_is_the_penalised_autoregressive_output(block4):
+    """Penalties apply to the drafts and, with the same counts (the committed output before the block), to the
+    causal rows that verify them: the output is the engine's autoregressive output under the same penalties, which
+    counts the same way and which tests/engine/test_penalties.py checks against the plain-arithmetic reference."""
+    bd, ar = block4
+    penalties = {"presence_penalty": 1.5, "frequency_penalty": 0.8, "repetition_penalty": 1.3}
+    want, _ = _generate(ar, PROMPTS, _greedy(12, **penalties))
+    plain, _ = _generate(ar, PROMPTS, _greedy(12))
+    got, _ = _generate(bd, PROMPTS, _greedy(12, decoder="verified", **penalties))
+    assert want != plain  # the penalties change the autoregressive output
+    assert got == want
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
