@@ -160,6 +160,12 @@ class SamplingParams:
             self.min_tokens,
             f"<= max_tokens ({self.max_tokens})",
         )
+        self._check_decoder()
+        self._check_renoise()
+        check_penalties(self.presence_penalty, self.frequency_penalty, self.repetition_penalty)
+        self._check_outputs()
+
+    def _check_decoder(self) -> None:
         _check(
             self.decoder is None or self.decoder in DECODER_NAMES, "decoder", self.decoder, f"one of {DECODER_NAMES}"
         )
@@ -178,8 +184,9 @@ class SamplingParams:
             self.max_post_edit_steps,
             ">= 0",
         )
-        self._check_renoise()
-        check_penalties(self.presence_penalty, self.frequency_penalty, self.repetition_penalty)
+
+    def _check_outputs(self) -> None:
+        """Stops, logprobs and the grammar's compatibility with the decoder."""
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings")
         _check(
             all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
