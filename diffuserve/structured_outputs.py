@@ -1,6 +1,6 @@
 """What a request's output must match: a JSON schema, any JSON object, a regex, one of a list of strings, or a
 Lark grammar (vLLM's `structured_outputs` fields). A plain description, validated for shape only; compiling it
-is `engine/grammar.py`'s business, and that is where a schema that does not compile is refused.
+is `decoding/grammar_compiler.py`'s business, and that is where a schema that does not compile is refused.
 
 `start_after`: the grammar applies only to the text after this marker (e.g. "</think>": the answer, never the
 reasoning before it). Torch-free, llguidance-free.

@@ -1,6 +1,6 @@
 """GPU check of the compiled forward (run by `scripts/gpu_check.sh --compiled`): the engine eager against the
 engine compiled as CUDA runs it by default (`mode="reduce-overhead"`: CUDA graphs of the pieces between the graph
-breaks at attention and the routed experts, the step padded to bucket sizes; engine/executor.py), on a random
+breaks at attention and the routed experts, the step padded to bucket sizes; worker/executor.py), on a random
 `sdar-moe-bench` checkpoint in bf16.
 
 1. warm-up: one request through each engine; the compiled one's compile time (`compile_s`);

@@ -1,6 +1,7 @@
 """GPU check of the Gated DeltaNet CUDA kernels (run by `scripts/gpu_check.sh --gdn-kernels`): the torch path
-against the kernel path (flash-linear-attention's delta rule, causal-conv1d's conv; model/layers/gdn_kernels.py)
-on a random `clover-moe-bench` checkpoint (6 GDN + 2 attention layers, no diffusion tensors: autoregressive).
+against the kernel path (flash-linear-attention's delta rule, causal-conv1d's conv;
+model/families/clover_moe/gdn_kernels.py) on a random `clover-moe-bench` checkpoint (6 GDN + 2 attention layers,
+no diffusion tensors: autoregressive).
 
 1. logits of two 200-token prompts (GDN chunks of 64), in one pass and split 150 + 1 + 49 (the state carried,
    the one-token kernels): max |torch - kernels| per dtype (fp32, bf16), each split compared with the same split

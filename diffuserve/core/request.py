@@ -101,7 +101,7 @@ class Request:
     """The canvas can no longer change: the block may be committed and its tokens used to stop."""
     num_computed_tokens: int = 0
     pages: dict[str, list[int]] = field(default_factory=dict)
-    """Per page group (engine/cache/paged.py): the request's page table."""
+    """Per page group (core/cache/paged.py): the request's page table."""
     page_hashes: list[int] = field(default_factory=list)
     """Prefix-cache hashes of this request's leading full, committed pages."""
     state_slot: int | None = None

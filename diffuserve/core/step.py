@@ -40,7 +40,7 @@ class ScheduledRequest:
     score_start: int = 0
     score_end: int = 0
     """Prompt positions [score_start, score_end) this step scores, each by a variant of its block (B tokens
-    beside the request's own queries; engine/prompt_scoring.py)."""
+    beside the request's own queries; worker/prompt_scoring.py)."""
 
     @property
     def query_start(self) -> int:

@@ -7,7 +7,7 @@ each position the decoder asked logits for (`logit_positions`: the masked ones, 
 the accepted generated ones), the token the model proposes (never the mask token) and its confidence (the
 probability of that token under the sampling distribution; at temperature 0 the softmax of the whole vocabulary,
 the mask token's mass included, as in the references) and entropy, and for a request that asks for logprobs
-the token's logprob and its top alternatives (engine/logprobs.py); other positions hold -inf confidence and +inf
+the token's logprob and its top alternatives (decoding/logprobs.py); other positions hold -inf confidence and +inf
 entropy, so they are never chosen. `torch.topk` runs over the whole block exactly as the SDAR / LLaDA2
 references run it, so ties break the same way.
 """

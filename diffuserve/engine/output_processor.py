@@ -16,7 +16,7 @@ scheduler set. It never decides a status.
 It also names the prompt scores the engine computes (`prompt_logprobs`, filled position by position; a
 request's output carries them once every prompt position is scored, which is before its first token).
 
-What it hands back to callers (`RequestOutput`, `CompletionOutput`, ...) is defined in `engine/outputs.py`.
+What it hands back to callers (`RequestOutput`, `CompletionOutput`, ...) is defined in `core/outputs.py`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Owns the spellings of the hybrid families (Clover `clover_moe`, its Qwen3.5/3.6-
 every interval-th layer is full attention), the linear-attention heads and dims, the conv kernel, the gated
 attention output and the gated shared expert, and the defaults those families take from transformers'
 `Qwen3_5MoeTextConfig` when a field is omitted. The linear-attention shape, its checks and the family defaults
-are the model's own (`model/clover_moe_config.py`, standard library only), so the planner and the engine cannot
+are the model's own (`model/families/clover_moe/config.py`, standard library only), so the planner and the engine cannot
 read one config.json two ways. Knows nothing of dtypes, devices or workloads.
 """
 

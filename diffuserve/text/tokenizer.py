@@ -5,7 +5,7 @@ Owns text <-> token ids, rendering the chat template, and what the tokenizer say
 ids are special, which of them the chat template itself emits, how to encode text that merely spells a special
 token as plain text (what transformers' `split_special_tokens` does), and a lower bound on the token count of a
 text from its length alone (`min_num_tokens`), so that a server can refuse a prompt that cannot fit without
-tokenizing it. Knows nothing of the engine. A conversation's prompt ids are `chat_prompt.py`'s (it uses these
+tokenizing it. Knows nothing of the engine. A conversation's prompt ids are `text/chat_template.py`'s (it uses these
 pieces).
 
 Thread safety: every method only reads the tokenizer (transformers changes the Rust tokenizer's settings only

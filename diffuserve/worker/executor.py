@@ -110,7 +110,7 @@ class ForwardInputs:
     positions: torch.Tensor
     """[N] their absolute positions."""
     metadata: StepMetadata
-    """The step's work per cache kind (engine/cache/step_metadata.py)."""
+    """The step's work per cache kind (worker/cache/step_metadata.py)."""
     offload: OffloadContext | None = None
     """The step's diffusion blocks for expert offload (which decides residency at a block's first step); built
     only when offload is on."""

@@ -15,7 +15,7 @@ read from the clean stream's row p - 1, the last committed position (the row a b
 is decoded from), so it needs no variant. There a variant is a block preview of the request's state slot: the
 GDN layers read the state after the committed blocks (never writing it) and the attention layers read the
 committed pages and the variant's own K/V, so the step must commit exactly the blocks before the scored block
-(engine/cache/recurrent.py). A checkpoint without the block-diffusion tensors is autoregressive and scores as a
+(core/cache/recurrent.py). A checkpoint without the block-diffusion tensors is autoregressive and scores as a
 plain causal LM: its variants are run causally (causal mask, GDN state advanced in a copy that is dropped), so
 row p - 1 is the clean causal forward's, giving log p(x_p | x_<p).
 
@@ -133,7 +133,7 @@ def variant_mask(
 
 def prompt_logprobs(logits: torch.Tensor, scored: list[ScoredPositions]) -> dict[str, list[tuple[int, TokenLogprobs]]]:
     """logits [M, V] fp32 at the scored rows (in `scored` order) -> per request id, (position, TokenLogprobs):
-    the prompt token first, then its top alternatives by rank, as for generated tokens (engine/logprobs.py)."""
+    the prompt token first, then its top alternatives by rank, as for generated tokens (decoding/logprobs.py)."""
     log_probs = torch.log_softmax(logits, dim=-1)
     out: dict[str, list[tuple[int, TokenLogprobs]]] = {}
     row = 0

@@ -1,7 +1,7 @@
 """The fp8 K/V cache (`--kv-cache-dtype fp8`): attention pages in e4m3, read back in the model's dtype.
 
 The oracle is the dense reference attention with its K and V rounded by plain arithmetic
-(testing/reference_kv_fp8.py: no fp8 dtype, no cast): the engine decodes what it decodes, token for token, on an
+(reference/reference_kv_fp8.py: no fp8 dtype, no cast): the engine decodes what it decodes, token for token, on an
 attention family (chunked prefill included) and on Clover's block diffusion; the rounding itself equals the plain
 rule on every e4m3 value, every tie between two of them and beyond the range; DiffusionGemma's canvases match
 transformers' generate with its attention's K/V rounded the same way. The bytes: the engine's K/V per

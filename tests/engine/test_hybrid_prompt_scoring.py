@@ -1,6 +1,6 @@
 """Prompt scoring on clover_moe (hybrid GDN + attention): the engine's variants (block previews of the request's
 state slot, the AR shift's row p - 1, a block's first position from the last committed row) equal the naive
-reference (one uncached forward per scored position, testing/reference_scoring.py) with and without the
+reference (one uncached forward per scored position, reference/reference_scoring.py) with and without the
 block-diffusion tensors (without: a plain causal LM), whole and chunked; scoring requests leave generating
 requests' tokens unchanged; reading row p, or letting a variant advance the state, fails the equality."""
 

@@ -2,7 +2,7 @@
 (monkeypatched for the test only) and asserts that the check which guards against it now fails:
 
 - the threshold decoder accepting confidence >= threshold instead of > (strict, as the references): a textual
-  mutation of engine/decoders.py, caught by the parity check against the independent reference;
+  mutation of decoding/mask_policies.py, caught by the parity check against the independent reference;
 - the K/V cache holding values rounded to fp16: caught by the cached-vs-recompute logits check, though token
   parity on the tests' confident models does not notice it.
 

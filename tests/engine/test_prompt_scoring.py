@@ -1,5 +1,5 @@
 """Prompt scoring (`prompt_logprobs`): the engine's batched variants equal the block chain rule computed by the
-naive reference (one dense forward per scored position, testing/reference_scoring.py), on sdar and LLaDA2 at
+naive reference (one dense forward per scored position, reference/reference_scoring.py), on sdar and LLaDA2 at
 block 4, whole and in chunks; top alternatives are sorted with ranks consistent with the full distribution;
 scoring requests in a batch leave the other requests' tokens unchanged; max_tokens 0 only scores. Mutations of
 the variants' masking (the scored token revealed, variants seeing each other) make the equality fail."""

@@ -1,5 +1,5 @@
 """The CanvasState cache kind (renoise canvases, DiffusionGemma): which running request holds which canvas slot,
-the row of the self-conditioning pool that its canvas's next step reads (engine/cache/canvas_step.py). Torch-free.
+the row of the self-conditioning pool that its canvas's next step reads (worker/cache/canvas_step.py). Torch-free.
 
 A slot is taken with a request's first work after admission and given back when the request finishes, is
 aborted or is preempted. What it holds (the previous step's soft embeddings) is not recomputable from tokens, so

@@ -1,4 +1,4 @@
-"""CacheKind: the interface every cache kind implements for the cache manager (engine/cache/manager.py, which
+"""CacheKind: the interface every cache kind implements for the cache manager (core/cache/manager.py, which
 describes the calls). Torch-free. Every method is abstract: a kind says what each point of a request's life means
 for it, even when that is nothing.
 """

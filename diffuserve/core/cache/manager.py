@@ -19,7 +19,7 @@ kind at the same points of a request's life and combines the answers:
     release         the request finished or was preempted: give everything back
 
 Every kind's memory but a canvas slot's is recomputable: a preempted request is recomputed from its tokens, never
-saved (and its canvas redone, engine/cache/canvas.py). The manager
+saved (and its canvas redone, core/cache/canvas.py). The manager
 also owns the prefix hashes (a committed full page's chain hash, computed once and shared by the kinds) and a
 request's committed count (`num_computed_tokens`), which only a prefix hit, a commit or a release moves.
 """
@@ -40,7 +40,7 @@ from diffuserve.errors import ContextLengthExceeded
 
 @dataclass(frozen=True)
 class CacheSizes:
-    """What one rank allocated (engine/cache/allocation.py), agreed by every rank."""
+    """What one rank allocated (worker/cache/allocation.py), agreed by every rank."""
 
     page_size: int
     num_pages: int

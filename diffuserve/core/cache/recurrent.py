@@ -3,7 +3,7 @@ can restore, and when a running request's state is snapshotted. Torch-free.
 
 Prompt scoring (`prompt_logprobs`) previews the state after the blocks before each scored block, and a slot
 holds one state: a scoring request commits only up to the block of its next scored position, and a prefix hit
-may not reach past it (engine/prompt_scoring.py).
+may not reach past it (worker/prompt_scoring.py).
 
 Lifecycle of a slot: taken at admission (a prefix-cache hit first copies the prefix's snapshot into it, else it
 starts empty), advanced by every forward that commits the request's tokens, freed when the request finishes, is

@@ -32,7 +32,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def resolve_page_size(page_size: int | None, multiple: int) -> int:
     """Default: the smallest multiple of `multiple` >= 16. `multiple` is the block length, unless the model's
-    pages need not hold whole blocks (StepRules.page_multiple; see engine/cache/paged.py)."""
+    pages need not hold whole blocks (StepRules.page_multiple; see core/cache/paged.py)."""
     if page_size is None:
         return multiple * -(-16 // multiple)
     if page_size % multiple:

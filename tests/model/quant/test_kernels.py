@@ -1,4 +1,4 @@
-"""Every quantized matmul against the plain dequantize-then-matmul reference (testing/reference_quant.py: float64,
+"""Every quantized matmul against the plain dequantize-then-matmul reference (reference/reference_quant.py: float64,
 no code shared with the kernels) on random parts of the same quantized weights, in fp32 activations: equal within
 1e-4 relative. The CUDA adapters run here through torch's CPU `_scaled_mm` (the same documented contract) and an
 emulation of tinygemm's contract (its ops are CUDA-only)."""

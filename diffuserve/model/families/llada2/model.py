@@ -6,7 +6,7 @@ bias; pre-norm residual blocks whose first `first_k_dense_replace` layers run a 
 MoE block (group-limited sigmoid router, experts combined in fp32, always-on shared experts); fp32 logits with
 no shift (the logit at a position predicts that position). The stack is `transformer.BlockDiffusionLM`; the
 Hub names (`word_embeddings`, `attention.query_key_value`, ...) are mapped to it in `llada2_weights`.
-Knows nothing of requests; LLaDA2.1's token editing is a decoder (engine/decoders.py), not a model change.
+Knows nothing of requests; LLaDA2.1's token editing is a decoder (decoding/mask_policies.py), not a model change.
 """
 
 from __future__ import annotations
