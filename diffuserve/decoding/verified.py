@@ -29,9 +29,9 @@ from diffuserve.sampling_params import VERIFIED, ResolvedSamplingParams
 
 
 class VerifiedDecoder(MaskDecoder):
-    def __init__(self, block_length: int, penalty_counts: PenaltyCounts) -> None:
+    def __init__(self, block_length: int, penalty_counts: PenaltyCounts | None = None) -> None:
         super().__init__(VERIFIED, ThresholdDecoder(), block_length)
-        self.penalty_counts = penalty_counts
+        self.penalty_counts = penalty_counts if penalty_counts is not None else PenaltyCounts()
         """The counts the drafts were penalised with (the registry's): the causal rows get the same."""
 
     def draft_params(self, request: Request) -> ResolvedSamplingParams:
