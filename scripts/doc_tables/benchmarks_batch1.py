@@ -197,3 +197,22 @@ def gdn_roofline(load: Load) -> str:
         ],
         rows,
     )
+
+
+def redesign32_ab(load: Load) -> str:
+    """The issue 32 redesign's CPU-time A/B (scripts/ab_cpu_time.py), new / old per model and concurrency."""
+    rows = []
+    for name in ("redesign32-ab-cpu-sdar", "redesign32-ab-cpu-clover"):
+        run = load(name)["result"]
+        for row in run["rows"]:
+            rows.append(
+                [
+                    run["model"],
+                    row["concurrency"],
+                    f"{row['old_cpu_ms']:.2f}",
+                    f"{row['new_cpu_ms']:.2f}",
+                    f"{row['ratio']:.3f}",
+                    run["revisions"]["new"],
+                ]
+            )
+    return table(["model", "concurrent", "old (6075498) ms/token", "new ms/token", "new / old", "new"], rows)

@@ -69,3 +69,22 @@ def structured_tpf(load: Load) -> str:
         for name, r in run.items()
     ]
     return table(["prompts, output constraint", "correct", "tokens", "forwards", "TPF"], rows)
+
+
+CORESET_RUNS = {
+    "eval-coreset-c0": "0 (per-token routing)",
+    "eval-coreset-c8": "8 (all experts)",
+    "eval-coreset-c4": "4",
+    "eval-coreset-c2": "2 (the top-k itself)",
+}
+
+
+def coreset_accuracy(load: Load) -> str:
+    """The bundled model's accuracy under block expert coreset routing, per coreset size C."""
+    rows = []
+    for name, label in CORESET_RUNS.items():
+        default = load(name)["result"]["results"][0]
+        by_task = default["accuracy_by_task"]
+        accuracy, sorting = pct(default["accuracy"], " "), pct(by_task["sort"], " ")
+        rows.append([label, accuracy, f"{default['tokens_per_forward']:.2f}", sorting, f"`{name}.json`"])
+    return table(["C", "accuracy", "tokens per forward", "sorting", "results"], rows)
