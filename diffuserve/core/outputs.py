@@ -26,6 +26,20 @@ TokenLogprobs = dict[int, Logprob]
 
 
 @dataclass(frozen=True)
+class DraftCheck:
+    """decoder=verified: what the forward that committed a drafted block found, in output positions. The checked
+    drafts are `accepted` then `rejected`; the first rejected one differed from the causal path, whose token
+    (`causal`) was written there instead, and the drafts after it are dropped with it (the block is redrafted)."""
+
+    accepted: tuple[tuple[int, int], ...]
+    """(output position, token) pairs of the drafts the check kept."""
+    rejected: tuple[tuple[int, int], ...]
+    """(output position, drafted token) pairs it did not keep; empty when every checked draft was kept."""
+    causal: tuple[int, int] | None
+    """(output position, token) the causal path wrote at the first rejected draft; None when none was rejected."""
+
+
+@dataclass(frozen=True)
 class DenoisingStep:
     """What one denoising step wrote into a request's block, in output positions (0 = the first generated token).
 
@@ -39,7 +53,12 @@ class DenoisingStep:
     start: int
     end: int
     writes: tuple[tuple[int, int], ...]
-    """(output position, token) pairs the step accepted (or, for decoder=edit, rewrote); empty if none."""
+    """(output position, token) pairs the step accepted (or, for decoder=edit, rewrote); empty if none. For a
+    check: the kept drafts and the causal token, the positions whose final tokens it decided."""
+    check: DraftCheck | None = None
+    """decoder=verified: set on the entry that reports the check of the block's draft (made by the forward that
+    also carries the next block's step, an entry of its own, or, on a rejection, discards that step); its `step`
+    follows the draft's last. None for a denoising step."""
 
 
 @dataclass

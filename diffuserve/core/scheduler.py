@@ -30,6 +30,7 @@ from diffuserve.core.cache.manager import CacheManager
 from diffuserve.core.request import Request, RequestStatus
 from diffuserve.core.step import ScheduledRequest, SchedulerOutput, StepUpdate
 from diffuserve.core.verification import apply_verification
+from diffuserve.core.verification_trace import record_check
 from diffuserve.core.writes import BlockWrite, Verification
 
 NO_WRITE = BlockWrite([])
@@ -186,6 +187,8 @@ class Scheduler:
         request.num_draft_tokens += verdict.num_checked
         request.num_accepted_tokens += verdict.num_accepted
         update.num_verified_blocks += 1
+        if request.params.record_denoising:
+            record_check(request, verdict)
         if not apply_verification(request, verdict):
             return False
         self.cache.rollback(request, block)

@@ -1,5 +1,7 @@
 """The denoising stream extension (`stream_options.include_denoising`): per denoising step, which output positions
-it decided and their tokens, sent as chunks of their own (no choices) before the text they lead to.
+it decided and their tokens, sent as chunks of their own (no choices) before the text they lead to; under
+decoder=verified also each causal check of a drafted block (`check`: the drafts kept, those rejected, where the
+causal token went).
 
 The engine's outputs carry each completion's whole trace so far (`CompletionOutput.denoising_steps`, cumulative,
 so a slow reader that only sees the latest output loses nothing); `DenoisingTrace` remembers, per choice, how many
@@ -13,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from diffuserve.core.outputs import DenoisingStep
+from diffuserve.core.outputs import DenoisingStep, DraftCheck
 from diffuserve.engine.detokenizer import TokenTexts
 from diffuserve.engine.output_processor import RequestOutput
-from diffuserve.server.response_models import DenoisingStepOut
+from diffuserve.server.response_models import DenoisingStepOut, DraftCheckOut
 
 
 @dataclass
@@ -41,16 +43,30 @@ class DenoisingTrace:
         return steps
 
     def _entry(self, index: int, step: DenoisingStep) -> DenoisingStepOut:
-        positions = [position for position, _ in step.writes]
         token_ids = [token for _, token in step.writes]
-        texts = [self.texts(token) for token in token_ids]
         return DenoisingStepOut(
             index=index,
             block=step.block,
             step=step.step,
             block_start=step.start,
             block_end=step.end,
-            positions=positions,
+            positions=[position for position, _ in step.writes],
             token_ids=token_ids,
-            tokens=None if any(text is None for text in texts) else [text or "" for text in texts],
+            tokens=self._texts(token_ids),
+            check=None if step.check is None else self._check(step.check),
         )
+
+    def _check(self, check: DraftCheck) -> DraftCheckOut:
+        rejected_ids = [token for _, token in check.rejected]
+        return DraftCheckOut(
+            accepted_positions=[position for position, _ in check.accepted],
+            rejected_positions=[position for position, _ in check.rejected],
+            rejected_token_ids=rejected_ids,
+            rejected_tokens=self._texts(rejected_ids),
+            causal_position=None if check.causal is None else check.causal[0],
+        )
+
+    def _texts(self, token_ids: list[int]) -> list[str] | None:
+        """Each token's text; None when one has none (no tokenizer)."""
+        texts = [self.texts(token) for token in token_ids]
+        return None if any(text is None for text in texts) else [text or "" for text in texts]

@@ -158,6 +158,23 @@ class CompletionChunk(ResponseFields):
     choices: list[CompletionChoice]
 
 
+class DraftCheckOut(ResponseModel):
+    """What the forward that committed a drafted block found (decoder=verified), in output positions."""
+
+    accepted_positions: list[int]
+    """The drafts it kept (the leading checked positions)."""
+    rejected_positions: list[int]
+    """The drafts it did not keep: the first differed from the causal path, the rest were drafted after it and
+    are drafted again; empty when every checked draft was kept."""
+    rejected_token_ids: list[int]
+    """The rejected drafts' tokens, in the order of `rejected_positions`."""
+    rejected_tokens: list[str] | None
+    """Their texts (null without a tokenizer)."""
+    causal_position: int | None
+    """Where the causal path's token replaced the first rejected draft (its token is in the step's `token_ids`);
+    null when none was rejected."""
+
+
 class DenoisingStepOut(ResponseModel):
     """One denoising step of one choice (`stream_options.include_denoising`), in output positions: 0 is the
     choice's first generated token."""
@@ -178,6 +195,9 @@ class DenoisingStepOut(ResponseModel):
     """Their tokens, in the order of `positions`."""
     tokens: list[str] | None
     """Each token's text, special tokens spelled out (null without a tokenizer)."""
+    check: DraftCheckOut | None = None
+    """decoder=verified: on the entry that reports the causal check of the block's draft (its `positions` are
+    then the kept drafts and the causal token); null for a denoising step."""
 
 
 class ChatCompletionDenoisingChunk(ChatCompletionChunk):

@@ -89,11 +89,12 @@ def _api_chat(server: str, messages: list[dict[str, str]]) -> dict[str, Any]:
     return httpx.post(server + "/v1/chat/completions", json=body, headers=headers, timeout=60).json()
 
 
-def _api_steps(server: str, text: str) -> list[dict[str, Any]]:
+def _api_steps(server: str, text: str, **fields: Any) -> list[dict[str, Any]]:
     body = {
         "messages": [{"role": "user", "content": text}],
         "stream": True,
         "stream_options": {"include_denoising": True},
+        **fields,
     }
     headers = {"Authorization": f"Bearer {API_KEY}"}
     steps = []
@@ -158,6 +159,46 @@ def test_the_denoising_cells_fill_step_by_step(page: Any, server: str):
     assert page.find_elements(_by("CSS_SELECTOR"), "#denoise-blocks .cell.mask") == []
     page.find_element(_by("ID"), "replay-play").click()  # a replay from the start runs to the end
     shots.wait(page, lambda d: d.find_element(_by("ID"), "replay-label").text == f"step {len(steps)} of {len(steps)}")
+
+
+def test_verified_drafts_show_kept_rejected_and_causal(page: Any, server: str):
+    """decoder=verified: after each entry of the trace, every cell shows the step that wrote it and what the causal
+    checks made of it (kept, rejected: struck through, causal), as the API's `check` entries say."""
+    from selenium.webdriver.common.keys import Keys
+
+    prompt = "Reverse hello"  # the bundled model's causal reading rejects some of its drafts here
+    steps = _api_steps(server, prompt, decoder="verified")
+    assert any(s["check"] and s["check"]["rejected_positions"] for s in steps)
+    page.find_element(_by("CSS_SELECTOR"), "#set-decoder option[value='verified']").click()
+    shots.send_chat(page, prompt)
+    shots.select_view(page, "denoising")
+    slider = page.find_element(_by("ID"), "replay-step")
+    assert slider.get_attribute("max") == str(len(steps))
+    page.find_element(_by("ID"), "replay-first").click()
+    expected: dict[int, tuple[int, str | None]] = {}  # position -> (step, check state)
+    for k, step in enumerate(steps, start=1):
+        slider.send_keys(Keys.ARROW_RIGHT)
+        check = step["check"]
+        if check is None:
+            expected.update(dict.fromkeys(step["positions"], (step["step"], None)))
+        else:
+            expected.update({p: (expected[p][0], "kept") for p in check["accepted_positions"]})
+            expected.update(dict.fromkeys(check["rejected_positions"], (step["step"], "rejected")))
+            if check["causal_position"] is not None:
+                expected[check["causal_position"]] = (step["step"], "causal")
+        cells = page.find_elements(_by("CSS_SELECTOR"), "#denoise-blocks .cell[data-position]")
+        shown = {
+            int(c.get_attribute("data-position")): (int(c.get_attribute("data-step")), c.get_attribute("data-check"))
+            for c in cells
+        }
+        assert shown == expected, f"after step {k}"
+        for cell in page.find_elements(_by("CSS_SELECTOR"), "#denoise-blocks .cell[data-check='rejected']"):
+            assert "line-through" in cell.value_of_css_property("text-decoration"), "a rejected draft is struck"
+    legend = page.find_element(_by("ID"), "denoise-legend").text
+    assert "rejected draft" in legend and "causal token" in legend
+    kept = sum(len(s["check"]["accepted_positions"]) for s in steps if s["check"])
+    checked = kept + sum(len(s["check"]["rejected_positions"]) for s in steps if s["check"])
+    assert f"{kept} of {checked} checked drafts kept" in page.find_element(_by("ID"), "denoise-summary").text
 
 
 def test_the_planner_shows_what_diffuserve_plan_says(page: Any):
