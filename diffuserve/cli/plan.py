@@ -12,7 +12,7 @@ import json
 from diffuserve.planner.build import build_plan
 from diffuserve.planner.chart import write_chart
 from diffuserve.planner.hardware import HARDWARE_PRESETS
-from diffuserve.planner.inputs import KV_BYTES, WEIGHT_BYTES, Efficiency
+from diffuserve.planner.inputs import DECODERS, KV_BYTES, WEIGHT_BYTES, Efficiency
 from diffuserve.planner.model_presets import MODEL_PRESETS, load_model
 from diffuserve.planner.options import DEFAULT_HARDWARE, DEFAULT_OUTPUT_TOKENS, DEFAULT_TPF, PlanOptions
 from diffuserve.planner.params import count_parameters
@@ -103,6 +103,22 @@ def _add_workload_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--request-rate", type=float, help="requests/s to size the deployment for")
     group.add_argument("--block-length", type=int, help="diffusion block length (default: the model's)")
     group.add_argument("--tpf", type=float, help=f"tokens committed per forward per sequence (default {DEFAULT_TPF})")
+    group.add_argument(
+        "--decoder",
+        choices=list(DECODERS),
+        default=PlanOptions.decoder,
+        help="diffusion (TPF: --tpf), or verified: drafts checked against the causal path, TPF from "
+        "--verified-tpf, else --acceptance-rate, else the measured value; a GDN model holds one more copy of its "
+        "state per sequence",
+    )
+    group.add_argument(
+        "--verified-tpf", type=float, help="verified decoding's output tokens per forward (bench compare's TPF)"
+    )
+    group.add_argument(
+        "--acceptance-rate",
+        type=float,
+        help="verified decoding: share of drafted tokens the causal check keeps, 0..1; TPF from it and --tpf",
+    )
     group.add_argument(
         "--block-expert-coreset",
         type=int,

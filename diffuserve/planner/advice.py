@@ -110,7 +110,7 @@ def _smaller_workload(
         return []
     options = []
     per_replica = max(1, capacity.concurrency_per_replica)
-    longest = max_context(spec, deployment, memory.kv_pool_bytes, per_replica, workload.block_length)
+    longest = max_context(spec, deployment, memory.kv_pool_bytes, per_replica, workload.block_length, workload.decoder)
     if 0 < longest < workload.context_length:
         options.append(f"a shorter context: --context-length {longest} for {per_replica} sequence(s) per replica")
     if 0 < capacity.max_seqs_by_kv < capacity.concurrency_per_replica:

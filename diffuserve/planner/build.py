@@ -23,6 +23,7 @@ from diffuserve.planner.options import (
 )
 from diffuserve.planner.plan import Plan, make_plan
 from diffuserve.planner.units import TERA, GiB
+from diffuserve.planner.verified import verified_tpf
 
 
 def build_plan(options: PlanOptions) -> Plan:
@@ -107,6 +108,7 @@ def _workload(
     block = _pick(options.block_length, spec.block_length)
     default_tpf = preset.default_tpf if preset and preset.default_tpf else DEFAULT_TPF
     tpf = _pick(options.tpf, calibration.tpf if calibration else min(default_tpf, block))
+    tpf, source = _decoding_tpf(options, tpf, block)
     touched = None
     if calibration is not None and (calibration.spec.num_experts, calibration.spec.num_experts_per_tok) == (
         spec.num_experts,
@@ -119,12 +121,25 @@ def _workload(
         output_tokens=output,
         block_length=block,
         tpf=tpf,
+        decoder=options.decoder,
+        tpf_source=source,
         concurrency=_pick(options.concurrency, bench.num_seqs if bench else None),
         request_rate=options.request_rate,
         experts_touched_fraction=options.experts_touched_fraction,
         experts_touched_per_block=touched,
         block_expert_coreset=options.block_expert_coreset,
     )
+
+
+def _decoding_tpf(options: PlanOptions, tpf: float, block: int) -> tuple[float, str]:
+    """(TPF, its source) under the planned decoder: the diffusion TPF as it is, or verified decoding's from it."""
+    if options.decoder == "verified":
+        return verified_tpf(options.verified_tpf, options.acceptance_rate, tpf, block)
+    for flag in ("verified_tpf", "acceptance_rate"):
+        if getattr(options, flag) is not None:
+            name = flag.replace("_", "-")
+            raise ValueError(f"--{name}: plans verified decoding only; add --decoder verified, or drop --{name}")
+    return tpf, ""
 
 
 def _efficiency(options: PlanOptions, calibration: Calibration | None) -> Efficiency:

@@ -15,6 +15,7 @@ from diffuserve.planner.memory import MemoryBreakdown, kv_bytes_per_sequence, pa
 from diffuserve.planner.model_spec import AttentionGroup, ModelSpec
 from diffuserve.planner.recurrent_state import state_bytes_per_sequence
 from diffuserve.planner.units import ceil_div, fmt_bytes
+from diffuserve.planner.verified import backup_bytes_per_sequence
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,8 @@ class Capacity:
     kv_bytes_per_sequence: float
     state_bytes_per_sequence: float
     """Constant recurrent state of a sequence (hybrid models; 0 otherwise)."""
+    backup_bytes_per_sequence: float
+    """decoder verified: the copy of that state saved before each check (planner/verified.py; 0 otherwise)."""
     max_seqs_by_kv: int
     """Sequences of `context_length` tokens whose KV and state fit one replica's pool."""
     max_num_seqs: int
@@ -40,8 +43,8 @@ class Capacity:
 
     @property
     def bytes_per_sequence(self) -> float:
-        """What one sequence holds: KV pages + recurrent state."""
-        return self.kv_bytes_per_sequence + self.state_bytes_per_sequence
+        """What one sequence holds: KV pages + recurrent state (+ its verification backup)."""
+        return self.kv_bytes_per_sequence + self.state_bytes_per_sequence + self.backup_bytes_per_sequence
 
     @property
     def concurrency_per_replica(self) -> int:
@@ -58,10 +61,19 @@ def max_sequences(kv_pool_bytes: float, bytes_per_sequence: float) -> int:
     return max(0, int(kv_pool_bytes // bytes_per_sequence)) if bytes_per_sequence > 0 else 0
 
 
-def sequence_bytes(spec: ModelSpec, deployment: Deployment, context: int, block_length: int) -> float:
-    """KV of `context` tokens (whole pages) plus the constant recurrent state: one sequence on one device."""
-    kv = kv_bytes_per_sequence(spec, deployment, context, block_length)
-    return kv + state_bytes_per_sequence(spec, deployment)
+def held_state_bytes(spec: ModelSpec, deployment: Deployment, decoder: str) -> float:
+    """The constant bytes one sequence holds on one device: its recurrent state, and under verified decoding the
+    backup of it (0 for models without linear-attention layers)."""
+    backup = backup_bytes_per_sequence(spec, deployment) if decoder == "verified" else 0.0
+    return state_bytes_per_sequence(spec, deployment) + backup
+
+
+def sequence_bytes(
+    spec: ModelSpec, deployment: Deployment, context: int, block_length: int, decoder: str = "diffusion"
+) -> float:
+    """KV of `context` tokens (whole pages) plus the constant state (`held_state_bytes`): one sequence on one
+    device."""
+    return kv_bytes_per_sequence(spec, deployment, context, block_length) + held_state_bytes(spec, deployment, decoder)
 
 
 def full_attention_equivalent(spec: ModelSpec) -> ModelSpec:
@@ -78,7 +90,14 @@ def full_attention_equivalent(spec: ModelSpec) -> ModelSpec:
     return replace(spec, attention=(full,), linear_attention=None)
 
 
-def max_context(spec: ModelSpec, deployment: Deployment, kv_pool_bytes: float, num_seqs: int, block_length: int) -> int:
+def max_context(
+    spec: ModelSpec,
+    deployment: Deployment,
+    kv_pool_bytes: float,
+    num_seqs: int,
+    block_length: int,
+    decoder: str = "diffusion",
+) -> int:
     """Largest context (a whole number of pages, at most max_position_embeddings) at which `num_seqs`
     sequences fit the pool; 0 when not even one page each fits. KV per sequence grows with the context, so
     a binary search over the page count finds it."""
@@ -86,7 +105,8 @@ def max_context(spec: ModelSpec, deployment: Deployment, kv_pool_bytes: float, n
     cap = spec.max_position_embeddings
 
     def fits(pages: int) -> bool:
-        return num_seqs * sequence_bytes(spec, deployment, min(pages * page, cap), block_length) <= kv_pool_bytes
+        held = sequence_bytes(spec, deployment, min(pages * page, cap), block_length, decoder)
+        return num_seqs * held <= kv_pool_bytes
 
     low, high = 0, ceil_div(cap, page)
     while low < high:
@@ -100,13 +120,16 @@ def compute_capacity(spec: ModelSpec, deployment: Deployment, memory: MemoryBrea
     context, block = workload.context_length, workload.block_length
     kv = kv_bytes_per_sequence(spec, deployment, context, block)
     state = state_bytes_per_sequence(spec, deployment)
+    backup = held_state_bytes(spec, deployment, workload.decoder) - state
     pool = memory.kv_pool_bytes
-    by_kv = max_sequences(pool, kv + state)
+    by_kv = max_sequences(pool, kv + state + backup)
     replicas = deployment.num_replicas
     concurrency = workload.concurrency or replicas * min(by_kv, deployment.max_num_seqs)
     per_replica = ceil_div(concurrency, replicas) if concurrency else 0
-    longest = max_context(spec, deployment, pool, per_replica, block) if per_replica else 0
+    longest = max_context(spec, deployment, pool, per_replica, block, workload.decoder) if per_replica else 0
     per_seq = f"({fmt_bytes(kv)} + state {fmt_bytes(state)})" if spec.is_hybrid else fmt_bytes(kv)
+    if backup:
+        per_seq = f"({fmt_bytes(kv)} + state {fmt_bytes(state)} + verification backup {fmt_bytes(backup)})"
     formulas = [
         f"KV pool = usable {fmt_bytes(memory.usable_bytes)} - weights {fmt_bytes(memory.weight_bytes)} "
         f"- activations {fmt_bytes(memory.activation_bytes)} - overhead {fmt_bytes(memory.overhead_bytes)} "
@@ -126,6 +149,7 @@ def compute_capacity(spec: ModelSpec, deployment: Deployment, memory: MemoryBrea
         context_length=context,
         kv_bytes_per_sequence=kv,
         state_bytes_per_sequence=state,
+        backup_bytes_per_sequence=backup,
         max_seqs_by_kv=by_kv,
         max_num_seqs=deployment.max_num_seqs,
         num_replicas=replicas,
@@ -155,6 +179,8 @@ def fit_problem(memory: MemoryBreakdown, capacity: Capacity) -> str | None:
             "per device"
         )
     held = "KV + state" if capacity.state_bytes_per_sequence else "KV"
+    if capacity.backup_bytes_per_sequence:
+        held += " + verification backup"
     if capacity.max_seqs_by_kv == 0:
         return (
             f"one {capacity.context_length}-token sequence needs {fmt_bytes(capacity.bytes_per_sequence)} of "

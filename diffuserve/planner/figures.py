@@ -49,7 +49,7 @@ def device_memory(plan: Plan) -> list[MemoryPart]:
         MemoryPart("weights", memory.dense_weight_bytes + memory.embedding_bytes),
         MemoryPart("experts", memory.expert_weight_bytes),
         MemoryPart("K/V", seqs * capacity.kv_bytes_per_sequence),
-        MemoryPart("state", seqs * capacity.state_bytes_per_sequence),
+        MemoryPart("state", seqs * (capacity.state_bytes_per_sequence + capacity.backup_bytes_per_sequence)),
         MemoryPart("activations", memory.activation_bytes),
         MemoryPart("runtime", memory.overhead_bytes),
     ]
@@ -76,7 +76,7 @@ def fit_curve(plan: Plan) -> list[FitPoint]:
     full = full_attention_equivalent(spec) if spec.is_hybrid else None
     points = []
     for context in context_lengths(plan):
-        seqs = max_sequences(pool, sequence_bytes(spec, deployment, context, block))
+        seqs = max_sequences(pool, sequence_bytes(spec, deployment, context, block, plan.workload.decoder))
         full_seqs = (
             None
             if full is None

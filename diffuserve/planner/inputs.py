@@ -24,6 +24,11 @@ channel, INT8 one bf16 scale per output channel (both shown for 2048 input colum
 per group of 128. Memory takes quantized weights matrix by matrix instead (planner/quantized_weights.py: the real
 widths, and the norms, routers and gates that stay 16-bit)."""
 KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+DECODERS = {
+    "diffusion": "the threshold decoder and the like: TPF as given (--tpf)",
+    "verified": "drafts checked against the causal path (planner/verified.py)",
+}
+"""What a plan's decoding is (`--decoder`)."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,13 @@ class Workload:
     block_length: int
     """Diffusion block length S: positions denoised together in every forward of a sequence."""
     tpf: float = 2.5
-    """Tokens committed per forward per sequence (TPF = generated tokens / NFE); measure it with bench."""
+    """Tokens committed per forward per sequence (TPF = generated tokens / NFE); measure it with bench. Under
+    decoder verified: the output tokens per forward, drafting and discarded forwards included (planner/verified.py)."""
+    decoder: str = "diffusion"
+    """diffusion (the threshold decoder and the like) or verified (drafts checked against the causal path: a GDN
+    model holds one more copy of its state per sequence)."""
+    tpf_source: str = ""
+    """Where `tpf` comes from, for the report (empty: given or the default)."""
     concurrency: int | None = None
     """Sequences decoding together (default: as many as fit, at most max_num_seqs)."""
     request_rate: float | None = None
@@ -116,6 +127,7 @@ class Workload:
             _positive(name, getattr(self, name))
         if self.experts_touched_fraction is not None:
             _fraction("experts_touched_fraction", self.experts_touched_fraction)
+        _choice("decoder", self.decoder, DECODERS)
         if self.block_expert_coreset < 0:
             raise ValueError(f"block_expert_coreset: must be >= 0 (0 turns it off), got {self.block_expert_coreset}")
         if self.tpf > self.block_length:

@@ -47,6 +47,10 @@ class PlanOptions:
     request_rate: float | None = None
     block_length: int | None = None
     tpf: float | None = None
+    decoder: str = "diffusion"
+    """diffusion, or verified: TPF from verified_tpf, else acceptance_rate (planner/verified.py), else measured."""
+    acceptance_rate: float | None = None
+    verified_tpf: float | None = None
     experts_touched_fraction: float | None = None
     block_expert_coreset: int = 0
     """Each block routed to at most this many experts per MoE layer while denoised (0: per-token routing)."""

@@ -18,7 +18,7 @@ def render_text(plan: Plan) -> list[str]:
     return [
         f"{spec.name} on {dep.num_gpus} x {plan.hardware.name} (tp {dep.tensor_parallel_size}, ep "
         f"{dep.expert_parallel_size}) | weights {dep.weight_dtype} | KV {dep.kv_dtype} | context "
-        f"{load.context_length:,} | block {load.block_length} | TPF {load.tpf}",
+        f"{load.context_length:,} | block {load.block_length} | {_tpf(plan)}",
         _parameter_line(plan),
         *_memory_lines(plan),
         *_capacity_lines(plan),
@@ -33,8 +33,24 @@ def render_text(plan: Plan) -> list[str]:
         *_calibration_lines(plan),
         f"Assumed     MBU {plan.efficiency.bandwidth_fraction}, MFU {plan.efficiency.flops_fraction}, step "
         f"overhead {fmt_time(plan.efficiency.step_overhead_s)}, TPF {load.tpf} "
-        f"({'calibrated' if plan.calibration else 'defaults: measure with diffuserve bench, pass --calibrate'})",
+        f"({_tpf_source(plan)})",
     ]
+
+
+def _tpf(plan: Plan) -> str:
+    load = plan.workload
+    return f"verified decoding, TPF {load.tpf:.3g}" if load.decoder == "verified" else f"TPF {load.tpf}"
+
+
+def _tpf_source(plan: Plan) -> str:
+    if plan.workload.tpf_source:
+        return plan.workload.tpf_source
+    return "calibrated" if plan.calibration else "defaults: measure with diffuserve bench, pass --calibrate"
+
+
+def _backup(plan: Plan) -> str:
+    backup = plan.capacity.backup_bytes_per_sequence
+    return f" + verification backup of the state {fmt_bytes(backup)}" if backup else ""
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -133,8 +149,9 @@ def _memory_lines(plan: Plan) -> list[str]:
         f"  KV per token {fmt_bytes(m.kv_bytes_per_token)} (full-attention layers); per "
         f"{plan.capacity.context_length:,}-token sequence {fmt_bytes(plan.capacity.kv_bytes_per_sequence)}"
         + (
-            f" + recurrent state {fmt_bytes(m.state_bytes_per_sequence)} (constant) = "
-            f"{fmt_bytes(plan.capacity.bytes_per_sequence)}"
+            f" + recurrent state {fmt_bytes(m.state_bytes_per_sequence)} (constant)"
+            + _backup(plan)
+            + f" = {fmt_bytes(plan.capacity.bytes_per_sequence)}"
             if plan.spec.is_hybrid
             else ""
         ),

@@ -115,8 +115,12 @@ def _cli_plan(*flags: str) -> dict:
             ["--hardware", "H100-SXM", "-tp", "2", "--num-gpus", "4", "--weight-dtype", "fp8",
              "--kv-cache-dtype", "fp8", "--concurrency", "8", "--context-length", "16384"],
         ),
+        (
+            {"model": "Clover-35B-A3B", "context_length": 32768, "decoder": "verified", "acceptance_rate": 0.5},
+            ["--context-length", "32768", "--decoder", "verified", "--acceptance-rate", "0.5"],
+        ),
     ],
-    ids=["clover-h200-128k", "llada2-flash-tp2-fp8"],
+    ids=["clover-h200-128k", "llada2-flash-tp2-fp8", "clover-verified"],
 )  # fmt: skip
 def test_plan_route_equals_the_command(live_server: LiveServer, body: dict, flags: list[str]):
     answer = live_server.post("/plan", body).json()
@@ -138,6 +142,8 @@ def test_plan_route_refusals(live_server: LiveServer):
         ({"model": "/etc"}, "model", "neither a preset"),
         ({"model": "Clover-35B-A3B", "kv_cache_dtype": "int2"}, "kv_cache_dtype", "must be one of"),
         ({"model": "Clover-35B-A3B", "context_lenght": 4096}, "context_lenght", "Extra inputs"),
+        ({"model": "Clover-35B-A3B", "decoder": "speculative"}, "decoder", "must be one of"),
+        ({"model": "Clover-35B-A3B", "acceptance_rate": 0.5}, None, "plans verified decoding only"),
     ]
     for body, param, words in cases:
         response = live_server.post("/plan", body)

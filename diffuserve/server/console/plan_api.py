@@ -16,7 +16,7 @@ from dataclasses import asdict
 from diffuserve.planner.build import build_plan
 from diffuserve.planner.figures import device_memory, fit_curve, sequences_that_fit
 from diffuserve.planner.hardware import HARDWARE_PRESETS
-from diffuserve.planner.inputs import KV_BYTES, WEIGHT_BYTES
+from diffuserve.planner.inputs import DECODERS, KV_BYTES, WEIGHT_BYTES
 from diffuserve.planner.model_presets import MODEL_PRESETS
 from diffuserve.planner.options import DEFAULT_HARDWARE, PlanOptions
 from diffuserve.planner.report import plan_to_dict, render_text
@@ -70,6 +70,9 @@ class Planner:
             context_length=body.context_length,
             tensor_parallel_size=body.tensor_parallel_size,
             expert_parallel_size=body.expert_parallel_size,
+            decoder=_choice("decoder", body.decoder, list(DECODERS)),
+            verified_tpf=body.verified_tpf,
+            acceptance_rate=body.acceptance_rate,
         )
 
     def _model(self, name: str) -> str:

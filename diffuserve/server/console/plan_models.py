@@ -34,6 +34,12 @@ class PlanRequest(BaseModel):
     """Tokens per sequence (default: the model's maximum)."""
     concurrency: Int | None = None
     """Concurrent sequences (default: as many as fit)."""
+    decoder: str = "diffusion"
+    """diffusion, or verified (drafts checked against the causal path: `diffuserve plan --decoder verified`)."""
+    verified_tpf: float | None = None
+    """Verified decoding's output tokens per forward (default: from acceptance_rate, else the measured value)."""
+    acceptance_rate: float | None = None
+    """Verified decoding: the share of drafted tokens the causal check keeps, 0..1."""
 
 
 class MemoryPartOut(ResponseModel):
