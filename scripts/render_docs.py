@@ -52,6 +52,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "compare-quiet": benchmarks_compare.compare_quiet,
     "compare-hybrid": benchmarks_compare.compare_hybrid,
     "compare-verified": benchmarks_compare.compare_verified,
+    "compare-verified-clover-moe": benchmarks_compare.compare_verified_clover_moe,
     "attention-backends": benchmarks_compare.attention_backends,
     "throughput": benchmarks_serving.throughput,
     "calibration": benchmarks_serving.calibration,

@@ -1,5 +1,7 @@
 """The `bench compare` tables of docs/benchmarks.md: the engine against its baselines on sdar-moe-bench
-(`compare`, `compare-quiet`) and on the hybrid clover-moe-bench (`compare-hybrid`)."""
+(`compare`, `compare-quiet`) and on the hybrid clover-moe-bench (`compare-hybrid`); autoregressive, diffusion
+and verified decoding on the bundled model (`compare-verified`) and on clover-moe-bench
+(`compare-verified-clover-moe`)."""
 
 from __future__ import annotations
 
@@ -50,8 +52,17 @@ VERIFIED_ROWS = {
 
 
 def compare_verified(load: Load) -> str:
-    """Autoregressive, diffusion and verified decoding of the same prompts (`compare-verified`)."""
-    r = load("compare-verified")["result"]["results"][0]
+    """Autoregressive, diffusion and verified decoding of the same prompts on the bundled model (`compare-verified`)."""
+    return _verified_table(load, "compare-verified")
+
+
+def compare_verified_clover_moe(load: Load) -> str:
+    """The same on the random clover-moe-bench shape (`compare-verified-clover-moe`)."""
+    return _verified_table(load, "compare-verified-clover-moe")
+
+
+def _verified_table(load: Load, name: str) -> str:
+    r = load(name)["result"]["results"][0]
     rows = []
     for name, (label, concurrent) in VERIFIED_ROWS.items():
         v = r["variants"][name]

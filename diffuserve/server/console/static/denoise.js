@@ -3,8 +3,8 @@
 // and a replay of a finished answer step by step. Fed by the server's denoising stream extension
 // (stream_options.include_denoising): one entry per forward, with the positions it decided and their tokens.
 // Under decoder=verified a block's tokens are drafts until the causal check of the forward that commits the block
-// (an entry with `check`): kept drafts are marked verified, rejected ones stay struck through in red until the
-// block is redrafted over them, and the causal token written at the first rejection is marked as such.
+// (an entry of its own, with `check`): kept drafts are marked verified, rejected ones stay struck through in red
+// until the block is redrafted over them, and the causal token written at the first rejection is marked as such.
 
 import { $, el, formatNumber, isSpecial, tokenGlyph } from "./dom.js";
 
@@ -54,7 +54,7 @@ function blocksAt(trace, count) {
         text: step.tokens ? step.tokens[j] : String(token),
         step: step.step,
         forward: i + 1,
-        edited: previous !== undefined && !previous.rejected && previous.token !== token,
+        edited: previous !== undefined && previous.check !== "rejected" && previous.token !== token,
         rejectedBefore: previous ? previous.rejectedBefore : [],
       });
     });
@@ -81,7 +81,6 @@ function applyCheck(block, step, forward) {
       step: step.step,
       forward,
       check: "rejected",
-      rejected: true,
       rejectedBefore: [...(previous ? previous.rejectedBefore : []), text],
     });
   });
@@ -218,7 +217,7 @@ export class DenoisingView {
     for (let position = block.start; position < block.end; position += 1) {
       const cell = block.cells.get(position);
       const past = limit !== null && position >= limit;
-      if (cell && !past && !cell.rejected) decided += 1;
+      if (cell && !past && cell.check !== "rejected") decided += 1;
       cells.push(this.renderCell(position, cell, past));
     }
     const tpf = block.forwards ? decided / block.forwards : 0;
