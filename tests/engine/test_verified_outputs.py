@@ -24,7 +24,10 @@ from safetensors.torch import load_file, save_file
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.core.request import Request
+from diffuserve.core.writes import BlockWrite
 from diffuserve.decoding import verified
+from diffuserve.decoding.logprobs import logprob_rows, token_logprobs
+from diffuserve.decoding.protocol import BlockDecode
 from diffuserve.errors import GenerationFailed
 from diffuserve.model.families.clover_moe.gdn_preview import DIFFUSION_TENSORS
 from diffuserve.model.hub import resolve_model
@@ -171,13 +174,51 @@ def test_verified_prompt_logprobs_are_the_engines_prompt_scores(dirs):
     assert all(o.prompt_logprobs is not None and len(o.prompt_logprobs) == len(p) for o, p in zip(got, PROMPTS))
 
 
+def _oracle_drafts(monkeypatch, ar: Path) -> None:
+    """Drafts written by an oracle that knows the autoregressive answer and gets every position p with
+    p % 5 == 3 wrong (blocks kept whole, others cut anywhere), with logprobs from the diffusion rows it was given,
+    as a drafting mask decoder computes them: random weights' own drafts are kept practically only right after
+    decided tokens, where the draft row is the causal row, so only such an oracle keeps drafts whose rows differ."""
+    answers = {
+        tuple(p): o.outputs[0].token_ids + [0] * 8
+        for p, o in zip(PROMPTS, _engine(ar).generate([{"prompt_token_ids": p} for p in PROMPTS], _greedy(12)))
+    }
+
+    def oracle(self, request, rows, positions, generators):
+        first = request.block_start - request.num_prompt_tokens  # output position of canvas index 0
+        answer = answers[tuple(request.prompt_token_ids)]
+        tokens = torch.zeros(self.block_length, dtype=torch.long)
+        for i in positions:
+            tokens[i] = answer[first + i] + (1 if (request.block_start + i) % 5 == 3 else 0)
+        index = torch.tensor(positions)
+        table = logprob_rows(torch.log_softmax(rows, dim=-1), tokens[index], index, self.block_length, 3)
+        accepted = [(i, int(tokens[i])) for i in positions]
+        return BlockDecode(BlockWrite(accepted, token_logprobs(table, tokens, index)))
+
+    monkeypatch.setattr(verified.VerifiedDecoder, "decode", oracle)
+
+
+def _check_oracle_drafted_logprobs(bd: Path) -> None:
+    params = _greedy(12, decoder="verified", logprobs=3)
+    llm = _engine(bd)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    spec = llm.engine.stats().spec_decode
+    assert spec.num_accepted_tokens > spec.num_drafts  # drafts kept past a block's first position
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        _assert_logprobs(out.outputs[0], _reference(bd, prompt, list(out.outputs[0].token_ids), params), 3)
+
+
+def test_verified_logprobs_of_drafts_kept_whole_or_cut_anywhere(dirs, monkeypatch):
+    bd, ar = dirs
+    _oracle_drafts(monkeypatch, ar)
+    _check_oracle_drafted_logprobs(bd)
+
+
 def test_logprobs_read_from_the_draft_rows_fail_the_check(dirs, monkeypatch):
-    """The mutation: the drafts compute logprobs (from the diffusion rows that proposed them), and each verified
-    position reports its draft's instead of its causal row's."""
-    bd, _ = dirs
-    monkeypatch.setattr(
-        verified.VerifiedDecoder, "draft_params", lambda self, request: request.params.replace(temperature=0.0)
-    )
+    """The mutation: each draft a verified position keeps reports the logprobs its drafting step wrote (from the
+    diffusion row that proposed it) instead of its causal row's."""
+    bd, ar = dirs
+    _oracle_drafts(monkeypatch, ar)
     drafts: dict[tuple[str, int], object] = {}  # (request id, position) -> the draft step's logprobs there
     apply_step = Request.apply_step
 
@@ -190,17 +231,13 @@ def test_logprobs_read_from_the_draft_rows_fail_the_check(dirs, monkeypatch):
 
     def from_drafts(self, request, rows, positions, generators):
         verdict = verify(self, request, rows, positions, generators)
-        count = verdict.num_accepted + (verdict.token is not None)
-        logprobs = [drafts[request.request_id, p] for p in positions[:count]]
-        return replace(verdict, logprobs=logprobs)
+        kept = [drafts[request.request_id, p] for p in positions[: verdict.num_accepted]]
+        return replace(verdict, logprobs=kept + verdict.logprobs[verdict.num_accepted :])  # the correction's: causal
 
     monkeypatch.setattr(Request, "apply_step", recording)
     monkeypatch.setattr(verified.VerifiedDecoder, "verify", from_drafts)
-    params = _greedy(12, decoder="verified", logprobs=3)
-    outputs = _engine(bd).generate([{"prompt_token_ids": p} for p in PROMPTS[:4]], params)
-    with pytest.raises((AssertionError, KeyError)):  # KeyError: a corrected token the draft's row did not rank
-        for prompt, out in zip(PROMPTS, outputs):
-            _assert_logprobs(out.outputs[0], _reference(bd, prompt, list(out.outputs[0].token_ids), params), 3)
+    with pytest.raises(AssertionError):
+        _check_oracle_drafted_logprobs(bd)
 
 
 def _constrained(model_dir: Path, decoder: str | None, temperature: float = 0.0, preempting: bool = False):
@@ -235,35 +272,67 @@ def test_verified_structured_output_is_the_constrained_autoregressive_output(dir
     assert all(_matches(SPECS[i % len(SPECS)], text) for i, (text, _) in enumerate(sampled))
 
 
-def test_a_verifier_ignoring_the_grammar_fails_the_check(dirs, monkeypatch):
+GRAMMAR_MUTATIONS = {
+    "the causal rows not grammar-masked": (
+        "rows[i] = grammar_masked(rows[i : i + 1], grammar.allowed())[0]",
+        "pass",
+    ),
+    "the matcher not rolled back to the verified tokens": (
+        "state.sync(request.output_token_ids + request.drafted[: start - first])",
+        "pass",
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", list(GRAMMAR_MUTATIONS))
+def test_a_verifier_breaking_the_grammar_fails_the_check(dirs, monkeypatch, mutation):
     bd, ar = dirs
     want = _constrained(ar, None)
-    apply_source_mutation(
-        monkeypatch, verified, "rows[i] = grammar_masked(rows[i : i + 1], grammar.allowed())[0]", "pass"
-    )
+    apply_source_mutation(monkeypatch, verified, *GRAMMAR_MUTATIONS[mutation])
     try:
         got = _constrained(bd, "verified")
-    except GenerationFailed:  # a token the grammar refuses reached the matcher
+    except GenerationFailed:  # a token the grammar refuses reached the matcher: the requests fail
         return
     assert got != want
 
 
-def test_bundled_model_verified_json_is_its_constrained_autoregressive_json(tmp_path):
-    """The bundled model was trained as a block-diffusion model, not for its causal reading: verified decoding
-    gives its causal path's answer (22, where its diffusion answer is 42), the same as its grammar-constrained
-    autoregressive decoding (the same weights without the diffusion tensors), logprobs included."""
-    bundled = Path(resolve_model(None))
-    ar = tmp_path / "ar"
-    shutil.copytree(bundled, ar)
+@pytest.fixture(scope="module")
+def bundled(tmp_path_factory) -> tuple[Path, Path]:
+    """(the bundled model, the same weights without the diffusion tensors)."""
+    model = Path(resolve_model(None))
+    ar = tmp_path_factory.mktemp("bundled") / "ar"
+    shutil.copytree(model, ar)
     state = load_file(str(ar / "model.safetensors"))
     kept = {n: t for n, t in state.items() if n.rsplit(".", 1)[-1] not in DIFFUSION_TENSORS}
     save_file(kept, str(ar / "model.safetensors"), metadata={"format": "pt"})
-    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
-    params = SamplingParams(max_tokens=24, logprobs=2, structured_outputs=StructuredOutputsParams(json=schema))
+    return model, ar
+
+
+FREE = SamplingParams(max_tokens=24, logprobs=2)
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+
+
+def _bundled_answers(model: Path, ar: Path, params: SamplingParams) -> tuple:
+    """(verified on the bundled model, autoregressive on its copy without diffusion tensors) for `27+15 in JSON`."""
     messages = [{"role": "user", "content": "27+15 in JSON"}]
-    got = LLM(str(bundled)).chat(messages, params.replace(decoder="verified")).outputs[0]
-    want = LLM(str(ar)).chat(messages, params).outputs[0]
-    assert got.token_ids == want.token_ids and isinstance(json.loads(got.text)["answer"], int)
+    got = LLM(str(model)).chat(messages, params.replace(decoder="verified")).outputs[0]
+    return got, LLM(str(ar)).chat(messages, params).outputs[0]
+
+
+def _assert_same_logprobs(got, want) -> None:
     assert got.logprobs is not None and want.logprobs is not None
     for a, b in zip(got.logprobs, want.logprobs, strict=True):
         assert a.keys() == b.keys() and all(math.isclose(a[t].logprob, b[t].logprob, **TOLERANCE) for t in a)
+
+
+@pytest.mark.parametrize("constrained", [False, True])
+def test_bundled_model_verified_is_its_autoregressive_output(bundled, constrained):
+    """The bundled model was trained as a block-diffusion model, not for its causal reading: verified decoding gives
+    its causal path's answer (free, not JSON; under the schema, 22 where its diffusion answer is 42), the same as
+    its (grammar-constrained) autoregressive decoding, logprobs included."""
+    schema = StructuredOutputsParams(json=SCHEMA) if constrained else None
+    got, want = _bundled_answers(*bundled, FREE.replace(structured_outputs=schema))
+    assert got.token_ids == want.token_ids and got.num_accepted_tokens > 0
+    _assert_same_logprobs(got, want)
+    if constrained:
+        assert isinstance(json.loads(got.text)["answer"], int)
