@@ -16,6 +16,9 @@ Positions after an unselected one are proposed (their confidences feed the decod
 before everything left of them is decided, so every committed sequence is a valid grammar prefix, and a block
 still commits several tokens per forward when the model is confident left to right.
 
+Under decoder=verified the walk writes the drafts (greedy, after the drafted block that awaits verification), and
+decoding/verified.py masks the causal rows that check them with the same matcher (`state_of`, `grammar_masked`).
+
 Owns the grammar compiler (built on first use) and each request's `GrammarState`; knows nothing of batches.
 """
 
