@@ -47,6 +47,12 @@ class Option:
     slow: bool = False
     """Spawns worker processes or compiles: run by the script, not in CI."""
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """What a refusal of it may name: its field, or a setting it makes (ep2 is refused as the tensor parallelism
+        it also asks for where a family cannot split at all)."""
+        return tuple(n for n in (self.field, *self.engine, *self.params) if n)
+
 
 OPTIONS = {
     o.name: o
@@ -229,8 +235,8 @@ def _reference_texts(cell: Cell, model_dir: Path, quantization: str | None, para
 def _refusal(message: str, options: list[Option], llm: LLM | None) -> str:
     assert "\n" not in message, f"a refusal must be one line: {message!r}"
     assert llm is None or llm.engine.counters.num_steps == 0, f"refused after a step ran: {message}"
-    named = [o.field for o in options if o.field and o.field in message]
-    assert named or not any(o.field for o in options), f"the refusal names no option: {message}"
+    named = [o.name for o in options if any(n in message for n in o.names)]
+    assert named or not any(o.names for o in options), f"the refusal names no option: {message}"
     return f"refused: {message}"
 
 
