@@ -128,6 +128,9 @@ class Request:
     num_draft_tokens: int = 0
     """Verified decoding: drafted tokens checked, and kept (`num_accepted_tokens`), over the request's life."""
     num_accepted_tokens: int = 0
+    verified_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    """Verified decoding with params.logprobs: those of the verified tokens not in output_token_ids yet (the head
+    of a block reopened after a rejection), from the causal rows that verified them (core/verification.py)."""
     verified_end: int = 0
     """Verified decoding: every position below it holds a verified token (the prompt, output_token_ids and, after
     a rejection, the head of the reopened block)."""
@@ -274,7 +277,9 @@ class Request:
 
     def apply_stop(self, stop: TokenStop) -> None:
         """The tokens end the request: the output becomes `stop`'s answer (its logprobs with it)."""
-        if self.canvas_logprobs:
+        if self.params.is_verified:  # only verified tokens end it; their logprobs are the causal rows'
+            self.output_logprobs = (self.output_logprobs + self.verified_logprobs)[: len(stop.token_ids)]
+        elif self.canvas_logprobs:
             self.output_logprobs = (self.output_logprobs + self._generated_logprobs())[: len(stop.token_ids)]
         self.output_token_ids, self.stop_reason = stop.token_ids, stop.stop_reason
 

@@ -26,10 +26,14 @@ def verify_start(request: Request) -> int:
 
 def apply_verification(request: Request, verdict: Verification) -> bool:
     """Applies `verdict` to `request` (see the module docstring); returns whether the draft was rejected, so that
-    the caches must go back to the drafted block's start, `request.block_start - block_length` before the call."""
+    the caches must go back to the drafted block's start, `request.block_start - block_length` before the call.
+    With logprobs, the verified tokens' (the causal rows') follow them: into the output with them, or kept in
+    `verified_logprobs` while they head a reopened block."""
     first = request.block_start - len(request.drafted)  # the position of drafted[0]
+    if request.params.logprobs is not None:
+        request.verified_logprobs.extend(verdict.logprobs or [])
     if verdict.token is None:
-        request.output_token_ids.extend(request.drafted)
+        _output(request, request.drafted)
         request.drafted, request.verified_end = [], request.block_start
         return False
     rejected = verify_start(request) + verdict.num_accepted
@@ -37,9 +41,16 @@ def apply_verification(request: Request, verdict: Verification) -> bool:
     block = request.block_start - request.block_length
     request.drafted, request.verified_end = [], rejected + 1
     if rejected + 1 == request.block_start:  # the block is whole and verified: final, committed again
-        request.output_token_ids.extend(kept)
+        _output(request, kept)
         request.open_block(request.block_start)
         return True
     request.open_block(block)
     request.canvas[first - block : rejected + 1 - block] = kept
     return True
+
+
+def _output(request: Request, tokens: list[int]) -> None:
+    """Verified `tokens` join the output, with their logprobs."""
+    request.output_token_ids.extend(tokens)
+    request.output_logprobs.extend(request.verified_logprobs)
+    request.verified_logprobs = []

@@ -33,3 +33,5 @@ class Verification:
     """The leading ones kept."""
     token: int | None
     """The causal path's token at the first rejected position; None when every checked position was kept."""
+    logprobs: list[TokenLogprobs] | None = None
+    """For a request that asks for logprobs: those of the kept drafts, then of `token`, from the causal rows."""

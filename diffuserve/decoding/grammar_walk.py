@@ -16,6 +16,9 @@ Positions after an unselected one are proposed (their confidences feed the decod
 before everything left of them is decided, so every committed sequence is a valid grammar prefix, and a block
 still commits several tokens per forward when the model is confident left to right.
 
+Under decoder=verified the walk writes the drafts (greedy, after the drafted block that awaits verification), and
+decoding/verified.py masks the causal rows that check them with the same matcher (`state_of`, `grammar_masked`).
+
 Owns the grammar compiler (built on first use) and each request's `GrammarState`; knows nothing of batches.
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from diffuserve.core.request import Request
@@ -39,6 +43,7 @@ from diffuserve.decoding.mask_policies import (
     ThresholdDecoder,
     propose,
 )
+from diffuserve.sampling_params import ResolvedSamplingParams
 from diffuserve.structured_outputs import StructuredOutputsParams
 
 
@@ -78,16 +83,25 @@ class StructuredDecoding:
         positions: list[int],
         generator: torch.Generator | None,
         block_length: int,
+        params: ResolvedSamplingParams | None = None,
+        policy: MaskPolicy | None = None,
     ) -> tuple[Proposal | None, list[int]]:
         """The step's proposal and the canvas indices whose proposed token is written. rows [M, V]: logits at the
-        masked canvas indices `positions` (ascending). A matcher failure writes nothing (no proposal) and is
-        reported by `take_failures`."""
+        masked canvas indices `positions` (ascending), proposed with `params` and decided by `policy` (default:
+        the request's and its decoder's; a verified request's drafts: greedy, by the threshold policy). A matcher
+        failure writes nothing (no proposal) and is reported by `take_failures`."""
+        params = request.params if params is None else params
+        policy = MASK_POLICIES[params.decoder] if policy is None else policy
         try:
-            return self._decode(request, rows, positions, generator, block_length)
+            return self._decode(request, rows, positions, generator, block_length, params, policy)
         except RuntimeError as e:
-            self.failures[request.request_id] = f"structured output: {e}".splitlines()[0]
-            self.release(request.request_id)
+            self.fail(request, e)
             return None, []
+
+    def fail(self, request: Request, error: RuntimeError) -> None:
+        """The request's matcher failed: reported by `take_failures`, its state forgotten."""
+        self.failures[request.request_id] = f"structured output: {error}".splitlines()[0]
+        self.release(request.request_id)
 
     def _decode(
         self,
@@ -96,16 +110,18 @@ class StructuredDecoding:
         positions: list[int],
         generator: torch.Generator | None,
         block_length: int,
+        params: ResolvedSamplingParams,
+        decoder: MaskPolicy,
     ) -> tuple[Proposal, list[int]]:
-        params = request.params
-        state = self._state(request)
+        state = self.state_of(request)
         first = request.generation_start_in_block()
         undecided = positions[0]
         # Only the run of masks from the first undecided position can be accepted (a decided token after a gap
         # was never fed to the walk's matcher).
         positions = positions[: next((k for k, i in enumerate(positions) if i != undecided + k), len(positions))]
-        state.sync(request.output_token_ids + request.canvas[first:undecided])
-        decoder = MASK_POLICIES[params.decoder]
+        # A verified request's drafted block (not yet verified) precedes the open one: the drafts build on it.
+        decided = request.output_token_ids + request.drafted + request.canvas[first:undecided]
+        state.sync(decided)
         # The decoder's per-step count (>= 1 at every step of a block), taken from the left.
         floor = (
             1
@@ -116,7 +132,7 @@ class StructuredDecoding:
         proposal, confidences = self._walk(
             state, rows, positions, params, generator, block_length, decoder.needs_entropy, stop
         )
-        state.truncate(len(request.output_token_ids) + undecided - first)
+        state.truncate(len(decided))
         if stop is not None:
             run = (
                 floor
@@ -161,17 +177,7 @@ class StructuredDecoding:
         k_top = params.logprobs
         logprobs = None if k_top is None else LogprobRows.empty(block_length, min(k_top, rows.shape[-1]), device)
         for k, index in enumerate(positions):
-            row = rows[k : k + 1]  # [1, V]
-            allowed = state.allowed()
-            if allowed is not None:
-                forbidden = ~torch.from_numpy(allowed).to(device)[None, :]
-                masked = row.masked_fill(forbidden, float("-inf"))
-                # min_tokens may have removed the only tokens the grammar allows (its end): the grammar wins.
-                row = (
-                    masked
-                    if bool(torch.isfinite(masked).any())
-                    else torch.zeros_like(row).masked_fill(forbidden, float("-inf"))
-                )
+            row = grammar_masked(rows[k : k + 1], state.allowed())  # [1, V]
             one = propose(
                 row, torch.tensor([index], device=device), block_length, params, generator, need_entropy, k_top
             )
@@ -186,7 +192,8 @@ class StructuredDecoding:
                 break
         return Proposal(tokens, confidence, entropy, logprobs), walked
 
-    def _state(self, request: Request) -> GrammarState:
+    def state_of(self, request: Request) -> GrammarState:
+        """The request's matcher state, made on first use (it follows the request's tokens: `GrammarState.sync`)."""
         state = self.states.get(request.request_id)
         if state is None:
             spec = request.params.structured_outputs
@@ -201,6 +208,19 @@ class StructuredDecoding:
             )
             self.states[request.request_id] = state
         return state
+
+
+def grammar_masked(row: torch.Tensor, allowed: np.ndarray | None) -> torch.Tensor:
+    """row [1, V] -> a copy with the tokens the grammar forbids (`allowed`: GrammarState.allowed) at -inf; the row
+    itself when unconstrained. min_tokens may have removed the only tokens the grammar allows (its end): the grammar
+    wins, and those tokens are then equally likely."""
+    if allowed is None:
+        return row
+    forbidden = ~torch.from_numpy(allowed).to(row.device)[None, :]
+    masked = row.masked_fill(forbidden, float("-inf"))
+    if bool(torch.isfinite(masked).any()):
+        return masked
+    return torch.zeros_like(row).masked_fill(forbidden, float("-inf"))
 
 
 def _early_stop(decoder: MaskPolicy, floor: int, threshold: float) -> Callable[[int, float], bool] | None:

@@ -45,13 +45,14 @@ class DecoderRegistry:
         }
         self._plain["autoregressive"] = NextTokenDecoder(block_length)
         self._plain["renoise"] = RenoiseDecoder(block_length, vocab_size, device)
-        self.verified = VerifiedDecoder(block_length, self.penalty_counts)
-        """The one verified decoder: it drafts (through the registry, penalised like any decoder) and verifies."""
+        self.verified = VerifiedDecoder(block_length, self.penalty_counts, structured)
+        """The one verified decoder: it drafts (through the registry, penalised and grammar-walked like any
+        decoder) and verifies (with the same penalty counts and grammar matchers)."""
         self._plain["verified"] = self.verified
         self._constrained = {
             name: GrammarConstrained(decoder, structured, block_length)
             for name, decoder in self._plain.items()
-            if structured is not None and name not in ("renoise", "verified")
+            if structured is not None and name != "renoise"
         }
 
     def resolve(self, params: ResolvedSamplingParams) -> Decoder:
@@ -110,11 +111,6 @@ class DecoderRegistry:
                 "each masked position from its own row (no AR shift), so its causal rows predict nothing to check; "
                 "use threshold, fixed, entropy or edit",
             )
-        for name, value in (("structured_outputs", params.structured_outputs), ("logprobs", params.logprobs)):
-            if value is not None:
-                raise UnsupportedParameter(
-                    name, f"cannot be combined with decoder=verified yet (got {value!r}); remove it or the decoder"
-                )
 
     def _check_structured(self, params: ResolvedSamplingParams) -> None:
         """RequestError unless the engine can constrain this request (a tokenizer, a non-editing, non-renoise

@@ -3,7 +3,8 @@ family's independent reference decode, run under the option's arithmetic (the we
 K/V rounded to e4m3) but never through the engine.
 
     sdar, sdar_moe, llada2   the naive recompute reference (reference_decode): every decoder, seeds, logprobs
-    clover_moe               its block logits under every mask decoder (reference_hybrid_decode): seeds too
+    clover_moe               its block logits under every mask decoder (reference_hybrid_decode): seeds too;
+                             decoder=verified: the autoregressive reference (reference_clover_moe), greedy
     clover_moe_ar            the same checkpoint without the diffusion tensors: the autoregressive reference
                              (reference_clover_moe), which takes the argmax whatever the mask decoder
     diffusion_gemma          transformers' own `generate` (diffusion_gemma_hf): renoise, seeds
@@ -155,7 +156,7 @@ def _decode(
             return tuple(reference_generate(model, list(prompt), params, generator).token_ids)
         if kind == "transformers":
             return tuple(_transformers_tokens(model, list(prompt), params))
-        if kind == "clover":
+        if kind == "clover" and params.decoder != "verified":
             return tuple(reference_hybrid_generate(model.model, model, list(prompt), params, generator))
         assert params.max_tokens is not None
         settings = ReferenceSettings(max_new_tokens=params.max_tokens, temperature=params.temperature or 0.0)

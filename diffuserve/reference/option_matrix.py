@@ -8,7 +8,8 @@ How the pairs were chosen: two options form a pair when both change the same cod
 prefix hits, chunked prefill, preemption, quantized weights, tensor parallelism, the compiled step), the weights
 and the expert dispatch (quantization with tensor / expert parallelism and expert offload, offload under expert
 parallelism), and the per-request decoding state that must survive the engine's scheduling (structured output,
-seeds and logprobs with preemption, prefix hits, n > 1 and tensor parallelism).
+seeds and logprobs with preemption, prefix hits, n > 1 and tensor parallelism). Verified decoding is paired with
+every option that is not another decoder: its drafts, rollbacks and causal checks meet all of them.
 
 Outcomes: "exact" (the reference's tokens, and what the option adds: logprobs, prompt scores, hits,
 preemptions, the grammar), "refused: <the one-line error>", or "ran: no reference" where the family's
@@ -46,6 +47,12 @@ class Option:
     slow: bool = False
     """Spawns worker processes or compiles: run by the script, not in CI."""
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """What a refusal of it may name: its field, or a setting it makes (ep2 is refused as the tensor parallelism
+        it also asks for where a family cannot split at all)."""
+        return tuple(n for n in (self.field, *self.engine, *self.params) if n)
+
 
 OPTIONS = {
     o.name: o
@@ -64,6 +71,7 @@ OPTIONS = {
         Option("decoder entropy", params={"decoder": "entropy"}, field="decoder"),
         Option("decoder edit", params={"decoder": "edit"}, field="decoder"),
         Option("decoder renoise", params={"decoder": "renoise"}, field="decoder"),
+        Option("decoder verified", params={"decoder": "verified"}, field="decoder"),
         Option(
             "structured",
             params={"structured_outputs": StructuredOutputsParams(regex=STRUCTURED)},
@@ -100,6 +108,8 @@ PAIRS = [
     ("logprobs", "prefix hit"),
     ("logprobs", "chunked prefill"),
     ("prefix hit", "preemption"),
+    # Verified decoding with every option that is not another decoder: each works or is refused in one line.
+    *[("decoder verified", name) for name in OPTIONS if not name.startswith("decoder ")],
 ]
 TRIPLES = [("int8", "expert offload", "ep2"), ("kv fp8", "prefix hit", "preemption")]
 """Expert offload with quantized experts under expert parallelism; prefix caching with fp8 K/V under preemption."""
@@ -197,8 +207,11 @@ def _params(cell: Cell, model_dir: Path, quantization: str | None, options: list
     if "structured" in cell.options:
         base = base.replace(ignore_eos=False)
     params = [base if base.seed is None else base.replace(seed=base.seed + 10 * i) for i in range(len(PROMPTS))]
-    if "stop string" in cell.options and not (model_dir / "tokenizer.json").exists():
-        params = [p.replace(stop=["a"]) for p in params]  # a model without a tokenizer refuses stop strings
+    refused = base.decoder == "verified" and FAMILIES[cell.family].reference not in ("clover", "clover_ar")
+    if "stop string" in cell.options and (refused or not (model_dir / "tokenizer.json").exists()):
+        # A model without a tokenizer refuses stop strings, one without a next-token causal path verified
+        # decoding (its reference has no such decoder to give an answer to cut): either way no step runs.
+        params = [p.replace(stop=["a"]) for p in params]
     elif "stop string" in cell.options:
         texts = _reference_texts(cell, model_dir, quantization, params)
         hits = [c for text in texts for c in text[1:] if c.isprintable() and not c.isspace()]
@@ -222,8 +235,8 @@ def _reference_texts(cell: Cell, model_dir: Path, quantization: str | None, para
 def _refusal(message: str, options: list[Option], llm: LLM | None) -> str:
     assert "\n" not in message, f"a refusal must be one line: {message!r}"
     assert llm is None or llm.engine.counters.num_steps == 0, f"refused after a step ran: {message}"
-    named = [o.field for o in options if o.field and o.field in message]
-    assert named or not any(o.field for o in options), f"the refusal names no option: {message}"
+    named = [o.name for o in options if any(n in message for n in o.names)]
+    assert named or not any(o.names for o in options), f"the refusal names no option: {message}"
     return f"refused: {message}"
 
 
@@ -231,7 +244,7 @@ def _check(cell: Cell, model_dir: Path, quantization: str | None, params: list[S
     names = set(cell.options)
     family = FAMILIES[cell.family]
     reference_params = [p.replace(n=1, logprobs=None, prompt_logprobs=None, stop=[]) for p in params]
-    if "structured" in names or not _has_reference(family.reference, quantization):
+    if "structured" in names or not _has_reference(family.reference, quantization, params[0]):
         _check_without_reference(names, outputs)
         return "exact" if "structured" in names else "ran: no reference"
     if "stop string" in names:
@@ -254,9 +267,12 @@ def _check(cell: Cell, model_dir: Path, quantization: str | None, params: list[S
     return "exact"
 
 
-def _has_reference(kind: str, quantization: str | None) -> bool:
+def _has_reference(kind: str, quantization: str | None, params: SamplingParams) -> bool:
     """Whether the family's reference can run the option: transformers' DiffusionGemma cannot take our quantized
-    weights."""
+    weights; sampled verified decoding on a Clover with the diffusion tensors is distributed as the autoregressive
+    reference's sampling (tests/engine/test_verified_sampling.py) but draws differently."""
+    if kind == "clover" and params.decoder == "verified" and params.temperature:
+        return False
     return kind != "transformers" or quantization is None
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.errors import RequestError
+from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.structured_outputs import StructuredOutputsParams
 
 FIELDS = {
@@ -87,7 +88,10 @@ def llm(tiny_model_dir):
 @settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(_requests())
 def test_the_engine_accepts_or_refuses_before_any_step(llm: LLM, drawn):
-    fields, spec = drawn
+    _accepted_or_refused(llm, *drawn)
+
+
+def _accepted_or_refused(llm: LLM, fields: dict, spec: StructuredOutputsParams | None) -> None:
     try:
         params = SamplingParams(**fields, structured_outputs=spec)
     except ValueError as e:
@@ -100,3 +104,22 @@ def test_the_engine_accepts_or_refuses_before_any_step(llm: LLM, drawn):
         assert not llm.engine.has_unfinished_requests()
         return
     assert all(c.finish_reason in ("stop", "length") for c in outputs[0].outputs)
+
+
+@pytest.fixture(scope="module")
+def clover(tmp_path_factory):
+    """A tiny Clover with the block-diffusion tensors: the family that verifies (its causal path predicts the next
+    token)."""
+    config = make_clover_moe_config(block_length=4)
+    model_dir = write_clover_moe_checkpoint(
+        tmp_path_factory.mktemp("fuzz") / "clover", config, seed=3, logit_scale=10.0
+    )
+    return LLM(str(model_dir), num_pages=64, max_model_len=48)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(_requests())
+def test_verified_decoding_accepts_or_refuses_before_any_step(clover: LLM, drawn):
+    """The same draws under decoder=verified: logprobs, structured output, stops, min_tokens, sampling, n."""
+    fields, spec = drawn
+    _accepted_or_refused(clover, fields | {"decoder": "verified"}, spec)

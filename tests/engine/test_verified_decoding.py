@@ -19,10 +19,11 @@ from diffuserve.core.writes import BlockWrite
 from diffuserve.decoding import verified
 from diffuserve.decoding.protocol import BlockDecode
 from diffuserve.decoding.registry import DecoderRegistry
-from diffuserve.errors import UnsupportedParameter
+from diffuserve.errors import RequestError, UnsupportedParameter
 from diffuserve.model.families.clover_moe.gdn_preview import DIFFUSION_TENSORS
 from diffuserve.model.interface import StepRules
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from diffuserve.structured_outputs import StructuredOutputsParams
 from diffuserve.worker.cache import state_step
 from tests.engine.test_oracle_mutations import apply_source_mutation
 
@@ -31,8 +32,8 @@ PROMPTS = [PREFIX + [60 + i] * (i % 5) + [i] for i in range(8)]
 MUTATIONS = {
     "one token past the first disagreement": (
         verified,
-        "return Verification(len(positions), i, token)",
-        "return Verification(len(positions), min(i + 1, len(positions) - 1), token)",
+        "else (rejected, target[rejected])",
+        "else (min(rejected + 1, len(drafts) - 1), target[rejected])",
     ),
     "no GDN rollback": (
         state_step,
@@ -136,15 +137,18 @@ def test_drafts_kept_whole_or_cut_anywhere_give_the_same_tokens(block4, monkeypa
 
 
 def test_verified_is_refused_where_no_causal_row_predicts_the_next_token():
-    """SDAR and LLaDA2 (no AR shift) refuse it in one line; so do what it cannot combine with yet."""
+    """SDAR and LLaDA2 (no AR shift) refuse it in one line; logprobs combine with it, and structured output does
+    wherever a tokenizer can compile the grammar (the refusal is structured output's own)."""
     params = SamplingParams(decoder="verified", max_tokens=4)
     own_row = DecoderRegistry(StepRules(), 4, torch.device("cpu"), 32)
     with pytest.raises(UnsupportedParameter, match=r"^decoder: verified checks drafts .* from its own row"):
         own_row.resolve(params.with_defaults({}))
     shifted = DecoderRegistry(StepRules(prediction_shift=True, causal_commits=True), 4, torch.device("cpu"), 32)
     assert shifted.resolve(params.with_defaults({})).name == "verified"
-    with pytest.raises(UnsupportedParameter, match=r"^logprobs: cannot be combined with decoder=verified"):
-        shifted.resolve(params.replace(logprobs=2).with_defaults({}))
+    assert shifted.resolve(params.replace(logprobs=2).with_defaults({})).name == "verified"
+    regex = params.replace(structured_outputs=StructuredOutputsParams(regex="[ab]+"))
+    with pytest.raises(RequestError, match=r"^structured_outputs: this model directory has no tokenizer"):
+        shifted.resolve(regex.with_defaults({}))
 
 
 def test_penalised_verified_decoding_is_the_penalised_autoregressive_output(block4):

@@ -71,3 +71,55 @@ def test_without_the_residual_the_draft_is_too_likely(monkeypatch: pytest.Monkey
     first, _ = _verified_draws()
     ar_first, _ = _autoregressive_draws()
     assert _distance(first, ar_first) > 0.1
+
+
+GRAMMAR_VOCAB, GRAMMAR_EOS, GRAMMAR_MASK = 272, 256, 259
+"""The bundled model's byte vocabulary (its tokenizer compiles the grammar)."""
+GRAMMAR = r"[ab][xyz]"
+GRAMMAR_DRAFTS = [ord("b"), ord("c")]
+"""Drafted tokens: 'b' allowed and not the row's most likely allowed token; 'c' forbidden at the second position."""
+
+
+def _grammar_rows() -> torch.Tensor:
+    """[2, V] logits over bytes: the rows give most mass to tokens the grammar forbids."""
+    rows = torch.full((2, GRAMMAR_VOCAB), -4.0)
+    for token, logit in {"a": 1.0, "b": 0.5, "q": 3.0}.items():
+        rows[0, ord(token)] = logit
+    for token, logit in {"x": 0.2, "y": 1.1, "z": -0.4, "c": 2.5}.items():
+        rows[1, ord(token)] = logit
+    return rows
+
+
+def test_grammar_constrained_verified_sampling_is_constrained_autoregressive_sampling():
+    """At temperature > 0 with a grammar, each verified position is distributed as the grammar-masked causal row:
+    the first as softmax over 'a', 'b'; the second, after a kept 'b', over 'x', 'y', 'z' (the draft 'c', which a
+    grammar walk never drafts, is rejected every time). Without the mask the forbidden tokens would be drawn."""
+    from diffuserve.decoding.grammar_walk import StructuredDecoding
+    from diffuserve.model.default_model import DEFAULT_MODEL_DIR
+    from diffuserve.structured_outputs import StructuredOutputsParams
+    from diffuserve.text.tokenizer import Tokenizer
+
+    structured = StructuredDecoding(Tokenizer(DEFAULT_MODEL_DIR), GRAMMAR_VOCAB, [GRAMMAR_EOS])
+    decoder = VerifiedDecoder(block_length=2, structured=structured)
+    spec = StructuredOutputsParams(regex=GRAMMAR)
+    first, second = [], []
+    for seed in range(1500):
+        params = PARAMS.replace(seed=seed, top_k=0, structured_outputs=spec).with_defaults({})
+        # One id for every seed: the matcher is made once and synced back to the verified tokens (none) each time.
+        request = Request("g", [7, 7, 7, 7], params, block_length=2, mask_token_id=GRAMMAR_MASK)
+        request.drafted = list(GRAMMAR_DRAFTS)
+        verdict = decoder.verify(request, _grammar_rows(), [2, 3], RequestGenerators(torch.device("cpu")))
+        assert verdict.token is not None  # "c" is forbidden: never kept
+        tokens = [*GRAMMAR_DRAFTS[: verdict.num_accepted], verdict.token]
+        first.append(tokens[0])
+        if len(tokens) > 1:
+            second.append(tokens[1])
+    allowed = _grammar_rows().masked_fill(torch.ones(2, GRAMMAR_VOCAB, dtype=torch.bool), float("-inf"))
+    for row, tokens in ((0, "ab"), (1, "xyz")):
+        for t in tokens:
+            allowed[row, ord(t)] = _grammar_rows()[row, ord(t)]
+    probs = torch.softmax(allowed / PARAMS.temperature, dim=-1)
+    for row, draws in ((0, first), (1, second)):
+        counts = torch.bincount(torch.tensor(draws), minlength=GRAMMAR_VOCAB).double() / len(draws)
+        assert 0.5 * (counts - probs[row]).abs().sum().item() < 0.06, row
+    assert len(second) > 300  # 'b' kept often enough to see the second position
