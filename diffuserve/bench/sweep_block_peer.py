@@ -9,8 +9,9 @@ length L; the first block denoised is the one holding position L (its prompt pos
 align a batch. Each step decodes, in every row that still has masks, the positions whose top probability is above
 the threshold, else the `count` most confident (temperature 0): count = B // steps, one more in the first B % steps
 steps, where steps is the request's (default B: one token a step) and, for LLaDA2 (`capped`), at most the batch's
-generation length, as dFactory's `generate` caps it. A row is done at its max_tokens or stop token; done rows
-stay in the batch (static batching) but need no more steps. Knows nothing of the engine.
+generation length, as dFactory's `generate` caps it. A position is never given the mask token: where that is the
+argmax, the best other token, its probability from the same whole-vocabulary softmax (the references' rule). A
+row is done at its max_tokens or stop token; done rows stay in the batch (static batching) but need no more steps. Knows nothing of the engine.
 """
 
 from __future__ import annotations
@@ -170,8 +171,10 @@ class BlockDiffusionPeer:
             masked = canvas == self.mask_id
             if not bool(masked.any()):
                 return
-            probs = torch.softmax(self.forward.logits(ids, positions, mask, start), dim=-1)
-            confidence, tokens = probs.max(dim=-1)
+            logits = self.forward.logits(ids, positions, mask, start)
+            probs = torch.softmax(logits, dim=-1)  # the whole vocabulary's softmax, the mask token included ...
+            tokens = logits.index_fill(-1, torch.tensor([self.mask_id]), float("-inf")).argmax(-1)  # ... never written
+            confidence = probs.gather(-1, tokens[..., None])[..., 0]
             confidence = confidence.masked_fill(~masked, float("-inf"))
             accept = masked & (confidence > self.threshold)
             short = masked.any(1) & (accept.sum(1) < count)
