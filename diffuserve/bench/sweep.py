@@ -45,8 +45,8 @@ def measure_row(
     requests = workload(ctx, ns, kind, concurrency)
     label = f"{reading.name}, {kind}, {concurrency} concurrent"
     print(f"sweep: {label}: engine", file=sys.stderr, flush=True)
-    engine = fresh_engine(ctx, ns, reading.block_length, concurrency)
-    with PeakRss() as engine_memory:
+    with PeakRss() as engine_memory:  # the engine's K/V pages are allocated when it is built: measured with it
+        engine = fresh_engine(ctx, ns, reading.block_length, concurrency)
         run = drive(engine, requests, request_params(ns))
     engine.shutdown()
     print(f"sweep: {label}: {peer.name}", file=sys.stderr, flush=True)

@@ -11,7 +11,8 @@ the threshold, else the `count` most confident (temperature 0): count = B // ste
 steps, where steps is the request's (default B: one token a step) and, for LLaDA2 (`capped`), at most the batch's
 generation length, as dFactory's `generate` caps it. A position is never given the mask token: where that is the
 argmax, the best other token, its probability from the same whole-vocabulary softmax (the references' rule). A
-row is done at its max_tokens or stop token; done rows stay in the batch (static batching) but need no more steps. Knows nothing of the engine.
+row is done at its max_tokens or stop token; done rows stay in the batch (static batching) but need no more steps.
+Knows nothing of the engine.
 """
 
 from __future__ import annotations
@@ -182,3 +183,5 @@ class BlockDiffusionPeer:
                 top = confidence[short].topk(min(count, self.block), dim=1).indices
                 accept[short] = torch.zeros_like(accept[short]).scatter_(1, top, True) & masked[short]
             canvas.copy_(torch.where(accept, tokens, canvas))
+            if not bool(((canvas == self.mask_id) < masked).any()):
+                raise RuntimeError("sweep: a peer step decoded no masked position (a mask token was written back)")

@@ -59,10 +59,10 @@ def request_params(ns: argparse.Namespace) -> Callable[[SweepRequest], SamplingP
 
 
 def fresh_engine(ctx: BenchContext, ns: argparse.Namespace, block: int, concurrency: int) -> LLMEngine:
-    """An engine for `concurrency` whole sequences (no prefix cache), warmed up by two short requests."""
-    engine = ctx.engine(
-        block, concurrency, max_model_len(ns.prompt_tokens, ns.output_tokens, block), enable_prefix_caching=False
-    )
+    """An engine for `concurrency` whole sequences (no prefix cache, no expert statistics: the sweep reports none),
+    warmed up by two short requests."""
+    length = max_model_len(ns.prompt_tokens, ns.output_tokens, block)
+    engine = ctx.engine(block, concurrency, length, enable_prefix_caching=False, expert_stats=False)
     warm = ctx.prompts(2, ns.prompt_tokens)
     params = SamplingParams(max_tokens=min(ns.output_tokens, 2 * block), ignore_eos=True, steps=ns.denoising_steps)
     for i, prompt in enumerate(warm):

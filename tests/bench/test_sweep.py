@@ -4,12 +4,15 @@ tokens where that is decidable (temperature 0, best case), and its argument erro
 from __future__ import annotations
 
 import pytest
+import torch
 
+from diffuserve.bench.sweep_block_peer import BlockDiffusionPeer
 from diffuserve.bench.sweep_metrics import RequestTrace, StepTiming, overhead_fraction, row_figures
 from diffuserve.bench.sweep_peers import cut, left_pad
-from diffuserve.bench.sweep_workload import ROLLOUT_SHARE, STOP_COUNT, make_workload
+from diffuserve.bench.sweep_workload import ROLLOUT_SHARE, STOP_COUNT, SweepRequest, make_workload
 from diffuserve.cli.main import main
 from tests.bench.conftest import FAST
+from tests.bench.json_schema import SWEEP, validate
 
 ALLOWED = list(range(3, 300))
 
@@ -31,7 +34,7 @@ def test_best_case_is_the_static_batchers_best_case():
 def test_realistic_mixes_lengths_stops_arrivals_and_long_rollouts():
     requests = realistic(64)
     assert requests == realistic(64)  # seeded
-    lengths, outputs = [len(r.prompt) for r in requests], [r.max_tokens for r in requests]
+    lengths = [len(r.prompt) for r in requests]
     assert min(lengths) >= 10 and max(lengths) <= 40 and len(set(lengths)) > 10
     rollouts = requests[ROLLOUT_SHARE - 1 :: ROLLOUT_SHARE]
     assert {r.max_tokens for r in rollouts} == {64}
@@ -83,7 +86,7 @@ def test_sdar_peer_decodes_the_engines_tokens_on_the_best_case(run_bench, bench_
     pytest.importorskip("transformers")
     argv = ["sweep", "--model", str(bench_model_dir), "--concurrency", "1", "4", "--workload", "best-case"]
     code, result, text = run_bench([*argv, "--prompt-tokens", "6", "--output-tokens", "8", *FAST])
-    assert code == 0 and "transformers-kv-batched" in text
+    assert code == 0 and "transformers-kv-batched" in text and validate(result, SWEEP) == []
     rows = result["results"]
     assert [r["concurrency"] for r in rows] == [1, 4] and all(r["same_tokens"] for r in rows)
     assert all(r["engine"]["generated_tokens"] == r["concurrency"] * 8 for r in rows)
@@ -116,3 +119,36 @@ def test_argument_errors_are_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "sweep", *argv])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+class FixedLogits:
+    """A BlockForward that returns the same logits [B, 4, 6] at every step, counting the steps."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.fixed, self.calls, self.commits = logits, 0, 0
+
+    def reset(self) -> None:
+        pass
+
+    def logits(self, ids, positions, mask, start):
+        self.calls += 1
+        return self.fixed
+
+    def commit(self, ids, positions, mask, start):
+        self.commits += 1
+
+
+def test_block_peer_accepts_above_the_threshold_then_the_most_confident_and_never_the_mask():
+    """Row 0: positions 0 and 1 are sure (token 1 at p > 0.99) and go in the first step; 2 and 3 (token 3, p 0.35
+    and 0.6) follow one a step. Row 1: 2 and 3 are sure (token 4); at 0 and 1 the mask token (5) is the argmax, so
+    the best other token (3) is written instead, one a step. Three forwards for the block."""
+    logits = torch.zeros(2, 4, 6)
+    logits[0, :2, 1], logits[0, 2, 3], logits[0, 3, 3] = 10.0, 1.0, 2.5
+    logits[1, :2, 5], logits[1, :2, 3], logits[1, 2:, 4] = 3.0, 2.0, 10.0
+    forward = FixedLogits(logits)
+    peer = BlockDiffusionPeer("fake", forward, block=4, mask_id=5, pad_id=0, threshold=0.9)
+    run = peer.run([SweepRequest([1, 2, 3, 4], 4, 0.0), SweepRequest([2, 3, 4, 1], 4, 0.0)])
+    assert [t.tokens for t in run.traces] == [[1, 1, 3, 3], [3, 3, 4, 4]]
+    assert forward.calls == 3  # one position at a time would take 4
+    assert forward.commits == 1  # the prompt's block; the last block is never committed
+    assert [len(t.deliveries) for t in run.traces] == [1, 1]  # a block's tokens arrive together
