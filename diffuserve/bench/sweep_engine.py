@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from diffuserve.bench.engine_run import ForwardProbe
 from diffuserve.bench.sweep_metrics import RequestTrace, StepTiming
 from diffuserve.bench.sweep_workload import SweepRequest
+from diffuserve.core.outputs import RequestOutput
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.sampling_params import SamplingParams
 
@@ -61,26 +62,40 @@ def drive(
             if not engine.has_unfinished_requests():
                 time.sleep(max(0.0, (due if static else requests[order[admitted]].arrival_s) - now))
                 continue
-            probe.reset()
-            step_start = time.perf_counter()
-            if profiler is not None:
-                profiler.enable()
-            outputs = engine.step()
-            if profiler is not None:
-                profiler.disable()
-            done = time.perf_counter()
-            if probe.num_tokens:
-                run.steps.append(StepTiming(done - step_start, probe.model_s))
-            for out in outputs:
-                trace = run.traces[ids[out.request_id]]
-                trace.deliver(done - started, out.new_token_counts[0] if out.new_token_counts else 0)
-                if out.finished:
-                    trace.tokens = list(out.outputs[0].token_ids)
-                    finished += 1
+            outputs = _timed_step(engine, probe, profiler, run.steps)
+            finished += _deliver(run.traces, ids, outputs, time.perf_counter() - started)
     run.wall_s = time.perf_counter() - started
     if profiler is not None:
         run.profile = top_entries(profiler)
     return run
+
+
+def _timed_step(
+    engine: LLMEngine, probe: ForwardProbe, profiler: cProfile.Profile | None, steps: list[StepTiming]
+) -> list[RequestOutput]:
+    """One engine step; its wall time and model time are appended to `steps` when it ran a forward."""
+    probe.reset()
+    started = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
+    outputs = engine.step()
+    if profiler is not None:
+        profiler.disable()
+    if probe.num_tokens:
+        steps.append(StepTiming(time.perf_counter() - started, probe.model_s))
+    return outputs
+
+
+def _deliver(traces: list[RequestTrace], ids: dict[str, int], outputs: list[RequestOutput], at: float) -> int:
+    """Notes the step's new tokens per request; returns how many requests finished."""
+    finished = 0
+    for out in outputs:
+        trace = traces[ids[out.request_id]]
+        trace.deliver(at, out.new_token_counts[0] if out.new_token_counts else 0)
+        if out.finished:
+            trace.tokens = list(out.outputs[0].token_ids)
+            finished += 1
+    return finished
 
 
 def top_entries(profiler: cProfile.Profile, count: int = 15) -> list[str]:

@@ -8,7 +8,7 @@ finished early stay in the batch, as in transformers' `generate`).
   recompute-batched (LLaDA2)  dFactory's `generate` on a batch: the whole [B, T] sequence recomputed every step under
       the block-causal mask, left-padded; run over diffuserve's model on its dense path (transformers has no LLaDA2)
   transformers-generate (Clover, autoregressive reading)  transformers' Qwen3_5MoeForCausalLM.generate, greedy,
-      left-padded with an attention mask
+      left-padded with an attention mask, the mask token suppressed (the engine never writes it)
   transformers-generate (DiffusionGemma)  transformers' DiffusionGemmaForBlockDiffusion.generate on the batch
 
 Both block-diffusion peers decode by the confidence threshold the engine uses at temperature 0 (positions above the
@@ -116,4 +116,9 @@ class TransformersGeneratePeer:
             config = self.extra["generation_config"]
             config.eos_token_id = stops or [self.extra["never"]]
             return {"generation_config": config}
-        return {"do_sample": False, "eos_token_id": stops or None, "pad_token_id": self.pad_id}
+        return {
+            "do_sample": False,
+            "eos_token_id": stops or None,
+            "pad_token_id": self.pad_id,
+            "suppress_tokens": self.extra.get("suppress_tokens"),
+        }

@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from diffuserve.bench.context import BenchContext, max_model_len
-from diffuserve.bench.sweep_block_peer import BlockDiffusionPeer, KvForward, RecomputeForward
+from diffuserve.bench.sweep_block_peer import BlockDiffusionPeer, BlockForward, KvForward, RecomputeForward
 from diffuserve.bench.sweep_engine import drive
 from diffuserve.bench.sweep_peers import Peer, PeerRun, TransformersGeneratePeer
 from diffuserve.bench.sweep_workload import SweepRequest
@@ -87,58 +88,69 @@ class EngineStaticPeer:
         return PeerRun(run.traces, run.wall_s)
 
 
-def readings(ctx: BenchContext, ns: argparse.Namespace) -> list[Reading]:
-    args, dtype = ctx.args, getattr(torch, ctx.dtype)
-    pad = args.pad_token_id if args.pad_token_id is not None else (args.eos_token_ids or [0])[0]
+def _pad_id(ctx: BenchContext) -> int:
+    args = ctx.args
+    return args.pad_token_id if args.pad_token_id is not None else (args.eos_token_ids or [0])[0]
+
+
+def _block_peer(ctx: BenchContext, ns: argparse.Namespace, name: str, forward: BlockForward) -> Peer:
+    """A static block-diffusion batch decoding with the request's resolved threshold and steps (LLaDA2's capped)."""
     resolved = SamplingParams(steps=ns.denoising_steps).with_defaults(ctx.generation_defaults)
-    threshold, steps = float(resolved.threshold or 0.9), resolved.steps
-    family = family_name(ctx)
-    if family == "sdar":
+    args, capped = ctx.args, family_name(ctx) == "llada2"
+    threshold, pad = float(resolved.threshold or 0.9), _pad_id(ctx)
+    return BlockDiffusionPeer(
+        name, forward, args.block_length, args.mask_token_id, pad, threshold, resolved.steps, capped
+    )
 
-        def sdar_peer() -> Peer:
-            from diffuserve.bench.hf_reference import load_transformers_model
 
-            hf = load_transformers_model(ctx.model_dir, ctx.dtype).hf
-            name = "transformers-kv-batched"
-            forward = KvForward(hf)
-            return BlockDiffusionPeer(name, forward, args.block_length, args.mask_token_id, pad, threshold, steps)
+def _sdar_peer(ctx: BenchContext, ns: argparse.Namespace) -> Peer:
+    from diffuserve.bench.hf_reference import load_transformers_model
 
-        return [Reading("diffusion", args.block_length, sdar_peer)]
-    if family == "llada2":
+    return _block_peer(
+        ctx, ns, "transformers-kv-batched", KvForward(load_transformers_model(ctx.model_dir, ctx.dtype).hf)
+    )
 
-        def llada2_peer() -> Peer:
-            from diffuserve.model.loader import load_model
 
-            model = load_model(ctx.model_dir, dtype=ctx.dtype)[1].eval()
-            name = "recompute-batched"
-            forward, block, mask = RecomputeForward(model), args.block_length, args.mask_token_id
-            return BlockDiffusionPeer(name, forward, block, mask, pad, threshold, steps, capped=True)
+def _llada2_peer(ctx: BenchContext, ns: argparse.Namespace) -> Peer:
+    from diffuserve.model.loader import load_model
 
-        return [Reading("diffusion", args.block_length, llada2_peer)]
-    if family == "clover_moe":
+    model = load_model(ctx.model_dir, dtype=ctx.dtype)[1].eval()
+    return _block_peer(ctx, ns, "recompute-batched", RecomputeForward(model))
 
-        def clover_ar_peer() -> Peer:
-            from diffuserve.model.loader import read_model_config
-            from diffuserve.verify.reference import choose_reference
 
-            reference = choose_reference(read_model_config(ctx.model_dir)[0], family, False)[0]
-            assert reference is not None, "transformers has Qwen3_5MoeForCausalLM"
-            model = reference.build(ctx.model_dir, dtype)[0]
-            return TransformersGeneratePeer("transformers-generate", model, pad, 1)
+def _clover_ar_peer(ctx: BenchContext, ns: argparse.Namespace) -> Peer:
+    from diffuserve.model.loader import read_model_config
+    from diffuserve.verify.reference import choose_reference
 
-        return [
-            Reading("ar", 1, clover_ar_peer),
-            Reading("diffusion", args.block_length, lambda: EngineStaticPeer(ctx, ns, args.block_length)),
-        ]
-    if family == "diffusion_gemma":
+    reference = choose_reference(read_model_config(ctx.model_dir)[0], family_name(ctx), False)[0]
+    assert reference is not None, "transformers has Qwen3_5MoeForCausalLM"
+    model = reference.build(ctx.model_dir, getattr(torch, ctx.dtype))[0]
+    # the mask token is no output token: the engine never writes it, so transformers is told the same
+    extra = {"suppress_tokens": [ctx.args.mask_token_id]}
+    return TransformersGeneratePeer("transformers-generate", model, _pad_id(ctx), 1, extra)
 
-        def gemma_peer() -> Peer:
-            from diffuserve.bench.renoise_compare import TransformersGenerate
 
-            params = SamplingParams(max_tokens=1, ignore_eos=True, seed=ns.seed, steps=ns.denoising_steps)
-            hf = TransformersGenerate(ctx, params)
-            extra = {"generation_config": hf.config, "never": args.vocab_size, "seed": ns.seed}
-            return TransformersGeneratePeer("transformers-generate", hf.model, pad, args.block_length, extra)
+def _gemma_peer(ctx: BenchContext, ns: argparse.Namespace) -> Peer:
+    from diffuserve.bench.renoise_compare import TransformersGenerate
 
-        return [Reading("diffusion", args.block_length, gemma_peer, exact=False)]
-    raise ValueError(f"model: bench sweep knows no batched peer for the {family} family")
+    hf = TransformersGenerate(
+        ctx, SamplingParams(max_tokens=1, ignore_eos=True, seed=ns.seed, steps=ns.denoising_steps)
+    )
+    extra = {"generation_config": hf.config, "never": ctx.args.vocab_size, "seed": ns.seed}
+    return TransformersGeneratePeer("transformers-generate", hf.model, _pad_id(ctx), ctx.args.block_length, extra)
+
+
+def readings(ctx: BenchContext, ns: argparse.Namespace) -> list[Reading]:
+    block, family = ctx.args.block_length, family_name(ctx)
+    by_family = {
+        "sdar": [Reading("diffusion", block, partial(_sdar_peer, ctx, ns))],
+        "llada2": [Reading("diffusion", block, partial(_llada2_peer, ctx, ns))],
+        "clover_moe": [
+            Reading("ar", 1, partial(_clover_ar_peer, ctx, ns)),
+            Reading("diffusion", block, partial(EngineStaticPeer, ctx, ns, block)),
+        ],
+        "diffusion_gemma": [Reading("diffusion", block, partial(_gemma_peer, ctx, ns), exact=False)],
+    }
+    if family not in by_family:
+        raise ValueError(f"model: bench sweep knows no batched peer for the {family} family")
+    return by_family[family]
