@@ -8,7 +8,8 @@ from typing import Any
 from scripts.doc_tables.cells import Load, ms, sig3, table
 
 FAMILIES = ("sdar", "llada2", "clover", "diffusiongemma", "sdar-bench", "clover-bench")
-"""The results files sweep-<name>, in the order the table shows them (sdar-bench, clover-bench: the bench shapes, 16 and 64)."""
+"""The results files sweep-<name>, in the order the tables show them (sdar-bench, clover-bench: the bench shapes,
+16 and 64 concurrent)."""
 HEADERS = [
     "reading: peer",
     "workload",
