@@ -145,12 +145,22 @@ def _mib(value: int | None) -> float | None:
     return None if value is None else value / 2**20
 
 
+def chosen_readings(ctx: BenchContext, ns: argparse.Namespace) -> list[Reading]:
+    """The family's readings that --readings names (all by default); naming one the family lacks is an error."""
+    available = readings(ctx, ns)
+    names = [r.name for r in available]
+    missing = [name for name in ns.readings or [] if name not in names]
+    if missing:
+        raise ValueError(
+            f"readings: the {family_name(ctx)} family has no {' or '.join(missing)} reading; it has {', '.join(names)}"
+        )
+    return [r for r in available if not ns.readings or r.name in ns.readings]
+
+
 def run(ns: argparse.Namespace) -> int:
     ctx = make_context(ns)
     rows, profiles = [], {}
-    for reading in readings(ctx, ns):
-        if ns.readings and reading.name not in ns.readings:
-            continue
+    for reading in chosen_readings(ctx, ns):
         peer = reading.make_peer()
         peer.run(workload(ctx, ns, "best-case", 2))  # warm-up, not timed
         rows += [measure_row(ctx, ns, reading, peer, kind, c) for kind in ns.workload for c in ns.concurrency]

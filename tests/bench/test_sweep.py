@@ -107,6 +107,12 @@ def test_clover_ar_reading_equals_transformers_generate(run_bench, tmp_path):
     assert row["same_tokens"] is True and row["engine"]["generated_tokens"] == 224
 
 
+def test_a_reading_the_family_lacks_is_named(bench_model_dir, capsys):
+    code = main(["bench", "sweep", "--model", str(bench_model_dir), "--readings", "ar", *FAST])
+    assert code != 0
+    assert "readings: the sdar family has no ar reading; it has diffusion" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
