@@ -31,6 +31,7 @@ from scripts.doc_tables import (
     benchmarks_compare,
     benchmarks_quant,
     benchmarks_serving,
+    benchmarks_sweep,
     models,
     moe,
     testing,
@@ -81,6 +82,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "long-context": benchmarks_quant.long_context_summary,
     "option-matrix": testing.option_matrix,
     "fuzz-http": testing.fuzz_http,
+    "sweep": benchmarks_sweep.sweep,
 }
 """Region name -> the renderer that fills it (tests/docs checks that each has exactly one region)."""
 

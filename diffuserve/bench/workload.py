@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BENCH_PRESET = "sdar-moe-bench"
+SMALL_PRESETS = ("sdar-moe-tiny", "llada2-tiny")
+"""The tiny shapes of the SDAR and LLaDA2 families (the test shapes), for sweeps that must finish on a few CPU cores."""
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,8 @@ def default_cache_dir() -> Path:
 
 def prepare_model(model: str | None, cache_dir: str | Path | None = None, spec: BenchModel | None = None) -> Path:
     """`model` if given (a model directory, or the name of a random shape: clover_moe's `clover-moe-bench`,
-    DiffusionGemma's `diffusiongemma-bench`; written on first use), else the sdar-moe-bench checkpoint, written
-    on first use."""
+    DiffusionGemma's `diffusiongemma-bench`, the tiny test shapes of SMALL_PRESETS and the other families; written
+    on first use), else the sdar-moe-bench checkpoint, written on first use."""
     from diffuserve.reference.clover_moe_checkpoint import CLOVER_MOE_PRESETS
     from diffuserve.reference.diffusion_gemma_checkpoint import DIFFUSION_GEMMA_PRESETS
 
@@ -50,6 +52,12 @@ def prepare_model(model: str | None, cache_dir: str | Path | None = None, spec: 
         path = Path(cache_dir or default_cache_dir()) / f"{model}-seed{spec.seed}"
         if not (path / "config.json").is_file():
             _write_diffusion_gemma_model(path, model, spec)
+        return path
+    if model in SMALL_PRESETS:
+        spec = spec or BenchModel()
+        path = Path(cache_dir or default_cache_dir()) / spec.dir_name.replace(BENCH_PRESET, model, 1)
+        if not (path / "config.json").is_file():
+            _write_small_model(path, model, spec)
         return path
     if model in CLOVER_MOE_PRESETS:
         spec = spec or BenchModel()
@@ -77,6 +85,20 @@ def _write_bench_model(path: Path, spec: BenchModel) -> None:
     write_random_checkpoint(
         partial, make_config(BENCH_PRESET), seed=spec.seed, init_std=spec.init_std, logit_scale=spec.logit_scale
     )
+    partial.rename(path)
+
+
+def _write_small_model(path: Path, preset: str, spec: BenchModel) -> None:
+    from diffuserve.reference.llada2_checkpoint import write_llada2_checkpoint
+    from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
+
+    partial = path.with_name(path.name + f".partial-{os.getpid()}")
+    if preset == "llada2-tiny":
+        write_llada2_checkpoint(partial, seed=spec.seed, init_std=spec.init_std, logit_scale=spec.logit_scale)
+    else:
+        write_random_checkpoint(
+            partial, make_config(preset), seed=spec.seed, init_std=spec.init_std, logit_scale=spec.logit_scale
+        )
     partial.rename(path)
 
 

@@ -183,6 +183,47 @@ COMPARE = {
         },
     },
 }
+SWEEP_SIDE = {
+    "type": "object",
+    "required": ["num_requests", "generated_tokens", "wall_s", "tokens_per_s", "ttft_s", "itl_s", "peak_memory_bytes"],
+    "properties": {
+        "generated_tokens": COUNT,
+        "tokens_per_s": NUMBER,
+        "ttft_s": DISTRIBUTION,
+        "itl_s": DISTRIBUTION,
+        "peak_memory_bytes": {"type": ["integer", "null"], "minimum": 0},
+    },
+}
+SWEEP = {
+    "type": "object",
+    "required": [*_HEADER, "machine", "results", "targets", "profiles"],
+    "properties": {
+        **_HEADER_PROPS,
+        "bench": {"enum": ["sweep"]},
+        "machine": MACHINE,
+        "results": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["reading", "workload", "concurrency", "peer", "engine", "peer_result", "ratio"],
+                "properties": {
+                    "workload": {"enum": ["best-case", "realistic"]},
+                    "concurrency": COUNT,
+                    "engine": {
+                        **SWEEP_SIDE,
+                        "required": [*SWEEP_SIDE["required"], "overhead_fraction"],
+                        "properties": {**SWEEP_SIDE["properties"], "overhead_fraction": OPT_NUMBER},
+                    },
+                    "peer_result": SWEEP_SIDE,
+                    "ratio": OPT_NUMBER,
+                    "same_tokens": {"type": ["boolean", "null"]},
+                },
+            },
+        },
+        "targets": {"type": "array", "items": {"type": "object", "required": ["what", "value", "target", "met"]}},
+        "profiles": {"type": "object"},
+    },
+}
 SERVE_POINT = {
     "type": "object",
     "required": [
