@@ -65,7 +65,9 @@ class DrawKeys:
 
     @staticmethod
     def of(seeds: list[int], block_starts: list[int], steps: list[int], device: torch.device) -> DrawKeys:
-        table = torch.tensor([seeds, block_starts, steps], dtype=torch.long, device=device)  # [3, B]
+        """Seeds are taken mod 2^64 (as int64 bit patterns): any Python int a request may carry is a key."""
+        bits = [_signed(seed % (1 << 64)) for seed in seeds]
+        table = torch.tensor([bits, block_starts, steps], dtype=torch.long, device=device)  # [3, B]
         return DrawKeys(table[0], table[1], table[2])
 
 

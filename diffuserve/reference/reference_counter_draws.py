@@ -37,7 +37,7 @@ def mix(z: int) -> int:
 
 
 def draw(seed: int, start: int, step: int, stream: int, position: int) -> int:
-    """The 64-bit h of one draw."""
+    """The 64-bit h of one draw (the seed taken mod 2^64 by `mix`'s mask)."""
     return mix(mix(mix(mix(seed) ^ start) ^ (4 * step + stream)) ^ position)
 
 

@@ -1,6 +1,7 @@
 """The renoise decoder's counter-based draws (int64 tensors, renoise_draws) == the reference's (plain Python
 integers, reference_counter_draws): the same 64-bit hashes, uniform tokens and inverse-CDF samples for keys
-across the int64 range; a token of probability 0 is never drawn; each key field changes the draws."""
+across the int64 range (seeds up to 2^64 - 1 and negative ones: taken mod 2^64); a token of probability 0 is
+never drawn; each key field changes the draws."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ CPU = torch.device("cpu")
 
 def _keys(count: int) -> tuple[list[int], list[int], list[int]]:
     rng = random.Random(4)
-    seeds = [0, 1, (1 << 63) - 1] + [rng.getrandbits(63) for _ in range(count - 3)]
+    seeds = [0, 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1, -5] + [rng.getrandbits(63) for _ in range(count - 6)]
     return seeds, [rng.randrange(0, 1 << 20) for _ in seeds], [rng.randrange(0, 64) for _ in seeds]
 
 
