@@ -54,6 +54,8 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "compare-hybrid": benchmarks_compare.compare_hybrid,
     "compare-verified": benchmarks_compare.compare_verified,
     "compare-verified-clover-moe": benchmarks_compare.compare_verified_clover_moe,
+    "compare-renoise": benchmarks_compare.compare_renoise,
+    "renoise-overhead": benchmarks_compare.renoise_overhead,
     "attention-backends": benchmarks_compare.attention_backends,
     "throughput": benchmarks_serving.throughput,
     "calibration": benchmarks_serving.calibration,

@@ -6,6 +6,9 @@
                      canvas that goes on, the logits its next step is conditioned on)
     release          forget a finished request's per-request state (canvases, grammar matchers)
 
+A `BatchDecoder` also decodes many blocks in one call (`decode_blocks`: the renoise decoder, whose blocks all read
+every position); the runner hands it all of its blocks of a logits chunk at once.
+
 A decoder is resolved once per request (registry.py, which also validates the request against it) and shared by
 every request it was resolved for; its per-request state is keyed by request id.
 """
@@ -51,4 +54,12 @@ class Decoder(Protocol):
 
     def release(self, request_id: str) -> None:
         """Forgets the request's per-request state, if any."""
+        ...
+
+
+class BatchDecoder(Decoder, Protocol):
+    def decode_blocks(
+        self, requests: list[Request], rows: torch.Tensor, generators: RequestGenerators
+    ) -> list[BlockDecode]:
+        """rows [B x block_length, V] fp32: whole blocks' logits, request after request -> what each writes."""
         ...

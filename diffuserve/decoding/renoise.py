@@ -1,19 +1,21 @@
 """RenoiseDecoder: the renoise decoder (uniform-noise canvases, as DiffusionGemma decodes) on rank 0, its
-per-request state and one canvas's step. The arithmetic is renoise_steps' pure functions, the ones transformers'
-`generate` is matched against; this module owns when they run and what a request keeps between steps:
+per-request state and one batched step of all the canvases of a logits chunk. The arithmetic is renoise_steps'
+pure functions (the ones transformers' `generate` is matched against); this module owns when they run and what a
+request keeps between steps:
 
-    canvas start   the request's generator state (saved at the canvas's first step, restored if the canvas is
-                   redone after a preemption), then C uniform random tokens drawn from it: the first input
-    every step     denoise_step over the canvas's logits [C, V] (sample, accept by entropy bound, renoise), the
-                   stop rule against the argmax history; the next input is the renoised canvas, and the tempered
-                   logits go back to the runner for the next step's self-conditioning input
+    canvas start   C uniform random tokens, the counter-based draws of (seed, canvas start, step 0): the first
+                   input (a canvas redone after a preemption draws the same tokens: nothing to save)
+    every step     `decode_blocks`: one `denoise_step` over all the canvases' logits [B, C, V] (sample, accept by
+                   entropy bound, renoise), one `stop_rule`, one host copy of the batch's tokens and stop flags;
+                   the next input is the renoised canvas, and the tempered logits go back to the runner for the
+                   next step's self-conditioning input
     canvas end     stable-and-confident, or `steps` (max_denoising_steps) taken: the canvas's tokens are the
                    last step's argmax, with their logprobs under that step's tempered distribution if asked
 
-Draws follow transformers' order per request (canvas; per step the samples, then the renoise tokens), each
-request on its own generator, so a request's canvases are those of transformers' `generate` for it alone. The
-canvas input lives here (on the device) and in `Request.canvas` (on the host, for the step's input ids); the
-step index is the request's `step_in_block`. Knows nothing of batches or caches.
+A request's seed is `RequestGenerators.seed_of` (its own, or one drawn from the engine's seed): the draws depend
+on it, the canvas's start position, the step and the position only, never on the batch. The step index is the
+request's `step_in_block`; the canvas input lives in `Request.canvas` (host, for the step's input ids). Knows
+nothing of caches.
 """
 
 from __future__ import annotations
@@ -24,25 +26,24 @@ import torch
 
 from diffuserve.core.request import Request
 from diffuserve.core.writes import BlockWrite
-from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
+from diffuserve.decoding.generators import RequestGenerators, forbid_in_canvases
 from diffuserve.decoding.logprobs import logprob_rows, token_logprobs
 from diffuserve.decoding.protocol import BlockDecode
+from diffuserve.decoding.renoise_draws import DrawKeys
 from diffuserve.decoding.renoise_knobs import RenoiseDefaults
-from diffuserve.decoding.renoise_steps import denoise_step, empty_history, random_canvas, should_stop
+from diffuserve.decoding.renoise_steps import CanvasKnobs, DenoiseStep, denoise_step, initial_canvas, stop_rule
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 
 @dataclass
 class _Canvas:
-    """One request's current canvas."""
+    """One request's current canvas: what its stop rule remembers."""
 
     block_start: int
-    generator_state: torch.Tensor
-    """The request's generator as it was when the canvas started (before its draw)."""
-    tokens: torch.Tensor
-    """[C] long: the next step's input canvas."""
-    history: torch.Tensor
-    """[S, C] long: the argmax canvases of the last S steps (-1 before any)."""
+    previous_argmax: torch.Tensor
+    """[C] long: the argmax canvas of its last step (-1 before any)."""
+    run: int = 0
+    """Steps in a row that ended on `previous_argmax`."""
 
 
 def renoise_knobs(params: ResolvedSamplingParams) -> RenoiseDefaults:
@@ -58,8 +59,9 @@ def renoise_knobs(params: ResolvedSamplingParams) -> RenoiseDefaults:
 
 
 class RenoiseDecoder:
-    """The renoise decoder (a `Decoder`): reads every canvas position every step, draws a canvas's tokens at its
-    first step, and hands on the tempered logits its next step is self-conditioned on."""
+    """The renoise decoder (a `Decoder` that also decodes many blocks at once): reads every canvas position
+    every step, draws a canvas's tokens at its first step, and hands on the tempered logits its next step is
+    self-conditioned on."""
 
     name = "renoise"
 
@@ -71,57 +73,57 @@ class RenoiseDecoder:
         return list(range(self.block_length))
 
     def block_tokens(self, request: Request, generators: RequestGenerators) -> list[int]:
-        return self.canvas_tokens(request, generators.of(request))
+        """The tokens the request's canvas reads this step; at its first step, drawn (and its stop rule reset)."""
+        if request.step_in_block:
+            return request.canvas
+        keys = DrawKeys.of([generators.seed_of(request)], [request.block_start], [0], self.device)
+        previous = torch.full((self.block_length,), -1, dtype=torch.long, device=self.device)
+        self._canvases[request.request_id] = _Canvas(request.block_start, previous)
+        return initial_canvas(keys, self.block_length, self.vocab_size)[0].tolist()
 
     def decode(
         self, request: Request, rows: torch.Tensor, positions: list[int], generators: RequestGenerators
     ) -> BlockDecode:
-        """Below min_tokens the stop ids are forbidden, then one renoise step (`step`)."""
-        rows = forbid_tokens(request, positions, rows)
-        write, tempered = self.step(request, rows, generators.of(request))
-        return BlockDecode(write, tempered)
+        """One canvas's step (`decode_blocks` of one)."""
+        return self.decode_blocks([request], rows, generators)[0]
 
-    def canvas_tokens(self, request: Request, generator: torch.Generator) -> list[int]:
-        """The tokens the request's canvas reads this step. At the canvas's first step they are drawn: from the
-        generator state saved when this canvas first started (it is being redone), else from the generator as
-        it is now (then saved)."""
-        if request.step_in_block:
-            return request.canvas
-        previous = self._canvases.get(request.request_id)
-        if previous is not None and previous.block_start == request.block_start:
-            generator.set_state(previous.generator_state)
-        state = generator.get_state()
-        tokens = random_canvas(self.block_length, self.vocab_size, generator).to(self.device)
-        knobs = renoise_knobs(request.params)
-        history = empty_history(knobs, self.block_length, self.device)
-        self._canvases[request.request_id] = _Canvas(request.block_start, state, tokens, history)
-        return tokens.tolist()
+    def decode_blocks(
+        self, requests: list[Request], rows: torch.Tensor, generators: RequestGenerators
+    ) -> list[BlockDecode]:
+        """rows [B x C, V] fp32: the canvases' logits, request after request (edited in place) -> each request's
+        write and, for a canvas that goes on, its tempered logits [C, V] (views of `rows`)."""
+        logits = forbid_in_canvases(requests, rows.view(len(requests), self.block_length, -1))
+        canvases = [self._canvases[r.request_id] for r in requests]
+        per_request = [renoise_knobs(r.params) for r in requests]
+        knobs = CanvasKnobs.of(per_request, self.device)
+        steps = [r.step_in_block for r in requests]
+        seeds = [generators.seed_of(r) for r in requests]
+        result = denoise_step(logits, knobs, DrawKeys.of(seeds, [c.block_start for c in canvases], steps, self.device))
+        previous = torch.stack([c.previous_argmax for c in canvases])
+        runs = torch.tensor([c.run for c in canvases], device=self.device)
+        stop, runs = stop_rule(result, previous, runs, knobs)
+        # One host copy of what the step decided: [B, 2C + 2] (the canvases, the argmaxes, stop, run).
+        table = torch.cat([result.canvas, result.argmax, stop[:, None].long(), runs[:, None]], dim=1).tolist()
+        decoded = []
+        for index, (request, canvas, row) in enumerate(zip(requests, canvases, table, strict=True)):
+            canvas.previous_argmax, canvas.run = result.argmax[index], row[-1]
+            if row[-2] or request.step_in_block + 1 >= per_request[index].max_denoising_steps:
+                decoded.append(BlockDecode(self._final_write(request, result, index, row)))
+            else:
+                tokens = row[: self.block_length]
+                decoded.append(BlockDecode(BlockWrite(list(enumerate(tokens)), final=False), result.logits[index]))
+        return decoded
 
-    def step(
-        self, request: Request, logits: torch.Tensor, generator: torch.Generator
-    ) -> tuple[BlockWrite, torch.Tensor | None]:
-        """logits [C, V] fp32 of the canvas this step read -> (what the step writes into the canvas: every
-        position, the canvas's tokens if it ends here; the tempered logits [C, V] its next step is conditioned
-        on, None when it ends)."""
-        canvas, knobs = self._canvases[request.request_id], renoise_knobs(request.params)
-        result = denoise_step(logits, canvas.tokens, request.step_in_block, knobs, generator)
-        stop, canvas.history = should_stop(canvas.history, result, knobs)
-        positions = torch.arange(self.block_length, device=logits.device)
-        if stop or request.step_in_block + 1 >= knobs.max_denoising_steps:
-            written = list(enumerate(result.argmax.tolist()))
-            logprobs = None
-            if request.params.logprobs is not None:
-                rows = logprob_rows(
-                    torch.log_softmax(result.logits, dim=-1),
-                    result.argmax,
-                    positions,
-                    self.block_length,
-                    request.params.logprobs,
-                )
-                logprobs = token_logprobs(rows, result.argmax, positions)
-            return BlockWrite(written, logprobs, final=True), None
-        canvas.tokens = result.canvas
-        return BlockWrite(list(enumerate(result.canvas.tolist())), final=False), result.logits
+    def _final_write(self, request: Request, result: DenoiseStep, index: int, row: list[int]) -> BlockWrite:
+        """The canvas ends: its tokens are the step's argmax (with their logprobs if asked)."""
+        argmax = row[self.block_length : 2 * self.block_length]
+        if request.params.logprobs is None:
+            return BlockWrite(list(enumerate(argmax)), None, final=True)
+        positions = torch.arange(self.block_length, device=self.device)
+        tokens = result.argmax[index]
+        logprobs = torch.log_softmax(result.logits[index], dim=-1)
+        rows = logprob_rows(logprobs, tokens, positions, self.block_length, request.params.logprobs)
+        return BlockWrite(list(enumerate(argmax)), token_logprobs(rows, tokens, positions), final=True)
 
     def release(self, request_id: str) -> None:
         """Forgets a finished request's canvas."""

@@ -65,6 +65,9 @@ class Completion:
     _logprobs: list[TokenLogprobs] = field(init=False, default_factory=list)
     """The logprobs of the tokens shown so far, `decoded_token` filled (tokens once shown never change)."""
     _detokenizer: IncrementalDetokenizer | None = field(init=False, default=None)
+    _num_seen: int = field(init=False, default=-1)
+    """How many tokens the last update saw: a step that added none to an unfinished completion changes nothing
+    (most steps of a canvas still being denoised), so it is skipped."""
 
     def __post_init__(self) -> None:
         self.output = CompletionOutput(self.index, "", [])
@@ -72,6 +75,9 @@ class Completion:
     def update(self, tokenizer: Decoding | None, token_ids: list[int], finished: bool) -> bool:
         """Brings the text up to the tokens (the previous ones plus any new ones at the end); returns True if a
         stop string was hit (the caller finishes it)."""
+        if not finished and len(token_ids) == self._num_seen:
+            return False  # no new token (output tokens only grow until the request finishes): nothing changes
+        self._num_seen = len(token_ids)
         self.output.token_ids = list(token_ids)
         self.num_shown_tokens = len(token_ids)
         if tokenizer is None:

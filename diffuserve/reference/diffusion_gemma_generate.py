@@ -7,7 +7,7 @@ Every forward takes one slice of rows from each unfinished request, in one of tw
     commit  committed tokens not yet in the cache (a prompt chunk of at most C tokens, or the canvas just
             finished): causal rows whose K/V the caches keep
     canvas  the request's current canvas (C rows at [P, P + C), P = its committed length): one denoising step,
-            its K/V written and overwritten every step, its logits decoded by the request's own generator
+            its K/V written and overwritten every step, its logits decoded with the request's counter-based draws
 
 K/V live in one slot tensor per layer. Full layers give each request `max_len` slots (slot = base + position);
 sliding layers only a ring of R = W - 1 + C slots (slot = base + position mod R): a step never reads a sliding
@@ -25,14 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from diffuserve.decoding.renoise_draws import DrawKeys
 from diffuserve.decoding.renoise_knobs import RenoiseDefaults
-from diffuserve.decoding.renoise_steps import (
-    DenoiseStep,
-    denoise_step,
-    empty_history,
-    random_canvas,
-    should_stop,
-)
+from diffuserve.decoding.renoise_steps import CanvasKnobs, denoise_step, initial_canvas, stop_rule
 from diffuserve.model.families.diffusion_gemma.attention import GemmaAttentionInputs
 from diffuserve.model.families.diffusion_gemma.config import FULL, SLIDING, gemma_args
 from diffuserve.model.families.diffusion_gemma.masks import key_start, rows_mask
@@ -64,12 +59,13 @@ class _Sequence:
     """One request's progress: its committed tokens (`encoded` of them in the cache) and its canvas."""
 
     request: GemmaRequest
-    generator: torch.Generator
     output: GemmaOutput
     encoded: int = 0
     canvas: torch.Tensor | None = None
     step: int = 0
-    history: torch.Tensor | None = None
+    previous: torch.Tensor | None = None
+    """[1, C] the argmax canvas of the canvas's last step (-1 before any), and `run`: steps in a row ending on it."""
+    run: int = 0
     soft: torch.Tensor | None = None
     finished: bool = False
 
@@ -127,10 +123,15 @@ def _attention(caches: _Caches, batch: list[tuple[int, torch.Tensor, bool]]) -> 
     return GemmaAttentionInputs(inputs[SLIDING], inputs[FULL])
 
 
-def _start_canvas(seq: _Sequence, canvas_length: int, vocab_size: int) -> None:
-    seq.canvas = random_canvas(canvas_length, vocab_size, seq.generator)
-    seq.step, seq.soft = 0, None
-    seq.history = empty_history(seq.request.knobs, canvas_length, seq.canvas.device)
+def _keys(seq: _Sequence, device: torch.device) -> DrawKeys:
+    """The canvas's draw keys: the request's seed, the canvas's start (the committed length), the step."""
+    return DrawKeys.of([seq.request.seed], [seq.committed], [seq.step], device)
+
+
+def _start_canvas(seq: _Sequence, canvas_length: int, vocab_size: int, device: torch.device) -> None:
+    seq.step, seq.soft, seq.run = 0, None, 0
+    seq.canvas = initial_canvas(_keys(seq, device), canvas_length, vocab_size)[0]
+    seq.previous = torch.full((1, canvas_length), -1, dtype=torch.long, device=device)
 
 
 def _finish_canvas(seq: _Sequence, tokens: torch.Tensor, max_canvases: int, canvas_length: int, vocab: int) -> None:
@@ -145,23 +146,25 @@ def _finish_canvas(seq: _Sequence, tokens: torch.Tensor, max_canvases: int, canv
     seq.output.tokens.extend(tokens.tolist())
     seq.canvas = None
     if not seq.finished:
-        _start_canvas(seq, canvas_length, vocab)
+        _start_canvas(seq, canvas_length, vocab, tokens.device)
 
 
 def _decode(seq: _Sequence, logits: torch.Tensor, model: DiffusionGemmaForBlockDiffusion) -> None:
     """One denoising step of the sequence's canvas from its logits [C, V]."""
     knobs, gemma = seq.request.knobs, gemma_args(model.args)
-    assert seq.canvas is not None and seq.history is not None, "a canvas row belongs to a started canvas"
-    result: DenoiseStep = denoise_step(logits, seq.canvas, seq.step, knobs, seq.generator)
+    assert seq.canvas is not None and seq.previous is not None, "a canvas row belongs to a started canvas"
+    batch_knobs = CanvasKnobs.of([knobs], logits.device)
+    result = denoise_step(logits[None], batch_knobs, _keys(seq, logits.device))  # a batch of one canvas
     seq.output.canvases.append(seq.canvas)
-    seq.output.accepted.append(result.accepted)
-    stop, seq.history = should_stop(seq.history, result, knobs)
+    seq.output.accepted.append(result.accepted[0])
+    stop, runs = stop_rule(result, seq.previous, torch.tensor([seq.run], device=logits.device), batch_knobs)
+    seq.previous, seq.run = result.argmax, int(runs[0])
     seq.step += 1
-    if stop or seq.step == knobs.max_denoising_steps:
+    if bool(stop[0]) or seq.step == knobs.max_denoising_steps:
         max_canvases = math.ceil(knobs.max_new_tokens / gemma.canvas_length)
-        _finish_canvas(seq, result.argmax, max_canvases, gemma.canvas_length, model.args.vocab_size)
+        _finish_canvas(seq, result.argmax[0], max_canvases, gemma.canvas_length, model.args.vocab_size)
     else:
-        seq.canvas, seq.soft = result.canvas, model.self_conditioning_input(result.logits)
+        seq.canvas, seq.soft = result.canvas[0], model.self_conditioning_input(result.logits[0])
 
 
 def _forward(model: DiffusionGemmaForBlockDiffusion, caches: _Caches, active: list[tuple[int, _Sequence]]) -> None:
@@ -186,18 +189,17 @@ def _forward(model: DiffusionGemmaForBlockDiffusion, caches: _Caches, active: li
         else:
             seq.encoded = int(pos[-1]) + 1
             if seq.canvas is None and not seq.finished and seq.encoded == seq.committed:
-                _start_canvas(seq, canvas_length, model.args.vocab_size)
+                _start_canvas(seq, canvas_length, model.args.vocab_size, weight.device)
 
 
 @torch.no_grad()
 def generate(model: DiffusionGemmaForBlockDiffusion, requests: list[GemmaRequest]) -> list[GemmaOutput]:
-    """Decodes `requests` together (each with its own seeded generator and knobs) -> their outputs."""
+    """Decodes `requests` together (each with its own seed and knobs) -> their outputs."""
     gemma = gemma_args(model.args)
     canvas = gemma.canvas_length
     max_len = max(len(r.prompt) + math.ceil(r.knobs.max_new_tokens / canvas) * canvas for r in requests)
     caches = _Caches(model, len(requests), max_len)
-    device = model.model.embed_tokens.weight.device
-    seqs = [_Sequence(r, torch.Generator(device).manual_seed(r.seed), GemmaOutput(list(r.prompt))) for r in requests]
+    seqs = [_Sequence(r, GemmaOutput(list(r.prompt))) for r in requests]
     while active := [(i, s) for i, s in enumerate(seqs) if not s.finished]:
         _forward(model, caches, active)
     return [s.output for s in seqs]

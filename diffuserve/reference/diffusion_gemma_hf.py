@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from diffuserve.reference.reference_counter_draws import counter_draws
 from diffuserve.reference.reference_kv_fp8 import e4m3_round
 
 TINY_TEXT: dict[str, Any] = dict(
@@ -120,32 +121,31 @@ class GenerateRecord:
 
 
 def recorded_generate(model: Any, prompt: list[int], seed: int, **kwargs: Any) -> tuple[torch.Tensor, GenerateRecord]:
-    """transformers' `generate` for one prompt, its global generator seeded with `seed` -> (sequences [1, L],
-    the record). The sampler is transformers' own, wrapped only to copy what it sees."""
-    from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSampler
-
+    """transformers' `generate` for one prompt, drawing by the engine's counter rule keyed by `seed`
+    (reference_counter_draws) -> (sequences [1, L], the record). The sampler is transformers' own, its draws
+    replaced and wrapped only to copy what it sees."""
     record = GenerateRecord()
+    with counter_draws(model, [seed], len(prompt)):
+        prepare = model._prepare_sampler
 
-    class RecordingSampler(EntropyBoundSampler):
-        def accept_canvas(self, current_canvas, denoiser_canvas, logits, cur_step):
-            accepted = super().accept_canvas(current_canvas, denoiser_canvas, logits, cur_step)
-            record.canvases.append(current_canvas[0].clone())
-            record.accepted.append(self.accepted_token_mask[0].clone())
-            return accepted
+        def recording_sampler(generation_config: Any) -> Any:
+            sampler = prepare(generation_config)
 
-    prepare = model._prepare_sampler
+            class RecordingSampler(type(sampler)):  # type: ignore[misc]
+                def accept_canvas(self, current_canvas, denoiser_canvas, logits, cur_step):
+                    accepted = super().accept_canvas(current_canvas, denoiser_canvas, logits, cur_step)
+                    record.canvases.append(current_canvas[0].clone())
+                    record.accepted.append(self.accepted_token_mask[0].clone())
+                    return accepted
 
-    def recording_sampler(generation_config):
-        sampler = prepare(generation_config)
-        sampler.__class__ = RecordingSampler
-        return sampler
+            sampler.__class__ = RecordingSampler
+            return sampler
 
-    model._prepare_sampler = recording_sampler
-    try:
-        torch.manual_seed(seed)
-        out = model.generate(torch.tensor([prompt]), **kwargs)
-    finally:
-        del model._prepare_sampler
+        model._prepare_sampler = recording_sampler
+        try:
+            out = model.generate(torch.tensor([prompt]), **kwargs)
+        finally:
+            model._prepare_sampler = prepare
     return out.sequences, record
 
 

@@ -21,6 +21,7 @@ Batch layout for a step (N query tokens, requests one after another, then prompt
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 import torch
 
@@ -28,6 +29,7 @@ from diffuserve.core.request import Request
 from diffuserve.core.step import ScheduledRequest, StepResult
 from diffuserve.core.writes import BlockWrite, Verification
 from diffuserve.decoding.block_decoding import BlockDecoding
+from diffuserve.decoding.protocol import BatchDecoder, BlockDecode
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext
 from diffuserve.model.step_inputs import CanvasInputs
@@ -260,22 +262,41 @@ class ModelRunner:
         return writes
 
     def _decode_chunk(self, blocks: list[BlockRows], hidden: torch.Tensor, skip: set[str]) -> dict[str, BlockWrite]:
-        """hidden [rows of the chunk's blocks, H] -> their writes; the chunk's logits live only in here."""
+        """hidden [rows of the chunk's blocks, H] -> their writes; the chunk's logits live only in here. A decoder
+        that decodes many blocks at once (`BatchDecoder`) gets all of its blocks of the chunk in one call."""
         logits = self.model.compute_logits(hidden)  # [rows, V]
-        writes, start = {}, 0
-        carried: list[tuple[int, torch.Tensor]] = []  # (canvas slot, tempered logits [C, V]) of going-on canvases
+        decoded: list[tuple[Request, BlockDecode]] = []
+        batched: dict[int, tuple[BatchDecoder, list[Request], list[int]]] = {}  # by decoder: its blocks, their rows
+        start = 0
         for block in blocks:
-            request = block.work.request
-            rows = logits[start : start + len(block.positions)]
+            request, rows = block.work.request, range(start, start + len(block.positions))
             start += len(block.positions)
             if request.request_id in skip:
                 continue
             decoder = self.decoding.decoder_of(request)
-            decoded = decoder.decode(request, rows, block.positions, self.decoding.generators)
-            writes[request.request_id] = decoded.write
-            if decoded.self_conditioning is not None:
-                carried.append((canvas_slot(request), decoded.self_conditioning))
-        del logits, rows  # freed before the self-conditioning pass (its tempered logits are their own tensors)
+            # An attribute check, inline: a runtime-checkable protocol's isinstance walks its attributes (measured
+            # slow once per block per step), and a helper call would add a hop to every block's path.
+            if hasattr(decoder, "decode_blocks"):
+                batched.setdefault(id(decoder), (cast(BatchDecoder, decoder), [], []))[1].append(request)
+                batched[id(decoder)][2].extend(rows)
+            else:
+                decoding = decoder.decode(
+                    request, logits[rows.start : rows.stop], block.positions, self.decoding.generators
+                )
+                decoded.append((request, decoding))
+        for batch_decoder, requests, batch_rows in batched.values():
+            # All of the chunk's rows in order (the common case: one decoder for every block) need no copy.
+            same = len(batch_rows) == logits.shape[0]
+            taken = logits if same else logits.index_select(0, torch.tensor(batch_rows, device=logits.device))
+            decoded += zip(requests, batch_decoder.decode_blocks(requests, taken, self.decoding.generators))
+        del logits  # freed before the self-conditioning pass, unless going-on canvases' tempered logits view it
+        # A loop: a comprehension would be a runner frame amid the decoders' (test_architecture).
+        writes: dict[str, BlockWrite] = {}
+        carried: list[tuple[int, torch.Tensor]] = []
+        for request, decoding in decoded:
+            writes[request.request_id] = decoding.write
+            if decoding.self_conditioning is not None:
+                carried.append((canvas_slot(request), decoding.self_conditioning))
         if carried:
             self._keep_self_conditioning(carried)
         return writes

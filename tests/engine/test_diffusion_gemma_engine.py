@@ -1,11 +1,14 @@
 """DiffusionGemma served by the engine == transformers' `generate`, draw for draw: the same canvas at every
 denoising step, the same accepted positions, the same final tokens (fp32, tiny random checkpoints written by
-transformers). transformers runs each request alone, its global generator seeded with the request's seed; the
-engine runs them batched step by step (each request its own generator, seeds and knobs), through its paged
-caches: full layers on pages, sliding layers on a window group whose pages are freed behind the window (prompts
-shorter and longer than the window, 8), the self-conditioning input in the canvas pool. Also under preemption
-(canvases redone from their saved generator state) and with prefix-cache hits (pages with holes below the
-window). Mutating the acceptance rule or the temperature schedule breaks the match.
+transformers). transformers runs each request alone, drawing by the engine's counter rule keyed by the request's
+seed (reference_counter_draws: the hash and the inverse-CDF draw in Python integers, in place of its global
+generator); the engine runs them batched step by step (one batched renoise step for all canvases, each request
+its own seed and knobs), through its paged caches: full layers on pages, sliding layers on a window group whose
+pages are freed behind the window (prompts shorter and longer than the window, 8), the self-conditioning input in
+the canvas pool. Also under preemption (canvases redone: the same draws, keyed by the canvas's start), with
+prefix-cache hits (pages with holes below the window), and alone against batched in any order. Mutating the
+acceptance rule, the temperature schedule or the draws' key (the batch row for the request, no step) breaks the
+match.
 
 The test models' self-conditioning is damped (`feedback` 0.1): with full-strength random weights the
 previous-step -> next-step loop multiplies any rounding difference by ~7 per step (measured), so two correct
@@ -23,6 +26,8 @@ from diffuserve.config import EngineConfig
 from diffuserve.core.cache.paged import FREED
 from diffuserve.decoding import renoise as renoise_decoding
 from diffuserve.decoding import renoise_steps as decoding
+from diffuserve.decoding.renoise_draws import DrawKeys, draw_bits
+from diffuserve.decoding.renoise_steps import CanvasKnobs
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.reference.diffusion_gemma_hf import (
     FAST,
@@ -79,29 +84,42 @@ def run_engine(
     engine: LLMEngine, monkeypatch, requests: dict[str, tuple[list[int], SamplingParams]], stagger: bool = False
 ) -> EngineRecord:
     """Runs `requests` (id -> prompt, params) together (`stagger`: one more joins after every step), recording
-    every denoising step of each (denoise_step wrapped: its input canvas and accepted positions, attributed to
-    the request whose generator drew it)."""
+    every denoising step of each (the renoise decoder's batched step wrapped: each request's input canvas and
+    accepted positions)."""
     record = EngineRecord()
-    generators = engine.runner.decoding.generators
-    step = decoding.denoise_step
+    decoder = next(d for d in engine.runner.decoding.registry.decoders() if d.name == "renoise")
+    step, decode_blocks, block_tokens = decoding.denoise_step, decoder.decode_blocks, decoder.block_tokens
+    results, inputs = [], {}
 
-    def recording(logits, canvas, index, knobs, generator):
-        result = step(logits, canvas, index, knobs, generator)
-        request_id = generators.owner_of(generator)
-        record.canvases[request_id].append(canvas.clone())
-        record.accepted[request_id].append(result.accepted.clone())
-        return result
+    def recording_tokens(request, generators):
+        inputs[request.request_id] = block_tokens(request, generators)
+        return inputs[request.request_id]
 
-    monkeypatch.setattr(renoise_decoding, "denoise_step", recording)
-    pending = list(requests.items())
-    while pending or engine.has_unfinished_requests():
-        for request_id, (prompt, params) in pending[: 1 if stagger else len(pending)]:
-            engine.add_request(request_id, prompt, params)
-        pending = pending[1:] if stagger else []
-        for output in engine.step():
-            if output.finished:
-                record.tokens[output.request_id] = output.outputs[0].token_ids
-        _record_pages(engine, record)
+    def recording_step(logits, knobs, keys):
+        results.append(step(logits, knobs, keys))
+        return results[-1]
+
+    def recording_decode(batch, rows, generators):
+        canvases = [torch.tensor(inputs[r.request_id]) for r in batch]  # the step's input canvases
+        decoded = decode_blocks(batch, rows, generators)
+        for request, canvas, accepted in zip(batch, canvases, results.pop().accepted):
+            record.canvases[request.request_id].append(canvas)
+            record.accepted[request.request_id].append(accepted.clone())
+        return decoded
+
+    with monkeypatch.context() as patch:  # undone when the run ends (an engine may run again)
+        patch.setattr(renoise_decoding, "denoise_step", recording_step)
+        patch.setattr(decoder, "decode_blocks", recording_decode)
+        patch.setattr(decoder, "block_tokens", recording_tokens)
+        pending = list(requests.items())
+        while pending or engine.has_unfinished_requests():
+            for request_id, (prompt, params) in pending[: 1 if stagger else len(pending)]:
+                engine.add_request(request_id, prompt, params)
+            pending = pending[1:] if stagger else []
+            for output in engine.step():
+                if output.finished:
+                    record.tokens[output.request_id] = output.outputs[0].token_ids
+            _record_pages(engine, record)
     engine.cache.check_invariants()
     return record
 
@@ -257,25 +275,89 @@ def test_prefix_cache_hits_match_a_run_without_them(fast, monkeypatch):
     assert differences(recorded_generate(hf, prompt, 4, **_hf_kwargs(params)), got, "b", prompt, params) == []
 
 
-def _accept_including_the_largest(entropy: torch.Tensor, bound: float) -> torch.Tensor:
+def _accept_including_the_largest(entropy: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
     ordered, order = torch.sort(entropy, dim=-1)
-    chosen = torch.cumsum(ordered, dim=-1) <= bound  # mutation: the sum keeps its largest term
+    chosen = torch.cumsum(ordered, dim=-1) <= bound[:, None]  # mutation: the sum keeps its largest term
     return torch.scatter(torch.zeros_like(chosen), -1, order, chosen)
 
 
-def _temperature_rising(step: int, knobs) -> torch.Tensor:
-    done = torch.tensor(step + 1, dtype=torch.int32)  # mutation: steps taken instead of steps left
-    return knobs.t_min + ((knobs.t_max - knobs.t_min) * (done / knobs.max_denoising_steps))
+def _temperature_rising(steps: torch.Tensor, knobs: CanvasKnobs) -> torch.Tensor:
+    done = steps + 1  # mutation: steps taken instead of steps left
+    return knobs.t_min + (knobs.t_span * (done / knobs.max_steps))
+
+
+def _keyed_by_row(keys: DrawKeys, stream: int, length: int) -> torch.Tensor:
+    rows = torch.arange(len(keys.seeds), device=keys.seeds.device)  # mutation: the batch row for the request's seed
+    return draw_bits(DrawKeys(rows, keys.block_starts, keys.steps), stream, length)
+
+
+def _without_the_step(keys: DrawKeys, stream: int, length: int) -> torch.Tensor:
+    return draw_bits(DrawKeys(keys.seeds, keys.block_starts, keys.steps * 0), stream, length)  # mutation: no step
 
 
 @pytest.mark.parametrize(
     ("name", "mutant"),
-    [("entropy_bound_accept", _accept_including_the_largest), ("step_temperature", _temperature_rising)],
+    [
+        ("entropy_bound_accept", _accept_including_the_largest),
+        ("step_temperature", _temperature_rising),
+        ("draw_bits", _keyed_by_row),
+        ("draw_bits", _without_the_step),
+    ],
 )
 def test_mutations_break_the_match(fast, monkeypatch, name, mutant):
     model_dir, hf = fast
-    prompt, params = BATCH["short"]
+    prompt, params = BATCH["window"]
     expected = recorded_generate(hf, prompt, params.seed, **_hf_kwargs(params))
     monkeypatch.setattr(decoding, name, mutant)
     got = run_engine(_engine(model_dir), monkeypatch, {"r": (prompt, params)})
     assert differences(expected, got, "r", prompt, params) != []
+
+
+def _alone_and_batched(model_dir, monkeypatch, ids: list[str]) -> tuple[dict, list[dict]]:
+    """Each of these BATCH requests alone, and all of them batched in two orders (one joining per step)."""
+    alone = {r: run_engine(_engine(model_dir), monkeypatch, {r: BATCH[r]}).tokens[r] for r in ids}
+    orders = [ids, list(reversed(ids))]
+    batched = [run_engine(_engine(model_dir), monkeypatch, {r: BATCH[r] for r in order}, True) for order in orders]
+    return alone, [b.tokens for b in batched]
+
+
+def test_a_request_decodes_the_same_alone_and_batched_in_any_order(fast, monkeypatch):
+    """The draws are keyed by the request (seed, canvas start, step, position), not by its row in the batch: every
+    request's tokens alone equal its tokens batched, whatever the order it was batched in."""
+    model_dir, _ = fast
+    alone, batched = _alone_and_batched(model_dir, monkeypatch, list(BATCH))
+    assert all(tokens == alone for tokens in batched)
+
+
+def test_draws_keyed_by_the_batch_row_break_alone_equals_batched(fast, monkeypatch):
+    model_dir, _ = fast
+    monkeypatch.setattr(decoding, "draw_bits", _keyed_by_row)
+    alone, batched = _alone_and_batched(model_dir, monkeypatch, ["short", "window"])
+    assert any(tokens != alone for tokens in batched)
+
+
+def test_min_tokens_forbids_the_stop_ids_of_its_own_canvases_only(fast, monkeypatch):
+    """Two requests batched, the same prompt and seed, stopping on a token the free one writes early: the one with
+    min_tokens never writes it below min_tokens (its stop ids at -inf in its rows of the batched step), the free
+    one still does (the other rows untouched)."""
+    model_dir, _ = fast
+    prompt, base = list(range(30, 55)), SamplingParams(max_tokens=12, seed=21, ignore_eos=True)
+    free = run_engine(_engine(model_dir), monkeypatch, {"free": (prompt, base)}).tokens["free"]
+    stop = free[1]
+    params = {"free": base.replace(stop_token_ids=[stop]), "min": base.replace(stop_token_ids=[stop], min_tokens=8)}
+    got = run_engine(_engine(model_dir), monkeypatch, {r: (prompt, p) for r, p in params.items()}).tokens
+    assert stop in got["free"][:8]
+    assert stop not in got["min"][:8]
+
+
+def test_a_penalised_canvas_beside_batched_ones(fast, monkeypatch):
+    """A request with a penalty is decoded on its own (its rows penalised first) while the others of the chunk go
+    through the batched step, taken out of the chunk's rows around it: every request decodes what it decodes
+    alone."""
+    model_dir, _ = fast
+    requests = dict(BATCH)
+    prompt, params = requests["stable2"]
+    requests["stable2"] = (prompt, params.replace(presence_penalty=1.5))
+    alone = {r: run_engine(_engine(model_dir), monkeypatch, {r: request}).tokens[r] for r, request in requests.items()}
+    assert run_engine(_engine(model_dir), monkeypatch, requests).tokens == alone
+    assert alone["stable2"] != run_engine(_engine(model_dir), monkeypatch, {"r": BATCH["stable2"]}).tokens["r"]

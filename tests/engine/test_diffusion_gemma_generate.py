@@ -1,7 +1,8 @@
 """Standalone DiffusionGemma generation == transformers' `generate`, draw for draw: the same canvas at every
 denoising step, the same accepted positions, the same final tokens (fp32, tiny random checkpoints written by
-transformers). transformers runs each request alone, its global generator seeded with the request's seed; ours
-runs the requests batched, each with its own generator, through the paged forward (sliding layers on a ring of
+transformers). transformers runs each request alone, drawing by the engine's counter rule keyed by the request's
+seed (reference_counter_draws, in Python integers); ours runs the requests batched, each drawing by its own seed
+(renoise_draws, in int64 tensors), through the paged forward (sliding layers on a ring of
 W - 1 + C slots; prompts longer than the ring). Mutating the acceptance rule or the temperature schedule breaks
 the match.
 
@@ -18,6 +19,7 @@ import torch
 
 from diffuserve.decoding import renoise_steps as decoding
 from diffuserve.decoding.renoise_knobs import RenoiseDefaults
+from diffuserve.decoding.renoise_steps import CanvasKnobs
 from diffuserve.model.families.diffusion_gemma.config import renoise_defaults
 from diffuserve.model.loader import load_model, read_model_config
 from diffuserve.reference.diffusion_gemma_generate import GemmaOutput, GemmaRequest, generate
@@ -119,15 +121,15 @@ def test_a_model_without_experts_matches(tmp_path_factory):
     assert _differences(recorded_generate(hf, request.prompt, request.seed), generate(ours, [request])[0]) == []
 
 
-def _accept_including_the_largest(entropy: torch.Tensor, bound: float) -> torch.Tensor:
+def _accept_including_the_largest(entropy: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
     ordered, order = torch.sort(entropy, dim=-1)
-    chosen = torch.cumsum(ordered, dim=-1) <= bound  # mutation: the sum keeps its largest term
+    chosen = torch.cumsum(ordered, dim=-1) <= bound[:, None]  # mutation: the sum keeps its largest term
     return torch.scatter(torch.zeros_like(chosen), -1, order, chosen)
 
 
-def _temperature_rising(step: int, knobs: RenoiseDefaults) -> torch.Tensor:
-    done = torch.tensor(step + 1, dtype=torch.int32)  # mutation: steps taken instead of steps left
-    return knobs.t_min + ((knobs.t_max - knobs.t_min) * (done / knobs.max_denoising_steps))
+def _temperature_rising(steps: torch.Tensor, knobs: CanvasKnobs) -> torch.Tensor:
+    done = steps + 1  # mutation: steps taken instead of steps left
+    return knobs.t_min + (knobs.t_span * (done / knobs.max_steps))
 
 
 @pytest.mark.parametrize(
