@@ -69,9 +69,9 @@ class PagedMetadataBuilder:
     """Key slots, slot mapping and masks of one page group (its page tables are `Request.pages[group]`).
 
     `add` only records Python ints; `build` turns every added request's page table into slots in a few tensor
-    ops for the whole step (one `torch.tensor` of the concatenated tables, one split into per-sequence views, one
-    gather for the slot mapping) instead of a tensor build per request. Masks are shared by the sequences of a
-    step with the same query and key ranges (a batch of equal blocks builds one)."""
+    ops for the whole step (one `torch.tensor` of the concatenated tables, one gather of the key slots split into
+    per-sequence views, one gather of the slot mapping) instead of a tensor build per request. Masks are shared
+    by the sequences of a step with the same query and key ranges (a batch of equal blocks builds one)."""
 
     def __init__(self, group: str, page_size: int, block_length: int, rules: StepRules, device: torch.device):
         self.group, self.page_size, self.block_length = group, page_size, block_length
@@ -131,25 +131,28 @@ class PagedMetadataBuilder:
     def _lay_out(self, own: list[_OwnSequence]) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Per own sequence its key slots [L] (views of one tensor), and their slot mapping, concatenated [N].
 
-        slots [P * page_size] = every concatenated page expanded to its slots; sequence s owns the run
-        [first_page * page_size, + num_pages * page_size), cut as (before first_key | keys | after key_end)."""
+        slots [P * page_size] = every concatenated page expanded to its slots; sequence s's position p is
+        slots[first_page * page_size + p]: its keys are the run [first_key, key_end), its queries
+        [query_start, key_end), each gathered for the whole step at once."""
         if not own:
             return [], torch.zeros(0, dtype=torch.long, device=self.device)
         size = self.page_size
         pages = torch.tensor(self._pages, dtype=torch.long, device=self.device)
         slots = (pages[:, None] * size + torch.arange(size, device=self.device)).flatten()
-        cuts: list[int] = []
-        for s in own:
-            cuts += (s.first_key, s.key_end - s.first_key, s.num_pages * size - s.key_end)
-        key_slots = list(slots.split(cuts)[1::3])
-        # Each query token's slot: its sequence's run start + its position, gathered in one index_select.
-        lengths = [s.key_end - s.query_start for s in own]
-        starts = [s.first_page * size + s.query_start for s in own]
+        key_lens = [s.key_end - s.first_key for s in own]
+        keys = self._runs(slots, [s.first_page * size + s.first_key for s in own], key_lens)
+        query_lens = [s.key_end - s.query_start for s in own]
+        queries = self._runs(slots, [s.first_page * size + s.query_start for s in own], query_lens)
+        return list(keys.split(key_lens)), queries
+
+    def _runs(self, values: torch.Tensor, starts: list[int], lengths: list[int]) -> torch.Tensor:
+        """values[starts[i] : starts[i] + lengths[i]] for every i, concatenated, in one gather: the index of the
+        j-th element of run i is (starts[i] - the lengths before run i) + its place in the whole."""
         counts = torch.tensor(lengths, dtype=torch.long, device=self.device)
         offsets = torch.tensor(starts, dtype=torch.long, device=self.device) - (counts.cumsum(0) - counts)
-        num_tokens = sum(lengths)  # given as output_size: no device sync on CUDA
-        index = torch.arange(num_tokens, device=self.device) + offsets.repeat_interleave(counts, output_size=num_tokens)
-        return key_slots, slots.index_select(0, index)
+        total = sum(lengths)  # given as output_size: no device sync on CUDA
+        index = torch.arange(total, device=self.device) + offsets.repeat_interleave(counts, output_size=total)
+        return values.index_select(0, index)
 
     def _mask(self, work: ScheduledRequest) -> torch.Tensor | None:
         """[Lq, L] bool, or None when every query sees every key (shared by equal ranges within the step)."""
