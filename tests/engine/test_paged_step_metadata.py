@@ -126,3 +126,17 @@ def test_step_metadata_is_the_per_request_layout(rules, page_size, window):
 def test_an_empty_step_has_no_slots():
     meta = PagedMetadataBuilder("g", 4, BLOCK, StepRules(), torch.device("cpu")).build()
     assert meta.slot_mapping.dtype == torch.long and meta.slot_mapping.numel() == 0 and meta.sequences == ()
+
+
+def test_moved_metadata_holds_each_sequences_key_slots_alone():
+    """The step travels to the other ranks pickled: a sequence's key slots must not drag the step's whole key
+    tensor (of which `build` makes them views) along."""
+    builder = PagedMetadataBuilder("g", 4, BLOCK, StepRules(), torch.device("cpu"))
+    rng = random.Random(0)
+    for i in range(8):
+        builder.add(_work(rng, i, 4, None), first_row=0)
+    built = builder.build()
+    assert built.sequences[1].key_slots.untyped_storage().nbytes() > built.sequences[1].key_slots.nbytes
+    for moved, sequence in zip(built.to("cpu").sequences, built.sequences, strict=True):
+        assert torch.equal(moved.key_slots, sequence.key_slots)
+        assert moved.key_slots.untyped_storage().nbytes() == moved.key_slots.nbytes

@@ -43,8 +43,12 @@ class PagedStepMetadata:
     sequences: tuple[SequenceSlice, ...]
 
     def to(self, device: torch.device | str) -> PagedStepMetadata:
+        """On `device`, each sequence's key slots in a tensor of its own: built as views of the step's key tensor,
+        they would each pickle that whole tensor when the step is broadcast to the other ranks."""
         sequences = tuple(
-            dataclasses.replace(s, key_slots=s.key_slots.to(device), mask=None if s.mask is None else s.mask.to(device))
+            dataclasses.replace(
+                s, key_slots=s.key_slots.to(device, copy=True), mask=None if s.mask is None else s.mask.to(device)
+            )
             for s in self.sequences
         )
         return PagedStepMetadata(self.slot_mapping.to(device), sequences)
