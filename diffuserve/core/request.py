@@ -189,6 +189,8 @@ class Request:
 
     def known_tokens(self, start: int, end: int) -> list[int]:
         """Final tokens at positions [start, end) < block_start (prompt, then finished blocks)."""
+        if end <= start:  # a step without commits asks for none: no copy of the whole sequence
+            return []
         prompt = self.prompt_token_ids
         return (prompt + self.output_token_ids + self.drafted)[start:end] if end > len(prompt) else prompt[start:end]
 

@@ -252,8 +252,8 @@ class Scheduler:
     def _reserve(self, work: ScheduledRequest, scheduled: list, preempted: list[Request]) -> bool:
         """Makes room for `work`, preempting the youngest unscheduled running requests while the cache is short.
         Returns False if `work`'s own request had to be preempted."""
-        busy = {s.request.request_id for s in scheduled}
         while not self.cache.can_allocate(work):
+            busy = {s.request.request_id for s in scheduled}
             victims = [r for r in self.running if r.request_id not in busy]
             victim = victims[-1]  # `work.request` itself is among them, so never empty
             self._preempt(victim)

@@ -53,7 +53,8 @@ class ScheduledRequest:
     @property
     def num_tokens(self) -> int:
         """The request's own query tokens (commits and block)."""
-        return self.query_end - self.query_start
+        end = self.request.block_end if self.has_block else self.commit_end  # query_end, inlined: a hot path
+        return end - self.commit_start
 
     @property
     def num_score_tokens(self) -> int:

@@ -204,10 +204,13 @@ class PagedKind(CacheKind):
     def allocate(self, work: ScheduledRequest) -> ScheduledRequest:
         """The pages up to the work's last query, plus scratch pages for its scoring variants."""
         request = work.request
+        table = request.pages.setdefault(self.name, [])
+        num_own = max(ceil_div(work.query_end, self.page_size) - len(table), 0)
         num_scratch = ceil_div(work.num_score_tokens, self.page_size)
-        pages = self.pool.allocate(self._pages_needed(work))
-        request.pages[self.name] = request.pages.get(self.name, []) + pages[: len(pages) - num_scratch]
-        request.score_pages[self.name] = pages[len(pages) - num_scratch :]
+        if num_own or num_scratch:  # most steps of a running request need no page: nothing to take or copy
+            pages = self.pool.allocate(num_own + num_scratch)
+            table += pages[:num_own]  # in place: O(new pages), not a copy of the table
+            request.score_pages[self.name] = pages[num_own:]
         return work
 
     def apply(self, work: ScheduledRequest, page_hashes: list[int], num_registered: int) -> None:

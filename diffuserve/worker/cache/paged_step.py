@@ -43,32 +43,56 @@ class PagedStepMetadata:
     sequences: tuple[SequenceSlice, ...]
 
     def to(self, device: torch.device | str) -> PagedStepMetadata:
+        """On `device`, each sequence's key slots in a tensor of its own: built as views of the step's key tensor,
+        they would each pickle that whole tensor when the step is broadcast to the other ranks."""
         sequences = tuple(
-            dataclasses.replace(s, key_slots=s.key_slots.to(device), mask=None if s.mask is None else s.mask.to(device))
+            dataclasses.replace(
+                s, key_slots=s.key_slots.to(device, copy=True), mask=None if s.mask is None else s.mask.to(device)
+            )
             for s in self.sequences
         )
         return PagedStepMetadata(self.slot_mapping.to(device), sequences)
 
 
+@dataclass(frozen=True)
+class _OwnSequence:
+    """A request's own queries, laid out in `build`: its page table is pages [first_page, first_page + num_pages)
+    of the step's concatenated tables; its key slots are positions [first_key, key_end) of that table."""
+
+    first_row: int
+    num_tokens: int
+    first_page: int
+    num_pages: int
+    first_key: int
+    key_end: int
+    query_start: int
+    mask: torch.Tensor | None
+
+
 class PagedMetadataBuilder:
-    """Key slots, slot mapping and masks of one page group (its page tables are `Request.pages[group]`)."""
+    """Key slots, slot mapping and masks of one page group (its page tables are `Request.pages[group]`).
+
+    `add` only records Python ints; `build` turns every added request's page table into slots in a few tensor
+    ops for the whole step (one `torch.tensor` of the concatenated tables, one gather of the key slots split into
+    per-sequence views, one gather of the slot mapping) instead of a tensor build per request. Masks are shared
+    by the sequences of a step with the same query and key ranges (a batch of equal blocks builds one)."""
 
     def __init__(self, group: str, page_size: int, block_length: int, rules: StepRules, device: torch.device):
         self.group, self.page_size, self.block_length = group, page_size, block_length
         self.rules, self.device = rules, device
-        self.slot_mapping: list[torch.Tensor] = []
-        self.sequences: list[SequenceSlice] = []
+        self._pages: list[int] = []
+        """The own sequences' page tables (cut at their last query's page), concatenated."""
+        self._order: list[_OwnSequence | tuple[torch.Tensor, SequenceSlice]] = []
+        """Every sequence in row order: a request's own (laid out in `build`) or one given by `add_sequence`."""
+        self._masks: dict[tuple[int, ...], torch.Tensor | None] = {}
 
     def add(self, work: ScheduledRequest, first_row: int) -> None:
         """The request's own queries (commits and block), starting at batch row `first_row`."""
-        key_slots = self.key_slots(work.request.pages[self.group], work.query_end)
-        self.slot_mapping.append(key_slots[work.query_start :])
-        self.sequences.append(SequenceSlice(first_row, work.num_tokens, key_slots, self._mask(work)))
+        self._add_own(work, first_row, work.request.pages[self.group], 0, self._mask(work))
 
     def add_sequence(self, slot_mapping: torch.Tensor, sequence: SequenceSlice) -> None:
         """Queries laid out by someone else (prompt scoring's variants)."""
-        self.slot_mapping.append(slot_mapping)
-        self.sequences.append(sequence)
+        self._order.append((slot_mapping, sequence))
 
     def key_slots(self, page_ids: list[int], end: int) -> torch.Tensor:
         """[end] long: cache slot of positions 0..end-1 (page * page_size + offset)."""
@@ -77,22 +101,80 @@ class PagedMetadataBuilder:
         return (pages[:, None] * self.page_size + offsets).flatten()[:end]
 
     def build(self) -> PagedStepMetadata:
-        empty = torch.zeros(0, dtype=torch.long, device=self.device)
-        return PagedStepMetadata(torch.cat(self.slot_mapping) if self.slot_mapping else empty, tuple(self.sequences))
+        key_slots, own_mapping = self._lay_out([s for s in self._order if isinstance(s, _OwnSequence)])
+        own_keys = iter(key_slots)
+        pieces: list[torch.Tensor] = []
+        sequences: list[SequenceSlice] = []
+        laid = flushed = 0  # own query tokens seen so far, and those whose slots are in pieces already
+        for entry in self._order:
+            if isinstance(entry, _OwnSequence):
+                sequences.append(SequenceSlice(entry.first_row, entry.num_tokens, next(own_keys), entry.mask))
+                laid += entry.num_tokens
+                continue
+            pieces += [own_mapping[flushed:laid], entry[0]]
+            sequences.append(entry[1])
+            flushed = laid
+        pieces.append(own_mapping[flushed:])
+        return PagedStepMetadata(torch.cat(pieces), tuple(sequences))
+
+    def _add_own(
+        self, work: ScheduledRequest, first_row: int, pages: list[int], first_key: int, mask: torch.Tensor | None
+    ) -> None:
+        """Records a request's own sequence: keys [first_key, query_end) of its page table `pages`."""
+        key_end = work.query_end
+        num_pages = -(-key_end // self.page_size)
+        assert len(pages) >= num_pages, f"{self.group}: {len(pages)} pages hold fewer than {key_end} positions"
+        self._order.append(
+            _OwnSequence(
+                first_row, key_end - work.commit_start, len(self._pages), num_pages, first_key, key_end,
+                work.commit_start, mask,
+            )
+        )  # fmt: skip
+        self._pages += pages[:num_pages]
+
+    def _lay_out(self, own: list[_OwnSequence]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Per own sequence its key slots [L] (views of one tensor), and their slot mapping, concatenated [N].
+
+        slots [P * page_size] = every concatenated page expanded to its slots; sequence s's position p is
+        slots[first_page * page_size + p]: its keys are the run [first_key, key_end), its queries
+        [query_start, key_end), each gathered for the whole step at once."""
+        if not own:
+            return [], torch.zeros(0, dtype=torch.long, device=self.device)
+        size = self.page_size
+        pages = torch.tensor(self._pages, dtype=torch.long, device=self.device)
+        slots = (pages[:, None] * size + torch.arange(size, device=self.device)).flatten()
+        key_lens = [s.key_end - s.first_key for s in own]
+        keys = self._runs(slots, [s.first_page * size + s.first_key for s in own], key_lens)
+        query_lens = [s.key_end - s.query_start for s in own]
+        queries = self._runs(slots, [s.first_page * size + s.query_start for s in own], query_lens)
+        return list(keys.split(key_lens)), queries
+
+    def _runs(self, values: torch.Tensor, starts: list[int], lengths: list[int]) -> torch.Tensor:
+        """values[starts[i] : starts[i] + lengths[i]] for every i, concatenated, in one gather: the index of the
+        j-th element of run i is (starts[i] - the lengths before run i) + its place in the whole."""
+        counts = torch.tensor(lengths, dtype=torch.long, device=self.device)
+        offsets = torch.tensor(starts, dtype=torch.long, device=self.device) - (counts.cumsum(0) - counts)
+        total = sum(lengths)  # given as output_size: no device sync on CUDA
+        index = torch.arange(total, device=self.device) + offsets.repeat_interleave(counts, output_size=total)
+        return values.index_select(0, index)
 
     def _mask(self, work: ScheduledRequest) -> torch.Tensor | None:
-        """[Lq, L] bool, or None when every query sees every key."""
-        num_commit = work.commit_end - work.commit_start
-        queries = torch.arange(work.query_start, work.query_end, device=self.device)
+        """[Lq, L] bool, or None when every query sees every key (shared by equal ranges within the step)."""
+        key = (work.query_start, work.query_end, work.commit_end - work.commit_start)
+        if key not in self._masks:
+            self._masks[key] = self._new_mask(*key)
+        return self._masks[key]
+
+    def _new_mask(self, query_start: int, query_end: int, num_commit: int) -> torch.Tensor | None:
         if not self.rules.causal_commits:
-            return (
-                None
-                if work.num_tokens <= self.block_length
-                else block_causal_mask(queries, work.query_end, self.block_length)
-            )
+            if query_end - query_start <= self.block_length:
+                return None
+            queries = torch.arange(query_start, query_end, device=self.device)
+            return block_causal_mask(queries, query_end, self.block_length)
         if not self.rules.autoregressive and num_commit == 0:
             return None
-        mask = torch.arange(work.query_end, device=self.device)[None, :] <= queries[:, None]
+        queries = torch.arange(query_start, query_end, device=self.device)
+        mask = torch.arange(query_end, device=self.device)[None, :] <= queries[:, None]
         if not self.rules.autoregressive:
             mask[num_commit:] = True
         return mask
@@ -107,20 +189,26 @@ class WindowMetadataBuilder(PagedMetadataBuilder):
     ) -> None:
         super().__init__(group, page_size, block_length, rules, device)
         self.window = window
+        self._windows: dict[tuple[int, ...], torch.Tensor] = {}
 
     def add(self, work: ScheduledRequest, first_row: int) -> None:
         pages = work.request.pages[self.group]
         first = next((i for i, p in enumerate(pages) if p != FREED), len(pages)) * self.page_size
-        key_slots = self.key_slots([p if p != FREED else 0 for p in pages], work.query_end)
-        self.slot_mapping.append(key_slots[work.query_start :])
+        block_start = work.request.block_start if self.rules.block_window_from_start else -1
+        key = (first, work.query_start, work.query_end, work.commit_end - work.commit_start, block_start)
+        if key not in self._windows:
+            self._windows[key] = self._window_mask(work, first, block_start)
+        self._add_own(work, first_row, [p if p != FREED else 0 for p in pages], first, self._windows[key])
+
+    def _window_mask(self, work: ScheduledRequest, first: int, block_start: int) -> torch.Tensor:
+        """[Lq, query_end - first] bool: the window, and the rule, over the kept keys."""
         anchors = torch.arange(work.query_start, work.query_end, device=self.device)
-        if self.rules.block_window_from_start:  # block rows: the window behind the block's first position
-            anchors[work.commit_end - work.commit_start :] = work.request.block_start
+        if block_start >= 0:  # block rows: the window behind the block's first position
+            anchors[work.commit_end - work.commit_start :] = block_start
         keys = torch.arange(first, work.query_end, device=self.device)[None, :]
         visible = anchors[:, None] - keys < self.window
         rule = self._mask(work)
-        mask = visible if rule is None else visible & rule[:, first:]
-        self.sequences.append(SequenceSlice(first_row, work.num_tokens, key_slots[first:], mask))
+        return visible if rule is None else visible & rule[:, first:]
 
 
 @dataclass

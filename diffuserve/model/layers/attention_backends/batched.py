@@ -104,7 +104,8 @@ def _group(members: list[SequenceSlice], heads_per_kv: int) -> QueryGroup:
     device = members[0].key_slots.device
     key_lens = [s.key_slots.shape[0] for s in members]
     slots = pad_sequence([s.key_slots for s in members], batch_first=True)  # [S, L], padded with slot 0
-    rows = torch.cat([torch.arange(s.query_start, s.query_start + q_len, device=device) for s in members])
+    starts = torch.tensor([s.query_start for s in members], device=device)
+    rows = (starts[:, None] + torch.arange(q_len, device=device)).flatten()  # [S * Lq]: one build, not S aranges
     if all(s.mask is None for s in members) and min(key_lens) == max(key_lens):
         return QueryGroup(q_len, rows, slots, None)
     lengths = torch.tensor(key_lens, device=device)
