@@ -25,6 +25,7 @@ from torch import nn
 from diffuserve.eval.tasks import TRAIN_WEIGHTS, heldout_examples, training_batches
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.layers.moe.layer import Router
+from diffuserve.model.loader import load_model
 from diffuserve.model.registry import family_for
 from diffuserve.reference.byte_tokenizer import write_byte_tokenizer
 from diffuserve.reference.random_checkpoint import save_weights
@@ -121,6 +122,9 @@ class TrainConfig:
     """Weight of the router load-balancing loss (keeps every expert in use)."""
     seed: int = 0
     log_every: int = 100
+    init_from: str | None = None
+    """A checkpoint directory of the same family and shape to start from (its weights replace the seeded
+    init; the optimiser starts afresh); None: from scratch."""
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -136,6 +140,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[ModelAr
     torch.manual_seed(cfg.seed)
     family = FAMILIES[cfg.family]
     args, model = family.init(family.config(cfg.shape), cfg.seed)
+    if cfg.init_from:
+        model.load_state_dict(load_model(cfg.init_from)[1].state_dict())
     model.train()
     # 1-D parameters (norm gains; GDN decay rates and preview scalars) are not decayed: decay would pull them, and
     # attention sharpness, to 0.

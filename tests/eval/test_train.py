@@ -5,6 +5,7 @@ SDAR-MoE-shaped one bundled before it."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -48,6 +49,10 @@ def test_training_lowers_the_loss_and_writes_a_servable_checkpoint(tmp_path, fam
     assert type(loaded) is type(model)
     for (name, trained), served in zip(model.state_dict().items(), loaded.state_dict().values()):
         torch.testing.assert_close(served, trained, msg=name)
+    # Continued training starts from the checkpoint's weights (at learning rate 0 it keeps them).
+    _, resumed = train(replace(cfg, steps=1, lr=0.0, init_from=str(out)), log=lines.append)
+    for (name, trained), kept in zip(model.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(kept, trained, msg=name)
     output = LLM(str(out)).chat([{"role": "user", "content": "Copy abc"}], SamplingParams(max_tokens=8))
     assert 1 <= len(output.outputs[0].token_ids) <= 8
 
