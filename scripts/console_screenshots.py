@@ -36,8 +36,9 @@ CHROMIUM_FLAGS = (
 )
 LAPTOP = (1280, 900)
 PHONE = (390, 844)
-CHAT_PROMPT, CHAT_ANSWER = "Sort 8 2 6 4", "2 4 6 8"
-"""What the screenshots show the bundled model answering: a question it gets right (checked before any picture)."""
+CHAT_PROMPT, CHAT_ANSWER = "Sort 5 1 0 2 2 7", "0 1 2 2 5 7"
+"""What the screenshots show the bundled model answering: a question it gets right (checked before any picture),
+whose blocks take more than one denoising step (the denoising view's browser test needs one)."""
 PLAN = {"model": "Clover-35B-A3B", "hardware": "H200", "context": "131072"}
 WAIT_S = 60
 

@@ -40,6 +40,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=defaults.steps, help="optimiser steps")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="examples per step")
     parser.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
+    parser.add_argument(
+        "--next-token-weight",
+        type=float,
+        default=defaults.next_token_weight,
+        help="weight of the next-token loss beside the diffusion loss",
+    )
+    parser.add_argument(
+        "--init-from",
+        default=None,
+        help="checkpoint directory to start from instead of the seeded init (continued training)",
+    )
+    parser.add_argument(
+        "--warmup-steps", type=int, default=defaults.warmup_steps, help="steps of linear learning-rate warm-up"
+    )
+    parser.add_argument("--log-every", type=int, default=defaults.log_every, help="steps between progress lines")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of data, noise and init")
     parser.add_argument(
         "--threads",
@@ -69,7 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         batch_size=args.batch_size,
         lr=args.lr,
+        next_token_weight=args.next_token_weight,
         seed=args.seed,
+        log_every=args.log_every,
+        warmup_steps=args.warmup_steps,
+        init_from=args.init_from,
     )
     start, start_cpu = time.perf_counter(), time.process_time()
     model_args, model = train(cfg, log=lambda line: print(line, flush=True))

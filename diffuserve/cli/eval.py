@@ -1,6 +1,8 @@
 """`diffuserve eval`: held-out exact-match accuracy, TPF and NFE of a model on the synthetic tasks, for a sweep
 of decoders and thresholds (the quality / speed trade-off of diffusion decoding). Prints a table, then one JSON
-line. The model must speak the chat template the tasks were trained in (the bundled default model does).
+line. The sweep ends with verified decoding and the autoregressive reading (block length 1), whose replies must
+be the same (the JSON counts the examples where they are). The model must speak the chat template the tasks were
+trained in (the bundled default model does).
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from diffuserve import LLM
-    from diffuserve.eval.harness import decoding_sweep, evaluate, format_table
+    from diffuserve.eval.harness import AUTOREGRESSIVE, VERIFIED, decoding_sweep, evaluate, format_table, same_replies
     from diffuserve.eval.tasks import GENERATORS, TASKS, heldout_examples
     from diffuserve.model.hub import resolve_model
+    from diffuserve.sampling_params import SamplingParams
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -54,14 +57,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"num_per_task: got {args.num_per_task}, must be >= 1")
     thresholds = _parse_thresholds(args.thresholds)
     quantization = {k: v for k, v in vars(args).items() if k in QUANTIZATION_FIELDS}
-    llm = LLM(
-        resolve_model(args.model), dtype=args.dtype, block_expert_coreset=args.block_expert_coreset, **quantization
-    )
+    options = dict(dtype=args.dtype, block_expert_coreset=args.block_expert_coreset, **quantization)
+    llm = LLM(resolve_model(args.model), **options)
     sweep = decoding_sweep(thresholds, llm.engine.args.block_length)
     if args.default_only:
         sweep = sweep[:1]
     examples = heldout_examples(args.num_per_task, args.seed, tasks)
     results = [evaluate(llm, examples, params, label) for label, params in sweep]
+    if not args.default_only:
+        autoregressive = LLM(resolve_model(args.model), block_length=1, **options)
+        results.append(evaluate(autoregressive, examples, SamplingParams(), AUTOREGRESSIVE))
     print(format_table(results))
     print(
         json.dumps(
@@ -71,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
                 "quantization": llm.engine.config.quantization,
                 "block_expert_coreset": llm.engine.config.block_expert_coreset,
                 "num_examples": len(examples),
+                "verified_replies_equal_autoregressive": same_replies(results, VERIFIED, AUTOREGRESSIVE),
                 "defaults": llm.engine.generation_defaults,
                 "results": [r.summary() for r in results],
             }

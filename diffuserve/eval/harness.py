@@ -31,6 +31,8 @@ class EvalResult:
     num_tokens: int
     """Generated tokens, stop token included."""
     num_forwards: int
+    replies: tuple[str, ...] = ()
+    """Each example's reply, in order (to compare two decodings' outputs)."""
 
     @property
     def accuracy(self) -> float:
@@ -55,14 +57,23 @@ class EvalResult:
         }
 
 
+AUTOREGRESSIVE = "autoregressive"
+"""The label of the row decoded at block length 1 (one token per forward, read from the causal row before it:
+the model's autoregressive reading), by a second engine (`diffuserve eval` builds it)."""
+VERIFIED = "verified"
+"""The label of the row decoded with decoder=verified: threshold drafts kept where the causal rows agree, so its
+replies are the autoregressive row's."""
+
+
 def decoding_sweep(thresholds: Sequence[float], block_length: int) -> list[tuple[str, SamplingParams]]:
     """(label, params) for the model's default decoding, each threshold, the fixed schedule at 1 and 2 tokens a
-    step, and three entropy bounds."""
+    step, three entropy bounds, and verified decoding."""
     sweep = [("default", SamplingParams())]
     sweep += [(f"threshold {t:g}", SamplingParams(decoder="threshold", threshold=t)) for t in thresholds]
     for steps in sorted({block_length, max(1, block_length // 2)}, reverse=True):
         sweep.append((f"fixed {block_length // steps}/step", SamplingParams(decoder="fixed", steps=steps)))
     sweep += [(f"entropy {b:g}", SamplingParams(decoder="entropy", entropy_bound=b)) for b in (0.1, 0.35, 1.0)]
+    sweep.append((VERIFIED, SamplingParams(decoder="verified")))
     return sweep
 
 
@@ -72,6 +83,7 @@ def evaluate(llm: LLM, examples: Sequence[Example], params: SamplingParams, labe
     outputs = llm.chat(conversations, params.replace(max_tokens=MAX_TOKENS))
     correct: dict[str, list[bool]] = {}
     num_tokens = num_forwards = 0
+    replies = tuple(output.outputs[0].text for output in outputs)
     for example, output in zip(examples, outputs):
         completion = output.outputs[0]
         correct.setdefault(example.task, []).append(is_correct(example, completion.text))
@@ -79,7 +91,15 @@ def evaluate(llm: LLM, examples: Sequence[Example], params: SamplingParams, labe
         num_forwards += completion.num_forwards
     by_task = {task: sum(hits) / len(hits) for task, hits in correct.items()}
     num_correct = sum(sum(hits) for hits in correct.values())
-    return EvalResult(label, by_task, len(examples), num_correct, num_tokens, num_forwards)
+    return EvalResult(label, by_task, len(examples), num_correct, num_tokens, num_forwards, replies)
+
+
+def same_replies(results: Sequence[EvalResult], label: str, other: str) -> int | None:
+    """How many examples got the same reply from the rows `label` and `other`; None unless both were run."""
+    rows = {r.label: r for r in results}
+    if label not in rows or other not in rows:
+        return None
+    return sum(a == b for a, b in zip(rows[label].replies, rows[other].replies, strict=True))
 
 
 def format_table(results: Sequence[EvalResult]) -> str:

@@ -110,6 +110,21 @@ def training_stream(seed: int, mix: dict[str, float] | None = None) -> Iterator[
             yield Example(task, prompt, answer)
 
 
+def training_batches(
+    seed: int, batch_size: int, mix: dict[str, float] | None = None, turns: dict[int, float] | None = None
+) -> Iterator[list[tuple[Example, ...]]]:
+    """An endless, seeded stream of training batches of conversations. Each batch draws its number of turns n by
+    `turns` (n -> weight; default: one turn only) and holds batch_size // n conversations of n user / assistant
+    turns, consecutive examples of training_stream(seed, mix): about batch_size turns per batch whatever n, and
+    never a held-out prompt in any turn."""
+    examples = training_stream(seed, mix)
+    rng = random.Random(seed + 1)
+    counts, weights = list(turns or {1: 1.0}), list((turns or {1: 1.0}).values())
+    while True:
+        n = rng.choices(counts, weights)[0]
+        yield [tuple(next(examples) for _ in range(n)) for _ in range(max(1, batch_size // n))]
+
+
 def heldout_examples(num_per_task: int, seed: int = 1234, tasks: list[str] | None = None) -> list[Example]:
     """`num_per_task` distinct held-out examples of each task (default: TASKS, in order), the same for the same
     seed."""

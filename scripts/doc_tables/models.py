@@ -7,7 +7,8 @@ from scripts.doc_tables.cells import Load, pct, table
 
 TASKS = ("add", "reverse", "sort", "copy", "max", "lookup")
 TRAINING_RUNS = {
-    "train-clover-moe-3200": "clover_moe (ships), seed 0, 3,200 steps",
+    "train-clover-moe-chat": "clover_moe (ships): the one below + 1,000 steps, next-token loss, chats",
+    "train-clover-moe-3200": "clover_moe (shipped before), seed 0, 3,200 steps",
     "train-clover-moe-3200-rerun": "clover_moe, seed 0, 3,200 steps (retrained)",
     "train-clover-moe-3200-no-json": "clover_moe, seed 0, 3,200 steps, mix without add_json",
     "train-clover-moe-seed0": "clover_moe, seed 0, 3,000 steps, the sdar mix",

@@ -56,6 +56,11 @@ and max completely by 3,000 steps but not sorting (60 %) or long copies (84.5 %)
 `add_json` (`27+15 in JSON` -> `{"answer": 42}`) teaches the JSON answer a schema constraint asks for; its prompt is
 short so its rows are no longer than a sort's. docs/default-model.md has the runs behind this mix."""
 
+CLOVER_MOE_TURNS: dict[int, float] = {1: 0.5, 2: 0.35, 3: 0.15}
+"""Conversation lengths (eval.tasks.training_batches): half the batches are multi-turn, so that a chat's second
+and third question (`diffuserve chat` sends the history back) is answered as the first; the first model, trained on
+single turns, answered a second question with noise. Longer chats than 3 turns are not trained."""
+
 QK_NORM_GAIN = 2**0.5
 """Initial q_norm / k_norm gain (see sdar_model.QK_NORM_GAIN: unit gains make head-dim-32 attention too flat)."""
 PREVIEW_SHARPNESS = 4.0

@@ -19,6 +19,7 @@ masks its blocks independently: several noise draws share one clean forward, whi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,26 +37,48 @@ CLEAN, PAD = 0, -1
 """Stream ids; noisy copies are 1, 2, ..."""
 
 
-def encode_prompt(user_message: str) -> list[int]:
-    """The ChatML prompt of one user turn, as the byte tokenizer encodes the rendered chat template."""
-    return [
-        IM_START,
-        *b"user\n",
-        *user_message.encode(),
-        IM_END,
-        *b"\n",
-        IM_START,
-        *b"assistant\n",
-    ]
+def encode_turn(role: str, content: str) -> list[int]:
+    """One whole ChatML message, as the chat template renders it: `<|im_start|>role\ncontent<|im_end|>\n`."""
+    return [IM_START, *f"{role}\n".encode(), *content.encode(), IM_END, *b"\n"]
+
+
+def encode_prompt(user_message: str, history: Sequence[Example] = ()) -> list[int]:
+    """The ChatML prompt of a user turn after `history` (earlier turns, each a user message and its answer), as
+    the byte tokenizer encodes the rendered chat template with the generation prompt."""
+    ids = []
+    for turn in history:
+        ids += encode_turn("user", turn.prompt) + encode_turn("assistant", turn.answer)
+    return [*ids, *encode_turn("user", user_message), IM_START, *b"assistant\n"]
+
+
+def encode_conversation(turns: Sequence[Example], block_length: int) -> tuple[list[int], int]:
+    """-> (ids, number of prompt ids) of a conversation whose last turn is the one answered: the earlier turns
+    are its prompt (the history `diffuserve chat` sends back). The reply ends with <|im_end|>, then
+    <|endoftext|> up to the block's end, so the model learns to fill the rest of the final block with stop
+    tokens in few steps."""
+    prompt = encode_prompt(turns[-1].prompt, turns[:-1])
+    ids = [*prompt, *turns[-1].answer.encode(), IM_END]
+    ids += [END_OF_TEXT] * (-len(ids) % block_length)
+    return ids, len(prompt)
 
 
 def encode_example(example: Example, block_length: int) -> tuple[list[int], int]:
-    """-> (ids, number of prompt ids). The reply ends with <|im_end|>, then <|endoftext|> up to the block's end,
-    so the model learns to fill the rest of the final block with stop tokens in few steps."""
-    prompt = encode_prompt(example.prompt)
-    ids = [*prompt, *example.answer.encode(), IM_END]
-    ids += [END_OF_TEXT] * (-len(ids) % block_length)
-    return ids, len(prompt)
+    """A one-turn conversation (encode_conversation)."""
+    return encode_conversation([example], block_length)
+
+
+ASSISTANT_HEADER = [IM_START, *b"assistant\n"]
+
+
+def reply_positions(ids: list[int]) -> list[int]:
+    """The positions of every assistant reply's tokens in a ChatML conversation, each reply's closing
+    <|im_end|> included: the tokens a chat model writes (the padding after the last reply is not)."""
+    positions, inside = [], False
+    for p, token in enumerate(ids):
+        if inside or ids[max(0, p - len(ASSISTANT_HEADER)) : p] == ASSISTANT_HEADER:
+            positions.append(p)
+            inside = token != IM_END
+    return positions
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ One pass computes what the engine computes block by block:
     GDN layers through gdn_preview (right conv taps, block softmax with the history slot), attention layers over
     the clean prefix's K/V before the block plus the whole noisy block.
 The layers' own projections, norms and MoE are used, so the weights trained are the weights served
-(tests/eval/test_hybrid_forward.py checks the noisy rows against the engine's reference decode).
+(tests/eval/test_hybrid_forward.py checks the noisy rows against the engine's reference decode). The clean
+stream's rows also give the next-token loss (reply token p from row p - 1), the reading of the engine's causal
+rows.
 """
 
 from __future__ import annotations
@@ -122,21 +124,38 @@ def predicting_rows(
     return torch.cat([previous[:, None], noisy_hidden[:, :-1]], dim=1)
 
 
-def _masked_logits(model: CloverMoeForBlockDiffusion, batch: HybridBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (logits [N, V] fp32, clean tokens [N]) at the N masked positions."""
-    rows = predicting_rows(model, *hybrid_training_forward(model, batch), batch)
+def next_token_rows(clean_hidden: torch.Tensor, batch: HybridBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (rows [N, H], tokens [N]) at the N reply positions: token p is read from the clean trunk's row p - 1,
+    the causal reading (`forward_causal`'s row p - 1) that verified decoding commits. Position 0 is never a
+    reply token, so every target has a row before it."""
+    targets = batch.clean_targets[:, 1:]
+    selected = targets >= 0
+    return clean_hidden[:, :-1][selected], targets[selected]
+
+
+def _logits(model: CloverMoeForBlockDiffusion, batch: HybridBatch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """-> {"diffusion": (logits [N, V] fp32, clean tokens [N]) at the masked positions of the noisy blocks,
+    "next_token": (logits, tokens) at the reply positions of the clean stream}, from one forward."""
+    clean_hidden, noisy_hidden = hybrid_training_forward(model, batch)
+    rows = predicting_rows(model, clean_hidden, noisy_hidden, batch)
     selected = batch.targets >= 0
-    return model.compute_logits(rows[selected]), batch.targets[selected]
+    causal_rows, causal_targets = next_token_rows(clean_hidden, batch)
+    return {
+        "diffusion": (model.compute_logits(rows[selected]), batch.targets[selected]),
+        "next_token": (model.compute_logits(causal_rows), causal_targets),
+    }
 
 
-def hybrid_diffusion_loss(model: CloverMoeForBlockDiffusion, batch: HybridBatch) -> torch.Tensor:
-    """Mean cross-entropy over masked positions (unweighted, as diffusion_batch.diffusion_loss explains)."""
-    logits, targets = _masked_logits(model, batch)
-    return F.cross_entropy(logits, targets)
+def hybrid_losses(model: CloverMoeForBlockDiffusion, batch: HybridBatch) -> dict[str, torch.Tensor]:
+    """{"diffusion": mean cross-entropy over masked positions (unweighted, as diffusion_batch.diffusion_loss
+    explains), "next_token": mean cross-entropy of the clean stream's reply tokens}."""
+    return {name: F.cross_entropy(logits, targets) for name, (logits, targets) in _logits(model, batch).items()}
 
 
 @torch.no_grad()
-def hybrid_masked_token_accuracy(model: CloverMoeForBlockDiffusion, batch: HybridBatch) -> float:
-    """Share of masked positions whose argmax is the clean token (one forward)."""
-    logits, targets = _masked_logits(model, batch)
-    return (logits.argmax(-1) == targets).float().mean().item()
+def hybrid_token_accuracy(model: CloverMoeForBlockDiffusion, batch: HybridBatch) -> dict[str, float]:
+    """Share of masked positions, and of reply positions read causally, whose argmax is the clean token."""
+    return {
+        name: (logits.argmax(-1) == targets).float().mean().item()
+        for name, (logits, targets) in _logits(model, batch).items()
+    }

@@ -22,17 +22,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diffuserve.eval.tasks import TRAIN_WEIGHTS, heldout_examples, training_stream
+from diffuserve.eval.tasks import TRAIN_WEIGHTS, heldout_examples, training_batches
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.layers.moe.layer import Router
+from diffuserve.model.loader import load_model
 from diffuserve.model.registry import family_for
 from diffuserve.reference.byte_tokenizer import write_byte_tokenizer
 from diffuserve.reference.random_checkpoint import save_weights
 
-from .clover_moe_model import CLOVER_MOE_MIX, CLOVER_MOE_SHAPE, clover_moe_config, init_clover_moe
-from .diffusion_batch import END_OF_TEXT, IM_END, build_batch, diffusion_loss, encode_example, masked_token_accuracy
+from .clover_moe_model import CLOVER_MOE_MIX, CLOVER_MOE_SHAPE, CLOVER_MOE_TURNS, clover_moe_config, init_clover_moe
+from .diffusion_batch import (
+    END_OF_TEXT,
+    IM_END,
+    build_batch,
+    diffusion_loss,
+    encode_conversation,
+    encode_example,
+    masked_token_accuracy,
+)
 from .hybrid_batch import build_hybrid_batch
-from .hybrid_forward import hybrid_diffusion_loss, hybrid_masked_token_accuracy
+from .hybrid_forward import hybrid_losses, hybrid_token_accuracy
 from .sdar_model import SDAR_SHAPE, init_sdar, sdar_config
 
 GENERATION = {"decoder": "threshold", "threshold": 0.9, "temperature": 0.0}
@@ -48,10 +57,15 @@ class TrainingFamily:
     init: Callable[[dict[str, Any], int], tuple[ModelArgs, nn.Module]]
     build_batch: Callable[..., Any]
     """(encoded examples, block length, generator, num_copies) -> a batch for `loss` and `accuracy`."""
-    loss: Callable[[nn.Module, Any], torch.Tensor]
-    accuracy: Callable[[nn.Module, Any], float]
+    loss: Callable[[nn.Module, Any], dict[str, torch.Tensor]]
+    """-> the loss terms: "diffusion" (masked positions of the noisy blocks), and "next_token" (the clean
+    stream's reply tokens, read causally) where the family trains it."""
+    accuracy: Callable[[nn.Module, Any], dict[str, float]]
+    """-> the argmax accuracy of each loss term's predictions (a progress probe)."""
     mix: dict[str, float]
     """Training mix: task -> weight (eval.tasks.training_stream)."""
+    turns: dict[int, float]
+    """Conversation lengths: number of user / assistant turns -> weight (eval.tasks.training_batches)."""
 
 
 FAMILIES: dict[str, TrainingFamily] = {
@@ -61,13 +75,21 @@ FAMILIES: dict[str, TrainingFamily] = {
         clover_moe_config,
         init_clover_moe,
         build_hybrid_batch,
-        hybrid_diffusion_loss,
-        hybrid_masked_token_accuracy,
+        hybrid_losses,
+        hybrid_token_accuracy,
         CLOVER_MOE_MIX,
+        CLOVER_MOE_TURNS,
     ),
     # Block-causal attention everywhere: one two-stream row per example (diffusion_batch).
     "sdar": TrainingFamily(
-        SDAR_SHAPE, sdar_config, init_sdar, build_batch, diffusion_loss, masked_token_accuracy, TRAIN_WEIGHTS
+        SDAR_SHAPE,
+        sdar_config,
+        init_sdar,
+        build_batch,
+        lambda model, batch: {"diffusion": diffusion_loss(model, batch)},
+        lambda model, batch: {"diffusion": masked_token_accuracy(model, batch)},
+        TRAIN_WEIGHTS,
+        {1: 1.0},
     ),
 }
 
@@ -79,10 +101,18 @@ class TrainConfig:
     """The family's shape (FAMILIES[family].shape unless a test or an experiment shrinks it)."""
     mix: dict[str, float] = field(default_factory=dict)
     """Training mix, task -> weight; empty: the family's (FAMILIES[family].mix)."""
+    turns: dict[int, float] = field(default_factory=dict)
+    """Conversation lengths, turns -> weight; empty: the family's (FAMILIES[family].turns)."""
     steps: int = 3200
     batch_size: int = 32
     num_noisy_copies: int = 3
-    """Independently noised copies of each example's answer blocks per row (see diffusion_batch)."""
+    """Independently noised copies of each example's answer blocks per row (see diffusion_batch), per turn: a
+    batch of n-turn conversations has 1/n of the rows and noises each last answer n times as often, so every
+    batch trains about as many noisy blocks as a one-turn batch."""
+    next_token_weight: float = 1.0
+    """Weight of the next-token loss beside the diffusion loss (families that train it). Both are per-token
+    means of the same kind of cross-entropy, and both readings have one right answer on these tasks (the
+    verified decoder keeps a draft only where they agree), so neither is favoured."""
     lr: float = 5e-3
     warmup_steps: int = 100
     decay_fraction: float = 0.25
@@ -92,12 +122,17 @@ class TrainConfig:
     """Weight of the router load-balancing loss (keeps every expert in use)."""
     seed: int = 0
     log_every: int = 100
+    init_from: str | None = None
+    """A checkpoint directory of the same family and shape to start from (its weights replace the seeded
+    init; the optimiser starts afresh); None: from scratch."""
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ValueError(f"family: {self.family!r} is unknown; available: {', '.join(FAMILIES)}")
         if not self.mix:
             object.__setattr__(self, "mix", dict(FAMILIES[self.family].mix))  # recorded in training_config.json
+        if not self.turns:
+            object.__setattr__(self, "turns", dict(FAMILIES[self.family].turns))
 
 
 def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[ModelArgs, nn.Module]:
@@ -105,6 +140,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[ModelAr
     torch.manual_seed(cfg.seed)
     family = FAMILIES[cfg.family]
     args, model = family.init(family.config(cfg.shape), cfg.seed)
+    if cfg.init_from:
+        model.load_state_dict(load_model(cfg.init_from)[1].state_dict())
     model.train()
     # 1-D parameters (norm gains; GDN decay rates and preview scalars) are not decayed: decay would pull them, and
     # attention sharpness, to 0.
@@ -114,39 +151,61 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[ModelAr
     ]
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, cfg))
-    examples = training_stream(cfg.seed, cfg.mix)
+    batches = training_batches(cfg.seed, cfg.batch_size, cfg.mix, cfg.turns)
     generator = torch.Generator().manual_seed(cfg.seed + 1)
     router_stats = _track_routers(model)
     probe = _heldout_probe(family, args.block_length, cfg.seed)
-    start, running = time.perf_counter(), 0.0
+    start = time.perf_counter()
+    running: dict[str, float] = {}
     for step in range(1, cfg.steps + 1):
-        encoded = [encode_example(next(examples), args.block_length) for _ in range(cfg.batch_size)]
+        conversations = next(batches)
+        encoded = [encode_conversation(turns, args.block_length) for turns in conversations]
+        copies = cfg.num_noisy_copies * len(conversations[0])
         router_stats.clear()
-        loss = family.loss(model, family.build_batch(encoded, args.block_length, generator, cfg.num_noisy_copies))
+        terms = family.loss(model, family.build_batch(encoded, args.block_length, generator, copies))
+        loss = terms["diffusion"] + cfg.next_token_weight * terms.get("next_token", 0.0)
         balance = sum(_balance_loss(logits, ids) for logits, ids in router_stats) / len(router_stats)
         optimizer.zero_grad(set_to_none=True)
         (loss + cfg.balance_coef * balance).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        running += loss.item()
+        for name, term in terms.items():
+            running[name] = running.get(name, 0.0) + term.item()
         if step % cfg.log_every == 0 or step == cfg.steps:
-            count = (step - 1) % cfg.log_every + 1
-            model.eval()
-            probe_accuracy = family.accuracy(model, probe)
-            model.train()
-            log(
-                f"step {step}/{cfg.steps}  loss {running / count:.4f}  balance {balance.item():.3f}  "
-                f"held-out masked-token acc {probe_accuracy:.3f}  lr {schedule.get_last_lr()[0]:.2e}  "
-                f"{time.perf_counter() - start:.0f}s"
-            )
-            running = 0.0
+            line = _progress(model, family, probe, step, cfg, running, balance.item(), schedule.get_last_lr()[0])
+            log(f"{line}  {time.perf_counter() - start:.0f}s")
+            running = {}
     return args, model.eval()
 
 
+def _progress(
+    model: nn.Module,
+    family: TrainingFamily,
+    probe: Any,
+    step: int,
+    cfg: TrainConfig,
+    running: dict[str, float],
+    balance: float,
+    lr: float,
+) -> str:
+    """The progress line: running mean of each loss term, held-out accuracy of each reading, learning rate."""
+    count = (step - 1) % cfg.log_every + 1
+    model.eval()
+    accuracy = family.accuracy(model, probe)
+    model.train()
+    losses = "  ".join(f"{name} loss {total / count:.4f}" for name, total in running.items())
+    probes = "  ".join(f"{name} {value:.3f}" for name, value in accuracy.items())
+    return f"step {step}/{cfg.steps}  {losses}  balance {balance:.3f}  held-out token acc: {probes}  lr {lr:.2e}"
+
+
 def _heldout_probe(family: TrainingFamily, block_length: int, seed: int) -> Any:
-    """A fixed batch of held-out examples (10 per task) with fixed noise, to follow progress while training."""
-    encoded = [encode_example(e, block_length) for e in heldout_examples(10, seed=seed + 7)]
+    """A fixed batch of held-out examples (10 per task), and of two-turn conversations of them (pairs of
+    different tasks), with fixed noise, to follow progress while training."""
+    examples = heldout_examples(10, seed=seed + 7)
+    encoded = [encode_example(e, block_length) for e in examples]
+    pairs = zip(examples[: len(examples) // 2], reversed(examples))
+    encoded += [encode_conversation(pair, block_length) for pair in pairs]
     return family.build_batch(encoded, block_length, torch.Generator().manual_seed(seed + 7), 1)
 
 

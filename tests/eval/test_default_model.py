@@ -3,10 +3,14 @@ solves its held-out tasks at its default decoding: a floor that a broken engine 
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 
+import pytest
+
 from diffuserve import LLM, SamplingParams
+from diffuserve.cli.main import main
 from diffuserve.eval.harness import evaluate
 from diffuserve.eval.tasks import heldout_examples
 from diffuserve.model.default_model import DEFAULT_MODEL_DIR
@@ -68,3 +72,13 @@ def test_bundled_model_answers_a_json_request_as_it_does_free():
     messages = [{"role": "user", "content": "27+15 in JSON"}]
     free, forced = llm.chat(messages).outputs[0], llm.chat(messages, constrained).outputs[0]
     assert json.loads(forced.text) == json.loads(free.text) == {"answer": 42}
+
+
+def test_bundled_model_keeps_answering_in_a_chat(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
+    """`diffuserve chat` sends the history back with each message: the second and third questions are answered as
+    the first (the model bundled before, trained on single questions, answered `Sort 7 3 9 1 5` after `42` with
+    `1k5uuq`). The sort has 5 digits: `Sort 7 3 9 1 5 2` is a sorting error of this model even asked alone
+    (`1 2 4 5 7 9`, as the model before it)."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("What is 27+15?\nSort 7 3 9 1 5\nReverse hello\n\n"))
+    assert main(["chat"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["42", "1 3 5 7 9", "olleh"]

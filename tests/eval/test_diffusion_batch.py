@@ -39,8 +39,17 @@ EXAMPLES = [
 def test_prompt_encoding_matches_the_chat_template(tmp_path):
     write_byte_tokenizer(tmp_path, 272)
     tokenizer = Tokenizer(tmp_path)
-    for example in heldout_examples(3):
+    examples = heldout_examples(3)
+    for example in examples:
         assert encode_prompt(example.prompt) == chat_token_ids(tokenizer, [{"role": "user", "content": example.prompt}])
+    # A later turn: the history as `diffuserve chat` sends it back (each reply as the assistant's message).
+    history = [
+        {"role": role, "content": text}
+        for e in examples[:2]
+        for role, text in (("user", e.prompt), ("assistant", e.answer))
+    ]
+    messages = [*history, {"role": "user", "content": examples[2].prompt}]
+    assert encode_prompt(examples[2].prompt, examples[:2]) == chat_token_ids(tokenizer, messages)
 
 
 def test_noisy_blocks_see_what_the_engine_sees():

@@ -24,8 +24,12 @@ def test_eval_sweeps_decoders_on_the_bundled_model(capsys):
         "entropy 0.1",
         "entropy 0.35",
         "entropy 1",
+        "verified",
+        "autoregressive",
     ]
     assert summary["num_examples"] == 8
+    # Verified decoding commits the autoregressive reading: the same reply for every example.
+    assert summary["verified_replies_equal_autoregressive"] == 8
     assert summary["defaults"]["decoder"] == "threshold"
     for result in summary["results"]:
         assert set(result["accuracy_by_task"]) == {"copy", "max"}
@@ -34,6 +38,8 @@ def test_eval_sweeps_decoders_on_the_bundled_model(capsys):
     # One token per step cannot beat one token per forward; the confident default decodes several.
     assert by_label["fixed 1/step"]["tokens_per_forward"] <= 1.0
     assert by_label["default"]["tokens_per_forward"] > 1.0
+    assert by_label["autoregressive"]["tokens_per_forward"] == 1.0
+    assert by_label["verified"]["accuracy"] == by_label["autoregressive"]["accuracy"]
     assert all(label in "\n".join(lines) for label in labels)
 
 

@@ -1,18 +1,20 @@
 """Training matches inference for the hybrid (`clover_moe`) default model: every noisy block of a training batch
 gets exactly the output rows the reference decode computes for that block (causal prefix, then a preview against
-its state), with and without the prediction shift, and only answer positions are ever masked."""
+its state), with and without the prediction shift, and only answer positions are ever masked; the next-token loss
+reads every reply token (of every turn) from the causal row before it, as `forward_causal` gives it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from diffuserve.eval.tasks import Example
 from diffuserve.model.families.clover_moe.config import hybrid_args
 from scripts.training.clover_moe_model import clover_moe_config, init_clover_moe
-from scripts.training.diffusion_batch import MASK, encode_example
+from scripts.training.diffusion_batch import IM_END, MASK, encode_conversation, encode_example, encode_prompt
 from scripts.training.hybrid_batch import build_hybrid_batch
-from scripts.training.hybrid_forward import hybrid_training_forward, predicting_rows
+from scripts.training.hybrid_forward import hybrid_losses, hybrid_training_forward, next_token_rows, predicting_rows
 
 TINY_HYBRID = dict(
     hidden_size=32,
@@ -40,6 +42,8 @@ EXAMPLES = [
     Example("t", "What is 1+2?", "3"),
     Example("t", "Sort 3 1 2", "1 2 3"),
 ]
+CONVERSATIONS = [[EXAMPLES[0]], EXAMPLES[1:], [EXAMPLES[2], EXAMPLES[1], EXAMPLES[0]]]
+"""One, two and three turns: only the last turn is noised, the earlier ones are its prompt."""
 
 
 def _perturbed_model(shift: bool):
@@ -58,7 +62,7 @@ def test_noisy_blocks_get_the_rows_the_reference_decode_reads(shift):
     model = _perturbed_model(shift)
     assert hybrid_args(model.args).prediction_shift is shift
     block = model.args.block_length
-    encoded = [encode_example(e, block) for e in EXAMPLES]
+    encoded = [encode_conversation(turns, block) for turns in CONVERSATIONS]
     batch = build_hybrid_batch(encoded, block, torch.Generator().manual_seed(0), num_copies=2)
     with torch.no_grad():
         clean, noisy = hybrid_training_forward(model, batch)
@@ -91,3 +95,28 @@ def test_only_answer_positions_are_masked():
         assert (batch.targets[m][~masked[m]] == -100).all()
         assert (batch.noisy_ids[m][~masked[m]] == clean[~masked[m]]).all()
         assert (batch.clean_ids[row, : len(ids)] == torch.tensor(ids)).all()
+
+
+def test_next_token_loss_reads_every_reply_token_from_the_causal_row_before_it():
+    """The next-token logits are forward_causal's row p - 1 of each conversation alone (no padding), at every
+    reply token p of every turn (its <|im_end|> included, no prompt token, no padding)."""
+    model = _perturbed_model(True)
+    block = model.args.block_length
+    encoded = [encode_conversation(turns, block) for turns in CONVERSATIONS]
+    batch = build_hybrid_batch(encoded, block, torch.Generator().manual_seed(0), num_copies=1)
+    expected_logits, expected_tokens = [], []
+    with torch.no_grad():
+        rows, tokens = next_token_rows(hybrid_training_forward(model, batch)[0], batch)
+        for (ids, _), turns in zip(encoded, CONVERSATIONS):
+            hidden, _ = model.forward_causal(torch.tensor([ids]))
+            for i, turn in enumerate(turns):
+                start = len(encode_prompt(turn.prompt, turns[:i]))  # the turn's reply starts here
+                reply = [*turn.answer.encode(), IM_END]
+                assert ids[start : start + len(reply)] == reply
+                expected_logits.append(model.compute_logits(hidden[0, start - 1 : start - 1 + len(reply)]))
+                expected_tokens += reply
+        expected = torch.cat(expected_logits)
+        torch.testing.assert_close(model.compute_logits(rows), expected, rtol=1e-4, atol=1e-5)
+        assert tokens.tolist() == expected_tokens
+        loss = hybrid_losses(model, batch)["next_token"]
+        torch.testing.assert_close(loss, F.cross_entropy(expected, torch.tensor(expected_tokens)), rtol=1e-4, atol=1e-5)

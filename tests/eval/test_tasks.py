@@ -14,9 +14,10 @@ from diffuserve.eval.tasks import (
     heldout_examples,
     is_correct,
     is_heldout,
+    training_batches,
     training_stream,
 )
-from scripts.training.clover_moe_model import CLOVER_MOE_MIX
+from scripts.training.clover_moe_model import CLOVER_MOE_MIX, CLOVER_MOE_TURNS
 
 
 def _solve(example: Example) -> str:
@@ -78,3 +79,20 @@ def test_training_never_sees_a_heldout_prompt():
     )
     assert not any(is_heldout(e.task, e.prompt) for e in train)
     assert not {(e.task, e.prompt) for e in heldout} & {(e.task, e.prompt) for e in train}
+
+
+def test_no_turn_of_a_training_conversation_is_heldout():
+    """Multi-turn training conversations: every turn's prompt obeys the held-out rule, the batches have about
+    batch_size turns whatever their number of turns, and the bundled model's mix of lengths is drawn."""
+    heldout = {(e.task, e.prompt) for e in heldout_examples(30) + heldout_examples(30, tasks=["add_json"])}
+    batches = list(itertools.islice(training_batches(0, 32, CLOVER_MOE_MIX, CLOVER_MOE_TURNS), 300))
+    lengths = set()
+    for batch in batches:
+        n = len(batch[0])
+        lengths.add(n)
+        assert all(len(turns) == n for turns in batch) and len(batch) == 32 // n
+        for turns in batch:
+            assert not any(is_heldout(e.task, e.prompt) for e in turns), turns
+            assert not heldout & {(e.task, e.prompt) for e in turns}
+    assert lengths == set(CLOVER_MOE_TURNS)
+    assert batches == list(itertools.islice(training_batches(0, 32, CLOVER_MOE_MIX, CLOVER_MOE_TURNS), 300))

@@ -48,9 +48,9 @@ def test_tpf_precedence_and_the_measured_default_is_the_results_file():
     derived, source = verified_tpf(None, 0.5, 2.0, 2)
     assert derived == pytest.approx(0.8) and "acceptance rate 0.5" in source
     measured, source = verified_tpf(None, None, 2.0, 32)
-    record = json.loads((ROOT / "docs" / "results" / "compare-verified.json").read_text())
-    variant = record["result"]["results"][0]["variants"]["verified"]
-    assert measured == MEASURED_VERIFIED_TPF == variant["tpf"] and "compare-verified.json" in source
+    record = json.loads((ROOT / "docs" / "results" / "eval.json").read_text())
+    verified = next(row for row in record["result"]["results"] if row["decoding"] == "verified")
+    assert measured == MEASURED_VERIFIED_TPF == verified["tokens_per_forward"] and "eval.json" in source
     assert verified_tpf(None, None, 2.0, 1)[0] == 1  # never above the block
 
 

@@ -18,7 +18,17 @@ from diffuserve.model.default_model import DEFAULT_MODEL_DIR
 from diffuserve.server.config import ServerConfig
 from tests.server.conftest import API_KEY, LiveServer
 
-LONG = {"prompt": "Once upon 4", "max_tokens": 400, "ignore_eos": True, "decoder": "fixed", "steps": 4, "stream": True}
+LONG = {
+    "prompt": "Once upon 4",
+    "max_tokens": 400,
+    "ignore_eos": True,
+    "decoder": "fixed",
+    "steps": 4,
+    "stream": True,
+    "skip_special_tokens": False,
+}
+"""A long request that streams text from its first block on: past its reply the bundled model writes
+<|endoftext|>, which streams only as text when special tokens are kept."""
 
 
 def _get(server: LiveServer, path: str) -> httpx.Response:
