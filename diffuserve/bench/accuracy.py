@@ -14,18 +14,17 @@ THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95)
 def accuracy_vs_tpf(model_dir: str | Path, num_per_task: int, dtype: str, device: str) -> list[dict[str, Any]]:
     """One row per decoding: exact-match accuracy, TPF and NFE per example on the held-out task examples
     `diffuserve eval` scores (its default selection seed, so the two commands agree)."""
-    from diffuserve.eval.harness import decoding_sweep, evaluate
+    from diffuserve.eval.harness import decoding_sweep, evaluate_sweep
     from diffuserve.eval.tasks import heldout_examples
     from diffuserve.llm import LLM
 
     llm = LLM(str(model_dir), dtype=dtype, device=device)
     examples = heldout_examples(num_per_task)
     rows = []
-    for label, params in decoding_sweep(THRESHOLDS, llm.engine.args.block_length):
-        r = evaluate(llm, examples, params, label)
+    for r in evaluate_sweep(llm, examples, decoding_sweep(THRESHOLDS, llm.engine.args.block_length)):
         rows.append(
             {
-                "decoding": label,
+                "decoding": r.label,
                 "accuracy": r.accuracy,
                 "tokens_per_forward": r.tokens_per_forward,
                 "nfe_per_example": r.forwards_per_example,

@@ -42,7 +42,15 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from diffuserve import LLM
-    from diffuserve.eval.harness import AUTOREGRESSIVE, VERIFIED, decoding_sweep, evaluate, format_table, same_replies
+    from diffuserve.eval.harness import (
+        AUTOREGRESSIVE,
+        VERIFIED_ROWS,
+        decoding_sweep,
+        evaluate,
+        evaluate_sweep,
+        format_table,
+        same_replies,
+    )
     from diffuserve.eval.tasks import GENERATORS, TASKS, heldout_examples
     from diffuserve.model.hub import resolve_model
     from diffuserve.sampling_params import SamplingParams
@@ -63,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if args.default_only:
         sweep = sweep[:1]
     examples = heldout_examples(args.num_per_task, args.seed, tasks)
-    results = [evaluate(llm, examples, params, label) for label, params in sweep]
+    results = evaluate_sweep(llm, examples, sweep)
     if not args.default_only:
         autoregressive = LLM(resolve_model(args.model), block_length=1, **options)
         results.append(evaluate(autoregressive, examples, SamplingParams(), AUTOREGRESSIVE))
@@ -76,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
                 "quantization": llm.engine.config.quantization,
                 "block_expert_coreset": llm.engine.config.block_expert_coreset,
                 "num_examples": len(examples),
-                "verified_replies_equal_autoregressive": same_replies(results, VERIFIED, AUTOREGRESSIVE),
+                "verified_replies_equal_autoregressive": same_replies(results, VERIFIED_ROWS, AUTOREGRESSIVE),
                 "defaults": llm.engine.generation_defaults,
                 "results": [r.summary() for r in results],
             }

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from diffuserve.errors import UnsupportedParameter
 from diffuserve.eval.tasks import Example, is_correct
 from diffuserve.sampling_params import SamplingParams
 
@@ -63,17 +64,22 @@ the model's autoregressive reading), by a second engine (`diffuserve eval` build
 VERIFIED = "verified"
 """The label of the row decoded with decoder=verified: threshold drafts kept where the causal rows agree, so its
 replies are the autoregressive row's."""
+VERIFIED_DRAFT_THRESHOLD = 0.5
+"""The second verified row drafts at this threshold: more drafts per forward, more of them rejected, the same
+replies (the causal check decides every token), so the draft threshold only trades speed."""
+VERIFIED_ROWS = (VERIFIED, f"verified, drafts at {VERIFIED_DRAFT_THRESHOLD:g}")
 
 
 def decoding_sweep(thresholds: Sequence[float], block_length: int) -> list[tuple[str, SamplingParams]]:
     """(label, params) for the model's default decoding, each threshold, the fixed schedule at 1 and 2 tokens a
-    step, three entropy bounds, and verified decoding."""
+    step, three entropy bounds, and verified decoding (drafts at the default threshold and at a low one)."""
     sweep = [("default", SamplingParams())]
     sweep += [(f"threshold {t:g}", SamplingParams(decoder="threshold", threshold=t)) for t in thresholds]
     for steps in sorted({block_length, max(1, block_length // 2)}, reverse=True):
         sweep.append((f"fixed {block_length // steps}/step", SamplingParams(decoder="fixed", steps=steps)))
     sweep += [(f"entropy {b:g}", SamplingParams(decoder="entropy", entropy_bound=b)) for b in (0.1, 0.35, 1.0)]
     sweep.append((VERIFIED, SamplingParams(decoder="verified")))
+    sweep.append((VERIFIED_ROWS[1], SamplingParams(decoder="verified", threshold=VERIFIED_DRAFT_THRESHOLD)))
     return sweep
 
 
@@ -94,23 +100,39 @@ def evaluate(llm: LLM, examples: Sequence[Example], params: SamplingParams, labe
     return EvalResult(label, by_task, len(examples), num_correct, num_tokens, num_forwards, replies)
 
 
-def same_replies(results: Sequence[EvalResult], label: str, other: str) -> int | None:
-    """How many examples got the same reply from the rows `label` and `other`; None unless both were run."""
+def evaluate_sweep(
+    llm: LLM, examples: Sequence[Example], sweep: Sequence[tuple[str, SamplingParams]]
+) -> list[EvalResult]:
+    """`evaluate` for each row of `sweep`, leaving out the rows whose decoder the model refuses (verified decoding
+    on a model whose causal rows predict no next token: SDAR, LLaDA2)."""
+    results = []
+    for label, params in sweep:
+        try:
+            results.append(evaluate(llm, examples, params, label))
+        except UnsupportedParameter:
+            continue
+    return results
+
+
+def same_replies(results: Sequence[EvalResult], labels: Sequence[str], other: str) -> int | None:
+    """How many examples got the same reply from `other` and every row of `labels`; None unless all were run."""
     rows = {r.label: r for r in results}
-    if label not in rows or other not in rows:
+    if other not in rows or any(label not in rows for label in labels):
         return None
-    return sum(a == b for a, b in zip(rows[label].replies, rows[other].replies, strict=True))
+    replies = zip(rows[other].replies, *(rows[label].replies for label in labels), strict=True)
+    return sum(len(set(per_row)) == 1 for per_row in replies)
 
 
 def format_table(results: Sequence[EvalResult]) -> str:
     """A fixed-width table: one row per decoding, accuracy overall and per task, TPF and NFE per example."""
     tasks = list(results[0].accuracy_by_task)
-    header = f"{'decoding':<18} {'acc':>6} " + " ".join(f"{t:>7}" for t in tasks) + f" {'TPF':>5} {'NFE/ex':>7}"
+    width = max(18, *(len(r.label) for r in results))
+    header = f"{'decoding':<{width}} {'acc':>6} " + " ".join(f"{t:>7}" for t in tasks) + f" {'TPF':>5} {'NFE/ex':>7}"
     rows = [header, "-" * len(header)]
     for r in results:
         per_task = " ".join(f"{100 * r.accuracy_by_task[t]:6.1f}%" for t in tasks)
         rows.append(
-            f"{r.label:<18} {100 * r.accuracy:5.1f}% {per_task} {r.tokens_per_forward:5.2f} "
+            f"{r.label:<{width}} {100 * r.accuracy:5.1f}% {per_task} {r.tokens_per_forward:5.2f} "
             f"{r.forwards_per_example:7.2f}"
         )
     return "\n".join(rows)

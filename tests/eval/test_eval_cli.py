@@ -25,10 +25,11 @@ def test_eval_sweeps_decoders_on_the_bundled_model(capsys):
         "entropy 0.35",
         "entropy 1",
         "verified",
+        "verified, drafts at 0.5",
         "autoregressive",
     ]
     assert summary["num_examples"] == 8
-    # Verified decoding commits the autoregressive reading: the same reply for every example.
+    # Verified decoding commits the autoregressive reading, whatever the drafts: the same reply for every example.
     assert summary["verified_replies_equal_autoregressive"] == 8
     assert summary["defaults"]["decoder"] == "threshold"
     for result in summary["results"]:
@@ -40,6 +41,7 @@ def test_eval_sweeps_decoders_on_the_bundled_model(capsys):
     assert by_label["default"]["tokens_per_forward"] > 1.0
     assert by_label["autoregressive"]["tokens_per_forward"] == 1.0
     assert by_label["verified"]["accuracy"] == by_label["autoregressive"]["accuracy"]
+    assert by_label["verified, drafts at 0.5"]["accuracy"] == by_label["autoregressive"]["accuracy"]
     assert all(label in "\n".join(lines) for label in labels)
 
 
