@@ -1,5 +1,7 @@
 """MaskDecoder: a masked block decoded by one of the mask policies (threshold, fixed, entropy, edit): propose a
-token at each position read, let the policy decide which to write."""
+token at each position read, let the policy decide which to write. `decode_blocks` decodes a logits chunk's blocks
+at once: those in the common case (greedy, no logprobs, no penalties or grammar, a batched policy) in one pass
+(mask_batch.py), the others one by one."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import torch
 
 from diffuserve.core.request import Request
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
+from diffuserve.decoding.mask_batch import BATCHED_RULES, decode_greedy_blocks
 from diffuserve.decoding.mask_policies import MaskPolicy, propose
 from diffuserve.decoding.protocol import BlockDecode
 from diffuserve.sampling_params import ResolvedSamplingParams
@@ -46,6 +49,57 @@ class MaskDecoder:
             proposal, canvas, canvas == request.mask_token_id, request.step_in_block, params, self.block_length
         )
         return BlockDecode(proposal.write(write.nonzero().flatten()))
+
+    def decode_blocks(
+        self, requests: list[Request], rows: torch.Tensor, generators: RequestGenerators
+    ) -> list[BlockDecode]:
+        """rows [N, V] fp32: each block's rows at its `read_positions`, request after request -> what each writes,
+        the common case's blocks decoded in one pass and the others by `decode`."""
+        positions = [self.read_positions(r) for r in requests]
+        starts = [0]
+        for read in positions:
+            starts.append(starts[-1] + len(read))
+        params = [self.draft_params(r) for r in requests]
+        batched: list[int] = []
+        if requests and self._batches(rows.device):
+            mask_token_id = requests[0].mask_token_id  # one pass decodes one mask token's blocks
+            batched = [i for i, r in enumerate(requests) if self._batchable(r, params[i], mask_token_id)]
+        decoded: list[BlockDecode | None] = [None] * len(requests)
+        if batched:
+            taken = rows
+            if len(batched) < len(requests):  # the common case's rows only
+                index = [row for i in batched for row in range(starts[i], starts[i + 1])]
+                taken = rows.index_select(0, torch.tensor(index, dtype=torch.long, device=rows.device))
+            chosen = [requests[i] for i in batched]
+            writes = decode_greedy_blocks(self.policy, chosen, [params[i] for i in batched], taken)
+            for i, write in zip(batched, writes, strict=True):
+                decoded[i] = BlockDecode(write)
+        for i, request in enumerate(requests):
+            if decoded[i] is None:
+                decoded[i] = self.decode(request, rows[starts[i] : starts[i + 1]], positions[i], generators)
+        return [d for d in decoded if d is not None]
+
+    def _batches(self, device: torch.device) -> bool:
+        """Whether this decoder has a batched pass: its policy has a batched rule (entropy only on the CPU, whose
+        row sums do not depend on how many rows are summed; a GPU reduction's order can), and `decode` is this
+        class's (a subclass's own `decode` is not what the batched pass computes)."""
+        entropy_ok = not self.policy.needs_entropy or device.type == "cpu"
+        return type(self.policy) in BATCHED_RULES and entropy_ok and type(self).decode is MaskDecoder.decode
+
+    @staticmethod
+    def _batchable(request: Request, params: ResolvedSamplingParams, mask_token_id: int) -> bool:
+        """Whether the request's block decodes in the batched pass exactly as `decode` would: greedy, no logprobs,
+        penalties or grammar (their wrappers never call decode_blocks; checked anyway), no stop ids forbidden
+        below min_tokens, and the pass's mask token."""
+        early = bool(params.stop_ids) and request.block_start - request.num_prompt_tokens < params.min_tokens
+        return (
+            params.is_greedy
+            and params.logprobs is None
+            and not params.has_penalties
+            and params.structured_outputs is None
+            and not early
+            and request.mask_token_id == mask_token_id
+        )
 
     def draft_params(self, request: Request) -> ResolvedSamplingParams:
         """The parameters the block is proposed and decided with: the request's."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -54,6 +55,13 @@ class Proposal:
         if self.logprobs is None:
             return BlockWrite(accepted)
         return BlockWrite(accepted, token_logprobs(self.logprobs, self.tokens, indices))
+
+
+class HasThreshold(Protocol):
+    """What the threshold rule reads of a request's parameters (a batch's: a [R, 1] tensor, one per row)."""
+
+    @property
+    def threshold(self) -> float | torch.Tensor: ...
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -196,8 +204,13 @@ class ThresholdDecoder(MaskPolicy):
 
     def select(self, proposal: Proposal, step: int, params: ResolvedSamplingParams, block_length: int) -> torch.Tensor:
         count = self.min_count(step, params, block_length)
-        above = proposal.confidence > params.threshold
+        above = self.passes(proposal.confidence, params)
         return above if int(above.sum()) >= count else top_k_mask(proposal.confidence, count)
+
+    def passes(self, confidence: torch.Tensor, params: HasThreshold) -> torch.Tensor:
+        """[B] (or [R, B] against [R, 1] thresholds: mask_batch.py) bool: the proposals strictly above the
+        threshold, compared in the confidence's dtype (a Python float threshold is rounded to it)."""
+        return confidence > params.threshold
 
 
 class FixedStepsDecoder(MaskPolicy):

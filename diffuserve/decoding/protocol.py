@@ -7,7 +7,8 @@
     release          forget a finished request's per-request state (canvases, grammar matchers)
 
 A `BatchDecoder` also decodes many blocks in one call (`decode_blocks`: the renoise decoder, whose blocks all read
-every position); the runner hands it all of its blocks of a logits chunk at once.
+every position, and the mask decoders, whose greedy blocks decode in one pass); the runner hands it all of its
+blocks of a logits chunk at once.
 
 A decoder is resolved once per request (registry.py, which also validates the request against it) and shared by
 every request it was resolved for; its per-request state is keyed by request id.
@@ -61,5 +62,6 @@ class BatchDecoder(Decoder, Protocol):
     def decode_blocks(
         self, requests: list[Request], rows: torch.Tensor, generators: RequestGenerators
     ) -> list[BlockDecode]:
-        """rows [B x block_length, V] fp32: whole blocks' logits, request after request -> what each writes."""
+        """rows [N, V] fp32: each block's logits at its `read_positions`, request after request (for renoise
+        canvases, which read every position, [B x block_length, V]) -> what each writes, as `decode` would."""
         ...

@@ -1,0 +1,141 @@
+"""Greedy mask decoding of many blocks in one vectorised pass: the common case of the threshold, fixed and entropy
+policies (temperature 0, no logprobs), which `MaskDecoder.decode_blocks` hands here instead of decoding block by
+block. Knows the policies' rules, not which requests qualify (mask.py decides that).
+
+Every block's rows are its masked positions' logits, ascending, request after request; the blocks are laid out as
+canvases [R, B] (B the block length), -inf confidence and +inf entropy at positions not read, so each row holds
+exactly the tensor a per-request `propose` builds for that block. Each policy's rule is then applied to all rows
+at once with the per-request path's own operations, row-wise (`topk` on each row with that row's k, a stable sort,
+a sequential cumsum), so ties break as they do there; mask_policies.py stays the one statement of the rules, and
+tests/decoding/test_mask_batch.py checks this module against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from diffuserve.core.request import Request
+from diffuserve.core.writes import BlockWrite
+from diffuserve.decoding.mask_policies import (
+    EntropyBoundDecoder,
+    FixedStepsDecoder,
+    MaskPolicy,
+    ThresholdDecoder,
+    best_token,
+)
+from diffuserve.sampling_params import ResolvedSamplingParams
+
+
+def decode_greedy_blocks(
+    policy: MaskPolicy, requests: list[Request], params: list[ResolvedSamplingParams], rows: torch.Tensor
+) -> list[BlockWrite]:
+    """rows [N, V] fp32: the blocks' logits at their masked positions, request after request (the mask token's
+    logit kept, as `propose` wants it) -> each request's write, equal to the per-request decode's."""
+    block_length, device = requests[0].block_length, rows.device
+    mask_token_id = requests[0].mask_token_id  # the caller passes one mask token's blocks
+    num_masked = [r.canvas.count(mask_token_id) for r in requests]
+    assert sum(num_masked) == rows.shape[0], "one logits row per masked position"
+    canvas = torch.tensor([r.canvas for r in requests], dtype=torch.long, device=device)  # [R, B]
+    read = (canvas == mask_token_id).view(-1).nonzero().flatten()  # [N] flat canvas index of each row, in order
+    never = mask_token_id if 0 <= mask_token_id < rows.shape[-1] else None
+    probs = torch.softmax(rows, dim=-1)  # [N, V], the mask token included (as `propose` at temperature 0)
+    tokens = best_token(rows, never)
+    shape = (len(requests), block_length)
+    proposed = torch.zeros(shape, dtype=torch.long, device=device)
+    proposed.view(-1)[read] = tokens
+    confidence = torch.full(shape, float("-inf"), device=device)
+    confidence.view(-1)[read] = probs.gather(-1, tokens[:, None]).squeeze(-1)
+    entropy = None
+    if policy.needs_entropy:
+        entropy = torch.full(shape, float("inf"), device=device)
+        entropy.view(-1)[read] = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+    schedule = [policy.min_count(r.step_in_block, p, block_length) for r, p in zip(requests, params, strict=True)]
+    write = BATCHED_RULES[type(policy)](policy, confidence, entropy, num_masked, schedule, params)  # [R, B] bool
+    table = torch.where(write, proposed, -1).tolist()  # one transfer
+    return [BlockWrite([(i, t) for i, t in enumerate(row) if t >= 0]) for row in table]
+
+
+@dataclass(frozen=True)
+class _Thresholds:
+    threshold: torch.Tensor
+    """[R, 1]: each row's threshold, in the confidence's dtype."""
+
+
+def top_k_rows(confidence: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """[R, B] bool with row r's ks[r] most confident positions set: `topk` of each row with its own k (rows that
+    share a k in one call; a row's picks among ties depend on k, never on the other rows)."""
+    accept = torch.zeros_like(confidence, dtype=torch.bool)
+    for k in sorted(set(ks) - {0}):
+        if all(each == k for each in ks):
+            accept.scatter_(1, torch.topk(confidence, k, dim=1).indices, True)
+            break
+        chosen = torch.tensor([r for r, each in enumerate(ks) if each == k], device=confidence.device)
+        picks = torch.topk(confidence[chosen], k, dim=1).indices  # [r_k, k]
+        accept[chosen[:, None], picks] = True
+    return accept
+
+
+def _fixed(
+    policy: MaskPolicy,
+    confidence: torch.Tensor,
+    entropy: torch.Tensor | None,
+    num_masked: list[int],
+    schedule: list[int],
+    params: list[ResolvedSamplingParams],
+) -> torch.Tensor:
+    """FixedStepsDecoder: the schedule's count of most confident, clamped to the masked count (top_k_mask)."""
+    return top_k_rows(confidence, [min(c, m) for c, m in zip(schedule, num_masked, strict=True)])
+
+
+def _threshold(
+    policy: MaskPolicy,
+    confidence: torch.Tensor,
+    entropy: torch.Tensor | None,
+    num_masked: list[int],
+    schedule: list[int],
+    params: list[ResolvedSamplingParams],
+) -> torch.Tensor:
+    """ThresholdDecoder: every proposal that `passes` (above the threshold, strictly, in the confidence's dtype),
+    unless fewer than the schedule's count pass: then that count of most confident."""
+    assert isinstance(policy, ThresholdDecoder)
+    threshold = torch.tensor([p.threshold for p in params], dtype=confidence.dtype, device=confidence.device)
+    above = policy.passes(confidence, _Thresholds(threshold[:, None]))  # the rule's one statement
+    enough = above.sum(dim=1) >= torch.tensor(schedule, device=confidence.device)
+    return torch.where(enough[:, None], above, _fixed(policy, confidence, entropy, num_masked, schedule, params))
+
+
+def _entropy(
+    policy: MaskPolicy,
+    confidence: torch.Tensor,
+    entropy: torch.Tensor | None,
+    num_masked: list[int],
+    schedule: list[int],
+    params: list[ResolvedSamplingParams],
+) -> torch.Tensor:
+    """EntropyBoundDecoder: the longest prefix of the masked positions by ascending entropy (stable) whose sum
+    less its largest member stays within the bound; at least one."""
+    assert entropy is not None, "the entropy rule needs the proposals' entropies"
+    order = torch.sort(entropy, dim=1, stable=True).indices  # [R, B]: the masked first (the rest are +inf)
+    ranked = entropy.gather(1, order)
+    excess = torch.cumsum(ranked, dim=1) - ranked  # a row's masked prefix holds the per-request cumsum's values
+    bound = torch.tensor([p.entropy_bound for p in params], dtype=entropy.dtype, device=entropy.device)
+    rank = torch.arange(entropy.shape[1], device=entropy.device)[None, :]
+    valid = rank < torch.tensor(num_masked, device=entropy.device)[:, None]
+    count = ((excess <= bound[:, None]) & valid).sum(dim=1).clamp_min(1)
+    return torch.zeros_like(valid).scatter_(1, order, valid & (rank < count[:, None]))
+
+
+BatchedRule = Callable[
+    [MaskPolicy, torch.Tensor, torch.Tensor | None, list[int], list[int], list[ResolvedSamplingParams]], torch.Tensor
+]
+BATCHED_RULES: dict[type[MaskPolicy], BatchedRule] = {
+    ThresholdDecoder: _threshold,
+    FixedStepsDecoder: _fixed,
+    EntropyBoundDecoder: _entropy,
+}
+"""The policies decoded here, by exact type, with (the policy, confidence [R, B], entropy [R, B] or None, masked
+count per row, the schedule's count per row, params) -> [R, B] bool written. Not the edit policy (a ThresholdDecoder
+subclass): it reads and rewrites decided positions too."""
