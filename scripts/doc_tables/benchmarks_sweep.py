@@ -1,5 +1,7 @@
 """The `bench sweep` table of docs/benchmarks.md (issue 36): per family, the engine against its batched peer at each
-concurrency and workload, with the command that produced it (results sweep-<family>)."""
+concurrency and workload, with the command that produced it (results sweep-<family>), and, where an earlier run of
+the same command is kept (results sweep-<family>-<git>), that run's engine / peer ratio and overhead beside each
+row."""
 
 from __future__ import annotations
 
@@ -10,6 +12,15 @@ from scripts.doc_tables.cells import Load, ms, sig3, table
 FAMILIES = ("sdar", "llada2", "clover", "diffusiongemma", "sdar-bench", "clover-bench")
 """The results files sweep-<name>, in the order the tables show them (sdar-bench, clover-bench: the bench shapes,
 16 and 64 concurrent)."""
+BEFORE = {
+    "sdar": "sdar-7357189",
+    "llada2": "llada2-7357189",
+    "clover": "clover-63e3794",
+    "diffusiongemma": "diffusiongemma-7357189",
+}
+"""Family -> the results file sweep-<family>-<commit> of the same command on the code of an earlier commit (7357189
+and 63e3794: before the step's paged metadata was built as tensors, the batched renoise draws and the batched
+greedy mask decode)."""
 HEADERS = [
     "reading: peer",
     "workload",
@@ -46,6 +57,14 @@ def _verdict(text: str, row: dict[str, Any], targets: list[dict[str, Any]], what
     return text
 
 
+def _before(row: dict[str, Any], before: dict[tuple[str, str, int], dict[str, Any]]) -> list[str]:
+    """The earlier run's ratio and overhead on the row's reading, workload and concurrency (– where it has none)."""
+    old = before.get((row["reading"], row["workload"], row["concurrency"]))
+    if old is None:
+        return ["–", "–"]
+    return [f"{old['ratio']:.2f}x", f"{100 * old['engine']['overhead_fraction']:.0f} %"]
+
+
 def _row(row: dict[str, Any], targets: list[dict[str, Any]]) -> list[str]:
     e, p = row["engine"], row["peer_result"]
     same = "–" if row["same_tokens"] is None else ("yes" if row["same_tokens"] else "no")
@@ -67,12 +86,22 @@ def _row(row: dict[str, Any], targets: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def _family(load: Load, family: str) -> str:
+    """One family's heading (model, commit, command) and table, with the earlier run's columns where BEFORE has one."""
+    data = load(f"sweep-{family}")
+    result = data["result"]
+    rows = [_row(r, result["targets"]) for r in result["results"]]
+    headers = HEADERS
+    if family in BEFORE:
+        old = load(f"sweep-{BEFORE[family]}")
+        before = {(r["reading"], r["workload"], r["concurrency"]): r for r in old["result"]["results"]}
+        rows = [cells + _before(r, before) for cells, r in zip(rows, result["results"], strict=True)]
+        commit = BEFORE[family].rsplit("-", 1)[1]
+        headers = [*HEADERS, f"before ({commit}): engine / peer", "before: overhead"]
+    git = f", git {data['git']}" if data.get("git") else ""
+    head = f"**{result['workload']['family']}** ({result['model']['name']}{git}): `{data['command']}`"
+    return f"{head}\n\n{table(headers, rows)}"
+
+
 def sweep(load: Load) -> str:
-    parts = []
-    for family in FAMILIES:
-        data = load(f"sweep-{family}")
-        result = data["result"]
-        model = result["model"]["name"]
-        rows = [_row(r, result["targets"]) for r in result["results"]]
-        parts.append(f"**{result['workload']['family']}** ({model}): `{data['command']}`\n\n{table(HEADERS, rows)}")
-    return "\n\n".join(parts)
+    return "\n\n".join(_family(load, family) for family in FAMILIES)
