@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from diffuserve.cli.arg_types import positive_int
+from diffuserve.cli.bench_sweep import add_sweep_arguments
 from diffuserve.config import parse_bool
 from diffuserve.model.quant.scheme import DEFAULT_TARGETS
 
@@ -21,13 +23,6 @@ MODULES = {
     "moe": "diffuserve.bench.moe",
     "sweep": "diffuserve.bench.sweep",
 }
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _add_output(parser: argparse.ArgumentParser, plot: bool = True) -> None:
@@ -328,59 +323,6 @@ def _add_moe(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_sweep(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--concurrency",
-        type=positive_int,
-        nargs="+",
-        default=[1, 16, 64, 128],
-        help="concurrent requests per row (default: 1 16 64 128)",
-    )
-    parser.add_argument(
-        "--workload",
-        nargs="+",
-        default=["best-case", "realistic"],
-        choices=("best-case", "realistic"),
-        help="best-case: equal prompts and outputs, no stops, all at once; realistic: mixed lengths, stop tokens, "
-        "Poisson arrivals, a quarter long RL-rollout outputs (default: both)",
-    )
-    parser.add_argument(
-        "--readings",
-        nargs="+",
-        default=None,
-        choices=("diffusion", "ar"),
-        help="which of the family's readings to run (clover_moe has ar and diffusion; default: all)",
-    )
-    parser.add_argument("--prompt-tokens", type=positive_int, default=64, help="longest prompt (default: 64)")
-    parser.add_argument("--output-tokens", type=positive_int, default=64, help="longest output (default: 64)")
-    parser.add_argument(
-        "--arrival-window",
-        type=_non_negative_float,
-        default=1.0,
-        metavar="SECONDS",
-        help="realistic workload: arrivals are Poisson at concurrency / SECONDS per second (default: 1.0)",
-    )
-    parser.add_argument(
-        "--denoising-steps",
-        type=positive_int,
-        default=None,
-        help="renoise canvases (DiffusionGemma): max_denoising_steps (default: the model's)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the workloads (default: 0)")
-    parser.add_argument(
-        "--profile",
-        action="store_true",
-        help="also profile the engine's steps (cProfile) on the realistic workload at the largest concurrency",
-    )
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     specs = {
@@ -389,7 +331,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "compare": ("engine vs recompute reference vs separate commit vs AR, same prompts, one run", _add_compare),
         "serve": ("load generator for any OpenAI-compatible server: TTFT, TPOT, ITL, E2E, goodput", _add_serve),
         "moe": ("MoE layers: grouped dispatch vs per-expert loop, expert offload hit rates and bytes", _add_moe),
-        "sweep": ("engine vs its family's batched peer at 1..128 concurrent, best-case and realistic", _add_sweep),
+        "sweep": (
+            "engine vs its family's batched peer at 1..128 concurrent, best-case and realistic",
+            add_sweep_arguments,
+        ),
     }
     for name, (help_text, add) in specs.items():
         subparser = sub.add_parser(name, help=help_text, description=help_text)
