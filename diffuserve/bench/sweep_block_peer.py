@@ -85,7 +85,7 @@ class RecomputeForward:
         self.model = model
 
     def reset(self) -> None:
-        pass
+        """Nothing to forget: no cache is kept between steps."""
 
     def logits(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:
         hidden = self.model(ids, positions, StepInputs(DenseAttentionInputs(mask)))  # [B, T, H]
@@ -93,7 +93,7 @@ class RecomputeForward:
         return self.model.compute_logits(rows.reshape(-1, rows.shape[-1])).view(*rows.shape[:2], -1).float()
 
     def commit(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, start: int) -> None:
-        pass
+        """Nothing to commit: the next step recomputes the whole frame, the finished block with it."""
 
 
 def frame_mask(valid: torch.Tensor, block: int) -> torch.Tensor:

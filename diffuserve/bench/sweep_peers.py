@@ -75,7 +75,7 @@ class TimingStreamer:
         self._prompt_seen = True
 
     def end(self) -> None:
-        pass
+        """The last chunk's time was noted by `put`."""
 
 
 class TransformersGeneratePeer:
