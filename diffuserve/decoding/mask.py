@@ -51,11 +51,15 @@ class MaskDecoder:
         return BlockDecode(proposal.write(write.nonzero().flatten()))
 
     def decode_blocks(
-        self, requests: list[Request], rows: torch.Tensor, generators: RequestGenerators
+        self,
+        requests: list[Request],
+        rows: torch.Tensor,
+        positions: list[list[int]],
+        generators: RequestGenerators,
     ) -> list[BlockDecode]:
-        """rows [N, V] fp32: each block's rows at its `read_positions`, request after request -> what each writes,
-        the common case's blocks decoded in one pass and the others by `decode`."""
-        positions = [self.read_positions(r) for r in requests]
+        """rows [N, V] fp32: each block's rows at its `read_positions` (`positions`, as the step read them, not
+        scanned again), request after request -> what each writes, the common case's blocks decoded in one pass and
+        the others by `decode`."""
         starts = [0]
         for read in positions:
             starts.append(starts[-1] + len(read))

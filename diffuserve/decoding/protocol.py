@@ -60,8 +60,13 @@ class Decoder(Protocol):
 
 class BatchDecoder(Decoder, Protocol):
     def decode_blocks(
-        self, requests: list[Request], rows: torch.Tensor, generators: RequestGenerators
+        self,
+        requests: list[Request],
+        rows: torch.Tensor,
+        positions: list[list[int]],
+        generators: RequestGenerators,
     ) -> list[BlockDecode]:
-        """rows [N, V] fp32: each block's logits at its `read_positions`, request after request (for renoise
-        canvases, which read every position, [B x block_length, V]) -> what each writes, as `decode` would."""
+        """rows [N, V] fp32: each block's logits at its `read_positions` (`positions`, as the step read them),
+        request after request (for renoise canvases, which read every position, [B x block_length, V]) -> what each
+        writes, as `decode` would."""
         ...

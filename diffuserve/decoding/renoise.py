@@ -85,10 +85,14 @@ class RenoiseDecoder:
         self, request: Request, rows: torch.Tensor, positions: list[int], generators: RequestGenerators
     ) -> BlockDecode:
         """One canvas's step (`decode_blocks` of one)."""
-        return self.decode_blocks([request], rows, generators)[0]
+        return self.decode_blocks([request], rows, [positions], generators)[0]
 
     def decode_blocks(
-        self, requests: list[Request], rows: torch.Tensor, generators: RequestGenerators
+        self,
+        requests: list[Request],
+        rows: torch.Tensor,
+        positions: list[list[int]],
+        generators: RequestGenerators,
     ) -> list[BlockDecode]:
         """rows [B x C, V] fp32: the canvases' logits, request after request (edited in place) -> each request's
         write and, for a canvas that goes on, its tempered logits [C, V] (views of `rows`)."""

@@ -266,7 +266,8 @@ class ModelRunner:
         that decodes many blocks at once (`BatchDecoder`) gets all of its blocks of the chunk in one call."""
         logits = self.model.compute_logits(hidden)  # [rows, V]
         decoded: list[tuple[Request, BlockDecode]] = []
-        batched: dict[int, tuple[BatchDecoder, list[Request], list[int]]] = {}  # by decoder: its blocks, their rows
+        # by decoder: its blocks' requests, their rows in `logits`, their read positions
+        batched: dict[int, tuple[BatchDecoder, list[Request], list[int], list[list[int]]]] = {}
         start = 0
         for block in blocks:
             request, rows = block.work.request, range(start, start + len(block.positions))
@@ -277,18 +278,22 @@ class ModelRunner:
             # An attribute check, inline: a runtime-checkable protocol's isinstance walks its attributes (measured
             # slow once per block per step), and a helper call would add a hop to every block's path.
             if hasattr(decoder, "decode_blocks"):
-                batched.setdefault(id(decoder), (cast(BatchDecoder, decoder), [], []))[1].append(request)
-                batched[id(decoder)][2].extend(rows)
+                _, requests, decoder_rows, read = batched.setdefault(
+                    id(decoder), (cast(BatchDecoder, decoder), [], [], [])
+                )
+                requests.append(request)
+                decoder_rows.extend(rows)
+                read.append(block.positions)
             else:
                 decoding = decoder.decode(
                     request, logits[rows.start : rows.stop], block.positions, self.decoding.generators
                 )
                 decoded.append((request, decoding))
-        for batch_decoder, requests, batch_rows in batched.values():
+        for batch_decoder, requests, batch_rows, read in batched.values():
             # All of the chunk's rows in order (the common case: one decoder for every block) need no copy.
             same = len(batch_rows) == logits.shape[0]
             taken = logits if same else logits.index_select(0, torch.tensor(batch_rows, device=logits.device))
-            decoded += zip(requests, batch_decoder.decode_blocks(requests, taken, self.decoding.generators))
+            decoded += zip(requests, batch_decoder.decode_blocks(requests, taken, read, self.decoding.generators))
         del logits  # freed before the self-conditioning pass, unless going-on canvases' tempered logits view it
         # A loop: a comprehension would be a runner frame amid the decoders' (test_architecture).
         writes: dict[str, BlockWrite] = {}

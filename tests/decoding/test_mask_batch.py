@@ -86,7 +86,8 @@ def _compare(decoder: MaskDecoder, requests: list[Request], rng: random.Random, 
         return per_request(self, request, *args)
 
     monkeypatch.setattr(MaskDecoder, "decode", counted)
-    got = decoder.decode_blocks(requests, rows.clone(), RequestGenerators(torch.device("cpu"), seed=1))
+    read = [decoder.read_positions(r) for r in requests]
+    got = decoder.decode_blocks(requests, rows.clone(), read, RequestGenerators(torch.device("cpu"), seed=1))
     monkeypatch.setattr(MaskDecoder, "decode", per_request)
     assert [d.write for d in got] == [d.write for d in expected]
     return len(requests) - len(fallbacks)
@@ -139,8 +140,8 @@ def test_the_entropy_bound_is_inclusive(monkeypatch):
     for request in requests:
         request.params = request.params.replace(entropy_bound=flat_entropy)
     rows = torch.ones(sum(len(decoder.read_positions(r)) for r in requests), VOCAB)
-    got = decoder.decode_blocks(requests, rows, RequestGenerators(torch.device("cpu")))
     masked = [decoder.read_positions(r) for r in requests]
+    got = decoder.decode_blocks(requests, rows, masked, RequestGenerators(torch.device("cpu")))
     oracle = [
         decoder.decode(r, torch.ones(len(m), VOCAB), m, RequestGenerators(torch.device("cpu")))
         for r, m in zip(requests, masked)

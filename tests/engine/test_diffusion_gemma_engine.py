@@ -99,9 +99,9 @@ def run_engine(
         results.append(step(logits, knobs, keys))
         return results[-1]
 
-    def recording_decode(batch, rows, generators):
+    def recording_decode(batch, rows, positions, generators):
         canvases = [torch.tensor(inputs[r.request_id]) for r in batch]  # the step's input canvases
-        decoded = decode_blocks(batch, rows, generators)
+        decoded = decode_blocks(batch, rows, positions, generators)
         for request, canvas, accepted in zip(batch, canvases, results.pop().accepted):
             record.canvases[request.request_id].append(canvas)
             record.accepted[request.request_id].append(accepted.clone())
