@@ -139,3 +139,16 @@ def _spec(normalizer=None, pre_tokenizer=None, model=None) -> dict:
 )
 def test_length_bound_rules(spec: dict, bound: float | None):
     assert chars_per_token_bound(spec) == bound
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_decode_equals_transformers_decode(tmp_path: Path, skip_special_tokens: bool):
+    """The wrapper's decode (the Rust tokenizer's, where transformers' adds nothing) is transformers' decode, on
+    random ids mixing bytes, merges and special tokens."""
+    tokenizer = Tokenizer(_tokenizer_dir(tmp_path / "m"))
+    assert tokenizer._rust_decode is not None  # the shortcut is what is tested here
+    rng = random.Random(4)
+    for _ in range(200):
+        ids = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randrange(0, 12))]
+        expected = tokenizer.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+        assert tokenizer.decode(ids, skip_special_tokens) == expected

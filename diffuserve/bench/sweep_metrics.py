@@ -33,6 +33,18 @@ class RequestTrace:
         if count > 0:
             self.deliveries.append((at, count))
 
+    def keep_first(self, count: int) -> None:
+        """Only the first `count` tokens count (a static batch's row computed past its own end): the later ones
+        and their deliveries are dropped, a delivery that crosses the cut keeps its part before it."""
+        self.tokens = self.tokens[:count]
+        kept, total = [], 0
+        for at, n in self.deliveries:
+            if total >= count:
+                break
+            kept.append((at, min(n, count - total)))
+            total += n
+        self.deliveries = kept
+
     @property
     def ttft(self) -> float | None:
         return self.deliveries[0][0] - self.arrival_s if self.deliveries else None

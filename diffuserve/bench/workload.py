@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BENCH_PRESET = "sdar-moe-bench"
-SMALL_PRESETS = ("sdar-moe-tiny", "llada2-tiny")
-"""The tiny shapes of the SDAR and LLaDA2 families (the test shapes), for sweeps that must finish on a few CPU cores."""
+SMALL_PRESETS = ("sdar-moe-tiny", "llada2-tiny", "llada2-bench")
+"""The tiny shapes of the SDAR and LLaDA2 families (the test shapes), for sweeps that must finish on a few CPU cores,
+and LLaDA2's bench shape (sdar-moe-bench's size)."""
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,8 @@ def default_cache_dir() -> Path:
 
 def prepare_model(model: str | None, cache_dir: str | Path | None = None, spec: BenchModel | None = None) -> Path:
     """`model` if given (a model directory, or the name of a random shape: clover_moe's `clover-moe-bench`,
-    DiffusionGemma's `diffusiongemma-bench`, the tiny test shapes of SMALL_PRESETS and the other families; written
-    on first use), else the sdar-moe-bench checkpoint, written on first use."""
+    DiffusionGemma's `diffusiongemma-bench`, LLaDA2's `llada2-bench`, the tiny test shapes of SMALL_PRESETS and the
+    other families; written on first use), else the sdar-moe-bench checkpoint, written on first use."""
     from diffuserve.reference.clover_moe_checkpoint import CLOVER_MOE_PRESETS
     from diffuserve.reference.diffusion_gemma_checkpoint import DIFFUSION_GEMMA_PRESETS
 
@@ -89,12 +90,13 @@ def _write_bench_model(path: Path, spec: BenchModel) -> None:
 
 
 def _write_small_model(path: Path, preset: str, spec: BenchModel) -> None:
-    from diffuserve.reference.llada2_checkpoint import write_llada2_checkpoint
+    from diffuserve.reference.llada2_checkpoint import LLADA2_PRESETS, write_llada2_checkpoint
     from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 
     partial = path.with_name(path.name + f".partial-{os.getpid()}")
-    if preset == "llada2-tiny":
-        write_llada2_checkpoint(partial, seed=spec.seed, init_std=spec.init_std, logit_scale=spec.logit_scale)
+    if preset in LLADA2_PRESETS:
+        shape = LLADA2_PRESETS[preset]
+        write_llada2_checkpoint(partial, shape, seed=spec.seed, init_std=spec.init_std, logit_scale=spec.logit_scale)
     else:
         write_random_checkpoint(
             partial, make_config(preset), seed=spec.seed, init_std=spec.init_std, logit_scale=spec.logit_scale

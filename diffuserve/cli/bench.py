@@ -41,8 +41,9 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     model.add_argument(
         "--model",
         default=None,
-        help="model directory, or clover-moe-bench / diffusiongemma-bench (random clover_moe / DiffusionGemma "
-        "shapes, written on first use); default: the random sdar-moe-bench model, written on first use",
+        help="model directory, or clover-moe-bench / diffusiongemma-bench / llada2-bench (random clover_moe / "
+        "DiffusionGemma / LLaDA2 shapes, written on first use); default: the random sdar-moe-bench model, written on "
+        "first use",
     )
     model.add_argument(
         "--model-cache-dir",

@@ -131,6 +131,8 @@ class Request:
     verified_logprobs: list[TokenLogprobs] = field(default_factory=list)
     """Verified decoding with params.logprobs: those of the verified tokens not in output_token_ids yet (the head
     of a block reopened after a rejection), from the causal rows that verified them (core/verification.py)."""
+    num_stop_scanned: int = 0
+    """Leading output tokens `stop_check` has scanned: none of them ends the request."""
     verified_end: int = 0
     """Verified decoding: every position below it holds a verified token (the prompt, output_token_ids and, after
     a rejection, the head of the reopened block)."""
@@ -191,8 +193,16 @@ class Request:
         """Final tokens at positions [start, end) < block_start (prompt, then finished blocks)."""
         if end <= start:  # a step without commits asks for none: no copy of the whole sequence
             return []
-        prompt = self.prompt_token_ids
-        return (prompt + self.output_token_ids + self.drafted)[start:end] if end > len(prompt) else prompt[start:end]
+        prompt, output = self.prompt_token_ids, self.output_token_ids
+        num_prompt = len(prompt)
+        if end <= num_prompt:
+            return prompt[start:end]
+        # sliced piece by piece: joining the whole sequence first would copy it at every step (O(length))
+        lo, hi = max(start - num_prompt, 0), end - num_prompt
+        tokens = prompt[start:] + output[lo:hi] if start < num_prompt else output[lo:hi]
+        if hi > len(output):
+            tokens += self.drafted[max(lo - len(output), 0) : hi - len(output)]
+        return tokens
 
     def open_block(self, block_start: int) -> None:
         """Starts a new current block at `block_start`: known prompt tail, masks elsewhere (a renoise canvas: mask
@@ -257,24 +267,29 @@ class Request:
     def stop_check(self) -> TokenStop | None:
         """After a step: whether the tokens end the request, by a stop id with everything before it decided, or
         by length (every position below max_tokens decided); None if not (yet). Tokens of a block that may still
-        be edited (or a renoise canvas still being denoised) count as undecided. Changes nothing: the scheduler
-        applies the result."""
+        be edited (or a renoise canvas still being denoised) count as undecided. Changes nothing the scheduler
+        sees (it applies the result); it remembers how many output tokens it has scanned, so that a step scans
+        only the tokens it has not seen (output tokens never change), not the whole output."""
         params = self.params
+        decided, limit = self.output_token_ids, params.max_tokens
         tail = self.canvas[self.generation_start_in_block() :]
         if (params.is_editing or params.is_renoise) and not self.block_is_final:
             tail = [self.mask_token_id] * len(tail)
-        generated = self.output_token_ids + tail
         if params.is_verified:  # only verified tokens are decided
-            tail = self.drafted + tail
-            generated = (self.output_token_ids + tail)[: self.verified_end - self.num_prompt_tokens]
-            generated.append(self.mask_token_id)
-        for g, token in enumerate(generated[: params.max_tokens]):
+            tail = (self.drafted + tail)[: self.verified_end - self.num_prompt_tokens - len(decided)]
+            tail.append(self.mask_token_id)
+        for g in range(min(self.num_stop_scanned, len(decided)), min(len(decided), limit)):
+            if decided[g] in params.stop_ids and g >= params.min_tokens:
+                return TokenStop(RequestStatus.FINISHED_STOPPED, decided[: g + 1], decided[g])
+        self.num_stop_scanned = len(decided)
+        offset = len(decided)
+        for i, token in enumerate(tail[: max(limit - offset, 0)]):
             if token == self.mask_token_id:
                 return None
-            if token in params.stop_ids and g >= params.min_tokens:
-                return TokenStop(RequestStatus.FINISHED_STOPPED, generated[: g + 1], token)
-        if len(generated) >= params.max_tokens:
-            return TokenStop(RequestStatus.FINISHED_LENGTH, generated[: params.max_tokens], None)
+            if token in params.stop_ids and offset + i >= params.min_tokens:
+                return TokenStop(RequestStatus.FINISHED_STOPPED, decided + tail[: i + 1], token)
+        if offset + len(tail) >= limit:
+            return TokenStop(RequestStatus.FINISHED_LENGTH, (decided + tail)[:limit], None)
         return None
 
     def apply_stop(self, stop: TokenStop) -> None:

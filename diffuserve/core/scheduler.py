@@ -45,8 +45,11 @@ class Scheduler:
         max_num_batched_tokens: int,
         block_length: int,
         fused_commit: bool = True,
+        forward_blocks: bool = True,
     ) -> None:
+        """`forward_blocks` False: no block's tokens are computed (`ScheduledRequest.forwards_block`)."""
         self.cache = cache
+        self.forward_blocks = forward_blocks
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.block_length = block_length
         self.fused_commit = fused_commit
@@ -238,7 +241,15 @@ class Scheduler:
         )
         if not (chunk or score_end > score_start or has_block or request.params.max_tokens == 0):
             return None
-        return ScheduledRequest(request, start, start + chunk, has_block, score_start=score_start, score_end=score_end)
+        return ScheduledRequest(
+            request,
+            start,
+            start + chunk,
+            has_block,
+            score_start=score_start,
+            score_end=score_end,
+            forwards_block=self.forward_blocks,
+        )
 
     def _plan_scoring(self, request: Request, commit_end: int, budget: int) -> tuple[int, int]:
         """Prompt positions to score this step: the next ones whose earlier blocks are committed by `commit_end`

@@ -41,6 +41,10 @@ class ScheduledRequest:
     score_end: int = 0
     """Prompt positions [score_start, score_end) this step scores, each by a variant of its block (B tokens
     beside the request's own queries; worker/prompt_scoring.py)."""
+    forwards_block: bool = True
+    """Whether the block's tokens are query rows of the forward. False where no row of the block is ever read: a
+    one-token block of a model that predicts position p from row p - 1 (autoregressive decoding), whose logits
+    come from the last committed row. Such a block is decoded without being computed."""
 
     @property
     def query_start(self) -> int:
@@ -48,12 +52,13 @@ class ScheduledRequest:
 
     @property
     def query_end(self) -> int:
-        return self.request.block_end if self.has_block else self.commit_end
+        return self.request.block_end if self.has_block and self.forwards_block else self.commit_end
 
     @property
     def num_tokens(self) -> int:
-        """The request's own query tokens (commits and block)."""
-        end = self.request.block_end if self.has_block else self.commit_end  # query_end, inlined: a hot path
+        """The request's own query tokens (commits and, when computed, the block)."""
+        forwarded = self.has_block and self.forwards_block
+        end = self.request.block_end if forwarded else self.commit_end  # query_end, inlined: a hot path
         return end - self.commit_start
 
     @property

@@ -118,8 +118,10 @@ def build_components(config: EngineConfig, make_runner: RunnerFactory | None = N
         )
     executor = _build_executor(config, args, max_model_len)
     cache = CacheManager.build(executor.sizes, config.cache, sched.max_num_batched_tokens)
+    # A one-token block of a model predicting position p from row p - 1 is read from the last committed row alone.
+    headless = executor.model.step_rules.prediction_shift and args.block_length == 1
     scheduler = Scheduler(
-        cache, sched.max_num_seqs, sched.max_num_batched_tokens, args.block_length, sched.fused_commit
+        cache, sched.max_num_seqs, sched.max_num_batched_tokens, args.block_length, sched.fused_commit, not headless
     )
     tokenizer = _tokenizer(config.model)
     structured = (

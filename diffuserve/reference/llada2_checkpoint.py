@@ -64,6 +64,26 @@ TINY: dict[str, Any] = dict(
 )
 
 
+BENCH: dict[str, Any] = dict(
+    hidden_size=512,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=64,
+    rotary_dim=32,
+    intermediate_size=1024,
+    moe_intermediate_size=256,
+    num_experts=16,
+    vocab_size=8192,
+    max_position_embeddings=4096,
+)
+"""`llada2-bench`: TINY's layout (layer 0 dense, experts in 4 groups, top-2 from the 2 best, a shared expert) at
+sdar-moe-bench's width and depth (hidden 512, 8 layers, 16 experts of 256, vocabulary 8192): a LLaDA2 whose forward,
+not the engine's per-step Python, is most of a step on a CPU."""
+LLADA2_PRESETS: dict[str, dict[str, Any]] = {"llada2-tiny": {}, "llada2-bench": BENCH}
+"""Named shapes: overrides of TINY."""
+
+
 def write_llada2_tokenizer(out_dir: str | Path, vocab_size: int) -> dict[str, int]:
     """Writes tokenizer.json + tokenizer_config.json; returns the special token ids by text. As in the
     released tokenizer_config, `<|mask|>` is a vocabulary token but not the declared mask token."""

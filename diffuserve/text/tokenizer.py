@@ -80,8 +80,23 @@ class Tokenizer:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self._rust_decode is not None:  # what transformers' decode would return, without its per-call Python
+            return cast(str, self._rust_decode(token_ids, skip_special_tokens=skip_special_tokens))
         # transformers types decode for a batch too (-> list[str]); one list of ids decodes to one string
         return cast(str, self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens))
+
+    @cached_property
+    def _rust_decode(self) -> Any:
+        """The Rust tokenizer's own decode where transformers' decode adds nothing to it: a tokenizers-backed
+        class whose `_decode` is the base one, with no clean-up of tokenization spaces. The engine decodes every
+        completion at every step that gives it tokens, and transformers' wrapper costs several times the decode."""
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        plain = type(self.hf)._decode is TokenizersBackend._decode and not self.hf.clean_up_tokenization_spaces
+        if not (isinstance(self.hf, TokenizersBackend) and plain):
+            return None
+        rust: Any = self.hf._tokenizer
+        return rust.decode
 
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **template_kwargs: Any

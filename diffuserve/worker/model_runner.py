@@ -110,7 +110,7 @@ class ModelRunner:
             self.rollback = []
             hidden = torch.cat([hidden, carried]) if carried.numel() else hidden
             self._record_experts(batch)
-        elif batch.scoring.requests:  # it only scores block first positions, read from kept rows: no forward
+        elif batch.scoring.requests or batch.blocks:  # only rows kept from earlier steps are read: no forward
             hidden = carried
         else:
             return StepResult()  # only requests with nothing left to compute (max_tokens 0)
@@ -149,10 +149,10 @@ class ModelRunner:
         groups = self._page_groups()
         paged = groups[0]  # the full-attention pages: what prompt scoring's variants read
         for work in scheduled:
-            if not work.num_tokens:
+            if not (work.num_tokens or work.has_block):
                 continue  # a request that only scores this step
             request = work.request
-            for group in groups:
+            for group in groups if work.num_tokens else ():  # a block that is not computed has no keys to lay
                 group.add(work, len(ids))
             if request.drafted:
                 drafts.add(work, len(ids))
@@ -160,7 +160,8 @@ class ModelRunner:
             if work.has_block:
                 decoder = self.decoding.decoder_of(request)
                 blocks.append(BlockRows(work, len(ids), decoder.read_positions(request)))
-                ids += decoder.block_tokens(request, self.decoding.generators)
+                if work.forwards_block:
+                    ids += decoder.block_tokens(request, self.decoding.generators)
             positions += range(work.query_start, work.query_end)
         scoring = ScoringRows(shift=self.rules.prediction_shift, causal=self.rules.autoregressive)
         for work in scheduled:
@@ -239,13 +240,15 @@ class ModelRunner:
                     b.work.request.step_in_block == 0,
                 )
                 for b in blocks
+                if b.work.forwards_block
             )
         )
 
     def _record_experts(self, batch: StepBatch) -> None:
         """After a forward: the routing statistics of the step's blocks (with expert_stats only)."""
         if self.experts is not None and self.experts.enabled:
-            rows = [(b.work.request.request_id, b.token_start, self.block_length) for b in batch.blocks]
+            blocks = [b for b in batch.blocks if b.work.forwards_block]
+            rows = [(b.work.request.request_id, b.token_start, self.block_length) for b in blocks]
             self.experts.record_step(rows)
 
     # ---- decoding ------------------------------------------------------------------------------------------

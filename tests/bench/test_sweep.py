@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from diffuserve.bench import sweep_engine, sweep_readings
 from diffuserve.bench.sweep_block_peer import BlockDiffusionPeer
 from diffuserve.bench.sweep_metrics import RequestTrace, StepTiming, overhead_fraction, row_figures
 from diffuserve.bench.sweep_peers import cut, left_pad
@@ -72,6 +73,35 @@ def test_ttft_and_itl_come_from_the_deliveries():
     assert figures["tokens_per_s"] == pytest.approx(11 / 4.0)
     assert figures["ttft_s"]["max"] == pytest.approx(2.0) and figures["ttft_s"]["mean"] == pytest.approx(1.25)
     assert sorted(early.itls) == pytest.approx([0.25, 0.25])
+
+
+def test_a_static_rows_tokens_past_its_own_end_are_dropped_with_their_deliveries():
+    trace = RequestTrace(arrival_s=0.0)
+    for at, count in ((1.0, 4), (2.0, 4), (3.0, 4)):
+        trace.deliver(at, count)
+    trace.tokens = list(range(12))
+    trace.keep_first(6)
+    assert trace.tokens == list(range(6)) and trace.deliveries == [(1.0, 4), (2.0, 2)]
+
+
+def test_engine_static_runs_every_row_to_the_longest_and_cuts_each_at_its_own_end(run_bench, tmp_path, monkeypatch):
+    """Clover's diffusion reading on the realistic workload (stops, mixed lengths): the static batch computes every
+    row to the batch's longest output, yet each request's tokens are the engine's own (cut at its stop or length)."""
+    computed: list[list[int]] = []
+
+    def static_drive(engine, requests, params_for, static=False, profile=False):
+        run = sweep_engine.drive(engine, requests, params_for, static, profile)
+        computed.extend(t.tokens for t in run.traces)  # before the peer cuts them
+        return run
+
+    monkeypatch.setattr(sweep_readings, "drive", static_drive)
+    argv = ["sweep", "--model", "clover-moe-tiny", "--model-cache-dir", str(tmp_path), "--readings", "diffusion"]
+    argv += ["--concurrency", "6", "--workload", "realistic", "--prompt-tokens", "16", "--output-tokens", "32"]
+    code, result, _ = run_bench([*argv, "--arrival-window", "0", *FAST])
+    (row,) = result["results"]
+    assert code == 0 and row["peer"] == "engine-static" and row["token_agreement"] == 1.0
+    assert row["peer_result"]["generated_tokens"] == row["engine"]["generated_tokens"] < 6 * 32
+    assert [len(tokens) for tokens in computed[-6:]] == [32] * 6  # the static batch's rows: all to the longest
 
 
 def test_peer_helpers_cut_at_stops_and_pad_left():

@@ -74,7 +74,7 @@ def _variant(rng: random.Random, first_row: int) -> tuple[torch.Tensor, Sequence
 
 @pytest.mark.parametrize("window", [None, 6], ids=["full", "window"])
 @pytest.mark.parametrize("rules", list(RULES.values()), ids=list(RULES))
-@pytest.mark.parametrize("page_size", [4, 8])
+@pytest.mark.parametrize("page_size", [4, 6, 8])  # 6: a kept window that starts inside a block
 def test_step_metadata_is_the_per_request_layout(rules, page_size, window):
     if window is None and rules.block_window_from_start:
         pytest.skip("the block's window only applies to a window group")

@@ -194,20 +194,25 @@ class WindowMetadataBuilder(PagedMetadataBuilder):
     def add(self, work: ScheduledRequest, first_row: int) -> None:
         pages = work.request.pages[self.group]
         first = next((i for i, p in enumerate(pages) if p != FREED), len(pages)) * self.page_size
-        block_start = work.request.block_start if self.rules.block_window_from_start else -1
-        key = (first, work.query_start, work.query_end, work.commit_end - work.commit_start, block_start)
+        block_start = work.request.block_start if self.rules.block_window_from_start else first - 1
+        # The mask over keys [first, query_end) depends only on positions relative to `first` (the window, and the
+        # rule when it is causal or `first` keeps the block alignment): requests at different positions share it.
+        shift = first if self.rules.causal_commits or first % self.block_length == 0 else 0
+        num_commit = work.commit_end - work.commit_start
+        key = (first - shift, work.query_start - shift, work.query_end - shift, num_commit, block_start - shift)
         if key not in self._windows:
-            self._windows[key] = self._window_mask(work, first, block_start)
+            self._windows[key] = self._window_mask(*key)
         self._add_own(work, first_row, [p if p != FREED else 0 for p in pages], first, self._windows[key])
 
-    def _window_mask(self, work: ScheduledRequest, first: int, block_start: int) -> torch.Tensor:
-        """[Lq, query_end - first] bool: the window, and the rule, over the kept keys."""
-        anchors = torch.arange(work.query_start, work.query_end, device=self.device)
-        if block_start >= 0:  # block rows: the window behind the block's first position
-            anchors[work.commit_end - work.commit_start :] = block_start
-        keys = torch.arange(first, work.query_end, device=self.device)[None, :]
+    def _window_mask(self, first: int, query_start: int, query_end: int, num_commit: int, block_start: int):
+        """[Lq, query_end - first] bool: the window, and the rule, over the kept keys (block rows anchored at
+        `block_start` when it is at or after `first`)."""
+        anchors = torch.arange(query_start, query_end, device=self.device)
+        if block_start >= first:  # block rows: the window behind the block's first position
+            anchors[num_commit:] = block_start
+        keys = torch.arange(first, query_end, device=self.device)[None, :]
         visible = anchors[:, None] - keys < self.window
-        rule = self._mask(work)
+        rule = self._new_mask(query_start, query_end, num_commit)
         return visible if rule is None else visible & rule[:, first:]
 
 

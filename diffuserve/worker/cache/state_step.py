@@ -98,7 +98,7 @@ class StateMetadataBuilder:
             if num_commit:
                 last_rows.append(start + num_commit - 1)
                 last_slots.append(slot)
-            if work.has_block:
+            if work.has_block and work.forwards_block:
                 previews.append((start + num_commit, slot, -1))
             start += work.num_tokens
         for row, request in variant_rows:
