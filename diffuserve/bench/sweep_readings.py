@@ -4,8 +4,8 @@
   llada2          diffusion  the engine vs recompute-batched (dFactory's generate on a batch)
   clover_moe      ar         the engine at block length 1 vs transformers' Qwen3_5MoeForCausalLM.generate
                   diffusion  the engine vs engine-static: the same engine as a static batcher (every request
-                             admitted together once the last has arrived, every row computed until the longest is
-                             done, as the other peers), the engine's own static-batch baseline
+                             admitted together once the last has arrived, every row computed until the batch's last
+                             row is done, as the other peers), the engine's own static-batch baseline
   diffusion_gemma diffusion  the engine vs transformers' DiffusionGemmaForBlockDiffusion.generate batched
 
 Also the engine's side: the sampling parameters of a request and a fresh, warmed-up engine per row. Knows nothing
@@ -23,8 +23,8 @@ import torch
 
 from diffuserve.bench.context import BenchContext, max_model_len
 from diffuserve.bench.sweep_block_peer import BlockDiffusionPeer, BlockForward, KvForward, RecomputeForward
-from diffuserve.bench.sweep_engine import drive
-from diffuserve.bench.sweep_peers import Peer, PeerRun, TransformersGeneratePeer, cut
+from diffuserve.bench.sweep_engine import EngineRun, drive
+from diffuserve.bench.sweep_peers import Peer, PeerRun, TransformersGeneratePeer
 from diffuserve.bench.sweep_workload import SweepRequest
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.model.loader import load_args
@@ -76,9 +76,10 @@ def fresh_engine(ctx: BenchContext, ns: argparse.Namespace, block: int, concurre
 
 class EngineStaticPeer:
     """The engine as a static batcher, the sweep's other peers' rule: every request admitted together at the last
-    arrival and every row computed until the batch's longest is done (each request asks for the batch's largest
-    max_tokens and no stop ids); a row's tokens are then cut at its own stop id or length, and only the tokens
-    before that cut count as delivered."""
+    arrival, and every row computed until the batch's last row is done, as `generate` keeps finished rows in the
+    batch until all are finished. An untimed first run finds where each request ends (its stop id or length); the
+    timed run gives every request the batch's longest output and no stop ids, and each row's tokens are cut at its
+    own end (only the tokens before it count as delivered)."""
 
     name = "engine-static"
 
@@ -86,14 +87,19 @@ class EngineStaticPeer:
         self.ctx, self.ns, self.block = ctx, ns, block
 
     def run(self, requests: list[SweepRequest]) -> PeerRun:
-        longest = max(r.max_tokens for r in requests)
         own = request_params(self.ns)
-        engine = fresh_engine(self.ctx, self.ns, self.block, len(requests))
-        run = drive(engine, requests, lambda r: own(r).replace(max_tokens=longest, stop_token_ids=[]), static=True)
-        engine.shutdown()
-        for trace, request in zip(run.traces, requests, strict=True):
-            trace.keep_first(len(cut(trace.tokens, request.stop_token_ids, request.max_tokens)))
+        ends = [len(trace.tokens) for trace in self._drive(requests, own).traces]
+        batch_end = max(ends)
+        run = self._drive(requests, lambda r: own(r).replace(max_tokens=batch_end, stop_token_ids=[]))
+        for trace, end in zip(run.traces, ends, strict=True):
+            trace.keep_first(end)
         return PeerRun(run.traces, run.wall_s)
+
+    def _drive(self, requests: list[SweepRequest], params: Callable[[SweepRequest], SamplingParams]) -> EngineRun:
+        engine = fresh_engine(self.ctx, self.ns, self.block, len(requests))
+        run = drive(engine, requests, params, static=True)
+        engine.shutdown()
+        return run
 
 
 def _pad_id(ctx: BenchContext) -> int:

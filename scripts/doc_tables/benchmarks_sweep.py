@@ -9,18 +9,29 @@ from typing import Any
 
 from scripts.doc_tables.cells import Load, ms, sig3, table
 
-FAMILIES = ("sdar", "llada2", "clover", "diffusiongemma", "sdar-bench", "clover-bench")
-"""The results files sweep-<name>, in the order the tables show them (sdar-bench, clover-bench: the bench shapes,
-16 and 64 concurrent)."""
+FAMILIES = (
+    "sdar",
+    "llada2",
+    "clover",
+    "diffusiongemma",
+    "sdar-bench",
+    "llada2-bench",
+    "clover-bench",
+    "diffusiongemma-bench",
+)
+"""The results files sweep-<name>, in the order the tables show them (the tiny test shapes, then the bench shapes:
+sdar-moe-bench, llada2-bench, clover-moe-bench, diffusiongemma-bench)."""
 BEFORE = {
-    "sdar": "sdar-7357189",
-    "llada2": "llada2-7357189",
-    "clover": "clover-63e3794",
-    "diffusiongemma": "diffusiongemma-7357189",
+    "sdar": "sdar-0573c6d",
+    "llada2": "llada2-0573c6d",
+    "clover": "clover-0573c6d",
+    "diffusiongemma": "diffusiongemma-0573c6d",
+    "sdar-bench": "sdar-bench-63e3794",
+    "clover-bench": "clover-bench-c8d8253",
 }
-"""Family -> the results file sweep-<family>-<commit> of the same command on the code of an earlier commit (7357189
-and 63e3794: before the step's paged metadata was built as tensors, the batched renoise draws and the batched
-greedy mask decode)."""
+"""Family -> the results file sweep-<family>-<commit> of the same command on the code of an earlier commit (0573c6d:
+the last wave's figures, after the step's paged metadata as tensors, the batched renoise draws and the batched
+greedy mask decode; 63e3794 and c8d8253: the bench shapes before those, at 16 and 64 concurrent only)."""
 HEADERS = [
     "reading: peer",
     "workload",
