@@ -37,6 +37,8 @@ def _work(rng: random.Random, index: int, page_size: int, window: int | None) ->
     has_block = rng.random() < 0.8
     commit_end = block_start if has_block else block_start + BLOCK
     commit_start = max(0, commit_end - BLOCK * rng.choice([0, 0, 1, 2, 3] if has_block else [1, 2, 3]))
+    if not has_block and rng.random() < 0.4:  # one or two commit tokens (autoregressive steps): short queries
+        commit_start = commit_end - rng.choice([1, 2])
     end = request.block_end if has_block else commit_end
     pages = rng.sample(range(100), -(-end // page_size) + rng.randrange(0, 2))  # maybe a page past the queries
     if window is not None:  # pages wholly behind the window of the first query are gone

@@ -166,6 +166,8 @@ class PagedMetadataBuilder:
         return self._masks[key]
 
     def _new_mask(self, query_start: int, query_end: int, num_commit: int) -> torch.Tensor | None:
+        if query_end - query_start == 1:  # one query, the last key's position: every rule lets it see every key
+            return None
         if not self.rules.causal_commits:
             if query_end - query_start <= self.block_length:
                 return None
