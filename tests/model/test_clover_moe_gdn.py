@@ -42,6 +42,21 @@ def test_chunked_equals_recurrent(length, chunk):
     assert torch.equal(state, before)
 
 
+@pytest.mark.parametrize("length", [1, 5])
+def test_recurrent_rule_equals_transformers_recurrent_rule(length):
+    """The engine's one-token rule (batched matmuls, an in-place state update) against transformers' Qwen3.5
+    `torch_recurrent_gated_delta_rule` (which scales q itself and lays tensors out [B, T, H, D])."""
+    qwen = pytest.importorskip("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+    q, k, v, g, beta, state = _rule_inputs(length, heads=4, dk=16, dv=8, seed=9)
+    out, final = recurrent_delta_rule(q, k, v, g, beta, state)
+    dk = q.shape[-1]
+    hf_out, hf_final = qwen.torch_recurrent_gated_delta_rule(
+        *(t.transpose(1, 2) for t in (q * dk**0.5, k, v, g, beta)), initial_state=state, output_final_state=True
+    )
+    torch.testing.assert_close(out, hf_out.transpose(1, 2), atol=ATOL, rtol=0)
+    torch.testing.assert_close(final, hf_final, atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("length", [1, 64, 150])
 def test_state_alone_equals_the_rule_state(length):
     """chunked_delta_state (the rescan baseline's rebuild) is chunked_delta_rule's state without the outputs."""
