@@ -1,8 +1,10 @@
 """Drives an LLMEngine step by step and records every step: its wall time, the time inside the model, and the
 shape of the forward (query tokens, logit rows, attention pairs, K/V read).
 
-The model time comes from forward hooks on the model and its LM head (no engine code is changed to measure
-it), so "engine overhead" = step wall time - model time: scheduling, batch building, decoders, bookkeeping.
+The model time comes from forward hooks on the model and from timing wrappers on the model methods the engine
+calls outside the forward, its logits and (renoise models) its self-conditioning input (no engine code is changed
+to measure it), so "engine overhead" = step wall time - model time: scheduling, batch building, decoders,
+bookkeeping.
 On a hybrid model the GDN layers' time is taken the same way: from each GDN layer's input norm to its
 post-mixer norm (the mixer, its input norm and the residual add). Under tensor / expert parallelism the time
 rank 0 spends in its all-reduces (the collective itself plus waiting for the slowest rank) is taken by wrapping
@@ -81,6 +83,10 @@ class RunRecord:
         return [s for s in self.steps if s.prefill_tokens == 0]
 
 
+MODEL_METHODS = ("compute_logits", "self_conditioning_input")
+"""The model's methods that the engine calls outside its forward and that ForwardProbe times as the model's."""
+
+
 class ForwardProbe:
     """Forward hooks that time the model and read the shape of each forward. Use as a context manager."""
 
@@ -100,12 +106,12 @@ class ForwardProbe:
             self.model.register_forward_pre_hook(self._before_forward),
             self.model.register_forward_hook(self._after),
         ]
-        head = getattr(self.model, "lm_head", None)
-        if isinstance(head, torch.nn.Module):
-            self._handles += [
-                head.register_forward_pre_hook(self._before_head),
-                head.register_forward_hook(self._after),
-            ]
+        # The model's own math outside its forward: its logits (the head and whatever the model does to them,
+        # DiffusionGemma's final norm and soft cap) and a renoise model's self-conditioning input (soft embeddings,
+        # a [rows, V] x [V, H] product as large as the head's). Timed as the model's, not the engine's.
+        self._wrapped = [name for name in MODEL_METHODS if callable(getattr(self.model, name, None))]
+        for name in self._wrapped:
+            setattr(self.model, name, self._timed(getattr(self.model, name), counts_rows=name == "compute_logits"))
         for layer in self.model.modules():
             if getattr(layer, "is_gdn", False):
                 before, after = layer.get_submodule("input_layernorm"), layer.get_submodule("post_attention_layernorm")
@@ -129,6 +135,8 @@ class ForwardProbe:
     def __exit__(self, *exc: object) -> None:
         for handle in self._handles:
             handle.remove()
+        for name in self._wrapped:
+            delattr(self.model, name)  # the instance attribute goes: the class's method shows again
         ParallelGroup.all_reduce = self._all_reduce  # type: ignore[method-assign]
 
     def _now(self) -> float:
@@ -146,9 +154,16 @@ class ForwardProbe:
                 self.kv_tokens_read += len(seq.key_slots)
         self._started = self._now()
 
-    def _before_head(self, module: torch.nn.Module, args: tuple) -> None:
-        self.num_logit_rows += args[0].shape[0]
-        self._started = self._now()
+    def _timed(self, method: Callable[[torch.Tensor], torch.Tensor], counts_rows: bool) -> Callable:
+        def timed(hidden: torch.Tensor) -> torch.Tensor:
+            if counts_rows:
+                self.num_logit_rows += hidden.shape[0]
+            started = self._now()
+            out = method(hidden)
+            self.model_s += self._now() - started
+            return out
+
+        return timed
 
     def _after(self, module: torch.nn.Module, args: tuple, output: object) -> None:
         self.model_s += self._now() - self._started

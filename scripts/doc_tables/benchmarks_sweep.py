@@ -47,6 +47,7 @@ HEADERS = [
     "peer",
     "engine overhead",
     "same tokens",
+    "static-batch ceiling",
 ]
 
 
@@ -76,7 +77,15 @@ def _before(row: dict[str, Any], before: dict[tuple[str, str, int], dict[str, An
     return [f"{old['ratio']:.2f}x", f"{100 * old['engine']['overhead_fraction']:.0f} %"]
 
 
-def _row(row: dict[str, Any], targets: list[dict[str, Any]]) -> list[str]:
+def _ceiling(row: dict[str, Any], output_tokens: int) -> str:
+    """What a perfect continuous batcher could gain over a static batch on the row's requests when a row costs
+    the same whatever else is batched: the static batch computes every row for the longest output (at most
+    `output_tokens`), the continuous one each request's own tokens, so (rows x longest) / tokens is at most this."""
+    tokens = row["engine"]["generated_tokens"]
+    return "–" if row["workload"] == "best-case" or not tokens else f"{row['concurrency'] * output_tokens / tokens:.2f}x"
+
+
+def _row(row: dict[str, Any], targets: list[dict[str, Any]], output_tokens: int) -> list[str]:
     e, p = row["engine"], row["peer_result"]
     same = "–" if row["same_tokens"] is None else ("yes" if row["same_tokens"] else "no")
     return [
@@ -94,6 +103,7 @@ def _row(row: dict[str, Any], targets: list[dict[str, Any]]) -> list[str]:
         _mib(p["peak_memory_bytes"]),
         _verdict(f"{100 * e['overhead_fraction']:.0f} %", row, targets, "overhead"),
         same,
+        _ceiling(row, output_tokens),
     ]
 
 
@@ -101,7 +111,7 @@ def _family(load: Load, family: str) -> str:
     """One family's heading (model, commit, command) and table, with the earlier run's columns where BEFORE has one."""
     data = load(f"sweep-{family}")
     result = data["result"]
-    rows = [_row(r, result["targets"]) for r in result["results"]]
+    rows = [_row(r, result["targets"], result["workload"]["output_tokens"]) for r in result["results"]]
     headers = HEADERS
     if family in BEFORE:
         old = load(f"sweep-{BEFORE[family]}")
