@@ -28,10 +28,13 @@ BEFORE = {
     "diffusiongemma": "diffusiongemma-0573c6d",
     "sdar-bench": "sdar-bench-63e3794",
     "clover-bench": "clover-bench-c8d8253",
+    "diffusiongemma-bench": "diffusiongemma-bench-2192eb7",
 }
 """Family -> the results file sweep-<family>-<commit> of the same command on the code of an earlier commit (0573c6d:
 the last wave's figures, after the step's paged metadata as tensors, the batched renoise draws and the batched
-greedy mask decode; 63e3794 and c8d8253: the bench shapes before those, at 16 and 64 concurrent only)."""
+greedy mask decode; 63e3794 and c8d8253: the bench shapes before those, at 16 and 64 concurrent only;
+diffusiongemma-bench-2192eb7: the same engine code timed with the LM head alone as the model's time, before the
+probe counted DiffusionGemma's logit soft cap and self-conditioning pass as the model's)."""
 HEADERS = [
     "reading: peer",
     "workload",
@@ -82,7 +85,9 @@ def _ceiling(row: dict[str, Any], output_tokens: int) -> str:
     the same whatever else is batched: the static batch computes every row for the longest output (at most
     `output_tokens`), the continuous one each request's own tokens, so (rows x longest) / tokens is at most this."""
     tokens = row["engine"]["generated_tokens"]
-    return "–" if row["workload"] == "best-case" or not tokens else f"{row['concurrency'] * output_tokens / tokens:.2f}x"
+    if row["workload"] == "best-case" or not tokens:
+        return "–"
+    return f"{row['concurrency'] * output_tokens / tokens:.2f}x"
 
 
 def _row(row: dict[str, Any], targets: list[dict[str, Any]], output_tokens: int) -> list[str]:
