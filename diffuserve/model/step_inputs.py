@@ -27,6 +27,9 @@ class RowGroup:
     """[S] long: each sequence's state slot."""
     snapshot_slots: torch.Tensor | None = None
     """[S] long: slots that also receive the state after this run (prefix-cache snapshots), or None."""
+    first_slot: int | None = None
+    """When `slots` are first_slot, first_slot + 1, ... in row order: the layers read and advance the pool's rows
+    in place (a view) instead of gathering and scattering copies of them; None otherwise."""
 
 
 class StateStepObserver(Protocol):

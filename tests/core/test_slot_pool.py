@@ -97,3 +97,15 @@ def test_metrics_show_state_slots_and_both_hit_rates():
         'diffuserve:state_prefix_snapshots{model_name="m"} 2.0',
     ):
         assert line in text
+
+
+def test_sequences_take_the_lowest_free_slot_and_snapshots_the_highest():
+    """Sequences admitted together hold one range of slots, in admission order (the GDN layers then advance them
+    in place, model/families/clover_moe/gdn_step)."""
+    pool = SlotPool(num_slots=6, slot_bytes=100)
+    assert [pool.allocate() for _ in range(3)] == [0, 1, 2]
+    assert pool.reserve_snapshot(11) == 5
+    pool.free(1)
+    pool.free(0)
+    assert [pool.allocate(), pool.allocate(), pool.allocate()] == [0, 1, 3]
+    pool.check_invariants()

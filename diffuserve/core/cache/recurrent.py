@@ -16,15 +16,18 @@ page boundaries every `interval_pages` pages and at the last page boundary of ea
 into spare slots only, and evicted LRU when a sequence needs the slot. A new request restores the longest prefix
 that has both its pages and a snapshot; its matched pages beyond that are released.
 
-The slot pool (`SlotPool`) holds slot ids and the snapshot index. Invariant: every slot is in exactly one of
-{free, snapshot (evictable), used}; used slots have a reference, snapshot slots are registered under one hash,
-and the hash index maps only to snapshot slots.
+The slot pool (`SlotPool`) holds slot ids and the snapshot index. A sequence takes the lowest free slot and a
+snapshot the highest, so that sequences admitted together hold one range of slots in admission order, which the
+GDN layers read and advance in place instead of gathering copies (model/families/clover_moe/gdn_step).
+Invariant: every slot is in exactly one of {free, snapshot (evictable), used}; used slots have a reference,
+snapshot slots are registered under one hash, and the hash index maps only to snapshot slots.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Set
 from dataclasses import dataclass
 
@@ -57,7 +60,7 @@ class SlotPool:
     def __init__(self, num_slots: int, slot_bytes: int, enable_snapshots: bool = True) -> None:
         self.num_slots, self.slot_bytes = num_slots, slot_bytes
         self.enable_snapshots = enable_snapshots
-        self._free: deque[int] = deque(range(num_slots))
+        self._free: list[int] = list(range(num_slots))  # ascending
         self._snapshots: OrderedDict[int, int] = OrderedDict()  # slot -> hash, LRU order: oldest first
         self._slot_of: dict[int, int] = {}  # hash -> snapshot slot
         self._used: set[int] = set()
@@ -95,7 +98,7 @@ class SlotPool:
         """A slot for a sequence, evicting the least recently used snapshot if none is free (never one in
         `keep`: snapshots about to be restored this step)."""
         if self._free:
-            slot = self._free.popleft()
+            slot = self._free.pop(0)
         else:
             victims = [s for s in self._snapshots if s not in keep]
             if not victims:
@@ -108,7 +111,7 @@ class SlotPool:
     def free(self, slot: int) -> None:
         assert slot in self._used, f"state slot {slot} freed twice or never allocated"
         self._used.remove(slot)
-        self._free.append(slot)
+        bisect.insort(self._free, slot)
 
     def reserve_snapshot(self, prefix_hash: int) -> int | None:
         """A slot to copy a prefix's state into this step, from the free list only (a snapshot never evicts
@@ -116,7 +119,7 @@ class SlotPool:
         slot is free. The slot is used until `register_snapshot`."""
         if not self.enable_snapshots or prefix_hash in self._slot_of or not self._free:
             return None
-        slot = self._free.popleft()
+        slot = self._free.pop()
         self._used.add(slot)
         return slot
 
@@ -124,7 +127,7 @@ class SlotPool:
         """The state of the prefix `prefix_hash` is in `slot` (written by the step that reserved it)."""
         self._used.remove(slot)
         if prefix_hash in self._slot_of:  # another sequence registered the same prefix in the same step
-            self._free.append(slot)
+            bisect.insort(self._free, slot)
             return
         self._snapshots[slot] = prefix_hash
         self._slot_of[prefix_hash] = slot
@@ -137,6 +140,7 @@ class SlotPool:
     def check_invariants(self) -> None:
         free, snaps = set(self._free), set(self._snapshots)
         assert len(free) == len(self._free), "duplicate slot in the free list"
+        assert self._free == sorted(self._free), "the free list is out of order"
         assert not free & snaps and not free & self._used and not snaps & self._used, "a slot is in two sets"
         assert len(free) + len(snaps) + len(self._used) == self.num_slots, "a slot is lost"
         assert all(self._snapshots[s] == h for h, s in self._slot_of.items()), "hash index out of sync"

@@ -51,7 +51,7 @@ class StatePlan:
             return None if t is None else t.to(device)
 
         def group(g: RowGroup) -> RowGroup:
-            return RowGroup(g.rows.to(device), g.slots.to(device), move(g.snapshot_slots))
+            return RowGroup(g.rows.to(device), g.slots.to(device), move(g.snapshot_slots), g.first_slot)
 
         restore = None if self.restore is None else (self.restore[0].to(device), self.restore[1].to(device))
         return StatePlan(
@@ -112,13 +112,22 @@ class StateMetadataBuilder:
         )
 
     def _group(self, length: int, members: list[tuple[int, int, int]], has_snapshot: bool) -> RowGroup:
-        """Runs of `length` tokens starting at batch rows members[i][0] of slots members[i][1]."""
+        """Runs of `length` tokens starting at batch rows members[i][0] of slots members[i][1], in slot order (the
+        layers gather rows by index anyway; in slot order, sequences holding one range of slots are a view)."""
+        members = sorted(members, key=lambda member: member[1])
         rows = self._long([start for start, _, _ in members])[:, None] + torch.arange(length, device=self.device)
         snapshots = self._long([snap for _, _, snap in members]) if has_snapshot else None
-        return RowGroup(rows, self._long([slot for _, slot, _ in members]), snapshots)
+        slots = [slot for _, slot, _ in members]
+        return RowGroup(rows, self._long(slots), snapshots, consecutive_start(slots))
 
     def _long(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
+
+
+def consecutive_start(slots: list[int]) -> int | None:
+    """slots[0] when the slots are slots[0], slots[0] + 1, ... (one range of the pool), else None."""
+    first = slots[0]
+    return first if slots == list(range(first, first + len(slots))) else None
 
 
 def _commit_pieces(work: ScheduledRequest) -> list[tuple[int, int, int]]:

@@ -25,21 +25,29 @@ CHUNK_SIZE = 64
 
 
 def recurrent_delta_rule(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k [B, Hv, T, Dk], v [B, Hv, T, Dv], g, beta [B, Hv, T], state [B, Hv, Dk, Dv] (all fp32)
-    -> (o [B, Hv, T, Dv], final state). The input state is not modified.
+    -> (o [B, Hv, T, Dv], final state). The input state is not modified, unless `in_place` (then it must be
+    contiguous, and it is the final state returned).
 
     Written for a decode step's batch of states (B x Hv small matrices, 16 MiB at 128 sequences of clover-moe-bench):
     each read is a batched matmul of [1, Dk] rows (an `einsum` here permuted the whole state first, 3x slower), and
-    after the first decay, which copies the input, the state is updated in place (`baddbmm_`: the rank-1 write
-    without a [B, Hv, Dk, Dv] temporary)."""
+    after the first decay, which copies the input unless `in_place`, the state is updated in place (`baddbmm_`: the
+    rank-1 write without a [B, Hv, Dk, Dv] temporary)."""
     out = torch.empty_like(v)
     batch, heads, _, dk = k.shape
     dv = v.shape[-1]
     for t in range(q.shape[2]):
         decay = g[:, :, t, None, None].exp()
-        state = (state * decay).contiguous() if t == 0 else state.mul_(decay)  # contiguous: viewed as rows below
+        copy = t == 0 and not in_place
+        state = (state * decay).contiguous() if copy else state.mul_(decay)  # contiguous: viewed as rows below
         read = (k[:, :, t, None, :] @ state).squeeze(-2)  # [B, Hv, Dv]: what S already stores under k_t
         update = (v[:, :, t] - read) * beta[:, :, t, None]  # [B, Hv, Dv]
         rows = state.view(batch * heads, dk, dv)

@@ -140,11 +140,13 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
         return GdnInputs(self.in_proj_qkv(x), g, beta)
 
-    def scan(self, inputs: GdnInputs, state: GdnState) -> tuple[torch.Tensor, GdnState]:
+    def scan(self, inputs: GdnInputs, state: GdnState, in_place: bool = False) -> tuple[torch.Tensor, GdnState]:
         """The conv and the delta rule over T positions after `state` -> (o [B, Hv, T, Dv] fp32, the state after),
-        on the kernels `self.kernels` (gdn_kernels)."""
+        on the kernels `self.kernels` (gdn_kernels). `in_place`: `state.recurrent` may be advanced where it lies
+        (gdn_kernels.delta_rule) instead of copied."""
         conv, ring = causal_conv(self.kernels, inputs.mixed, state.conv, self.conv1d.weight)
-        o, recurrent = delta_rule(self.kernels, *self._heads(conv), inputs.g, inputs.beta, state.recurrent)
+        heads = self._heads(conv)
+        o, recurrent = delta_rule(self.kernels, *heads, inputs.g, inputs.beta, state.recurrent, in_place=in_place)
         return o, GdnState(ring, recurrent)
 
     def scan_state(self, inputs: GdnInputs, state: GdnState) -> GdnState:

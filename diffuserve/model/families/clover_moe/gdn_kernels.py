@@ -150,13 +150,18 @@ def delta_rule(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
+    in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k [B, T, Hk, Dk] (L2-normalised, q * Dk^-0.5), v [B, T, Hv, Dv], g, beta [B, T, Hv], state
-    [B, Hv, Dk, Dv], all fp32 -> (o [B, Hv, T, Dv] fp32, the state after). The state given is not modified."""
+    [B, Hv, Dk, Dv], all fp32 -> (o [B, Hv, T, Dv] fp32, the state after). The state given is not modified,
+    unless `in_place`: then the torch path's one-token rule advances it where it lies and returns it (a decode
+    step's states are the largest tensors it touches); the other paths return a new state either way."""
     one_token = q.shape[1] == 1
     if kernels.chunk_rule is None or kernels.recurrent_rule is None:
-        rule = recurrent_delta_rule if one_token else chunked_delta_rule
-        return rule(*value_heads_first(q, k, v), g.transpose(1, 2), beta.transpose(1, 2), state)
+        heads_first = (*value_heads_first(q, k, v), g.transpose(1, 2), beta.transpose(1, 2), state)
+        if one_token:
+            return recurrent_delta_rule(*heads_first, in_place=in_place and state.is_contiguous())
+        return chunked_delta_rule(*heads_first)
     repeat = v.shape[2] // k.shape[2]
     q, k = (t.repeat_interleave(repeat, dim=2) for t in (q, k))
     kernel = kernels.recurrent_rule if one_token else kernels.chunk_rule

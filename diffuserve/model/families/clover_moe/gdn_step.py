@@ -11,8 +11,9 @@ one `block` of B tokens being denoised. Each GDN layer, for every sequence:
 A commit run may be split at a page boundary whose state is kept as a prefix snapshot (its groups come first).
 Sequences whose commit runs have the same length are batched together (in steady state every fused commit is
 one block, so they form one group), and all blocks are batched in one preview. The row and slot indices are
-built once per step by the engine (`RecurrentStepInputs`); this module only gathers, runs and scatters. Knows
-nothing of requests or pages.
+built once per step by the engine (`RecurrentStepInputs`); this module only reads the slots (views of the pool
+where a group's slots are one range, else gathered copies), runs and writes back. Knows nothing of requests or
+pages.
 
 Pool layout, per GDN layer (slot = a sequence's or a prefix snapshot's place in the pool):
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet, GdnInputs, GdnState
-from diffuserve.model.step_inputs import RecurrentStepInputs
+from diffuserve.model.step_inputs import RecurrentStepInputs, RowGroup
 
 
 def gdn_step(layer: GatedDeltaNet, x: torch.Tensor, inputs: RecurrentStepInputs, gdn_index: int) -> torch.Tensor:
@@ -40,22 +41,43 @@ def gdn_step(layer: GatedDeltaNet, x: torch.Tensor, inputs: RecurrentStepInputs,
     gdn = layer.gdn
     o = x.new_empty(x.shape[0], gdn.num_value_heads, gdn.value_head_dim, dtype=torch.float32)
     for group in inputs.commits:
-        state = GdnState(conv_cache[group.slots], recurrent_cache[group.slots])
         group_inputs = GdnInputs(*(t[group.rows] for t in projected))  # [S, L, ...]
         if inputs.observer is not None:
             inputs.observer.on_commit(gdn_index, group.rows, group_inputs)
-        group_o, state = layer.scan(group_inputs, state)
+        # in_place: the state read is the pool's own rows (a view) or our gathered copy, overwritten below anyway
+        group_o, state = layer.scan(group_inputs, slot_state(conv_cache, recurrent_cache, group), in_place=True)
         o[group.rows] = group_o.transpose(1, 2)
-        conv_cache.index_copy_(0, group.slots, state.conv.to(conv_cache.dtype))
-        recurrent_cache.index_copy_(0, group.slots, state.recurrent)
+        store_state(conv_cache, recurrent_cache, group, state)
         if group.snapshot_slots is not None:
             conv_cache.index_copy_(0, group.snapshot_slots, state.conv.to(conv_cache.dtype))
             recurrent_cache.index_copy_(0, group.snapshot_slots, state.recurrent)
     blocks = inputs.blocks
     if blocks is not None:
         # Read after the commits above: a block sees its own sequence's state advanced by this step's commit.
-        state = GdnState(conv_cache[blocks.slots], recurrent_cache[blocks.slots])
+        state = slot_state(conv_cache, recurrent_cache, blocks)  # read only: the preview and scan copy it
         block_inputs = GdnInputs(*(t[blocks.rows] for t in projected))  # [S, B, ...]
         block_o = layer.preview_mix(block_inputs, state) if inputs.preview else layer.scan(block_inputs, state)[0]
         o[blocks.rows] = block_o.transpose(1, 2)
     return layer.gated_output(o, layer.in_proj_z(x))
+
+
+def slot_state(conv_cache: torch.Tensor, recurrent_cache: torch.Tensor, group: RowGroup) -> GdnState:
+    """The group's slots' state [S, ...]: the pool's rows themselves when they are one range (`first_slot`; a
+    decode step of 128 clover-moe-bench sequences would otherwise copy 16 MiB out and back per layer), else a copy."""
+    if group.first_slot is None:
+        return GdnState(conv_cache[group.slots], recurrent_cache[group.slots])
+    rows = slice(group.first_slot, group.first_slot + group.slots.shape[0])
+    return GdnState(conv_cache[rows], recurrent_cache[rows])
+
+
+def store_state(conv_cache: torch.Tensor, recurrent_cache: torch.Tensor, group: RowGroup, state: GdnState) -> None:
+    """Writes the group's advanced state into its slots (nothing to copy where the scan advanced the pool's rows
+    in place)."""
+    if group.first_slot is None:
+        conv_cache.index_copy_(0, group.slots, state.conv.to(conv_cache.dtype))
+        recurrent_cache.index_copy_(0, group.slots, state.recurrent)
+        return
+    rows = slice(group.first_slot, group.first_slot + group.slots.shape[0])
+    conv_cache[rows].copy_(state.conv)
+    if state.recurrent.data_ptr() != recurrent_cache[rows].data_ptr():
+        recurrent_cache[rows].copy_(state.recurrent)
