@@ -20,7 +20,7 @@ from typing import Any
 from diffuserve.bench.context import BenchContext, make_context
 from diffuserve.bench.report import finish, format_table
 from diffuserve.bench.sweep_engine import drive
-from diffuserve.bench.sweep_metrics import PeakRss, overhead_fraction, row_figures
+from diffuserve.bench.sweep_metrics import PeakRss, overhead_fraction, row_figures, static_batch_ceiling
 from diffuserve.bench.sweep_peers import Peer
 from diffuserve.bench.sweep_readings import Reading, family_name, fresh_engine, readings, request_params
 from diffuserve.bench.sweep_workload import SweepRequest, make_workload
@@ -70,6 +70,7 @@ def measure_row(
         "ratio": engine_row["tokens_per_s"] / peer_row["tokens_per_s"] if peer_row["tokens_per_s"] else None,
         "same_tokens": engine_tokens == peer_tokens if kind == "best-case" and reading.exact else None,
         "token_agreement": agreement(engine_tokens, peer_tokens),
+        "static_batch_ceiling": static_batch_ceiling(run.traces, reading.block_length),
     }
 
 

@@ -83,6 +83,16 @@ def row_figures(traces: Sequence[RequestTrace], wall_s: float) -> dict[str, Any]
     }
 
 
+def static_batch_ceiling(traces: Sequence[RequestTrace], block_length: int) -> float:
+    """What a perfect continuous batcher could gain over a static batch on these requests if a block cost the same
+    whatever else is batched: a static batch computes every row for as many blocks as its longest request, a
+    continuous batcher each request's own blocks (at least one). Counted in blocks, not tokens: a request's last
+    block is decoded whole (a renoise canvas always; a threshold decode until its positions before the request's
+    end are decided, which on random weights is most of the block's steps)."""
+    blocks = [max(1, -(-len(t.tokens) // block_length)) for t in traces]
+    return len(blocks) * max(blocks) / sum(blocks)
+
+
 def _status_kib(field_name: str) -> int | None:
     status = Path("/proc/self/status")
     if not status.is_file():

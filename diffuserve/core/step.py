@@ -37,6 +37,9 @@ class ScheduledRequest:
     """Hybrid models: the prefix snapshot slot whose state the request's slot starts from (a prefix-cache hit)."""
     snapshot: StateSnapshot | None = None
     """Hybrid models: a prefix snapshot this step takes of the request's state."""
+    move_from: int | None = None
+    """Hybrid models: the slot the request's state moves out of this step, into its new `state_slot` (copied before
+    the forward reads it), keeping running sequences in one range of slots (core/cache/recurrent.py)."""
     score_start: int = 0
     score_end: int = 0
     """Prompt positions [score_start, score_end) this step scores, each by a variant of its block (B tokens

@@ -80,17 +80,28 @@ def _before(row: dict[str, Any], before: dict[tuple[str, str, int], dict[str, An
     return [f"{old['ratio']:.2f}x", f"{100 * old['engine']['overhead_fraction']:.0f} %"]
 
 
-def _ceiling(row: dict[str, Any], output_tokens: int) -> str:
-    """What a perfect continuous batcher could gain over a static batch on the row's requests when a row costs
-    the same whatever else is batched: the static batch computes every row for the longest output (at most
-    `output_tokens`), the continuous one each request's own tokens, so (rows x longest) / tokens is at most this."""
-    tokens = row["engine"]["generated_tokens"]
-    if row["workload"] == "best-case" or not tokens:
+CANVAS_FAMILIES = ("diffusion_gemma",)
+"""Families whose block is a renoise canvas: every request costs whole canvases (each denoised for the same number
+of steps, whatever its max_tokens), in the engine and in transformers' `generate` alike."""
+
+
+def _ceiling(row: dict[str, Any], output_tokens: int, family: str) -> str:
+    """What a perfect continuous batcher could gain over a static batch on the row's requests when a block costs
+    the same whatever else is batched (bench/sweep_metrics.static_batch_ceiling, in blocks: recorded by runs since
+    this column was added). Older runs recorded only the total tokens: for them, (rows x longest) / tokens, the
+    same ratio counted in tokens (marked "tok"), and for a renoise canvas one canvas per request on both sides
+    (outputs no longer than a canvas): 1.00x."""
+    if row["workload"] == "best-case":
         return "–"
-    return f"{row['concurrency'] * output_tokens / tokens:.2f}x"
+    if "static_batch_ceiling" in row:
+        return f"{row['static_batch_ceiling']:.2f}x"
+    tokens = row["engine"]["generated_tokens"]
+    if family in CANVAS_FAMILIES and output_tokens <= row["block_length"]:
+        return "1.00x"
+    return f"{row['concurrency'] * output_tokens / tokens:.2f}x tok" if tokens else "–"
 
 
-def _row(row: dict[str, Any], targets: list[dict[str, Any]], output_tokens: int) -> list[str]:
+def _row(row: dict[str, Any], targets: list[dict[str, Any]], output_tokens: int, family: str) -> list[str]:
     e, p = row["engine"], row["peer_result"]
     same = "–" if row["same_tokens"] is None else ("yes" if row["same_tokens"] else "no")
     return [
@@ -108,7 +119,7 @@ def _row(row: dict[str, Any], targets: list[dict[str, Any]], output_tokens: int)
         _mib(p["peak_memory_bytes"]),
         _verdict(f"{100 * e['overhead_fraction']:.0f} %", row, targets, "overhead"),
         same,
-        _ceiling(row, output_tokens),
+        _ceiling(row, output_tokens, family),
     ]
 
 
@@ -116,7 +127,8 @@ def _family(load: Load, family: str) -> str:
     """One family's heading (model, commit, command) and table, with the earlier run's columns where BEFORE has one."""
     data = load(f"sweep-{family}")
     result = data["result"]
-    rows = [_row(r, result["targets"], result["workload"]["output_tokens"]) for r in result["results"]]
+    workload = result["workload"]
+    rows = [_row(r, result["targets"], workload["output_tokens"], workload["family"]) for r in result["results"]]
     headers = HEADERS
     if family in BEFORE:
         old = load(f"sweep-{BEFORE[family]}")

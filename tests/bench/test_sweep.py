@@ -8,7 +8,13 @@ import torch
 
 from diffuserve.bench import sweep_engine, sweep_readings
 from diffuserve.bench.sweep_block_peer import BlockDiffusionPeer
-from diffuserve.bench.sweep_metrics import RequestTrace, StepTiming, overhead_fraction, row_figures
+from diffuserve.bench.sweep_metrics import (
+    RequestTrace,
+    StepTiming,
+    overhead_fraction,
+    row_figures,
+    static_batch_ceiling,
+)
 from diffuserve.bench.sweep_peers import cut, left_pad
 from diffuserve.bench.sweep_workload import ROLLOUT_SHARE, STOP_COUNT, SweepRequest, make_workload
 from diffuserve.cli.main import main
@@ -61,6 +67,18 @@ def test_overhead_is_the_share_of_step_time_outside_the_forward():
     steps = [StepTiming(wall_s=1.0, model_s=0.9), StepTiming(wall_s=3.0, model_s=1.5)]
     assert overhead_fraction(steps) == pytest.approx(1 - 2.4 / 4.0)
     assert overhead_fraction([]) is None
+
+
+def test_static_batch_ceiling_counts_blocks():
+    def trace(n: int) -> RequestTrace:
+        t = RequestTrace(arrival_s=0.0)
+        t.tokens = [1] * n
+        return t
+
+    traces = [trace(n) for n in (64, 10, 32, 0)]
+    assert static_batch_ceiling(traces, 1) == pytest.approx(4 * 64 / (64 + 10 + 32 + 1))  # tokens at block 1
+    assert static_batch_ceiling(traces, 32) == pytest.approx(4 * 2 / (2 + 1 + 1 + 1))  # whole blocks, at least one
+    assert static_batch_ceiling(traces, 256) == 1.0  # one canvas each
 
 
 def test_ttft_and_itl_come_from_the_deliveries():

@@ -8,7 +8,10 @@ import random
 
 import pytest
 
-from diffuserve.core.cache.recurrent import OutOfStateSlots, SlotPool
+from diffuserve.core.cache.recurrent import OutOfStateSlots, RecurrentKind, SlotPool
+from diffuserve.core.request import Request
+from diffuserve.core.step import ScheduledRequest
+from diffuserve.sampling_params import SamplingParams
 
 
 def test_slots_are_allocated_and_freed():
@@ -109,3 +112,38 @@ def test_sequences_take_the_lowest_free_slot_and_snapshots_the_highest():
     pool.free(0)
     assert [pool.allocate(), pool.allocate(), pool.allocate()] == [0, 1, 3]
     pool.check_invariants()
+
+
+def test_only_sequences_above_the_range_move_down_into_the_lowest_free_slot():
+    pool = SlotPool(num_slots=8, slot_bytes=100)
+    held = [pool.allocate() for _ in range(5)]  # 0..4
+    snapshot = pool.reserve_snapshot(11)
+    assert snapshot == 7
+    pool.free(held[1])
+    pool.free(held[2])  # sequences at 0, 3, 4: the range is [0, 3)
+    assert pool.move_down(0) is None  # inside the range
+    assert pool.move_down(3) == 1  # above it: the lowest free slot
+    assert pool.move_down(4) == 2
+    assert pool.move_down(1) is None and pool.move_down(2) is None  # the range is whole again
+    assert sorted(pool._sequences) == [0, 1, 2] and snapshot in pool._used
+    assert pool.allocate() == 3
+    pool.free(0)  # 1, 2, 3: only the one above the range moves, not every sequence above the hole
+    assert pool.move_down(1) is None and pool.move_down(2) is None and pool.move_down(3) == 0
+    pool.check_invariants()
+
+
+def test_a_running_sequence_moves_down_only_in_a_step_that_commits_and_has_no_draft():
+    """The move is copied by the step's forward: a step without commit rows may run none, and a draft's kept row
+    is read before the forward at the slot it was kept in."""
+    kind = RecurrentKind(SlotPool(4, slot_bytes=1, enable_snapshots=False), page_size=4, interval_pages=1)
+    low, high = (Request(r, [1, 2, 3], SamplingParams(max_tokens=8).with_defaults({}), 4, 999) for r in "ab")
+    for request in (low, high):
+        kind.allocate(ScheduledRequest(request, 0, 3, True))
+    kind.release(low)  # high (slot 1) is now above the range [0, 1)
+    assert kind.allocate(ScheduledRequest(high, 4, 4, True)).move_from is None  # no commit rows
+    high.drafted = [7, 7, 7, 7]
+    assert kind.allocate(ScheduledRequest(high, 4, 8, True)).move_from is None  # a draft waits
+    high.drafted = []
+    moved = kind.allocate(ScheduledRequest(high, 4, 8, True))
+    assert (moved.move_from, high.state_slot) == (1, 0)
+    kind.check_invariants()

@@ -54,9 +54,16 @@ class RescanRunner(ModelRunner):
         ]
 
     def plan_state(self, scheduled: list[ScheduledRequest], variants: list[tuple[int, Request]]) -> StatePlan:
-        """The serving plan, with the GDN layers observed: every slot rebuilt, every commit's inputs kept."""
+        """The serving plan, with the GDN layers observed: every slot rebuilt, every commit's inputs kept (and
+        moved with a sequence that moves to another slot)."""
+        plan = super().plan_state(scheduled, variants)
+        if plan.moves is not None:
+            src, dst = plan.moves
+            for inputs in self.history:
+                for t in inputs:
+                    t.index_copy_(0, dst, t[src])
         rescan = GdnRescan(self.history, self._prefixes(scheduled), self._write_rows(scheduled))
-        return dataclasses.replace(super().plan_state(scheduled, variants), observer=rescan)
+        return dataclasses.replace(plan, observer=rescan)
 
     def _prefixes(self, scheduled: list[ScheduledRequest]) -> tuple[PrefixGroup, ...]:
         """The step's sequences by committed length: everything before their commit tokens is committed."""

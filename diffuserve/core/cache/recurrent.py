@@ -16,9 +16,11 @@ page boundaries every `interval_pages` pages and at the last page boundary of ea
 into spare slots only, and evicted LRU when a sequence needs the slot. A new request restores the longest prefix
 that has both its pages and a snapshot; its matched pages beyond that are released.
 
-The slot pool (`SlotPool`) holds slot ids and the snapshot index. A sequence takes the lowest free slot and a
-snapshot the highest, so that sequences admitted together hold one range of slots in admission order, which the
-GDN layers read and advance in place instead of gathering copies (model/families/clover_moe/gdn_step).
+The slot pool (`SlotPool`) holds slot ids and the snapshot index. Running sequences are kept in one range of
+slots, which the GDN layers read and advance in place instead of gathering copies (model/families/clover_moe/
+gdn_step): a sequence takes the lowest free slot and a snapshot the highest, and when sequences finish out of
+order, a running sequence above the range moves down into the lowest free slot (`SlotPool.move_down`; its state
+is copied by the step's forward before anything reads it: `ScheduledRequest.move_from`).
 Invariant: every slot is in exactly one of {free, snapshot (evictable), used}; used slots have a reference,
 snapshot slots are registered under one hash, and the hash index maps only to snapshot slots.
 """
@@ -64,6 +66,7 @@ class SlotPool:
         self._snapshots: OrderedDict[int, int] = OrderedDict()  # slot -> hash, LRU order: oldest first
         self._slot_of: dict[int, int] = {}  # hash -> snapshot slot
         self._used: set[int] = set()
+        self._sequences: set[int] = set()  # the used slots that hold a sequence (the rest: snapshots being written)
         self.num_snapshots_taken = 0
         self.num_snapshots_evicted = 0
 
@@ -106,12 +109,27 @@ class SlotPool:
             slot = victims[0]
             self._evict(slot)
         self._used.add(slot)
+        self._sequences.add(slot)
         return slot
 
     def free(self, slot: int) -> None:
         assert slot in self._used, f"state slot {slot} freed twice or never allocated"
         self._used.remove(slot)
+        self._sequences.discard(slot)
         bisect.insort(self._free, slot)
+
+    def move_down(self, slot: int) -> int | None:
+        """The lowest free slot, now the sequence's instead of `slot` (freed), when `slot` lies outside the range
+        [0, sequences held) and a lower slot is free; else None. Only the sequences above the range move (not
+        every sequence above a hole), and never into a snapshot's slot."""
+        assert slot in self._sequences, f"state slot {slot} holds no sequence"
+        if slot < len(self._sequences) or not self._free or self._free[0] > slot:
+            return None
+        new = self._free.pop(0)
+        self._used.add(new)
+        self._sequences.add(new)
+        self.free(slot)
+        return new
 
     def reserve_snapshot(self, prefix_hash: int) -> int | None:
         """A slot to copy a prefix's state into this step, from the free list only (a snapshot never evicts
@@ -141,6 +159,7 @@ class SlotPool:
         free, snaps = set(self._free), set(self._snapshots)
         assert len(free) == len(self._free), "duplicate slot in the free list"
         assert self._free == sorted(self._free), "the free list is out of order"
+        assert self._sequences <= self._used, "a sequence's slot is not used"
         assert not free & snaps and not free & self._used and not snaps & self._used, "a slot is in two sets"
         assert len(free) + len(snaps) + len(self._used) == self.num_slots, "a slot is lost"
         assert all(self._snapshots[s] == h for h, s in self._slot_of.items()), "hash index out of sync"
@@ -214,7 +233,8 @@ class RecurrentKind(CacheKind):
         return self.pool.can_allocate(keep=self._pinned | {self._restore.get(work.request.request_id)})
 
     def allocate(self, work: ScheduledRequest) -> ScheduledRequest:
-        """Admission takes a slot (restoring the prefix's snapshot); every step may take a snapshot."""
+        """Admission takes a slot (restoring the prefix's snapshot); a running sequence may move down; every step
+        may take a snapshot."""
         request = work.request
         if request.state_slot is None:
             restore_from = self._restore.pop(request.request_id, None)
@@ -222,7 +242,23 @@ class RecurrentKind(CacheKind):
             if restore_from is not None:
                 self._pinned.add(restore_from)
             work = dataclasses.replace(work, restore_from=restore_from)
+        else:
+            work = self._moved_down(work)
         return self._with_snapshot(work)
+
+    def _moved_down(self, work: ScheduledRequest) -> ScheduledRequest:
+        """`work` with its sequence moved into a lower free slot (`SlotPool.move_down`), when its step commits
+        tokens (so a forward runs, and copies the state before reading the slot) and no draft of it waits (a
+        draft's kept row is read before the forward, at the slot it was kept in)."""
+        request = work.request
+        slot = request.state_slot
+        if slot is None or work.commit_end == work.commit_start or request.drafted:
+            return work
+        new = self.pool.move_down(slot)
+        if new is None:
+            return work
+        request.state_slot = new
+        return dataclasses.replace(work, move_from=slot)
 
     def apply(self, work: ScheduledRequest, page_hashes: list[int], num_registered: int) -> None:
         """The snapshot the step took is registered."""

@@ -34,6 +34,9 @@ class StatePlan:
     """[S] slots set to the empty prefix's state before the forward (sequences starting at position 0)."""
     restore: tuple[torch.Tensor, torch.Tensor] | None
     """(snapshot slots, sequence slots): prefix-cache hits copied in before the forward."""
+    moves: tuple[torch.Tensor, torch.Tensor] | None
+    """(old slots, new slots): running sequences moved down (`ScheduledRequest.move_from`), copied before the
+    forward with their kept rows, after any rollback (which puts back the old slot)."""
     last_rows: torch.Tensor
     """[S] the batch row of each committing sequence's last commit token ..."""
     last_slots: torch.Tensor
@@ -53,13 +56,16 @@ class StatePlan:
         def group(g: RowGroup) -> RowGroup:
             return RowGroup(g.rows.to(device), g.slots.to(device), move(g.snapshot_slots), g.first_slot)
 
-        restore = None if self.restore is None else (self.restore[0].to(device), self.restore[1].to(device))
+        def pair(p: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+            return None if p is None else (p[0].to(device), p[1].to(device))
+
         return StatePlan(
             tuple(group(g) for g in self.commits),
             None if self.blocks is None else group(self.blocks),
             self.preview,
             self.reset.to(device),
-            restore,
+            pair(self.restore),
+            pair(self.moves),
             self.last_rows.to(device),
             self.last_slots.to(device),
             self.observer,
@@ -83,7 +89,7 @@ class StateMetadataBuilder:
     def plan(self, scheduled: list[ScheduledRequest], variant_rows: list[tuple[int, Request]]) -> StatePlan:
         """`variant_rows`: the first batch row of each prompt-scoring variant and its request."""
         commits: dict[tuple[int, int, bool], list[tuple[int, int, int]]] = defaultdict(list)
-        previews, reset, restore, last_rows, last_slots = [], [], [], [], []
+        previews, reset, restore, moves, last_rows, last_slots = [], [], [], [], [], []
         start = 0
         for work in scheduled:
             slot = state_slot(work.request)
@@ -91,6 +97,8 @@ class StateMetadataBuilder:
                 reset.append(slot)
             if work.restore_from is not None:
                 restore.append((work.restore_from, slot))
+            if work.move_from is not None:
+                moves.append((work.move_from, slot))
             num_commit = work.commit_end - work.commit_start
             for phase, (begin, end, snapshot) in enumerate(_commit_pieces(work)):
                 if end > begin:
@@ -106,10 +114,20 @@ class StateMetadataBuilder:
             previews.append((row, state_slot(request), -1))
         groups = tuple(self._group(n, members, snap) for (_, n, snap), members in sorted(commits.items()))
         blocks = self._group(self.block_length, previews, False) if previews else None
-        restored = (self._long([s for s, _ in restore]), self._long([d for _, d in restore])) if restore else None
         return StatePlan(
-            groups, blocks, self.preview, self._long(reset), restored, self._long(last_rows), self._long(last_slots)
+            groups,
+            blocks,
+            self.preview,
+            self._long(reset),
+            self._pairs(restore),
+            self._pairs(moves),
+            self._long(last_rows),
+            self._long(last_slots),
         )
+
+    def _pairs(self, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(sources, destinations) of slot copies, or None when there are none."""
+        return (self._long([s for s, _ in pairs]), self._long([d for _, d in pairs])) if pairs else None
 
     def _group(self, length: int, members: list[tuple[int, int, int]], has_snapshot: bool) -> RowGroup:
         """Runs of `length` tokens starting at batch rows members[i][0] of slots members[i][1], in slot order (the
@@ -189,9 +207,14 @@ class StateTensors:
         )
 
     def before_forward(self, plan: StatePlan) -> None:
-        """Rejected drafts' slots put back, prefix-cache hits copied into their slots, then slots of sequences
-        starting at position 0 emptied; then the slots of drafts this step commits are saved."""
+        """Rejected drafts' slots put back, moved sequences copied (state and kept row) into their new slots,
+        prefix-cache hits copied into their slots, then slots of sequences starting at position 0 emptied; then the
+        slots of drafts this step commits are saved."""
         self._roll_back(plan.rollback)
+        if plan.moves is not None:
+            src, dst = plan.moves
+            for t in self._tensors():
+                t.index_copy_(0, dst, t[src])  # every source read before any write: a slot may be both
         if plan.restore is not None:
             src, dst = plan.restore
             for t in self.conv_caches + self.recurrent_caches:
