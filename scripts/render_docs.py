@@ -102,12 +102,16 @@ def render(text: str, load: Load = load_results) -> str:
 
 
 def record(name: str, output: Path, command: list[str]) -> Path:
-    """Stores the last JSON line of a command's output as docs/results/NAME.json."""
+    """Stores the last JSON line of a command's output as docs/results/NAME.json, with the commit it ran at (its
+    environment's, when clean; else this checkout's HEAD)."""
     lines = [line for line in output.read_text().splitlines() if line.startswith("{")]
     if not lines:
         raise SystemExit(f"record: {output} holds no JSON line; pass the file the command's stdout went to")
+    result = json.loads(lines[-1])
+    ran_at = (result.get("environment") or {}).get("git") or {}  # the commit the command ran at, where it says
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    data = {"command": " ".join(command), "git": sha.stdout.strip() or None, "result": json.loads(lines[-1])}
+    git = ran_at["sha"][:7] if ran_at.get("sha") and not ran_at.get("dirty") else sha.stdout.strip() or None
+    data = {"command": " ".join(command), "git": git, "result": result}
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path

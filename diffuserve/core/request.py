@@ -77,7 +77,7 @@ class TokenStop:
     stop_reason: int | None
 
 
-@dataclass
+@dataclass(eq=False)  # a request is an entity: the scheduler's `in` / `remove` compare identity, not every field
 class Request:
     request_id: str
     prompt_token_ids: list[int]
