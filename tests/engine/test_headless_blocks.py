@@ -7,22 +7,18 @@ The forward's rows are counted: each prompt and output token once, no block row.
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import torch
 
 from diffuserve import LLM, SamplingParams
-from diffuserve.model.families.clover_moe.gdn_preview import DIFFUSION_TENSORS
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
+from tests.engine.clover_greedy import greedy_by_recompute
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
 
 PREFIX = [5, 9, 11, 40, 41, 42, 7, 8, 100, 101, 102, 103, 13, 14, 15, 16, 17]
 PROMPTS = [PREFIX + [60 + i] * (i % 5) + [i] for i in range(6)]
 MAX_TOKENS = 16
-OURS_ONLY = ("architectures", "model_type", "torch_dtype", "block_length", "mask_token_id", "text_config")
 
 
 @pytest.fixture(scope="module")
@@ -33,23 +29,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def expected(model_dir) -> list[list[int]]:
-    """Greedy tokens by recomputing every prefix with transformers (the mask token is never an output)."""
-    config = json.loads((model_dir / "config.json").read_text())
-    fields = {**{k: v for k, v in config.items() if k not in OURS_ONLY}, **config.get("text_config", {})}
-    model, info = transformers.Qwen3_5MoeForCausalLM.from_pretrained(
-        model_dir, config=transformers.Qwen3_5MoeTextConfig(**fields), dtype=torch.float32, output_loading_info=True
-    )
-    assert all(k.rsplit(".", 1)[-1] in DIFFUSION_TENSORS for k in info["unexpected_keys"])
-    outputs = []
-    for prompt in PROMPTS:
-        ids = list(prompt)
-        with torch.no_grad():
-            for _ in range(MAX_TOKENS):
-                logits = model.eval()(input_ids=torch.tensor([ids])).logits[0, -1]
-                logits[config["mask_token_id"]] = float("-inf")
-                ids.append(int(logits.argmax()))
-        outputs.append(ids[len(prompt) :])
-    return outputs
+    return greedy_by_recompute(model_dir, PROMPTS, [MAX_TOKENS] * len(PROMPTS))
 
 
 def _run(model_dir, **options) -> tuple[list[list[int]], int, LLM]:

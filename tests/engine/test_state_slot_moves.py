@@ -9,8 +9,6 @@ write."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -18,14 +16,14 @@ from diffuserve import LLM, SamplingParams
 from diffuserve.model.shapes import RecurrentState
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.worker.cache.state_step import StatePlan, StateTensors
+from tests.engine.clover_greedy import greedy_by_recompute
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
 
 PREFIX = [5, 9, 11, 40, 41, 42, 7, 8, 100, 101, 102, 103, 13, 14, 15, 16, 17]
 PROMPTS = [PREFIX + [60 + i] * (i % 5) + [i] for i in range(6)]
 MAX_TOKENS = [3, 16, 5, 16, 8, 12]  # the first, third and fifth finish first: holes below running sequences
-OURS_ONLY = ("architectures", "model_type", "torch_dtype", "block_length", "mask_token_id", "text_config")
 
 
 @pytest.fixture(scope="module")
@@ -36,22 +34,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def expected(model_dir) -> list[list[int]]:
-    """Greedy tokens by recomputing every prefix with transformers (the mask token is never an output)."""
-    config = json.loads((model_dir / "config.json").read_text())
-    fields = {**{k: v for k, v in config.items() if k not in OURS_ONLY}, **config.get("text_config", {})}
-    model = transformers.Qwen3_5MoeForCausalLM.from_pretrained(
-        model_dir, config=transformers.Qwen3_5MoeTextConfig(**fields), dtype=torch.float32
-    ).eval()
-    outputs = []
-    for prompt, max_tokens in zip(PROMPTS, MAX_TOKENS, strict=True):
-        ids = list(prompt)
-        with torch.no_grad():
-            for _ in range(max_tokens):
-                logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
-                logits[config["mask_token_id"]] = float("-inf")
-                ids.append(int(logits.argmax()))
-        outputs.append(ids[len(prompt) :])
-    return outputs
+    return greedy_by_recompute(model_dir, PROMPTS, MAX_TOKENS)
 
 
 def _params(**options) -> list[SamplingParams]:

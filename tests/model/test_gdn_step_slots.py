@@ -85,15 +85,21 @@ CASES = {
 }
 
 
+def _setup(case: str, seed: int):
+    """The case's layer, slot pool, step input [rows, H] and (commit slots, commit length, block slots, block
+    length, preview)."""
+    commit_slots, commit_len, block_slots, block_len, preview = CASES[case]
+    layer = _layer(diffusion=preview)
+    rows = len(commit_slots) * commit_len + len(block_slots) * block_len
+    x = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(seed))
+    return layer, _pool(layer), x, CASES[case]
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("as_range", [True, False], ids=["views", "copies"])
 def test_step_equals_the_layer_per_sequence(case, as_range):
-    commit_slots, commit_len, block_slots, block_len, preview = CASES[case]
-    layer = _layer(diffusion=preview)
-    pool = _pool(layer)
-    rows = len(commit_slots) * commit_len + len(block_slots) * block_len
-    x = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(6))
-    args = (commit_slots, commit_len, block_slots, block_len, preview)
+    layer, pool, x, args = _setup(case, seed=6)
+    commit_slots = args[0]
     out, conv, recurrent = _step(layer, x, pool, *args, as_range=as_range)
     want_out, want_conv, want_recurrent = _expected(layer, x, pool, *args)
     torch.testing.assert_close(out, want_out, atol=1e-5, rtol=0)
@@ -105,12 +111,7 @@ def test_step_equals_the_layer_per_sequence(case, as_range):
 
 @pytest.mark.parametrize("case", CASES)
 def test_views_and_copies_give_the_same_bits(case):
-    commit_slots, commit_len, block_slots, block_len, preview = CASES[case]
-    layer = _layer(diffusion=preview)
-    pool = _pool(layer)
-    rows = len(commit_slots) * commit_len + len(block_slots) * block_len
-    x = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(7))
-    args = (commit_slots, commit_len, block_slots, block_len, preview)
+    layer, pool, x, args = _setup(case, seed=7)
     views = _step(layer, x, pool, *args, as_range=True)
     copies = _step(layer, x, pool, *args, as_range=False)
     assert all(torch.equal(a, b) for a, b in zip(views, copies))
