@@ -3,7 +3,8 @@ several concurrencies and two workloads (bench/sweep_workload.py), one run per r
 
 Per row: tokens/s of both, their ratio (engine / peer), TTFT and ITL p50 / p99 of both, peak memory of both (the
 process's resident-set growth during the run, bench/sweep_metrics.py), the engine's overhead (share of the step
-outside the model's forward), and, on the best case (equal prompts, no stops, where the peer decodes exactly what
+outside the model's forward) and where its time goes, phase by phase, per request-step (engine/step_phases.py),
+and, on the best case (equal prompts, no stops, where the peer decodes exactly what
 the engine does), whether their tokens are equal. The engine receives each request at its arrival (continuous
 batching); a static peer starts once the last request has arrived. A fresh engine per row, warmed up before it is
 timed; the peer is warmed up once per reading. Targets (issue 36): on the realistic workload the engine >= 1.5x the
@@ -24,6 +25,7 @@ from diffuserve.bench.sweep_metrics import PeakRss, overhead_fraction, row_figur
 from diffuserve.bench.sweep_peers import Peer
 from diffuserve.bench.sweep_readings import Reading, family_name, fresh_engine, readings, request_params
 from diffuserve.bench.sweep_workload import SweepRequest, make_workload
+from diffuserve.engine.step_phases import PHASES
 
 RATIO_TARGETS = {("realistic", 16): 1.5, ("realistic", 64): 2.0, ("realistic", 128): 2.0}
 BEST_CASE_TARGET = 1.0
@@ -56,6 +58,7 @@ def measure_row(
         "peak_memory_bytes": engine_memory.peak_bytes,
         "overhead_fraction": overhead_fraction(run.steps),
         "num_steps": len(run.steps),
+        "phases_us_per_request_step": run.phases.per_request_step_us(),
     }
     peer_row = row_figures(peer_run.traces, peer_run.wall_s) | {"peak_memory_bytes": peer_memory.peak_bytes}
     engine_tokens, peer_tokens = [t.tokens for t in run.traces], [t.tokens for t in peer_run.traces]
@@ -138,6 +141,17 @@ def table(rows: list[dict[str, Any]]) -> str:
     return format_table(headers, lines)
 
 
+def phase_table(rows: list[dict[str, Any]]) -> str:
+    """The engine's phases (engine/step_phases.py) in microseconds per request-step, row by row."""
+    headers = ["reading", "workload", "conc", *(f"{name} us" for name in PHASES), "outside forward us"]
+    lines = []
+    for r in rows:
+        phases = r["engine"]["phases_us_per_request_step"]
+        outside = sum(value for name, value in phases.items() if name != "forward")
+        lines.append([r["reading"], r["workload"], r["concurrency"], *(phases[name] for name in PHASES), outside])
+    return format_table(headers, lines)
+
+
 def _pair(stats: dict[str, float | None]) -> str:
     return "-" if stats["p50"] is None else f"{stats['p50']:.3g}/{stats['p99']:.3g}"
 
@@ -170,6 +184,8 @@ def run(ns: argparse.Namespace) -> int:
             print(f"sweep: {reading.name}: engine step profile, top by own time", file=sys.stderr)
             print("\n".join(profiles[reading.name]), file=sys.stderr, flush=True)
     print(table(rows))
+    print("engine step phases, microseconds per request-step (engine/step_phases.py):")
+    print(phase_table(rows))
     met = targets(rows)
     for t in met:
         verdict = "met" if t["met"] else "NOT met"

@@ -1,7 +1,8 @@
 """Drives a diffuserve engine through a `bench sweep` workload in real time: each request is added at its arrival
 time (continuous batching: it joins the running batch at the next step), or, as the engine's own static-batch
 baseline, all of them together once the last has arrived. Records every step's wall time and the time inside the
-model (bench/engine_run.ForwardProbe's hooks), every delivery of new tokens, and optionally a cProfile of the steps.
+model (bench/engine_run.ForwardProbe's hooks) and in each of the engine's phases (engine/step_phases.py), every
+delivery of new tokens, and optionally a cProfile of the steps.
 
 Knows nothing of peers or of the table.
 """
@@ -21,6 +22,7 @@ from diffuserve.bench.sweep_metrics import RequestTrace, StepTiming
 from diffuserve.bench.sweep_workload import SweepRequest
 from diffuserve.core.outputs import RequestOutput
 from diffuserve.engine.llm_engine import LLMEngine
+from diffuserve.engine.step_phases import StepPhases
 from diffuserve.sampling_params import SamplingParams
 
 _ids = itertools.count()
@@ -33,6 +35,8 @@ class EngineRun:
     wall_s: float = 0.0
     profile: list[str] | None = None
     """With profile=True: the top entries of the steps' cProfile, by own time."""
+    phases: StepPhases = field(default_factory=StepPhases)
+    """The engine's phases summed over the steps that ran a forward."""
 
 
 def drive(
@@ -62,7 +66,7 @@ def drive(
             if not engine.has_unfinished_requests():
                 time.sleep(max(0.0, (due if static else requests[order[admitted]].arrival_s) - now))
                 continue
-            outputs = _timed_step(engine, probe, profiler, run.steps)
+            outputs = _timed_step(engine, probe, profiler, run)
             finished += _deliver(run.traces, ids, outputs, time.perf_counter() - started)
     run.wall_s = time.perf_counter() - started
     if profiler is not None:
@@ -71,9 +75,9 @@ def drive(
 
 
 def _timed_step(
-    engine: LLMEngine, probe: ForwardProbe, profiler: cProfile.Profile | None, steps: list[StepTiming]
+    engine: LLMEngine, probe: ForwardProbe, profiler: cProfile.Profile | None, run: EngineRun
 ) -> list[RequestOutput]:
-    """One engine step; its wall time and model time are appended to `steps` when it ran a forward."""
+    """One engine step; its wall time, model time and phases are added to `run` when it ran a forward."""
     probe.reset()
     started = time.perf_counter()
     if profiler is not None:
@@ -82,7 +86,8 @@ def _timed_step(
     if profiler is not None:
         profiler.disable()
     if probe.num_tokens:
-        steps.append(StepTiming(time.perf_counter() - started, probe.model_s))
+        run.steps.append(StepTiming(time.perf_counter() - started, probe.model_s))
+        run.phases += engine.last_step_phases
     return outputs
 
 

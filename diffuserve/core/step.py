@@ -97,6 +97,9 @@ class StepResult:
     """Per request id whose grammar failed while decoding: the message; the engine fails those requests alone."""
     verifications: dict[str, Verification] = field(default_factory=dict)
     """Per request id whose drafted block this step committed: what verifying it found (decoder=verified)."""
+    phase_seconds: tuple[float, float, float] | None = None
+    """Wall seconds of building the batch, the forward, and decoding (engine/step_phases.py); None from a runner
+    that does not time them."""
 
 
 @dataclass

@@ -36,6 +36,7 @@ from diffuserve.core.step import SchedulerOutput, StepUpdate
 from diffuserve.engine.engine_setup import RunnerFactory, build_components
 from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest
 from diffuserve.engine.spec_decode_stats import SpecDecodeStats
+from diffuserve.engine.step_phases import StepPhases
 from diffuserve.errors import (
     ContextLengthExceeded,
     DuplicateRequestId,
@@ -66,6 +67,8 @@ class LLMEngine:
         self.steps_capped_by_max_tokens = parts.steps_capped_by_max_tokens
         self.counters = EngineCounters()
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.last_step_phases = StepPhases()
+        """The wall time of each phase of the last step that scheduled work (engine/step_phases.py)."""
 
     @property
     def pool(self) -> PagePool:
@@ -153,27 +156,36 @@ class LLMEngine:
         self._finish_requests(self.output_processor.abort_request(request_id), RequestStatus.FINISHED_ABORTED)
 
     def step(self) -> list[RequestOutput]:
-        """Runs one scheduling step and one forward; returns the outputs of requests that progressed."""
+        """Runs one scheduling step and one forward; returns the outputs of requests that progressed. Its phases'
+        wall times are `last_step_phases` afterwards (engine/step_phases.py)."""
+        started = time.perf_counter()
         output = self.scheduler.schedule()
         if output.is_empty:
             return []
-        started = time.perf_counter()
+        scheduled = time.perf_counter()
         try:
             result = self.runner.execute(output.scheduled)
         except Exception as e:
             logger.exception("engine step failed; failing its %d requests", len(output.scheduled))
             return self._fail_step(output, f"{type(e).__name__}: {e}")
-        seconds = time.perf_counter() - started
+        executed = time.perf_counter()
         update = self.scheduler.update_from_output(output, result.writes, result.verifications)
         if output.num_batched_tokens:  # a step of requests with nothing left to compute ran no forward
-            self.counters.record_step(output.num_batched_tokens, seconds, update)
+            self.counters.record_step(output.num_batched_tokens, executed - scheduled, update)
         self._release(update)
+        updated = time.perf_counter()
         self.output_processor.add_prompt_scores(result.prompt_scores)
         for request_id, error in result.failures.items():  # a grammar failure fails its request only
             self._finish_requests([request_id], RequestStatus.FINISHED_ERROR, error)
         stopped = self.output_processor.find_stop_strings(update.requests)
         self._finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
-        return self.output_processor.snapshot(update.requests, update.new_token_counts)
+        outputs = self.output_processor.snapshot(update.requests, update.new_token_counts)
+        batch, forward, decode = result.phase_seconds or (0.0, executed - scheduled, 0.0)
+        self.last_step_phases = StepPhases(
+            scheduled - started, batch, forward, decode, updated - executed, time.perf_counter() - updated,
+            len(output.scheduled),
+        )  # fmt: skip
+        return outputs
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished

@@ -20,6 +20,7 @@ Batch layout for a step (N query tokens, requests one after another, then prompt
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import cast
 
@@ -101,7 +102,9 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> StepResult:
         """Runs the step (see the module docstring)."""
+        started = time.perf_counter()
         batch = self.build_batch(scheduled)
+        built = time.perf_counter()
         carried = self.executor.carried_rows()  # [slots, H]: the last committed row of each state slot, or [0, H]
         drafts = batch.drafts if batch.drafts.drafts else None  # drafted blocks this step commits (verified)
         kept = drafts.kept_rows(carried) if drafts else None  # [K, H] copied before the forward keeps new rows
@@ -113,7 +116,8 @@ class ModelRunner:
         elif batch.scoring.requests or batch.blocks:  # only rows kept from earlier steps are read: no forward
             hidden = carried
         else:
-            return StepResult()  # only requests with nothing left to compute (max_tokens 0)
+            return StepResult(phase_seconds=(built - started, time.perf_counter() - built, 0.0))  # max_tokens 0
+        forwarded = time.perf_counter()
         scores = {}
         if batch.scoring.requests:
             rows = torch.tensor(batch.scoring.logit_rows, dtype=torch.long, device=self.device)
@@ -124,7 +128,8 @@ class ModelRunner:
             self.rollback = drafts.rejected_slots(verdicts)
         rejected = {request_id for request_id, verdict in verdicts.items() if verdict.token is not None}
         writes = self._decode_blocks(batch, hidden, rejected) if batch.blocks else {}
-        return StepResult(writes, scores, self.decoding.take_failures(), verdicts)
+        timing = (built - started, forwarded - built, time.perf_counter() - forwarded)
+        return StepResult(writes, scores, self.decoding.take_failures(), verdicts, timing)
 
     def release(self, request_id: str) -> None:
         """Forgets a finished request's decoding state; its last block's experts still count in the statistics."""

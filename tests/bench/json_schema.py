@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from diffuserve.engine.step_phases import PHASES
+
 NUMBER = {"type": "number"}
 OPT_NUMBER = {"type": ["number", "null"]}
 COUNT = {"type": "integer", "minimum": 0}
@@ -211,8 +213,16 @@ SWEEP = {
                     "concurrency": COUNT,
                     "engine": {
                         **SWEEP_SIDE,
-                        "required": [*SWEEP_SIDE["required"], "overhead_fraction"],
-                        "properties": {**SWEEP_SIDE["properties"], "overhead_fraction": OPT_NUMBER},
+                        "required": [*SWEEP_SIDE["required"], "overhead_fraction", "phases_us_per_request_step"],
+                        "properties": {
+                            **SWEEP_SIDE["properties"],
+                            "overhead_fraction": OPT_NUMBER,
+                            "phases_us_per_request_step": {
+                                "type": "object",
+                                "required": list(PHASES),
+                                "properties": {name: {"type": "number", "minimum": 0} for name in PHASES},
+                            },
+                        },
                     },
                     "peer_result": SWEEP_SIDE,
                     "ratio": OPT_NUMBER,

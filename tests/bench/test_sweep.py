@@ -144,6 +144,8 @@ def test_sdar_peer_decodes_the_engines_tokens_on_the_best_case(run_bench, bench_
     assert [r["concurrency"] for r in rows] == [1, 4] and all(r["same_tokens"] for r in rows)
     assert all(r["engine"]["generated_tokens"] == r["concurrency"] * 8 for r in rows)
     assert all(0 <= r["engine"]["overhead_fraction"] < 1 and r["ratio"] > 0 for r in rows)
+    assert all(r["engine"]["phases_us_per_request_step"]["forward"] > 0 for r in rows)
+    assert "engine step phases, microseconds per request-step" in text
     assert {t["what"] for t in result["targets"]} == {"ratio"}  # no 128-concurrent row: no overhead target
 
 
