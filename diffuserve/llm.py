@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from diffuserve.config import EngineConfig
 from diffuserve.core.outputs import RequestOutput
+from diffuserve.engine.gc_heap import frozen_heap
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.errors import GenerationFailed
 from diffuserve.model.hub import resolve_model
@@ -112,7 +113,8 @@ class LLM:
         finished: dict[str, RequestOutput] = {}
         # disable=None is tqdm's own "only on a terminal" (vLLM's use_tqdm, when not given)
         disable = None if use_tqdm is None else not use_tqdm
-        with tqdm(total=len(ids), desc="Processed prompts", unit="prompt", disable=disable, dynamic_ncols=True) as bar:
+        progress = tqdm(total=len(ids), desc="Processed prompts", unit="prompt", disable=disable, dynamic_ncols=True)
+        with frozen_heap(), progress as bar:  # the GC scans only what the steps create (engine/gc_heap.py)
             while len(finished) < len(ids):
                 for out in self.engine.step():
                     if out.finished:

@@ -85,6 +85,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "option-matrix": testing.option_matrix,
     "fuzz-http": testing.fuzz_http,
     "sweep": benchmarks_sweep.sweep,
+    "sweep-phases": benchmarks_sweep.phases,
 }
 """Region name -> the renderer that fills it (tests/docs checks that each has exactly one region)."""
 

@@ -25,6 +25,7 @@ from diffuserve.bench.sweep_metrics import PeakRss, overhead_fraction, row_figur
 from diffuserve.bench.sweep_peers import Peer
 from diffuserve.bench.sweep_readings import Reading, family_name, fresh_engine, readings, request_params
 from diffuserve.bench.sweep_workload import SweepRequest, make_workload
+from diffuserve.engine.gc_heap import frozen_heap
 from diffuserve.engine.step_phases import PHASES
 
 RATIO_TARGETS = {("realistic", 16): 1.5, ("realistic", 64): 2.0, ("realistic", 128): 2.0}
@@ -52,7 +53,7 @@ def measure_row(
         run = drive(engine, requests, request_params(ns))
     engine.shutdown()
     print(f"sweep: {label}: {peer.name}", file=sys.stderr, flush=True)
-    with PeakRss() as peer_memory:
+    with PeakRss() as peer_memory, frozen_heap():  # the peer's heap as the engine's (engine/gc_heap.py)
         peer_run = peer.run(requests)
     engine_row = row_figures(run.traces, run.wall_s) | {
         "peak_memory_bytes": engine_memory.peak_bytes,

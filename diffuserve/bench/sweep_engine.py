@@ -21,6 +21,7 @@ from diffuserve.bench.engine_run import ForwardProbe
 from diffuserve.bench.sweep_metrics import RequestTrace, StepTiming
 from diffuserve.bench.sweep_workload import SweepRequest
 from diffuserve.core.outputs import RequestOutput
+from diffuserve.engine.gc_heap import frozen_heap
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.engine.step_phases import StepPhases
 from diffuserve.sampling_params import SamplingParams
@@ -55,7 +56,7 @@ def drive(
     id_of = {i: request_id for request_id, i in ids.items()}
     profiler = cProfile.Profile() if profile else None
     started, admitted, finished = time.perf_counter(), 0, 0
-    with ForwardProbe(engine.runner.model, device) as probe:
+    with frozen_heap(), ForwardProbe(engine.runner.model, device) as probe:  # the served engine's GC (gc_heap.py)
         while finished < len(requests):
             now = time.perf_counter() - started
             due = last_arrival if static else now

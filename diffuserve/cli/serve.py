@@ -95,6 +95,7 @@ def _serve(
 
     import uvicorn
 
+    from diffuserve.engine.gc_heap import freeze_heap
     from diffuserve.engine.llm_engine import LLMEngine
     from diffuserve.server.app import build_app
 
@@ -125,6 +126,7 @@ def _serve(
         )
     )
     assert loading is not None
+    freeze_heap("diffuserve serve")  # what the engine and the app hold for the process's life (engine/gc_heap.py)
     loading.stop()
     # uvicorn re-raises the Ctrl-C it handled once it has shut down; uvicorn.run swallows it too.
     try:

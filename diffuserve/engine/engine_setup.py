@@ -24,6 +24,7 @@ from diffuserve.distributed.group import ParallelGroup, launched_by_torchrun, ra
 from diffuserve.distributed.launcher import ParallelRuntime, start_parallel
 from diffuserve.distributed.step_channel import StepChannel
 from diffuserve.distributed.worker import run_torchrun_worker
+from diffuserve.engine.gc_heap import freeze_heap
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.family import ModelFamily
 from diffuserve.model.loader import load_args, read_model_config
@@ -139,8 +140,10 @@ def build_components(config: EngineConfig, make_runner: RunnerFactory | None = N
 
 def serve_worker_rank(config: EngineConfig, group: ParallelGroup, device: torch.device) -> None:
     """A worker rank's whole run once it joined the group: builds its executor the way rank 0 builds its own,
-    then serves rank 0's forwards until told to stop."""
-    worker_executor(config, group, device).loop()
+    then serves rank 0's forwards until told to stop (its heap frozen for the GC then: engine/gc_heap.py)."""
+    executor = worker_executor(config, group, device)
+    freeze_heap(f"worker rank {group.rank}")
+    executor.loop()
 
 
 def worker_executor(config: EngineConfig, group: ParallelGroup, device: torch.device) -> ModelExecutor:

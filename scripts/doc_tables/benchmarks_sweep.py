@@ -144,3 +144,26 @@ def _family(load: Load, family: str) -> str:
 
 def sweep(load: Load) -> str:
     return "\n\n".join(_family(load, family) for family in FAMILIES)
+
+
+PHASE_NAMES = ("schedule", "batch", "forward", "decode", "update", "outputs")
+"""engine/step_phases.py's PHASES (the renderers do not import the package)."""
+
+
+def phases(load: Load) -> str:
+    """The engine's step phases at 128 concurrent, microseconds per request-step, for every sweep run that recorded
+    them (engine/step_phases.py): where the engine's per-request time goes beside the forward."""
+    rows = []
+    for family in FAMILIES:
+        data = load(f"sweep-{family}")
+        result = data["result"]
+        for row in result["results"]:
+            figures = row["engine"].get("phases_us_per_request_step")
+            if figures is None or row["concurrency"] != 128:
+                continue
+            rows.append(
+                [f"{result['model']['name']} (git {data['git']}): {row['reading']}", row["workload"]]
+                + [f"{figures[name]:.1f}" for name in PHASE_NAMES]
+                + [f"{sum(figures[name] for name in PHASE_NAMES if name != 'forward'):.1f}"]
+            )
+    return table(["model: reading", "workload", *(f"{name} µs" for name in PHASE_NAMES), "all but the forward µs"], rows)

@@ -24,11 +24,13 @@ from diffuserve.server.config import ServerConfig
 from tests.test_hub import populate_hub_cache
 
 
-def _wait_for_port(process: subprocess.Popen, timeout_s: float = 120) -> int:
-    """uvicorn logs the port it bound (port 0 = any free one)."""
+def _wait_for_port(process: subprocess.Popen, timeout_s: float = 120, seen: list[str] | None = None) -> int:
+    """uvicorn logs the port it bound (port 0 = any free one); the lines before it go to `seen`."""
     deadline = time.monotonic() + timeout_s
     assert process.stderr is not None
     for line in process.stderr:
+        if seen is not None:
+            seen.append(line)
         match = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", line)
         if match:
             return int(match.group(1))
@@ -58,8 +60,11 @@ def test_serve_subprocess(tiny_model_dir: Path):
         "info",
     ]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    startup: list[str] = []
     try:
-        port = _wait_for_port(process)
+        port = _wait_for_port(process, seen=startup)
+        # loaded: what the process holds for good is out of the garbage collector's scans (engine/gc_heap.py)
+        assert any(re.search(r"diffuserve serve: \d+ objects frozen", line) for line in startup)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="env-key", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["cli-tiny"]
         assert client.models.list().data[0].max_model_len == 64
