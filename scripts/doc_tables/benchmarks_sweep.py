@@ -166,4 +166,5 @@ def phases(load: Load) -> str:
                 + [f"{figures[name]:.1f}" for name in PHASE_NAMES]
                 + [f"{sum(figures[name] for name in PHASE_NAMES if name != 'forward'):.1f}"]
             )
-    return table(["model: reading", "workload", *(f"{name} µs" for name in PHASE_NAMES), "all but the forward µs"], rows)
+    headers = ["model: reading", "workload", *(f"{name} µs" for name in PHASE_NAMES), "all but the forward µs"]
+    return table(headers, rows)
