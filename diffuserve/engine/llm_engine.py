@@ -23,6 +23,7 @@ Also owns the engine's cumulative counters and their point-in-time snapshot (`En
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -185,6 +186,7 @@ class LLMEngine:
             scheduled - started, batch, forward, decode, updated - executed, time.perf_counter() - updated,
             len(output.scheduled),
         )  # fmt: skip
+        self.counters.phases += self.last_step_phases
         return outputs
 
     def has_unfinished_requests(self) -> bool:
@@ -272,6 +274,8 @@ class EngineStats:
     """Hybrid models (GDN layers): the recurrent-state pool."""
     spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)
     """Verified decoding's drafts and accepted tokens (all zero when no request verifies)."""
+    phases: StepPhases = field(default_factory=StepPhases)
+    """Wall seconds of every step's phases since start (engine/step_phases.py)."""
 
     @property
     def tokens_per_step(self) -> float:
@@ -293,6 +297,7 @@ class EngineCounters:
     num_prefill_tokens: int = 0
     step_time_s: float = 0.0
     spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+    phases: StepPhases = field(default_factory=StepPhases)
 
     def record_step(self, num_tokens: int, seconds: float, update: StepUpdate) -> None:
         """A completed step: `num_tokens` query tokens, `seconds` in the forward and decoders, and the tokens its
@@ -330,4 +335,5 @@ class EngineCounters:
             page_hit_rate=scheduler.page_hit_rate,
             state=cache.state_stats(scheduler.prefix_hit_rate),
             spec_decode=self.spec_decode,
+            phases=dataclasses.replace(self.phases),  # a copy: the counters' own adds up in place
         )

@@ -129,6 +129,12 @@ class MetricSeries:
         self.prompt_tokens = make(Counter, "prompt_tokens", "Prompt tokens of accepted requests.")
         self.generation_tokens = make(Counter, "generation_tokens", "Generated tokens made final.")
         self.engine_steps = make(Counter, "engine_steps", "Forwards the engine ran (one per step, whole batch).")
+        self.step_phase_seconds = make(
+            Counter,
+            "engine_step_phase_seconds",
+            "Wall seconds of the engine's steps by phase: schedule, batch, forward, decode, update, outputs.",
+            ("phase",),
+        )
         self.rejected = make(Counter, "requests_rejected", "Requests refused before reaching the engine.", ("reason",))
         self.success = make(Counter, "request_success", "Finished completions.", ("finished_reason",))
         self._add_latency_metrics(make)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from diffuserve.core.outputs import RequestOutput
 from diffuserve.engine.llm_engine import EngineStats
+from diffuserve.engine.step_phases import PHASES
 from diffuserve.server.bridge import EngineRequest
 from diffuserve.server.metric_series import MetricSeries
 
@@ -132,6 +133,8 @@ class ServerMetrics(MetricSeries):
         self.generation_tokens.inc(stats.num_generated_tokens - last.num_generated_tokens)
         steps = stats.num_steps - last.num_steps
         self.engine_steps.inc(steps)
+        for phase in PHASES:
+            self.step_phase_seconds.labels(phase=phase).inc(getattr(stats.phases, phase) - getattr(last.phases, phase))
         for _ in range(steps):  # one step per call in practice: its tokens are the batched-token delta
             self.iteration_tokens.observe((stats.num_batched_tokens - last.num_batched_tokens) / steps)
         self._expert_stats(stats, last)

@@ -7,6 +7,7 @@ import re
 
 import httpx
 
+from diffuserve.engine.step_phases import PHASES
 from diffuserve.server.metric_series import VLLM_SERIES
 from diffuserve.server.metrics import ServerMetrics
 from tests.server.conftest import API_KEY, MODEL_NAME, LiveServer, sse_events
@@ -68,6 +69,9 @@ def test_vllm_series_count_what_happened(live_server: LiveServer):
     # Every engine step is one iteration; their tokens add up to the batched tokens of the steps.
     assert live_server.metric("iteration_tokens_total_count") == live_server.metric("engine_steps_total")
     assert live_server.metric("iteration_tokens_total_sum") >= live_server.metric("generation_tokens_total")
+    # Where the steps' time went (engine/step_phases.py): every phase counted, the forward's above zero.
+    phases = {p: live_server.metric("engine_step_phase_seconds_total", phase=p) for p in PHASES}
+    assert phases["forward"] > 0 and all(seconds >= 0 for seconds in phases.values())
 
 
 def test_aborted_n4_request_counts_four_aborts(live_server: LiveServer):
