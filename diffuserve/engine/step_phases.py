@@ -10,7 +10,8 @@ whose per-call cost would inflate the Python phases against the model's):
 
 `LLMEngine.step` fills one `StepPhases` per step (`LLMEngine.last_step_phases`); the runner times its own three
 (batch, forward, decode) and hands them back in `StepResult.phase_seconds` (a runner that does not, a benchmark
-baseline's, counts whole as the forward). `bench sweep` sums them over a run and reports each phase in
+baseline's, counts whole as the forward), and adds them to its counters (`EngineStats.phases`, exported as
+`diffuserve:engine_step_phase_seconds{phase}`). `bench sweep` sums them over a run and reports each phase in
 microseconds per request-step: the engine's per-request cost, which is what grows with the batch.
 
 Knows nothing of what runs in each phase.
