@@ -144,7 +144,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def phase_table(rows: list[dict[str, Any]]) -> str:
     """The engine's phases (engine/step_phases.py) in microseconds per request-step, row by row."""
-    headers = ["reading", "workload", "conc", *(f"{name} us" for name in PHASES), "outside forward us"]
+    headers = ["reading", "workload", "conc", *(f"{name} us" for name in PHASES), "all but forward us"]
     lines = []
     for r in rows:
         phases = r["engine"]["phases_us_per_request_step"]

@@ -69,7 +69,8 @@ class LLMEngine:
         self.counters = EngineCounters()
         self.output_processor = OutputProcessor(self.tokenizer)
         self.last_step_phases = StepPhases()
-        """The wall time of each phase of the last step that scheduled work (engine/step_phases.py)."""
+        """The wall time of each phase of the last step (engine/step_phases.py); zeros for a step that scheduled
+        nothing or failed."""
 
     @property
     def pool(self) -> PagePool:
@@ -160,6 +161,7 @@ class LLMEngine:
         """Runs one scheduling step and one forward; returns the outputs of requests that progressed. Its phases'
         wall times are `last_step_phases` afterwards (engine/step_phases.py)."""
         started = time.perf_counter()
+        self.last_step_phases = StepPhases()  # zeros unless this step runs to its outputs
         output = self.scheduler.schedule()
         if output.is_empty:
             return []

@@ -62,3 +62,18 @@ def test_a_delay_shows_in_its_own_phase_only(tiny_model_dir, monkeypatch, phase)
     assert getattr(phases, phase) >= DELAY_S
     assert all(getattr(phases, other) < DELAY_S for other in PHASES if other != phase)
     assert 0.0 <= phases.total <= wall
+
+
+def test_a_failed_step_leaves_no_phases_of_the_step_before(tiny_model_dir, monkeypatch):
+    """A step that fails in the runner reports zeros, not the last good step's phases (bench sweep adds them)."""
+    engine = LLM(str(tiny_model_dir), num_pages=64).engine
+    engine.add_request("good", [5, 6, 7, 8, 9], SamplingParams(max_tokens=8, ignore_eos=True))
+    engine.step()
+    assert engine.last_step_phases.num_request_steps == 1
+
+    def fail(scheduled):
+        raise RuntimeError("injected forward fault")
+
+    monkeypatch.setattr(engine.runner, "execute", fail)
+    engine.step()
+    assert engine.last_step_phases == StepPhases()
