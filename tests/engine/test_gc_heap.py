@@ -47,10 +47,12 @@ def test_a_scoped_freeze_keeps_earlier_cycles_out_of_collections_and_gives_them_
 
 def test_a_scoped_freeze_inside_a_frozen_process_leaves_it_frozen():
     frozen = freeze_heap("test")
-    assert frozen > 0 and gc.get_freeze_count() == frozen
+    assert frozen > 0
     with frozen_heap():
         pass
-    assert gc.get_freeze_count() == frozen
+    # Still frozen (an unfreeze empties the permanent generation); not an exact count: a frozen object whose last
+    # reference goes is freed and leaves it.
+    assert gc.get_freeze_count() > frozen // 2
 
 
 def test_generate_steps_with_its_heap_frozen_and_unfreezes_after(tiny_model_dir, monkeypatch):
