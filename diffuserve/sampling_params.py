@@ -96,14 +96,16 @@ class SamplingParams:
     """threshold (SDAR/LLaDA2 confidence threshold with a top-k fallback), fixed (a fixed number of tokens per
     step), entropy (EB-sampler entropy bound), edit (LLaDA2.1: threshold, plus rewriting accepted tokens while
     their block is open), renoise (DiffusionGemma's canvases, the only decoder of such a model) or verified
-    (threshold drafts kept only where the causal path agrees: the model's autoregressive output; Clover). Default:
+    (drafts kept only where the causal path agrees: the model's autoregressive output; Clover). Default:
     the model's (threshold, or renoise for DiffusionGemma)."""
     threshold: float | None = None
     """Confidence a proposal must exceed (strict >) to be accepted; default 0.9 (LLaDA2 models: 0.95)."""
     steps: int | None = None
     """Denoising steps per block of the fallback / fixed schedule: each step accepts at least
     block_length // steps tokens (remainder to the first steps). Default: block_length (one token a step).
-    decoder=renoise: the most steps a canvas takes (`max_denoising_steps`; default the model's, else 48)."""
+    decoder=renoise: the most steps a canvas takes (`max_denoising_steps`; default the model's, else 48).
+    decoder=verified: the forwards a draft may take: 1 by default (every position at once); more drafts by the
+    threshold policy on that schedule."""
     entropy_bound: float | None = None
     """EB-sampler gamma for decoder=entropy (default 0.35) and decoder=renoise (default the model's, else 0.1)."""
     edit_threshold: float | None = None

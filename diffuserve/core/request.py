@@ -6,9 +6,11 @@ Torch-free. The engine's geometry, for prompt length P and block length B (block
     blocks     [ B ][ B ][ B ][ prompt tail + masks ][ masks ] ...
                <- committed KV -->|<- block_start      (canvas = the current block, B tokens)
 
-A renoise canvas (decoder=renoise, DiffusionGemma) is anchored at the committed length instead: prefill commits
-the whole prompt, the first canvas covers [P, P + B), each next one starts where the last ended; its positions
-hold the canvas the decoder drew (random tokens, never masks) and are decided only when the decoder ends it.
+A renoise canvas (decoder=renoise, DiffusionGemma) and a verified draft (decoder=verified, Clover) are anchored at
+the committed length instead: prefill commits the whole prompt, the first block covers [P, P + B) and each next one
+starts where the last one's kept tokens end. A renoise canvas's positions hold the canvas the decoder drew (random
+tokens, never masks) and are decided only when the decoder ends it; a verified draft starts right after the last
+verified token (core/verification.py), so its first position is always read from a causal row.
 
 `num_computed_tokens` counts positions whose final K/V are in the cache; positions in
 [num_computed_tokens, block_start) are known tokens still to commit (prompt blocks, or the block finished in
@@ -122,20 +124,20 @@ class Request:
     denoising_steps: list[DenoisingStep] = field(default_factory=list)
     """With params.record_denoising: every denoising step's writes, oldest first (empty otherwise)."""
     drafted: list[int] = field(default_factory=list)
-    """Verified decoding (params.is_verified): the generated tokens of the last finished block, which the forward
-    that commits them verifies (core/verification.py). They follow output_token_ids and are committed like them,
-    but are neither output nor used to stop until verified."""
+    """Verified decoding (params.is_verified): the tokens of the last finished block, which the forward that
+    commits them verifies (core/verification.py). They follow output_token_ids and are committed like them, but
+    are neither output nor used to stop until verified (their head, verified when it was written, stops)."""
     num_draft_tokens: int = 0
     """Verified decoding: drafted tokens checked, and kept (`num_accepted_tokens`), over the request's life."""
     num_accepted_tokens: int = 0
     verified_logprobs: list[TokenLogprobs] = field(default_factory=list)
-    """Verified decoding with params.logprobs: those of the verified tokens not in output_token_ids yet (the head
-    of a block reopened after a rejection), from the causal rows that verified them (core/verification.py)."""
+    """Verified decoding with params.logprobs: those of the verified tokens not in output_token_ids yet (a block's
+    or a draft's head), from the causal rows that verified them (core/verification.py)."""
     num_stop_scanned: int = 0
     """Leading output tokens `stop_check` has scanned: none of them ends the request."""
     verified_end: int = 0
-    """Verified decoding: every position below it holds a verified token (the prompt, output_token_ids and, after
-    a rejection, the head of the reopened block)."""
+    """Verified decoding: every position below it holds a verified token (the prompt, output_token_ids and the
+    head of the draft or of the open block, once written)."""
 
     def __post_init__(self) -> None:
         self.verified_end = self.num_prompt_tokens
@@ -156,10 +158,15 @@ class Request:
         return len(self.prompt_token_ids)
 
     @property
+    def is_anchored(self) -> bool:
+        """Whether blocks start at the committed length (renoise canvases, verified drafts), not on the grid."""
+        return self.params.is_renoise or self.params.is_verified
+
+    @property
     def num_prefill_positions(self) -> int:
         """The prompt's complete blocks: the positions prefill computes (the tail is denoised with the block); the
-        whole prompt before a renoise canvas."""
-        if self.params.is_renoise:
+        whole prompt before an anchored block."""
+        if self.is_anchored:
             return self.num_prompt_tokens
         return self.num_prompt_tokens // self.block_length * self.block_length
 
@@ -322,7 +329,10 @@ class Request:
         return [entry for entry in entries[:written] if entry is not None]
 
     def total_tokens_needed(self) -> int:
-        """Positions the request can ever occupy: its last block ends at or after prompt + max_tokens."""
+        """Positions the request can ever occupy: its last block ends at or after prompt + max_tokens (a verified
+        draft may start at the last token it needs, so it may end B - 1 positions past it)."""
         start = self.num_prefill_positions
         end = self.num_prompt_tokens + self.params.max_tokens
+        if self.params.is_verified:
+            return end - 1 + self.block_length
         return start + -(-(end - start) // self.block_length) * self.block_length

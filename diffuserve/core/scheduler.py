@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from diffuserve.core.cache.manager import CacheManager
 from diffuserve.core.request import Request, RequestStatus
 from diffuserve.core.step import ScheduledRequest, SchedulerOutput, StepUpdate
-from diffuserve.core.verification import apply_verification
+from diffuserve.core.verification import apply_head, apply_verification
 from diffuserve.core.verification_trace import record_check
 from diffuserve.core.writes import BlockWrite, Verification
 
@@ -166,6 +166,8 @@ class Scheduler:
         request.num_forwards += 1
         request.step_in_block += 1
         request.apply_step(write.accepted, write.logprobs, write.final)
+        if write.head is not None:
+            apply_head(request, write.head)
         if not self._stop_check(request, update) and request.block_is_final:
             request.finish_block()
             update.finished_blocks.append(request.request_id)
@@ -181,8 +183,8 @@ class Scheduler:
 
     def _apply_verification(self, work: ScheduledRequest, verdict: Verification, update: StepUpdate) -> bool:
         """The step committed the request's drafted block: keeps what its causal rows verified. A rejection
-        takes the caches back to the block's start (its commit is redone) and may end the request on a stop id
-        or the length among the verified tokens. Returns whether the draft was rejected."""
+        takes the caches back to the draft's start (its kept tokens are committed again). The verified tokens may
+        end the request on a stop id or the length. Returns whether the draft was rejected."""
         request = work.request
         block = request.block_start - self.block_length
         update.num_draft_tokens += verdict.num_checked
@@ -192,12 +194,13 @@ class Scheduler:
         update.num_verified_blocks += 1
         if request.params.record_denoising:
             record_check(request, verdict)
-        if not apply_verification(request, verdict):
-            return False
-        self.cache.rollback(request, block)
-        update.num_discarded_steps += int(work.has_block)
-        self._stop_check(request, update)
-        return True
+        rejected = apply_verification(request, verdict)
+        if rejected:
+            self.cache.rollback(request, block)
+            update.num_discarded_steps += int(work.has_block)
+        if rejected or not work.has_block:  # else the block step that follows checks the stops
+            self._stop_check(request, update)
+        return rejected
 
     def _end_scoring(self, work: ScheduledRequest, update: StepUpdate) -> None:
         """After the forward: the scored positions advance the cursor (the cache took its scratch pages back); a
@@ -236,6 +239,7 @@ class Scheduler:
             and start + chunk == request.block_start
             and self.block_length <= left
             and request.params.max_tokens > 0
+            and request.block_start < request.num_prompt_tokens + request.params.max_tokens  # a draft may end it
             and score_end - score_start == request.num_unscored
             and not (pending and is_block_commit and not self.fused_commit)
         )

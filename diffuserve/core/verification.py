@@ -1,16 +1,22 @@
-"""Verified decoding's bookkeeping on a request (torch-free): applying what the forward that committed a drafted
-block found (`core/request.py:Verification`).
+"""Verified decoding's bookkeeping on a request (torch-free): applying what a forward found about its drafts.
 
-A request decoding with decoder=verified finishes a block as a draft (`Request.drafted`); the next forward commits
-it through the model's causal path, whose rows predict each next position, and the request's decoder compares
-(decoding/verified.py). Then, for the drafted positions from `verify_start(request)` on:
+A verified request's block is anchored right after its last verified token (core/request.py), so the block's
+first position is always read from a causal row: the one of the last committed position. Two checks apply it:
 
-    all kept   the draft becomes output (streamed, used to stop); the next block, denoised in the same forward
-               (the fused commit), goes on
-    rejected   the kept head and the causal path's token at the first rejected position stay; the block reopens
-               with them known and the rest masked (or, if that fills it, is final and is committed again); the
-               next block's step is discarded, and the caches go back to the block's start (the scheduler asks the
-               cache manager; the state tensors are restored by the worker)
+    the head     the step that writes the block's first position checks that token against the causal row it was
+                 read from (`apply_head`): it is verified at once, as autoregressive decoding would have decided it
+                 in the same forward, so every forward that decodes a block decides at least one token
+    the draft    a block whose masks are gone is a draft (`Request.drafted`); the forward that commits it
+                 compares the rest of it with the causal rows (decoding/verified.py), then, from
+                 `verify_start(request)` on:
+
+        all kept   the draft becomes output (streamed, used to stop); the next block, drafted in the same forward
+                   (the fused commit), goes on, its head read from the draft's last causal row
+        rejected   the kept head and the causal path's token at the first rejected position become output; the
+                   next block opens right after them; the block step that assumed the draft is discarded and the
+                   caches go back to the draft's start (the scheduler asks the cache manager; the state tensors
+                   are restored by the worker), so the next forward commits the kept tokens again and reads the
+                   next head from the last one's causal row
 """
 
 from __future__ import annotations
@@ -20,15 +26,23 @@ from diffuserve.core.writes import Verification
 
 
 def verify_start(request: Request) -> int:
-    """The first drafted position that is not verified yet (earlier ones were, before the block was redrafted)."""
+    """The first drafted position that is not verified yet (the draft's head was, when it was written)."""
     return max(request.verified_end, request.block_start - len(request.drafted))
+
+
+def apply_head(request: Request, verdict: Verification) -> None:
+    """The step wrote the open block's first position, checked by `verdict` against its causal row (at
+    temperature > 0 the check may have drawn the token written). The position is verified, with its logprobs
+    when the request asks."""
+    request.verified_end = request.block_start + 1
+    if request.params.logprobs is not None:
+        request.verified_logprobs.extend(verdict.logprobs or [])
 
 
 def apply_verification(request: Request, verdict: Verification) -> bool:
     """Applies `verdict` to `request` (see the module docstring); returns whether the draft was rejected, so that
-    the caches must go back to the drafted block's start, `request.block_start - block_length` before the call.
-    With logprobs, the verified tokens' (the causal rows') follow them: into the output with them, or kept in
-    `verified_logprobs` while they head a reopened block."""
+    the caches must go back to the draft's start, `request.block_start - block_length` before the call. With
+    logprobs, the verified tokens' (the causal rows') follow them into the output."""
     first = request.block_start - len(request.drafted)  # the position of drafted[0]
     if request.params.logprobs is not None:
         request.verified_logprobs.extend(verdict.logprobs or [])
@@ -37,15 +51,9 @@ def apply_verification(request: Request, verdict: Verification) -> bool:
         request.drafted, request.verified_end = [], request.block_start
         return False
     rejected = verify_start(request) + verdict.num_accepted
-    kept = [*request.drafted[: rejected - first], verdict.token]
-    block = request.block_start - request.block_length
+    _output(request, [*request.drafted[: rejected - first], verdict.token])
     request.drafted, request.verified_end = [], rejected + 1
-    if rejected + 1 == request.block_start:  # the block is whole and verified: final, committed again
-        _output(request, kept)
-        request.open_block(request.block_start)
-        return True
-    request.open_block(block)
-    request.canvas[first - block : rejected + 1 - block] = kept
+    request.open_block(rejected + 1)
     return True
 
 

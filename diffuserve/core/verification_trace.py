@@ -4,7 +4,7 @@ first rejection, as a `DenoisingStep` with a `DraftCheck`, so that a client watc
 console's denoising view) sees rejected drafts as such.
 
 Recorded before the verdict is applied (core/verification.py then moves the kept tokens to the output and
-reopens the block); knows nothing of how the causal rows were compared (decoding/verified.py).
+opens the next block after them); knows nothing of how the causal rows were compared (decoding/verified.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def record_check(request: Request, verdict: Verification) -> None:
     causal = None if verdict.token is None else (rejected[0][0], verdict.token)
     block_start = request.block_start - request.block_length
     block = (block_start - request.num_prefill_positions) // request.block_length
-    drafting = [s.step for s in request.denoising_steps if s.block == block and s.check is None]
+    drafting = [s.step for s in request.denoising_steps if s.start == block_start - offset and s.check is None]
     request.denoising_steps.append(
         DenoisingStep(
             block=block,

@@ -11,6 +11,21 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class Verification:
+    """What checking drafted positions against the causal rows that predict them found (decoder=verified;
+    core/verification.py)."""
+
+    num_checked: int
+    """Drafted positions compared, from `verify_start(request)` on (or the block's head)."""
+    num_accepted: int
+    """The leading ones kept."""
+    token: int | None
+    """The causal path's token at the first rejected position; None when every checked position was kept."""
+    logprobs: list[TokenLogprobs] | None = None
+    """For a request that asks for logprobs: those of the kept drafts, then of `token`, from the causal rows."""
+
+
+@dataclass(frozen=True)
 class BlockWrite:
     """What a step writes into one request's block."""
 
@@ -21,17 +36,6 @@ class BlockWrite:
     final: bool | None = None
     """A renoise canvas: whether this step ended it (its tokens are then the written ones); None for the other
     decoders, whose blocks end when their masks are gone."""
-
-
-@dataclass(frozen=True)
-class Verification:
-    """What the commit forward of a request's drafted block found (decoder=verified; core/verification.py)."""
-
-    num_checked: int
-    """Drafted positions compared, from `verify_start(request)` on."""
-    num_accepted: int
-    """The leading ones kept."""
-    token: int | None
-    """The causal path's token at the first rejected position; None when every checked position was kept."""
-    logprobs: list[TokenLogprobs] | None = None
-    """For a request that asks for logprobs: those of the kept drafts, then of `token`, from the causal rows."""
+    head: Verification | None = None
+    """A verified draft whose first position this step wrote: that token checked against the causal row it was
+    read from (core/verification.py: `apply_head`); None otherwise."""

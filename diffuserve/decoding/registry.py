@@ -4,7 +4,9 @@ check of whether that decoder fits the model and the request's other options (th
     the model reads blocks causally (no block-diffusion tensors)    -> the autoregressive rule, whatever was asked
     the model's blocks are renoise canvases                          -> renoise (the only decoder that fits them)
     otherwise                                                        -> the mask decoder the request names
-    verified, on a model whose causal path predicts the next token   -> the verified decoder (refused otherwise)
+    verified, on a model whose causal path predicts the next token   -> the verified decoder (refused otherwise),
+                                                                        drafting in one forward, or by the
+                                                                        threshold policy when `steps` > 1
     with structured_outputs                                          -> that decoder, grammar-constrained
     with a presence, frequency or repetition penalty                 -> that decoder, its rows penalised first
 
@@ -28,6 +30,9 @@ from diffuserve.errors import RequestError, UnsupportedParameter
 from diffuserve.model.interface import StepRules
 from diffuserve.sampling_params import ResolvedSamplingParams
 
+MULTI_STEP_VERIFIED = "verified, multi-step drafts"
+"""The key of the verified decoder that drafts by the threshold policy over `steps` > 1 forwards."""
+
 
 class DecoderRegistry:
     def __init__(
@@ -46,9 +51,11 @@ class DecoderRegistry:
         self._plain["autoregressive"] = NextTokenDecoder(block_length)
         self._plain["renoise"] = RenoiseDecoder(block_length, vocab_size, device)
         self.verified = VerifiedDecoder(block_length, self.penalty_counts, structured)
-        """The one verified decoder: it drafts (through the registry, penalised and grammar-walked like any
-        decoder) and verifies (with the same penalty counts and grammar matchers)."""
+        """The verified decoder that drafts a block in one forward; it drafts (through the registry, penalised and
+        grammar-walked like any decoder) and verifies every verified request's drafts (with the same penalty
+        counts and grammar matchers)."""
         self._plain["verified"] = self.verified
+        self._plain[MULTI_STEP_VERIFIED] = VerifiedDecoder(block_length, self.penalty_counts, structured, False)
         self._constrained = {
             name: GrammarConstrained(decoder, structured, block_length)
             for name, decoder in self._plain.items()
@@ -58,6 +65,8 @@ class DecoderRegistry:
     def resolve(self, params: ResolvedSamplingParams) -> Decoder:
         """The decoder of a request with `params`; a RequestError naming the field if it cannot be decoded."""
         name = "autoregressive" if self.rules.autoregressive else params.decoder
+        if name == "verified" and (params.steps or 1) > 1:
+            name = MULTI_STEP_VERIFIED
         self._check_fits(params)
         if params.structured_outputs is None:
             decoder = self._plain[name]

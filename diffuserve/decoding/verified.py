@@ -1,10 +1,18 @@
-"""VerifiedDecoder (decoder=verified): a block is drafted by the threshold policy, greedily, and the forward that
-commits it verifies the draft against the model's causal path, whose row before each position predicts it (the
-AR shift), so the output is the model's autoregressive output: token-identical to greedy autoregressive decoding
-at temperature 0, distributed exactly as autoregressive sampling otherwise (same temperature, top-k, top-p).
+"""VerifiedDecoder (decoder=verified): a block is drafted, greedily, and checked against the model's causal path,
+whose row before each position predicts it (the AR shift), so the output is the model's autoregressive output:
+token-identical to greedy autoregressive decoding at temperature 0, distributed exactly as autoregressive sampling
+otherwise (same temperature, top-k, top-p).
+
+    the draft    by default every masked position of the block at once, in one forward (the argmax of each
+                 position's row: LinearSpec's one-forward draft); with `steps` > 1 the threshold policy over up to
+                 that many forwards (each accepts at least block_length // steps)
+    the head     the block's first position is read from a causal row (the block is anchored right after the last
+                 verified token, core/request.py), so the step that writes it checks it against that same row
+                 (`verify` on one position): it is verified in the forward that wrote it
+    the rest     checked by the forward that commits the block, against the commit's causal rows
 
     temperature 0   keep drafted tokens while they equal the causal argmax; at the first that does not, the
-                    argmax is written instead and the rest of the block is drafted again
+                    argmax is written instead (the "bonus" token) and the next block starts after it
     temperature > 0 speculative sampling with a point-mass draft q = 1[x]: keep x with probability
                     min(1, p(x) / q(x)) = p(x); on rejection draw from the normalised residual (p - q)+, which is
                     p without x. A sampled draft would need its q row ([V] floats) kept per drafted position
@@ -21,7 +29,7 @@ rejected suffix is never in it. A verified token's logprobs are read from that s
 decoding's from its own (decoding/logprobs.py); the drafts compute none.
 
 Which positions are compared and what happens to the request afterwards is core/verification.py's; which rows
-the commit forward gives is the worker's (worker/verification.py).
+the forward gives is the worker's (worker/verification.py).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from diffuserve.decoding.grammar_state import GrammarState
 from diffuserve.decoding.grammar_walk import StructuredDecoding, grammar_masked
 from diffuserve.decoding.logprobs import logprob_rows, token_logprobs
 from diffuserve.decoding.mask import MaskDecoder
-from diffuserve.decoding.mask_policies import ThresholdDecoder, filter_logits
+from diffuserve.decoding.mask_policies import FixedStepsDecoder, ThresholdDecoder, filter_logits
 from diffuserve.decoding.penalties import PenaltyCounts, apply_penalties
 from diffuserve.sampling_params import VERIFIED, ResolvedSamplingParams
 
@@ -47,8 +55,11 @@ class VerifiedDecoder(MaskDecoder):
         block_length: int,
         penalty_counts: PenaltyCounts | None = None,
         structured: StructuredDecoding | None = None,
+        one_forward: bool = True,
     ) -> None:
-        super().__init__(VERIFIED, ThresholdDecoder(), block_length)
+        super().__init__(VERIFIED, FixedStepsDecoder() if one_forward else ThresholdDecoder(), block_length)
+        self.one_forward = one_forward
+        """Every masked position drafted in one forward; else the threshold policy over `steps` forwards."""
         self.penalty_counts = penalty_counts if penalty_counts is not None else PenaltyCounts()
         """The counts the drafts were penalised with (the registry's): the causal rows get the same."""
         self.structured = structured
@@ -56,21 +67,27 @@ class VerifiedDecoder(MaskDecoder):
 
     def draft_params(self, request: Request) -> ResolvedSamplingParams:
         """Drafts are greedy whatever the request's temperature (q is then a point mass: nothing to keep), and
-        compute no logprobs (a verified token's are its causal row's)."""
+        compute no logprobs (a verified token's are its causal row's); a one-forward draft takes every position."""
+        if self.one_forward:
+            return request.params.replace(temperature=0.0, logprobs=None, steps=1)
         return request.params.replace(temperature=0.0, logprobs=None)
 
     def verify(
-        self, request: Request, rows: torch.Tensor, positions: list[int], generators: RequestGenerators
+        self,
+        request: Request,
+        rows: torch.Tensor,
+        positions: list[int],
+        drafts: list[int],
+        generators: RequestGenerators,
     ) -> Verification:
-        """rows [M, V] fp32: the causal path's predictions of the drafted absolute `positions` (ascending, from
-        `verify_start`) -> how many drafts are kept, the token at the first rejected position, and (when asked for)
-        the logprobs of the kept drafts and that token."""
-        drafts = request.drafted[len(request.drafted) - (request.block_start - positions[0]) :][: len(positions)]
+        """rows [M, V] fp32: the causal path's predictions of the drafted absolute `positions` (ascending,
+        consecutive), whose drafts are `drafts` -> how many drafts are kept, the token at the first rejected
+        position, and (when asked for) the logprobs of the kept drafts and that token."""
         offsets = [p - request.block_start for p in positions]  # canvas indices relative to the open block
         rows = forbid_tokens(request, offsets, rows)
         params = request.params
-        if params.has_penalties:  # the same counts as the drafts': the committed output before the block
-            rows = apply_penalties(rows, self.penalty_counts.of(request, rows.shape[-1], rows.device), params)
+        if params.has_penalties:
+            rows = self._penalised(request, rows, positions, drafts)
         generator = None if params.is_greedy else generators.of(request)
         try:
             grammar = self._grammar(request, positions[0])
@@ -82,6 +99,21 @@ class VerifiedDecoder(MaskDecoder):
         tokens = [*drafts[:kept], *([] if token is None else [token])]
         logprobs = None if params.logprobs is None else _logprobs(rows[: len(tokens)], tokens, params)
         return Verification(len(positions), kept, token, logprobs)
+
+    def _penalised(self, request: Request, rows: torch.Tensor, positions: list[int], drafts: list[int]) -> torch.Tensor:
+        """rows [M, V], each penalised as autoregressive decoding would penalise its position: counting every
+        token before it (the output, the verified tokens after it, then the drafts before it), so the penalised
+        output is the model's autoregressive one at any block length."""
+        first = request.block_start - len(request.drafted)  # the position of drafted[0]
+        counts = self.penalty_counts.of(request, rows.shape[-1], rows.device)
+        counts = counts + torch.bincount(
+            torch.tensor(request.drafted[: positions[0] - first], dtype=torch.long, device=rows.device),
+            minlength=rows.shape[-1],
+        )
+        for i, draft in enumerate(drafts):
+            apply_penalties(rows[i : i + 1], counts, request.params)
+            counts[draft] += 1
+        return rows
 
     def _grammar(self, request: Request, start: int) -> GrammarState | None:
         """With structured output: the request's matcher fed its verified tokens before position `start`."""

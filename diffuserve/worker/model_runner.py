@@ -40,7 +40,7 @@ from diffuserve.worker.cache.step_metadata import StepMetadata
 from diffuserve.worker.executor import ForwardInputs, ModelExecutor
 from diffuserve.worker.experts import ExpertOffload, ExpertTracker
 from diffuserve.worker.prompt_scoring import ScoringRows, prompt_logprobs
-from diffuserve.worker.verification import StepDrafts
+from diffuserve.worker.verification import StepDrafts, check_head
 
 LOGITS_BUDGET_BYTES = 1 << 30
 """Default bound on one chunk's fp32 logits (1 GiB: 4 DiffusionGemma canvases of 256 x 262,144)."""
@@ -106,8 +106,6 @@ class ModelRunner:
         batch = self.build_batch(scheduled)
         built = time.perf_counter()
         carried = self.executor.carried_rows()  # [slots, H]: the last committed row of each state slot, or [0, H]
-        drafts = batch.drafts if batch.drafts.drafts else None  # drafted blocks this step commits (verified)
-        kept = drafts.kept_rows(carried) if drafts else None  # [K, H] copied before the forward keeps new rows
         if batch.forward.input_ids.numel():
             hidden = self.executor.execute(batch.forward)  # [N, H]
             self.rollback = []
@@ -123,9 +121,9 @@ class ModelRunner:
             rows = torch.tensor(batch.scoring.logit_rows, dtype=torch.long, device=self.device)
             scores = prompt_logprobs(self.model.compute_logits(hidden.index_select(0, rows)), batch.scoring.requests)
         verdicts: dict[str, Verification] = {}
-        if drafts is not None and kept is not None:
-            verdicts = drafts.verify(hidden, kept, self.model.compute_logits, self.decoding)
-            self.rollback = drafts.rejected_slots(verdicts)
+        if batch.drafts.drafts:  # verified decoding: the drafts this step commits, checked by its causal rows
+            verdicts = batch.drafts.verify(hidden, self.model.compute_logits, self.decoding)
+            self.rollback = batch.drafts.rejected_slots(verdicts)
         rejected = {request_id for request_id, verdict in verdicts.items() if verdict.token is not None}
         writes = self._decode_blocks(batch, hidden, rejected) if batch.blocks else {}
         timing = (built - started, forwarded - built, time.perf_counter() - forwarded)
@@ -276,10 +274,13 @@ class ModelRunner:
         decoded: list[tuple[Request, BlockDecode]] = []
         # by decoder: its blocks' requests, their rows in `logits`, their read positions
         batched: dict[int, tuple[BatchDecoder, list[Request], list[int], list[list[int]]]] = {}
+        heads: dict[str, int] = {}  # verified requests: the row of their block's first read position
         start = 0
         for block in blocks:
             request, rows = block.work.request, range(start, start + len(block.positions))
             start += len(block.positions)
+            if request.params.is_verified:
+                heads[request.request_id] = rows.start
             if request.request_id in skip:
                 continue
             decoder = self.decoding.decoder_of(request)
@@ -302,14 +303,17 @@ class ModelRunner:
             same = len(batch_rows) == logits.shape[0]
             taken = logits if same else logits.index_select(0, torch.tensor(batch_rows, device=logits.device))
             decoded += zip(requests, batch_decoder.decode_blocks(requests, taken, read, self.decoding.generators))
-        del logits  # freed before the self-conditioning pass, unless going-on canvases' tempered logits view it
         # A loop: a comprehension would be a runner frame amid the decoders' (test_architecture).
         writes: dict[str, BlockWrite] = {}
         carried: list[tuple[int, torch.Tensor]] = []
         for request, decoding in decoded:
             writes[request.request_id] = decoding.write
+            if request.params.is_verified:  # its head was read from a causal row: checked against it
+                row = heads[request.request_id]
+                writes[request.request_id] = check_head(request, decoding.write, logits[row : row + 1], self.decoding)
             if decoding.self_conditioning is not None:
                 carried.append((canvas_slot(request), decoding.self_conditioning))
+        del logits  # freed before the self-conditioning pass, unless going-on canvases' tempered logits view it
         if carried:
             self._keep_self_conditioning(carried)
         return writes

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.core.writes import BlockWrite
-from diffuserve.decoding import verified
+from diffuserve.decoding import registry, verified
 from diffuserve.decoding.protocol import BlockDecode
 from diffuserve.decoding.registry import DecoderRegistry
 from diffuserve.errors import RequestError, UnsupportedParameter
@@ -95,7 +95,7 @@ def test_verified_equals_autoregressive_decoding_under_preemption(block4):
     assert sum(o.outputs[0].num_draft_tokens for o in outputs) == spec.num_draft_tokens
     assert sum(o.outputs[0].num_accepted_tokens for o in outputs) == spec.num_accepted_tokens
     assert stats.num_preemptions > 0
-    assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens  # some drafts kept, many rejected
+    assert spec.num_accepted_tokens < spec.num_draft_tokens  # random weights: one-forward drafts mostly wrong
     assert spec.num_discarded_steps > 0 and stats.prefix_hit_rate > 0
     diffusion, _ = _generate(bd, PROMPTS, _greedy(12, decoder="threshold"))
     assert diffusion != want  # the drafts alone are not the autoregressive output
@@ -152,13 +152,13 @@ def test_verified_is_refused_where_no_causal_row_predicts_the_next_token():
 
 
 def test_penalised_verified_decoding_is_the_penalised_autoregressive_output(block4):
-    """Penalties apply to the drafts and, with the same counts (the committed output before the block), to the
-    causal rows that verify them: the output is the engine's autoregressive output under the same penalties, which
-    counts the same way and which tests/engine/test_penalties.py checks against the plain-arithmetic reference."""
+    """Each causal row that verifies a position is penalised by the counts of every token before that position:
+    the output is the engine's autoregressive reading (block length 1, every token counted before the next) under
+    the same penalties, which tests/engine/test_penalties.py checks against the plain-arithmetic reference."""
     bd, ar = block4
     penalties = {"presence_penalty": 1.5, "frequency_penalty": 0.8, "repetition_penalty": 1.3}
-    want, _ = _generate(ar, PROMPTS, _greedy(12, **penalties))
-    plain, _ = _generate(ar, PROMPTS, _greedy(12))
+    want, _ = _generate(ar, PROMPTS, _greedy(12, **penalties), block_length=1)
+    plain, _ = _generate(ar, PROMPTS, _greedy(12), block_length=1)
     got, _ = _generate(bd, PROMPTS, _greedy(12, decoder="verified", **penalties))
     assert want != plain  # the penalties change the autoregressive output
     assert got == want
@@ -200,3 +200,34 @@ def test_verified_equals_transformers_greedy(tmp_path, block_length):
         ]
     assert got == want
     assert _generate(ar, prompts, _greedy(36))[0] == want
+
+
+@pytest.mark.parametrize("block_length", [4, 32])
+def test_every_forward_decides_a_token_so_verified_never_takes_more_forwards(tmp_path, block_length):
+    """Random diffusion tensors draft mostly wrong tokens, yet each forward of a verified request decides at least
+    one token (its block's head, read from a causal row), so no request takes more forwards than the same
+    request decoded autoregressively; and the tokens are the same."""
+    bd, ar = _checkpoints(tmp_path, block_length)
+    prompts = [*PROMPTS, PREFIX * 2]
+    params = _greedy(24, decoder="verified")
+    verified_outputs: list = []
+    autoregressive_outputs: list = []
+    got, _ = _generate(bd, prompts, params, verified_outputs)
+    want, _ = _generate(ar, prompts, _greedy(24), autoregressive_outputs)
+    assert got == want
+    for v, a in zip(verified_outputs, autoregressive_outputs, strict=True):
+        assert a.num_forwards == len(a.outputs[0].token_ids) == 24
+        assert v.num_forwards <= a.num_forwards
+
+
+def test_forwards_that_decide_nothing_fail_the_count(tmp_path, monkeypatch):
+    """The mutation: the default draft takes several forwards (the threshold policy, one token a step at the least),
+    so a forward may decide nothing: the tokens stay right, the forward count does not."""
+    bd, ar = _checkpoints(tmp_path, 4)
+    want, _ = _generate(ar, PROMPTS, _greedy(24))
+    default = "self.verified = VerifiedDecoder(block_length, self.penalty_counts, structured)"
+    apply_source_mutation(monkeypatch, registry, default, default.replace("structured)", "structured, False)"))
+    outputs: list = []
+    got, _ = _generate(bd, PROMPTS, _greedy(24, decoder="verified"), outputs)
+    assert got == want
+    assert any(o.num_forwards > 24 for o in outputs)

@@ -36,9 +36,10 @@ from diffuserve.structured_outputs import StructuredOutputsParams
 from tests.engine.test_oracle_mutations import apply_source_mutation
 from tests.engine.test_verified_decoding import PROMPTS, _checkpoints, _greedy
 
-TOLERANCE = dict(rel_tol=1e-5, abs_tol=1e-4)
-"""fp32 on CPU: the engine's cached forward and an uncached recompute differ by ~1e-6 in the logits, ~1e-4 in the
-logprob of an unlikely alternative (-16)."""
+TOLERANCE = dict(rel_tol=1e-5, abs_tol=2e-4)
+"""fp32 on CPU: the engine's cached forward and an uncached recompute differ by ~1e-6 to 1e-4 in the logits, up to
+~1e-4 in a logprob (an unlikely alternative at -16, or one at temperature 0.8, which scales the logits' noise by
+1.25); a logprob read from a wrong row is off by far more."""
 HF_TOLERANCE = dict(rel_tol=1e-4, abs_tol=1e-3)
 """transformers' own (torch) gated-delta and attention code: logprobs ~1e-4 apart from ours."""
 PREEMPTING = dict(num_pages=5, max_model_len=128)
@@ -164,13 +165,20 @@ def test_verified_logprobs_equal_transformers_log_softmax(dirs):
 
 
 def test_verified_prompt_logprobs_are_the_engines_prompt_scores(dirs):
-    """Prompt scoring does not depend on the decoder: verified requests score their prompt as threshold ones."""
+    """Prompt scoring does not depend on the decoder: verified requests score their prompt as threshold ones (a
+    verified request commits its whole prompt, a threshold one only its complete blocks, so the last block's
+    scores come from forwards of another layout: equal within fp32 noise)."""
     bd, _ = dirs
     prompts = [{"prompt_token_ids": p} for p in PROMPTS[:3]]
     llm = _engine(bd)
     got = llm.generate(prompts, _greedy(8, decoder="verified", prompt_logprobs=2))
     want = llm.generate(prompts, _greedy(8, prompt_logprobs=2))
-    assert [o.prompt_logprobs for o in got] == [o.prompt_logprobs for o in want]
+    for g, w in zip(got, want, strict=True):
+        assert g.prompt_logprobs is not None and w.prompt_logprobs is not None
+        assert g.prompt_logprobs[0] is None and w.prompt_logprobs[0] is None
+        for a, b in zip(g.prompt_logprobs[1:], w.prompt_logprobs[1:], strict=True):
+            assert a is not None and b is not None and a.keys() == b.keys()
+            assert all(a[t].rank == b[t].rank and math.isclose(a[t].logprob, b[t].logprob, **TOLERANCE) for t in a)
     assert all(o.prompt_logprobs is not None and len(o.prompt_logprobs) == len(p) for o, p in zip(got, PROMPTS))
 
 
@@ -219,19 +227,20 @@ def test_logprobs_read_from_the_draft_rows_fail_the_check(dirs, monkeypatch):
     diffusion row that proposed it) instead of its causal row's."""
     bd, ar = dirs
     _oracle_drafts(monkeypatch, ar)
-    drafts: dict[tuple[str, int], object] = {}  # (request id, position) -> the draft step's logprobs there
+    written: dict[tuple[str, int], object] = {}  # (request id, position) -> the draft step's logprobs there
     apply_step = Request.apply_step
 
     def recording(request: Request, accepted, logprobs=None, final=None) -> None:
         for (index, _), entry in zip(accepted, logprobs or [], strict=False):
-            drafts[request.request_id, request.block_start + index] = entry
+            written[request.request_id, request.block_start + index] = entry
         apply_step(request, accepted, logprobs, final)
 
     verify = verified.VerifiedDecoder.verify
 
-    def from_drafts(self, request, rows, positions, generators):
-        verdict = verify(self, request, rows, positions, generators)
-        kept = [drafts[request.request_id, p] for p in positions[: verdict.num_accepted]]
+    def from_drafts(self, request, rows, positions, drafts, generators):
+        verdict = verify(self, request, rows, positions, drafts, generators)
+        own = verdict.logprobs[: verdict.num_accepted]  # a head is checked before its step's writes are recorded
+        kept = [written.get((request.request_id, p), o) for p, o in zip(positions, own)]
         return replace(verdict, logprobs=kept + verdict.logprobs[verdict.num_accepted :])  # the correction's: causal
 
     monkeypatch.setattr(Request, "apply_step", recording)
@@ -291,9 +300,12 @@ def test_a_verifier_breaking_the_grammar_fails_the_check(dirs, monkeypatch, muta
     apply_source_mutation(monkeypatch, verified, *GRAMMAR_MUTATIONS[mutation])
     try:
         got = _constrained(bd, "verified")
+        sampled = _constrained(bd, "verified", temperature=0.9)
     except GenerationFailed:  # a token the grammar refuses reached the matcher: the requests fail
         return
-    assert got != want
+    # Greedy, the matcher stays in step on its own (each step's walk syncs it); a sampled head that is redrawn
+    # leaves it one token behind, which only the sync repairs.
+    assert got != want or not all(_matches(SPECS[i % len(SPECS)], text) for i, (text, _) in enumerate(sampled))
 
 
 @pytest.fixture(scope="module")

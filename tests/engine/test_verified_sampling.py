@@ -31,7 +31,7 @@ def _verified_draws() -> tuple[torch.Tensor, torch.Tensor]:
         params = PARAMS.replace(seed=seed).with_defaults({})
         request = Request(f"r{seed}", [7, 7, 7, 7], params, block_length=2, mask_token_id=99)
         request.drafted = list(DRAFTS)  # the block [2, 4), drafted; the next block opens at 4
-        verdict = decoder.verify(request, LOGITS.clone(), [2, 3], RequestGenerators(torch.device("cpu")))
+        verdict = decoder.verify(request, LOGITS.clone(), [2, 3], DRAFTS, RequestGenerators(torch.device("cpu")))
         tokens = DRAFTS[: verdict.num_accepted] + ([verdict.token] if verdict.token is not None else [])
         first.append(tokens[0])
         second.append(tokens[1] if tokens[0] == DRAFTS[0] and len(tokens) > 1 else -1)
@@ -108,7 +108,8 @@ def test_grammar_constrained_verified_sampling_is_constrained_autoregressive_sam
         # One id for every seed: the matcher is made once and synced back to the verified tokens (none) each time.
         request = Request("g", [7, 7, 7, 7], params, block_length=2, mask_token_id=GRAMMAR_MASK)
         request.drafted = list(GRAMMAR_DRAFTS)
-        verdict = decoder.verify(request, _grammar_rows(), [2, 3], RequestGenerators(torch.device("cpu")))
+        generators = RequestGenerators(torch.device("cpu"))
+        verdict = decoder.verify(request, _grammar_rows(), [2, 3], GRAMMAR_DRAFTS, generators)
         assert verdict.token is not None  # "c" is forbidden: never kept
         tokens = [*GRAMMAR_DRAFTS[: verdict.num_accepted], verdict.token]
         first.append(tokens[0])
