@@ -27,9 +27,13 @@ RENOISE = "renoise"
 """DiffusionGemma's decoder (decoding/renoise.py): a canvas of random tokens, every position sampled each
 step, the low-entropy ones kept and the rest renoised, on a temperature schedule (t_max -> t_min)."""
 VERIFIED = "verified"
-"""Verified decoding (decoding/verified.py): blocks drafted by the threshold policy, each kept only as far as the
-causal path of the forward that commits it agrees (models whose causal path predicts the next token)."""
-DECODER_NAMES = (*MASK_DECODER_NAMES, RENOISE, VERIFIED)
+"""Verified decoding (decoding/verified.py): blocks drafted in one forward, each kept only as far as the causal path
+of the forward that commits it agrees (models whose causal path predicts the next token)."""
+AUTO = "auto"
+"""Verified decoding whose drafts the engine turns off in the steps where the batch is wide (each such step decides
+every request's next token autoregressively): the same tokens either way. On a model without verified decoding,
+the model's own decoder."""
+DECODER_NAMES = (*MASK_DECODER_NAMES, RENOISE, VERIFIED, AUTO)
 """The decoders, by name: the one list that validation, the engine's policies and the server's schema use."""
 DECODERS = DECODER_NAMES
 """The same tuple under its former name (server/protocol.py and tests/server import it)."""
@@ -96,7 +100,8 @@ class SamplingParams:
     """threshold (SDAR/LLaDA2 confidence threshold with a top-k fallback), fixed (a fixed number of tokens per
     step), entropy (EB-sampler entropy bound), edit (LLaDA2.1: threshold, plus rewriting accepted tokens while
     their block is open), renoise (DiffusionGemma's canvases, the only decoder of such a model) or verified
-    (drafts kept only where the causal path agrees: the model's autoregressive output; Clover). Default:
+    (drafts kept only where the causal path agrees: the model's autoregressive output; Clover) or auto (verified,
+    autoregressive in the steps where the batch is too wide for drafts to pay; elsewhere the model's decoder). Default:
     the model's (threshold, or renoise for DiffusionGemma)."""
     threshold: float | None = None
     """Confidence a proposal must exceed (strict >) to be accepted; default 0.9 (LLaDA2 models: 0.95)."""
@@ -348,8 +353,13 @@ class ResolvedSamplingParams:
 
     @property
     def is_verified(self) -> bool:
-        """Whether the request's blocks are drafts that the commit forward verifies (decoder=verified)."""
-        return self.decoder == VERIFIED
+        """Whether the request's blocks are drafts that the commit forward verifies (decoder=verified or auto)."""
+        return self.decoder == VERIFIED or self.decoder == AUTO
+
+    @property
+    def is_auto(self) -> bool:
+        """Whether the engine chooses, step by step, between drafting and deciding only the next token."""
+        return self.decoder == AUTO
 
     @property
     def is_editing(self) -> bool:

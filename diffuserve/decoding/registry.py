@@ -7,6 +7,9 @@ check of whether that decoder fits the model and the request's other options (th
     verified, on a model whose causal path predicts the next token   -> the verified decoder (refused otherwise),
                                                                         drafting in one forward, or by the
                                                                         threshold policy when `steps` > 1
+    auto                                                             -> verified where it fits (its drafts
+                                                                        switched per step by the scheduler),
+                                                                        else threshold (renoise on canvases)
     with structured_outputs                                          -> that decoder, grammar-constrained
     with a presence, frequency or repetition penalty                 -> that decoder, its rows penalised first
 
@@ -28,7 +31,7 @@ from diffuserve.decoding.renoise import RenoiseDecoder
 from diffuserve.decoding.verified import VerifiedDecoder
 from diffuserve.errors import RequestError, UnsupportedParameter
 from diffuserve.model.interface import StepRules
-from diffuserve.sampling_params import ResolvedSamplingParams
+from diffuserve.sampling_params import AUTO, RENOISE, ResolvedSamplingParams
 
 MULTI_STEP_VERIFIED = "verified, multi-step drafts"
 """The key of the verified decoder that drafts by the threshold policy over `steps` > 1 forwards."""
@@ -56,6 +59,7 @@ class DecoderRegistry:
         counts and grammar matchers)."""
         self._plain["verified"] = self.verified
         self._plain[MULTI_STEP_VERIFIED] = VerifiedDecoder(block_length, self.penalty_counts, structured, False)
+        self._plain[AUTO] = VerifiedDecoder(block_length, self.penalty_counts, structured, name=AUTO)
         self._constrained = {
             name: GrammarConstrained(decoder, structured, block_length)
             for name, decoder in self._plain.items()
@@ -64,6 +68,8 @@ class DecoderRegistry:
 
     def resolve(self, params: ResolvedSamplingParams) -> Decoder:
         """The decoder of a request with `params`; a RequestError naming the field if it cannot be decoded."""
+        if params.is_auto and not (self.rules.prediction_shift and not self.rules.autoregressive):
+            params = params.replace(decoder=RENOISE if self.rules.renoise_canvas else "threshold")  # no drafts here
         name = "autoregressive" if self.rules.autoregressive else params.decoder
         if name == "verified" and (params.steps or 1) > 1:
             name = MULTI_STEP_VERIFIED

@@ -56,8 +56,9 @@ class VerifiedDecoder(MaskDecoder):
         penalty_counts: PenaltyCounts | None = None,
         structured: StructuredDecoding | None = None,
         one_forward: bool = True,
+        name: str = VERIFIED,
     ) -> None:
-        super().__init__(VERIFIED, FixedStepsDecoder() if one_forward else ThresholdDecoder(), block_length)
+        super().__init__(name, FixedStepsDecoder() if one_forward else ThresholdDecoder(), block_length)
         self.one_forward = one_forward
         """Every masked position drafted in one forward; else the threshold policy over `steps` forwards."""
         self.penalty_counts = penalty_counts if penalty_counts is not None else PenaltyCounts()

@@ -62,24 +62,23 @@ AUTOREGRESSIVE = "autoregressive"
 """The label of the row decoded at block length 1 (one token per forward, read from the causal row before it:
 the model's autoregressive reading), by a second engine (`diffuserve eval` builds it)."""
 VERIFIED = "verified"
-"""The label of the row decoded with decoder=verified: threshold drafts kept where the causal rows agree, so its
+"""The label of the row decoded with decoder=verified: one-forward drafts kept where the causal rows agree, so its
 replies are the autoregressive row's."""
-VERIFIED_DRAFT_THRESHOLD = 0.5
-"""The second verified row drafts at this threshold: more drafts per forward, more of them rejected, the same
-replies (the causal check decides every token), so the draft threshold only trades speed."""
-VERIFIED_ROWS = (VERIFIED, f"verified, drafts at {VERIFIED_DRAFT_THRESHOLD:g}")
+VERIFIED_ROWS = (VERIFIED, "verified, multi-step drafts")
+"""The second verified row drafts each block by the threshold policy over up to block_length forwards (`steps`):
+other drafts, the same replies (the causal check decides every token), so the draft only trades speed."""
 
 
 def decoding_sweep(thresholds: Sequence[float], block_length: int) -> list[tuple[str, SamplingParams]]:
     """(label, params) for the model's default decoding, each threshold, the fixed schedule at 1 and 2 tokens a
-    step, three entropy bounds, and verified decoding (drafts at the default threshold and at a low one)."""
+    step, three entropy bounds, and verified decoding (one-forward and multi-step drafts)."""
     sweep = [("default", SamplingParams())]
     sweep += [(f"threshold {t:g}", SamplingParams(decoder="threshold", threshold=t)) for t in thresholds]
     for steps in sorted({block_length, max(1, block_length // 2)}, reverse=True):
         sweep.append((f"fixed {block_length // steps}/step", SamplingParams(decoder="fixed", steps=steps)))
     sweep += [(f"entropy {b:g}", SamplingParams(decoder="entropy", entropy_bound=b)) for b in (0.1, 0.35, 1.0)]
     sweep.append((VERIFIED, SamplingParams(decoder="verified")))
-    sweep.append((VERIFIED_ROWS[1], SamplingParams(decoder="verified", threshold=VERIFIED_DRAFT_THRESHOLD)))
+    sweep.append((VERIFIED_ROWS[1], SamplingParams(decoder="verified", steps=block_length)))
     return sweep
 
 

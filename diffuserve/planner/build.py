@@ -134,7 +134,7 @@ def _workload(
 def _decoding_tpf(options: PlanOptions, tpf: float, block: int) -> tuple[float, str]:
     """(TPF, its source) under the planned decoder: the diffusion TPF as it is, or verified decoding's from it."""
     if options.decoder == "verified":
-        return verified_tpf(options.verified_tpf, options.acceptance_rate, tpf, block)
+        return verified_tpf(options.verified_tpf, options.acceptance_rate, block)
     for flag in ("verified_tpf", "acceptance_rate"):
         if getattr(options, flag) is not None:
             name = flag.replace("_", "-")

@@ -25,7 +25,7 @@ def test_eval_sweeps_decoders_on_the_bundled_model(capsys):
         "entropy 0.35",
         "entropy 1",
         "verified",
-        "verified, drafts at 0.5",
+        "verified, multi-step drafts",
         "autoregressive",
     ]
     assert summary["num_examples"] == 8

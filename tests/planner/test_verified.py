@@ -25,33 +25,34 @@ COSTS = CostInputs(gpu_hour_price=1.0, capex_per_gpu=1.0)
 
 
 @pytest.mark.parametrize(
-    ("rate", "draft_tpf", "block", "expected"),
+    ("rate", "block", "expected"),
     [
-        # f(1) = max(1, 1/2) + 0.5 (1 + f(0)) = 1.5; f(2) = max(1, 2/2) + 0.5 (1 + 1.5) + 0.25 (1 + 0) = 2.5
-        (0.5, 2.0, 2, 2 / 2.5),
-        # nothing kept: f(1) = 1 + 1 = 2, f(2) = 1 + (1 + f(1)) = 4
-        (0.0, 2.0, 2, 2 / 4),
-        # everything kept: one check per block, drafted in S / d = 2 forwards: the diffusion TPF
-        (1.0, 2.0, 4, 2.0),
-        # f(1) = 1 + 0.25 = 1.25; f(2) = 1 + 0.25 x 2.25 + 0.1875 = 1.75; f(3) = 1.5 + 0.25 x 2.75 + 0.1875 x 2.25
-        # + 0.140625 = 2.75 (d = 2: f(3) drafts in 3 / 2 forwards)
-        (0.75, 2.0, 3, 3 / 2.75),
+        # p = 0.5: all kept 0.5 x 2 = 1; cut after 0 kept 0.5 x 1; the head after a cut 0.5: 2 / (1 + 0.5)
+        (0.5, 2, 2 / 1.5),
+        # nothing kept: each check writes the causal token, the next forward one head: autoregressive
+        (0.0, 4, 1.0),
+        # everything kept: a block per forward
+        (1.0, 4, 4.0),
+        # p = 0.5625: 0.5625 x 3 = 1.6875; cuts 0.25 x 1 + 0.75 x 0.25 x 2 = 0.625; heads 0.4375; / 1.4375
+        (0.75, 3, 2.75 / 1.4375),
+        # block 1: no drafts, autoregressive
+        (0.3, 1, 1.0),
     ],
 )
-def test_tpf_from_the_acceptance_rate_by_hand(rate, draft_tpf, block, expected):
-    assert verified_tpf_from_acceptance(rate, draft_tpf, block) == pytest.approx(expected, rel=1e-12)
+def test_tpf_from_the_acceptance_rate_by_hand(rate, block, expected):
+    assert verified_tpf_from_acceptance(rate, block) == pytest.approx(expected, rel=1e-12)
 
 
 def test_tpf_precedence_and_the_measured_default_is_the_results_file():
-    given = verified_tpf(1.7, 0.5, 2.0, 2)
+    given = verified_tpf(1.7, 0.5, 2)
     assert given == (1.7, "given (--verified-tpf)")
-    derived, source = verified_tpf(None, 0.5, 2.0, 2)
-    assert derived == pytest.approx(0.8) and "acceptance rate 0.5" in source
-    measured, source = verified_tpf(None, None, 2.0, 32)
+    derived, source = verified_tpf(None, 0.5, 2)
+    assert derived == pytest.approx(2 / 1.5) and "acceptance rate 0.5" in source
+    measured, source = verified_tpf(None, None, 32)
     record = json.loads((ROOT / "docs" / "results" / "eval.json").read_text())
     verified = next(row for row in record["result"]["results"] if row["decoding"] == "verified")
     assert measured == MEASURED_VERIFIED_TPF == verified["tokens_per_forward"] and "eval.json" in source
-    assert verified_tpf(None, None, 2.0, 1)[0] == 1  # never above the block
+    assert verified_tpf(None, None, 1)[0] == 1  # never above the block
 
 
 def test_verified_holds_a_backup_of_the_state_in_the_pool():
@@ -96,7 +97,7 @@ def test_full_attention_models_need_no_backup():
 def test_build_plan_takes_the_decoder_and_refuses_stray_flags():
     options = PlanOptions(model="Clover-35B-A3B", context_length=32768, block_length=4, tpf=2.0)
     plan = build_plan(replace(options, decoder="verified", acceptance_rate=0.5))
-    expected = verified_tpf_from_acceptance(0.5, 2.0, 4)
+    expected = verified_tpf_from_acceptance(0.5, 4)
     assert plan.workload.decoder == "verified" and plan.workload.tpf == pytest.approx(expected)
     diffusion = build_plan(options)
     assert plan.decode.tokens_per_s_per_seq == pytest.approx(diffusion.decode.tokens_per_s_per_seq * expected / 2.0)
