@@ -41,7 +41,7 @@ def test_eval_sweeps_decoders_on_the_bundled_model(capsys):
     assert by_label["default"]["tokens_per_forward"] > 1.0
     assert by_label["autoregressive"]["tokens_per_forward"] == 1.0
     assert by_label["verified"]["accuracy"] == by_label["autoregressive"]["accuracy"]
-    assert by_label["verified, drafts at 0.5"]["accuracy"] == by_label["autoregressive"]["accuracy"]
+    assert by_label["verified, multi-step drafts"]["accuracy"] == by_label["autoregressive"]["accuracy"]
     assert all(label in "\n".join(lines) for label in labels)
 
 
