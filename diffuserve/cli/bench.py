@@ -80,10 +80,10 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument(
         "--block-expert-coreset",
-        type=int,
         default=None,
-        help="route each denoised block within a coreset of C experts (docs/models.md; 0 = off; default: the "
-        "model's config.json, else off)",
+        metavar="RULE",
+        help="the block expert coreset rule (docs/models.md): C routes each denoised block within C experts (0 = "
+        "off); cumulative:0.6[,min=16,window=32] is dMoE's rule (default: the model's config.json, else off)",
     )
     _add_weights_and_cache(model)
     _add_execution(model)
