@@ -322,6 +322,14 @@ def _add_moe(parser: argparse.ArgumentParser) -> None:
         help="block expert coreset sizes C to measure against per-token routing on a random 256-expert shape at "
         "batch 1, comma-separated (e.g. 8,16,32,48): experts and bytes per forward, and the planner's bytes",
     )
+    parser.add_argument(
+        "--coreset-rules",
+        nargs="+",
+        default=[],
+        metavar="RULE",
+        help="cumulative coreset rules (dMoE's, e.g. cumulative:0.6 cumulative:0.3,min=8) to measure against "
+        "per-token routing on a random 256-expert dMoE at batch 1: experts and bytes per forward, and the planner's",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
