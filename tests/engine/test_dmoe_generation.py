@@ -6,6 +6,8 @@ prefill and preemption; and the unique experts per block as `generate` reports t
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -93,3 +95,16 @@ def test_engine_equals_the_independent_oracle(dmoe_dir):
     assert not run.mismatches, "\n".join(run.mismatches)
     per_token = _answers(LLM(str(dmoe_dir), num_pages=256, block_expert_coreset=0), prompts, [30, 12, 9])
     assert per_token != run.engine_tokens  # the rule changes the answers: the comparison can fail
+
+
+def test_the_gate_keys_are_read_not_reported(dmoe_dir, tmp_path, caplog):
+    shutil.copytree(dmoe_dir, tmp_path / "fresh")  # settings are reported once per directory
+    LLM(str(tmp_path / "fresh"), num_pages=16)
+    assert "ignored" not in caplog.text and "core_threshold" not in caplog.text
+    config = json.loads((dmoe_dir / "config.json").read_text())
+    shutil.copytree(dmoe_dir, tmp_path / "other-mode")
+    (tmp_path / "other-mode" / "config.json").write_text(json.dumps({**config, "mode": "token"}))
+    with pytest.raises(ValueError, match=r"config\.json: `mode` is 'token'; dMoE's gate runs only 'aggregate'"):
+        LLM(str(tmp_path / "other-mode"), num_pages=16)
+    with pytest.raises(ValueError, match="block_length: 16 is not a multiple of the coreset window 32"):
+        LLM(str(dmoe_dir), num_pages=16, block_length=16)
