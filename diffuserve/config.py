@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from diffuserve.model.layers.moe.coreset_rule import parse_coreset_rule
 from diffuserve.model.quant.scheme import DEFAULT_TARGETS, QuantScheme, make_scheme
 
 
@@ -154,11 +155,13 @@ class EngineConfig:
     strict_config: bool = False
     """A config.json key or checkpoint tensor that looks like a diffusion or routing setting the engine does not
     implement (or any key it does not know) is an error instead of a warning at load."""
-    block_expert_coreset: int | None = None
-    """MoE models: while a block is denoised, each MoE layer routes the block's positions within a coreset of this
-    many experts chosen for the block (the C with the largest summed router probability; each position then takes
-    its top-k inside it, renormalised; docs/models.md). Commits keep per-token routing. 0 = off; default: the
-    model's config.json (docs/models.md lists the keys read), else off."""
+    block_expert_coreset: str | int | None = None
+    """MoE models: the block expert coreset rule (docs/models.md). An integer C: while a block is denoised, each
+    MoE layer routes the block's positions within the C experts with the largest summed router probability
+    (commits keep per-token routing; 0 = off). `cumulative:T[,min=M][,window=W]` (dMoE's rule, T in (0, 1]): every
+    window of W positions (32) of every forward routes within the experts covering a share T of its positions'
+    top-k votes, at least M (16). Default: the model's config.json (the keys docs/models.md lists, or dMoE's
+    `core_threshold`), else off."""
     expert_stats: bool | None = None
     """Keep MoE routing statistics (experts touched per step and per block, load imbalance: /metrics and
     `bench`). Each step copies every MoE layer's routing to the host, so the default is on where they are
@@ -170,8 +173,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _positive("max_model_len", self.max_model_len)
         _positive("block_length", self.block_length)
-        if self.block_expert_coreset is not None and self.block_expert_coreset < 0:
-            raise ValueError(f"block_expert_coreset: must be >= 0 (0 turns it off), got {self.block_expert_coreset}")
+        parse_coreset_rule(self.block_expert_coreset or 0)  # a bad value fails here, with its one-line reason
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format: must be auto or dummy, got {self.load_format!r}")
         if self.moe_backend not in ("auto", "loop", "bmm", "grouped_mm"):

@@ -8,6 +8,7 @@
    then with an expert cache of 25 % and 50 % of each layer's experts, per-block vs per-step residency: hit rate,
    bytes moved per generated token, and a check that the tokens are identical to the run without offload.
 3. With --coreset-sizes: block expert coreset routing at each C against per-token routing (moe_coreset.py).
+4. With --coreset-rules: dMoE's cumulative rule on a random dMoE, against per-token routing (moe_dmoe.py).
 
 Fixed seeds, a warm-up before timing, interleaved repeats (median), a human table, and a final JSON line.
 """
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from diffuserve.bench.moe_coreset import bench_coreset, print_coreset_table
+from diffuserve.bench.moe_dmoe import bench_dmoe, print_dmoe_table
 from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal_mask
 from diffuserve.model.layers.moe.dispatch import grouped_experts, looped_experts, run_experts
 from diffuserve.model.layers.moe.layer import SparseMoeBlock
@@ -52,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
         coreset = (
             bench_coreset(Path(tmp), sizes, args.block_length, args.steps_per_block, args.max_tokens) if sizes else []
         )
+        rules = args.coreset_rules
+        dmoe = bench_dmoe(Path(tmp), rules, args.block_length, args.steps_per_block, args.max_tokens) if rules else []
     result = {
         "bench": "moe",
         "model": preset,
@@ -61,10 +65,13 @@ def run(args: argparse.Namespace) -> int:
         "dispatch": dispatch,
         "offload": offload,
         "coreset": coreset,
+        "coreset_rules": dmoe,
     }
     print_tables(result)
     if coreset:
         print_coreset_table(coreset)
+    if dmoe:
+        print_dmoe_table(dmoe)
     print(json.dumps(result))
     return 0
 

@@ -80,10 +80,10 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument(
         "--block-expert-coreset",
-        type=int,
         default=None,
-        help="route each denoised block within a coreset of C experts (docs/models.md; 0 = off; default: the "
-        "model's config.json, else off)",
+        metavar="RULE",
+        help="the block expert coreset rule (docs/models.md): C routes each denoised block within C experts (0 = "
+        "off); cumulative:0.6[,min=16,window=32] is dMoE's rule (default: the model's config.json, else off)",
     )
     _add_weights_and_cache(model)
     _add_execution(model)
@@ -321,6 +321,14 @@ def _add_moe(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="block expert coreset sizes C to measure against per-token routing on a random 256-expert shape at "
         "batch 1, comma-separated (e.g. 8,16,32,48): experts and bytes per forward, and the planner's bytes",
+    )
+    parser.add_argument(
+        "--coreset-rules",
+        nargs="+",
+        default=[],
+        metavar="RULE",
+        help="cumulative coreset rules (dMoE's, e.g. cumulative:0.6 cumulative:0.3,min=8) to measure against "
+        "per-token routing on a random 256-expert dMoE at batch 1: experts and bytes per forward, and the planner's",
     )
 
 

@@ -30,10 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", help="auto (the checkpoint's), float32, bfloat16 or float16")
     parser.add_argument(
         "--block-expert-coreset",
-        type=int,
         default=None,
-        metavar="C",
-        help="route each block to a coreset of C experts while it is denoised (default: the model's; 0 off)",
+        metavar="RULE",
+        help="the block expert coreset rule: C experts per denoised block (0 off) or cumulative:0.6[,min=16,"
+        "window=32], dMoE's (docs/models.md; default: the model's)",
     )
     add_quantization_arguments(parser)
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from diffuserve.planner.calibrate import Calibration, check_calibration, load_calibration
+from diffuserve.planner.coreset import model_config, planned_coreset_size, planned_rule
 from diffuserve.planner.hardware import HardwareSpec, custom_hardware, get_hardware
 from diffuserve.planner.inputs import KV_BYTES, CostInputs, Deployment, Efficiency, Workload
 from diffuserve.planner.model_presets import ModelPreset, load_model
@@ -127,8 +128,20 @@ def _workload(
         request_rate=options.request_rate,
         experts_touched_fraction=options.experts_touched_fraction,
         experts_touched_per_block=touched,
-        block_expert_coreset=options.block_expert_coreset,
+        **_coreset(options, spec, preset, block, touched),
     )
+
+
+def _coreset(
+    options: PlanOptions, spec: ModelSpec, preset: ModelPreset | None, block: int, touched: float | None
+) -> dict[str, Any]:
+    """The Workload's coreset fields: the rule's C (the cumulative rule's estimated mean) and its text."""
+    config = preset.config if preset else (model_config(options.model) if options.model else None)
+    rule = planned_rule(options.block_expert_coreset, config)
+    if rule is None or not spec.is_moe:
+        return {}
+    size = planned_coreset_size(spec, rule, block, touched)
+    return {"block_expert_coreset": size, "coreset_rule": rule.describe() if rule.every_window else ""}
 
 
 def _decoding_tpf(options: PlanOptions, tpf: float, block: int) -> tuple[float, str]:

@@ -112,6 +112,9 @@ class Workload:
     block_expert_coreset: int = 0
     """Block expert coreset routing: while a block is denoised, each MoE layer routes its positions to at most
     this many experts (0: off, every position to its own top-k)."""
+    coreset_rule: str = ""
+    """The cumulative coreset rule `block_expert_coreset` estimates (planner/coreset.py), for the report; empty for
+    the fixed rule."""
 
     def __post_init__(self) -> None:
         for name in (

@@ -124,6 +124,11 @@ _LLADA2_FLASH = dict(
     moe_intermediate_size=1024,
 )
 
+# dMoE-16B (FSCCS/dMoE-16B, fscdc/dMoE @a5b7679): LLaDA2.0-mini fine-tuned with learnable block experts; its
+# training config (training/configs/model_configs/llada2_mini/config.json) is LLaDA2.0-mini's shape, and its
+# configuration class adds the gate's `mode` "aggregate" and `core_threshold` 0.6 (the cumulative coreset rule).
+_DMOE = dict(_LLADA2_MINI, mode="aggregate", core_threshold=0.6)
+
 # DiffusionGemma-26B-A4B (google/diffusiongemma-26B-A4B-it): its config.json, as three independent public
 # parsers quote it verbatim in their tests (mlxcel's `REAL_CONFIG_SNIPPET`, a C# loader's `RealConfigJson`
 # fixture that "mirrors the verified config.json", a Python packer's `Layout`; read through the code search),
@@ -218,6 +223,14 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
             6.1e9,
             "inclusionAI/dFactory llada2_flash config.json; totals from the model card (100BA6B; "
             "6.1B active, 4.8B non-embedding, as Ling-flash-2.0)",
+        ),
+        ModelPreset(
+            "dMoE-16B",
+            _DMOE,
+            16e9,
+            1.4e9,
+            "FSCCS/dMoE-16B: LLaDA2.0-mini's config.json (fscdc/dMoE training config) with its gate's mode "
+            "'aggregate' and core_threshold 0.6; totals as LLaDA2.0-mini's",
         ),
         ModelPreset(
             "DiffusionGemma-26B-A4B",

@@ -52,8 +52,9 @@ class PlanOptions:
     acceptance_rate: float | None = None
     verified_tpf: float | None = None
     experts_touched_fraction: float | None = None
-    block_expert_coreset: int = 0
-    """Each block routed to at most this many experts per MoE layer while denoised (0: per-token routing)."""
+    block_expert_coreset: str | int | None = None
+    """The block expert coreset rule (model/layers/moe/coreset_rule.py): C experts per denoised block, 0 for
+    per-token routing, or cumulative:T[,min=M][,window=W] (dMoE's); None: the model's config.json's, else off."""
     # efficiency
     bandwidth_fraction: float | None = None
     flops_fraction: float | None = None

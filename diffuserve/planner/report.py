@@ -99,6 +99,9 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "block_expert_coreset": (
             {
                 "coreset": plan.coreset.coreset,
+                "rule": plan.coreset.rule or str(plan.coreset.coreset),
+                "expert_bytes_per_forward_with_coreset": plan.coreset.expert_bytes(plan.coreset.with_coreset),
+                "expert_bytes_per_forward_per_token": plan.coreset.expert_bytes(plan.coreset.per_token),
                 "batch1_with_coreset": _numbers(plan.coreset.with_coreset),
                 "batch1_per_token_routing": _numbers(plan.coreset.per_token),
                 "speedup": plan.coreset.speedup,
@@ -215,10 +218,11 @@ def _coreset_lines(plan: Plan) -> list[str]:
     c = plan.coreset
     with_c, per_token = c.with_coreset, c.per_token
     return [
-        f"Coreset     batch 1 with block expert coreset C = {c.coreset}: {with_c.tokens_per_s_per_seq:,.1f} tokens/s "
-        f"(experts touched {with_c.forward.experts_touched:.1%}, {fmt_bytes(with_c.forward.bytes)} per forward) vs "
-        f"{per_token.tokens_per_s_per_seq:,.1f} with per-token routing ({per_token.forward.experts_touched:.1%}, "
-        f"{fmt_bytes(per_token.forward.bytes)}): {c.speedup:.2f}x",
+        f"Coreset     batch 1 with {c.label}: {with_c.tokens_per_s_per_seq:,.1f} tokens/s "
+        f"(experts touched {with_c.forward.experts_touched:.1%}, expert weights {fmt_bytes(c.expert_bytes(with_c))} "
+        f"of {fmt_bytes(with_c.forward.bytes)} per forward) vs {per_token.tokens_per_s_per_seq:,.1f} with per-token "
+        f"routing ({per_token.forward.experts_touched:.1%}, expert weights {fmt_bytes(c.expert_bytes(per_token))} "
+        f"of {fmt_bytes(per_token.forward.bytes)}): {c.speedup:.2f}x",
     ]
 
 

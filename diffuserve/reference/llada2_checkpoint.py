@@ -80,7 +80,18 @@ BENCH: dict[str, Any] = dict(
 """`llada2-bench`: TINY's layout (layer 0 dense, experts in 4 groups, top-2 from the 2 best, a shared expert) at
 sdar-moe-bench's width and depth (hidden 512, 8 layers, 16 experts of 256, vocabulary 8192): a LLaDA2 whose forward,
 not the engine's per-step Python, is most of a step on a CPU."""
-LLADA2_PRESETS: dict[str, dict[str, Any]] = {"llada2-tiny": {}, "llada2-bench": BENCH}
+DMOE: dict[str, Any] = dict(
+    num_experts=64,
+    num_experts_per_tok=4,
+    n_group=8,
+    topk_group=4,
+    moe_intermediate_size=16,
+    mode="aggregate",
+    core_threshold=0.6,
+)
+"""`dmoe-tiny`: TINY with dMoE's config keys (`mode`, `core_threshold` 0.6) and enough experts for its rule to
+choose (64 in 8 groups, top-4 from the 4 best groups: a coreset of at least 16 is a real subset)."""
+LLADA2_PRESETS: dict[str, dict[str, Any]] = {"llada2-tiny": {}, "llada2-bench": BENCH, "dmoe-tiny": DMOE}
 """Named shapes: overrides of TINY."""
 
 

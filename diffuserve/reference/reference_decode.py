@@ -28,6 +28,7 @@ from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.step_inputs import StepInputs
 from diffuserve.reference.reference_coreset import block_coreset_routing
 from diffuserve.reference.reference_decoders import positions_to_write, propose
+from diffuserve.reference.reference_dmoe import dmoe_routing
 from diffuserve.reference.reference_model import ReferenceModel, post_edit_budget
 from diffuserve.sampling_params import SamplingParams
 
@@ -159,10 +160,14 @@ def _decode_block(
 
 def _logits(ref: ReferenceModel, tokens: list[int], mask: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """Full recompute of `tokens` (positions 0..T-1, the last block being denoised); fp32 logits [M, V] at the
-    positions `rows`. With a block expert coreset, the last block's rows route by it (reference_coreset)."""
+    positions `rows`. With a block expert coreset, the last block's rows route by it (reference_coreset); with
+    dMoE's rule, every row (reference_dmoe)."""
     length = len(tokens)
     attention = StepInputs(DenseAttentionInputs(mask[:length, :length][None, None]))
-    with block_coreset_routing(ref.model, length - ref.block_length, length, ref.block_expert_coreset):
+    with (
+        block_coreset_routing(ref.model, length - ref.block_length, length, ref.block_expert_coreset),
+        dmoe_routing(ref.model, ref.core_threshold),
+    ):
         hidden = ref.model(torch.tensor(tokens)[None], torch.arange(length)[None], attention)  # [1, T, H]
     return ref.model.compute_logits(hidden[0, rows])
 

@@ -78,6 +78,8 @@ class ReferenceModel:
     steps_capped_by_gen_length: bool = False
     block_expert_coreset: int = 0
     """C of block expert coreset routing (reference_coreset.py) while a block is denoised; 0 = per-token."""
+    core_threshold: float | None = None
+    """dMoE's block-expert routing (reference_dmoe.py) with this threshold in every forward; None = off."""
 
     def resolve(self, params: SamplingParams) -> SamplingParams:
         """`params` with every None knob filled from the model's defaults."""
@@ -113,10 +115,12 @@ def load_reference(
     max_model_len: int | None = None,
     dtype: str = "auto",
     block_expert_coreset: int | None = None,
+    core_threshold: float | None = None,
 ) -> ReferenceModel:
     """The reference for a model directory: loads its own copy of the model (or drives `model`, e.g. the
     transformers one of `bench compare`). `block_length` / `max_model_len` / `block_expert_coreset` as the engine
-    was configured (the coreset by default from config.json)."""
+    was configured (the coreset by default from config.json); `core_threshold`: dMoE's routing (by default
+    config.json's `core_threshold`)."""
     config, generation = read_model_config(model_dir)
     if model is None:
         args, model = load_model(model_dir, dtype=dtype)
@@ -136,6 +140,7 @@ def load_reference(
         defaults,
         architecture in STEPS_CAPPED_BY_GEN_LENGTH,
         _coreset(config) if block_expert_coreset is None else block_expert_coreset,
+        config.get("core_threshold") if core_threshold is None else core_threshold,
     )
 
 

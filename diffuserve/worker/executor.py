@@ -24,6 +24,7 @@ from diffuserve.model.config import ModelArgs, parse_block_expert_coreset
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.attention_backends.selection import set_attention_backend
 from diffuserve.model.layers.moe.coreset import set_block_coreset
+from diffuserve.model.layers.moe.coreset_rule import CoresetRule, parse_coreset_rule, rule_from_config
 from diffuserve.model.layers.moe.layer import set_moe_backend
 from diffuserve.model.layers.moe.offload_context import OffloadContext, offload_context
 from diffuserve.model.loader import load_model, read_model_config
@@ -51,6 +52,22 @@ def should_compile(enforce_eager: bool | None, device: torch.device) -> bool:
 
 
 BUCKET_STEP = 256
+
+
+def engine_coreset_rule(config: EngineConfig, block_length: int) -> CoresetRule | None:
+    """The flag's coreset rule, else config.json's (None: per-token routing). ValueError where the cumulative
+    rule's windows would straddle forwards (the block length is not a multiple of the window)."""
+    if config.block_expert_coreset is not None:
+        rule = parse_coreset_rule(config.block_expert_coreset)
+    else:
+        model_config = read_model_config(config.model)[0]
+        rule = rule_from_config(model_config, parse_block_expert_coreset(model_config))
+    if rule is not None and rule.every_window and block_length % rule.window:
+        raise ValueError(
+            f"block_length: {block_length} is not a multiple of the coreset window {rule.window} "
+            f"({rule.describe()}), so a window would straddle forwards; use --block-length {rule.window}"
+        )
+    return rule
 
 
 def bucket_size(num_tokens: int) -> int:
@@ -148,8 +165,8 @@ class ModelExecutor:
         self._no_rows = torch.zeros(0, hidden_size, dtype=model_dtype(model), device=device)
         self.run_model = CompiledForward(model, False, device)
         """The forward a step calls: `model`, or its compiled form (see `build`)."""
-        self.block_coreset = 0
-        """Block expert coreset size C of the model's MoE layers (0: per-token routing); set by `build`."""
+        self.block_coreset: CoresetRule | None = None
+        """The block expert coreset rule of the model's MoE layers (None: per-token routing); set by `build`."""
 
     @classmethod
     def build(
@@ -191,9 +208,7 @@ class ModelExecutor:
         )
         caches, sizes = allocate_caches(layout, want, group, device)
         set_moe_backend(model, config.moe_backend)
-        coreset = config.block_expert_coreset
-        if coreset is None:
-            coreset = parse_block_expert_coreset(read_model_config(config.model)[0])
+        coreset = engine_coreset_rule(config, args.block_length)
         set_block_coreset(model, coreset)
         model.set_recurrent_backend(config.gdn_backend, device)
         set_attention_backend(model, config.attention_backend, device)

@@ -57,6 +57,9 @@ class ExpertStatsSnapshot:
     experts_touched_by_blocks_per_step: float = 0.0
     """Distinct experts per MoE layer per step that the step's denoised blocks touch (their rows only: commits and
     prefill left out; what a block expert coreset caps), averaged over the layer-steps with blocks."""
+    experts_per_block_forward: float = 0.0
+    """Distinct experts per MoE layer of one block's rows in one forward, averaged over the blocks' layer-forwards
+    (dMoE's `generate` reports this, its "unique experts", for its one sequence)."""
 
 
 def num_cache_slots(budget: int | None, expert_bytes: int, num_layers: int, num_experts: int) -> int:
@@ -142,6 +145,7 @@ class ExpertTracker:
         self._num_blocks = 0
         self._blocks_step_sum = 0.0  # distinct experts of the step's block rows, summed over layer-steps
         self._num_block_layer_steps = 0
+        self._block_forward_sums = [0.0, 0]  # distinct experts of one block's rows, summed; layer-forwards
 
     @property
     def enabled(self) -> bool:
@@ -163,6 +167,8 @@ class ExpertTracker:
                 self._blocks_step_sum += float(rows.unique().numel())
                 self._num_block_layer_steps += 1
             for request_id, start, length in block_rows:
+                self._block_forward_sums[0] += float(ids[start : start + length].unique().numel())
+                self._block_forward_sums[1] += 1
                 union = self._blocks.setdefault(
                     request_id, torch.zeros(len(self.layers), self.num_experts, dtype=torch.bool, device=ids.device)
                 )
@@ -180,4 +186,5 @@ class ExpertTracker:
         touched, per_expert, imbalance = (self._step_sums / steps).tolist()
         per_block = self._block_touched_sum / self._num_blocks if self._num_blocks else 0.0
         by_blocks = self._blocks_step_sum / max(self._num_block_layer_steps, 1)
-        return ExpertStatsSnapshot(self.num_experts, touched, per_block, per_expert, imbalance, by_blocks)
+        per_forward = self._block_forward_sums[0] / max(self._block_forward_sums[1], 1)
+        return ExpertStatsSnapshot(self.num_experts, touched, per_block, per_expert, imbalance, by_blocks, per_forward)

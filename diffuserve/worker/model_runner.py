@@ -33,6 +33,7 @@ from diffuserve.decoding.block_decoding import BlockDecoding
 from diffuserve.decoding.protocol import BatchDecoder, BlockDecode
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext
+from diffuserve.model.layers.moe.window_coreset import forward_windows
 from diffuserve.model.step_inputs import CanvasInputs
 from diffuserve.worker.cache.paged_step import PagedMetadataBuilder, WindowMetadataBuilder
 from diffuserve.worker.cache.state_step import StateMetadataBuilder, StatePlan, state_slot
@@ -186,7 +187,9 @@ class ModelRunner:
             torch.tensor(ids, dtype=torch.long, device=self.device),
             torch.tensor(positions, dtype=torch.long, device=self.device),
             metadata,
-            self._block_context(blocks) if self.executor.offload is not None or self.executor.block_coreset else None,
+            self._block_context(blocks, positions)
+            if self.executor.offload is not None or self.executor.block_coreset
+            else None,
         )
         rows = [row for block in blocks for row in self._logit_rows(block, num_rows)]
         return StepBatch(forward, blocks, torch.tensor(rows, dtype=torch.long, device=self.device), scoring, drafts)
@@ -232,8 +235,10 @@ class ModelRunner:
         first = num_rows + state_slot(block.work.request) if 0 in block.positions else -1
         return [block.token_start + i - 1 if i > 0 else first for i in block.positions]
 
-    def _block_context(self, blocks: list[BlockRows]) -> OffloadContext:
-        """The step's blocks as expert offload and coreset routing see them (built only when one is on)."""
+    def _block_context(self, blocks: list[BlockRows], positions: list[int]) -> OffloadContext:
+        """The step's blocks as expert offload and coreset routing see them (built only when one is on), and its
+        windows where the coreset rule applies to every window."""
+        rule = self.executor.block_coreset
         return OffloadContext(
             tuple(
                 BlockRef(
@@ -244,7 +249,8 @@ class ModelRunner:
                 )
                 for b in blocks
                 if b.work.forwards_block
-            )
+            ),
+            forward_windows(positions, rule.window) if rule is not None and rule.every_window else (),
         )
 
     def _record_experts(self, batch: StepBatch) -> None:

@@ -86,7 +86,7 @@ def test_config_json_sets_the_coreset_and_the_flag_overrides_it(model_dir, tmp_p
 def test_coresets_the_engine_cannot_route_are_refused(model_dir, tiny_llada2_dir):
     with pytest.raises(ValueError, match="block_expert_coreset: 1 is below the 2 experts per token"):
         LLM(str(model_dir), num_pages=16, block_expert_coreset=1)
-    with pytest.raises(ValueError, match="block_expert_coreset: must be >= 0"):
+    with pytest.raises(ValueError, match="block_expert_coreset: -1 is negative; give an integer C >= 0"):
         LLM(str(model_dir), num_pages=16, block_expert_coreset=-1)
     with pytest.raises(ValueError, match="GroupLimitedRouter has none; set 0"):  # a sigmoid router: no distribution
         LLM(str(tiny_llada2_dir), num_pages=16, block_expert_coreset=4)

@@ -4,7 +4,9 @@ reports every other one at load)."""
 from diffuserve.model.known_settings import QWEN3_MOE, FamilySettings
 
 SETTINGS = FamilySettings(
-    QWEN3_MOE | {"use_qkv_bias", "use_bias", "use_qk_norm", "n_group", "topk_group", "routed_scaling_factor"},
+    QWEN3_MOE
+    | {"use_qkv_bias", "use_bias", "use_qk_norm", "n_group", "topk_group", "routed_scaling_factor"}
+    | {"core_threshold", "mode"},  # dMoE's block-expert gate (model/layers/moe/coreset_rule.py)
     frozenset(
         {
             "score_function",

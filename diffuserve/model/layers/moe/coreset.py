@@ -8,8 +8,9 @@ chosen for the whole block, instead of each position to its own top-k of all E e
 
 Every block of a step has its own coreset; rows outside the step's denoised blocks (prefill, commits: the causal
 path) keep their per-token routing, and so does everything when C >= E (the coreset is then every expert).
-Knows nothing of requests: the block rows come from the step's offload_context. `set_block_coreset` turns it on
-for every MoE layer of a model (the modules with a `coreset_size`).
+Knows nothing of requests: the block rows come from the step's offload_context. `set_block_coreset` turns a rule
+(coreset_rule.py) on for every MoE layer of a model (the modules with a `coreset_size`); the cumulative rule's
+routing is window_coreset.py's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from diffuserve.model.layers.moe.coreset_rule import CoresetRule
 from diffuserve.model.layers.moe.offload_context import active_offload_context
 
 
@@ -67,19 +69,38 @@ def step_coreset_routing(
     return coreset_routing(router.probabilities(x), weights, ids, blocks, size)
 
 
-def set_block_coreset(model: nn.Module, size: int) -> None:
-    """Every MoE layer of `model` routes each denoised block within a coreset of `size` experts; 0, or `size` at
-    or above a layer's experts, keeps per-token routing. ValueError where a layer's router cannot."""
+def set_block_coreset(model: nn.Module, rule: CoresetRule | None) -> None:
+    """Every MoE layer of `model` routes by `rule` (None: per token). The fixed rule: each denoised block within
+    a coreset of C experts, C at or above a layer's experts keeping per-token routing; the cumulative rule
+    (window_coreset.py): every window, a group-limited router's layers only. ValueError where a layer cannot."""
     layers: list[Any] = [m for m in model.modules() if hasattr(m, "coreset_size")]
-    if size and not layers:
-        raise ValueError(f"block_expert_coreset: {size} needs MoE layers with a softmax router; this model has none")
+    if rule is not None and not layers:
+        raise ValueError(f"block_expert_coreset: {rule.describe()} needs MoE layers; this model has none")
     for layer in layers:
-        top_k = getattr(layer.gate, "top_k", 0)
-        if size and not hasattr(layer.gate, "probabilities"):
-            raise ValueError(
-                f"block_expert_coreset: {size} needs a router with a distribution over the experts (softmax top-k); "
-                f"this model's {type(layer.gate).__name__} has none; set 0"
-            )
-        if 0 < size < top_k:
-            raise ValueError(f"block_expert_coreset: {size} is below the {top_k} experts per token; use >= {top_k}")
-        layer.coreset_size = size if size < layer.num_experts else 0
+        layer.coreset_size, layer.window_rule = 0, None
+        if rule is not None and rule.every_window:
+            _check_window_router(layer.gate, rule)
+            layer.window_rule = rule
+        elif rule is not None:
+            _check_softmax_router(layer, rule.size)
+            layer.coreset_size = rule.size if rule.size < layer.num_experts else 0
+
+
+def _check_softmax_router(layer: Any, size: int) -> None:
+    top_k = getattr(layer.gate, "top_k", 0)
+    if not hasattr(layer.gate, "probabilities"):
+        raise ValueError(
+            f"block_expert_coreset: {size} needs a router with a distribution over the experts (softmax top-k); "
+            f"this model's {type(layer.gate).__name__} has none; set 0, or a cumulative rule for a group-limited "
+            "router"
+        )
+    if size < top_k:
+        raise ValueError(f"block_expert_coreset: {size} is below the {top_k} experts per token; use >= {top_k}")
+
+
+def _check_window_router(gate: Any, rule: CoresetRule) -> None:
+    if not hasattr(gate, "expert_bias"):
+        raise ValueError(
+            f"block_expert_coreset: {rule.describe()} (dMoE's rule) needs the group-limited sigmoid router "
+            f"(LLaDA2); this model's {type(gate).__name__} is not one; give a fixed size C instead"
+        )

@@ -34,6 +34,7 @@ from torch import nn
 from diffuserve.model.layers.linear import ShardSpec, sharded_parameter
 from diffuserve.model.layers.mlp import SwiGLU
 from diffuserve.model.layers.moe.coreset import step_coreset_routing
+from diffuserve.model.layers.moe.coreset_rule import CoresetRule
 from diffuserve.model.layers.moe.dispatch import (
     ExpertGroups,
     check_backend,
@@ -42,6 +43,7 @@ from diffuserve.model.layers.moe.dispatch import (
     run_expert,
     run_experts,
 )
+from diffuserve.model.layers.moe.window_coreset import step_window_routing
 
 if TYPE_CHECKING:
     from diffuserve.distributed.group import ParallelGroup
@@ -238,6 +240,8 @@ class SparseMoeBlock(nn.Module):
         self.coreset_size = 0
         """Block expert coreset routing (coreset.py): a denoised block's positions route within this many experts
         chosen for the block; 0 = per-token routing (set_block_coreset)."""
+        self.window_rule: CoresetRule | None = None
+        """The cumulative coreset rule (window_coreset.py): every window of the step routes within its coreset."""
 
     def shard_(self, group: ParallelGroup) -> None:
         """Splits the experts across the group (whole experts when expert parallel, else their width)."""
@@ -253,7 +257,7 @@ class SparseMoeBlock(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # [N, H]
         weights, ids = self.gate(flat)  # [N, K]
-        if self.coreset_size:
+        if self.coreset_size or self.window_rule is not None:
             weights, ids = self._block_coreset(flat, weights, ids)
         self.last_expert_ids = ids
         out = self._routed(flat, weights, ids)
@@ -273,8 +277,11 @@ class SparseMoeBlock(nn.Module):
     def _block_coreset(
         self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's denoised blocks routed each within its coreset (coreset.py: the rows come from the step's
-        offload_context; a forward outside the engine's steps keeps per-token routing)."""
+        """The step's denoised blocks (coreset.py), or every window (window_coreset.py), routed each within its
+        coreset: the rows come from the step's offload_context; a forward outside the engine's steps keeps
+        per-token routing."""
+        if self.window_rule is not None:
+            return step_window_routing(self.gate, x, weights, ids, self.window_rule)
         return step_coreset_routing(self.gate, x, weights, ids, self.coreset_size)
 
     @torch.compiler.disable

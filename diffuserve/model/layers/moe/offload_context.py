@@ -1,7 +1,7 @@
 """The per-step context offloaded MoE layers read: the step's diffusion blocks (their rows in the batch, and which
-are at their first step). The engine builds it only when expert offload or block coreset routing (coreset.py) is
-on and sets it around the forward, so the layers' signatures stay those of a plain forward. Knows nothing of
-requests beyond a block's key.
+are at their first step) and, for a window coreset rule, the step's windows (window_coreset.py). The engine
+builds it only when expert offload or block coreset routing (coreset.py) is on and sets it around the forward,
+so the layers' signatures stay those of a plain forward. Knows nothing of requests beyond a block's key.
 
 Scoped: `offload_context` refuses nesting and always clears itself; reading it outside one is an error.
 """
@@ -30,6 +30,9 @@ class BlockRef:
 class OffloadContext:
     blocks: tuple[BlockRef, ...]
     """The step's blocks, in batch order (picklable: worker ranks receive it with the forward's inputs)."""
+    windows: tuple[tuple[int, int], ...] = ()
+    """(first row, row count) of every window of the step's rows, in row order; empty unless a coreset rule
+    applies to every window (the cumulative rule)."""
 
 
 _CURRENT: ContextVar[OffloadContext | None] = ContextVar("offload_context", default=None)
