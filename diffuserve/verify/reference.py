@@ -109,13 +109,17 @@ def _from_pretrained(
 
     hf_logging.set_verbosity_error()  # it warns about every tensor it leaves unused; those are reported below
     hf_logging.disable_progress_bar()
-    kwargs: dict[str, Any] = {"dtype": dtype, "output_loading_info": True, "local_files_only": True}
-    if config is not None:
-        kwargs["config"] = config
+    # transformers 4.x names the dtype `torch_dtype` (`dtype` from 4.56 on)
+    dtype_key = "torch_dtype" if transformers.__version__.startswith("4.") else "dtype"
+    kwargs: dict[str, Any] = {dtype_key: dtype, "output_loading_info": True, "local_files_only": True}
+    notes: list[str] = []
     if trust_remote_code:
         kwargs["trust_remote_code"] = True
+        config, notes = _remote_config(path)
+    if config is not None:
+        kwargs["config"] = config
     model, info = getattr(transformers, cls_name).from_pretrained(str(path), **kwargs)
-    notes = [
+    notes += [
         f"reference: {len(info[key])} {what} ({_first_names(info[key])})"
         for key, what in (
             ("missing_keys", "weights missing from the checkpoint, left at their initial values"),
@@ -123,7 +127,50 @@ def _from_pretrained(
         )
         if info.get(key)
     ]
+    if trust_remote_code and not transformers.__version__.startswith("4."):
+        notes += _constructed_buffers(model, dtype)
+    model.config.use_cache = False  # no cache: a forward that builds one reaches cache APIs transformers changed
     return model.eval(), notes
+
+
+CONFIG_DEFAULTS_4X = ("pad_token_id", "bos_token_id", "eos_token_id")
+"""Config attributes every 4.x config had (default None) and transformers 5 gives only where config.json sets them."""
+
+
+def _remote_config(path: Path) -> tuple[Any, list[str]]:
+    """The checkpoint's own config class on its config.json, with the 4.x defaults its code may read."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(path), trust_remote_code=True, local_files_only=True)
+    absent = [name for name in CONFIG_DEFAULTS_4X if not hasattr(config, name)]
+    for name in absent:
+        setattr(config, name, None)
+    said = f"config: {', '.join(absent)} absent, given transformers 4.x's default None" if absent else ""
+    return config, [said] if said else []
+
+
+def _constructed_buffers(model: nn.Module, dtype: torch.dtype) -> list[str]:
+    """Non-persistent buffers (RoPE's inverse frequencies: computed by the modules' constructors, not stored in
+    the checkpoint) as a plain construction computes them. transformers 5 builds the model on the meta device
+    and leaves such buffers to `_init_weights`, which code written for 4.x does not extend: they would hold
+    whatever memory held."""
+    with torch.device("cpu"):
+        fresh = type(model)(model.config)
+    fresh_buffers = dict(fresh.named_buffers())
+    redone = []
+    for prefix, module in model.named_modules():
+        for name in getattr(module, "_non_persistent_buffers_set", ()):
+            full = f"{prefix}.{name}" if prefix else name
+            loaded, built = getattr(module, name), fresh_buffers.get(full)
+            if isinstance(loaded, torch.Tensor) and built is not None and not torch.equal(loaded, built):
+                setattr(module, name, built.to(device=loaded.device, dtype=loaded.dtype))
+                redone.append(full)
+    del fresh
+    if not redone:
+        return []
+    return [
+        f"reference: {len(redone)} buffers not in the checkpoint computed as its constructor does ({_first_names(redone)})"
+    ]
 
 
 def _first_names(names: list[str]) -> str:
