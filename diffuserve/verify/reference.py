@@ -168,9 +168,8 @@ def _constructed_buffers(model: nn.Module, dtype: torch.dtype) -> list[str]:
     del fresh
     if not redone:
         return []
-    return [
-        f"reference: {len(redone)} buffers not in the checkpoint computed as its constructor does ({_first_names(redone)})"
-    ]
+    names = _first_names(redone)
+    return [f"reference: {len(redone)} buffers not in the checkpoint computed as its constructor does ({names})"]
 
 
 def _first_names(names: list[str]) -> str:

@@ -5,6 +5,8 @@ checks, not how each is made.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,7 +156,9 @@ def _reference_side(
     agrees), its greedy continuations and its block loop's tokens."""
     device = torch.device(options.device)
     sources = _sources(model_dir, options.reference_generate) if reference.remote_code else []
-    with standing_in(sources) as stood_in:
+    # the reference's own prints (transformers' docstring checks of remote code print to stdout) go to stderr:
+    # stdout is verify's table or its one JSON document
+    with contextlib.redirect_stdout(sys.stderr), standing_in(sources) as stood_in:
         hf_model, notes = reference.build(model_dir, dtype)
         hf_model = hf_model.to(device)
         choice = choose_convention(

@@ -1,6 +1,7 @@
 """Names transformers 4.x had and 5 removed, given back while a reference written for 4.x is built and run, so
 that its files run unmodified under either: `LossKwargs` (a TypedDict of the loss keywords), `DynamicCache[i]`
-(layer i's (keys, values)), `ROPE_INIT_FUNCTIONS["default"]` (the plain RoPE inverse frequencies), each as 4.x
+(layer i's (keys, values)), `ROPE_INIT_FUNCTIONS["default"]` (the plain RoPE inverse frequencies),
+`is_torch_fx_available` (True), each as 4.x
 defined it, each only where the files name it and the installed transformers lacks it; every one is reported
 and taken away again on exit. Knows nothing of models or of the comparison.
 """
@@ -67,6 +68,13 @@ def _put_default_rope() -> Callable[[], None]:
     return lambda: ROPE_INIT_FUNCTIONS.pop("default")  # type: ignore[func-returns-value]
 
 
+def _put_fx_available() -> Callable[[], None]:
+    import transformers.utils.import_utils as import_utils
+
+    import_utils.is_torch_fx_available = lambda: True  # type: ignore[attr-defined]  # 4.x: torch >= 1.10
+    return lambda: delattr(import_utils, "is_torch_fx_available")
+
+
 def _lacks(module: str, name: str) -> Callable[[], bool]:
     def check() -> bool:
         import importlib
@@ -94,6 +102,12 @@ RESTORED = (
         "DynamicCache[i] (removed in transformers 5; layer i's (keys, values), as 4.x had it)",
         lambda: not hasattr(__import__("transformers.cache_utils").cache_utils.DynamicCache, "__getitem__"),
         _put_cache_item,
+    ),
+    _Restored(
+        "is_torch_fx_available",
+        "transformers.utils.import_utils.is_torch_fx_available (removed in transformers 5; True, as 4.x answered)",
+        _lacks("transformers.utils.import_utils", "is_torch_fx_available"),
+        _put_fx_available,
     ),
     _Restored(
         "ROPE_INIT_FUNCTIONS",
