@@ -130,8 +130,8 @@ def find_entry(model: nn.Module, generate_fn: Callable[..., Any] | None) -> tupl
         name = f"{generate_fn.__name__} of {Path(inspect.getfile(inspect.unwrap(generate_fn))).name}"
         entry = BlockEntry(name, lambda prompt, **kw: generate_fn(model, prompt, **kw), _parameters(generate_fn))
         return entry, (name, *found)
-    if "block_length" in method:
-        return BlockEntry(ENTRY_POINTS[0], lambda prompt, **kw: generate(prompt, **kw), method), found
+    if generate is not None and "block_length" in method:
+        return BlockEntry(ENTRY_POINTS[0], generate, method), found
     return None, found
 
 
@@ -166,7 +166,7 @@ def _exact(model: nn.Module, notes: list[str]) -> Iterator[None]:
         return forward(*args, **kwargs)
 
     torch.multinomial = argmax_draw  # type: ignore[assignment]
-    model.forward = exact_forward  # type: ignore[method-assign]
+    model.forward = exact_forward
     try:
         yield
     finally:

@@ -57,15 +57,16 @@ def _put_loss_kwargs() -> Callable[[], None]:
 def _put_cache_item() -> Callable[[], None]:
     from transformers.cache_utils import DynamicCache
 
-    DynamicCache.__getitem__ = _dynamic_cache_item  # type: ignore[attr-defined]
+    setattr(DynamicCache, "__getitem__", _dynamic_cache_item)  # noqa: B010
     return lambda: delattr(DynamicCache, "__getitem__")
 
 
 def _put_default_rope() -> Callable[[], None]:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    ROPE_INIT_FUNCTIONS["default"] = _default_rope  # type: ignore[assignment]
-    return lambda: ROPE_INIT_FUNCTIONS.pop("default")  # type: ignore[func-returns-value]
+    functions: dict[str, Any] = ROPE_INIT_FUNCTIONS
+    functions["default"] = _default_rope
+    return lambda: functions.__delitem__("default")
 
 
 def _put_fx_available() -> Callable[[], None]:
