@@ -3,9 +3,9 @@
 In order: the checkpoint's own modeling code, named by config.json's `auto_map` (run by transformers with
 `trust_remote_code=True`, and only when the user passed `--trust-remote-code`, as vLLM asks); else transformers'
 built-in class of the family's base architecture (Qwen3.5-MoE for Clover's causal trunk, Qwen3 / Qwen3-MoE for
-the sdar family); else none. Both read the checkpoint directory themselves (`from_pretrained`), so the engine's
-loader is checked too, and what they could not place (weights missing or left over) is reported. Knows nothing
-of the engine's model.
+the sdar family, DiffusionGemmaForBlockDiffusion for DiffusionGemma); else none. Both read the checkpoint
+directory themselves (`from_pretrained`), so the engine's loader is checked too, and what they could not place
+(weights missing or left over) is reported. Knows nothing of the engine's model.
 """
 
 from __future__ import annotations
@@ -30,9 +30,6 @@ OURS_ONLY = ("architectures", "model_type", "torch_dtype", "auto_map", "text_con
 NO_BUILTIN = {
     "llada2": "transformers has no LLaDA2 class; its reference is the checkpoint's own code (modeling_llada2_moe.py "
     "registered in config.json's auto_map, run with --trust-remote-code)",
-    "diffusion_gemma": "verify does not compare DiffusionGemma yet: it has no causal trunk with logits (its encoder "
-    "only fills the cache); its canvas forward is checked against transformers' DiffusionGemmaForBlockDiffusion by "
-    "tests/model/test_diffusion_gemma_parity.py",
 }
 """Why a family has no built-in reference (the checkpoint's own code may still be one)."""
 
@@ -86,6 +83,12 @@ def _builtin(config: dict, family: str) -> tuple[Reference | None, str]:
         classes = ("Qwen3MoeForCausalLM", "Qwen3MoeConfig")
     elif family == "sdar":
         classes = ("Qwen3ForCausalLM", "Qwen3Config")
+    elif family == "diffusion_gemma":
+        import transformers
+
+        if not hasattr(transformers, "DiffusionGemmaForBlockDiffusion"):
+            return None, f"transformers {transformers.__version__} has no DiffusionGemmaForBlockDiffusion (5.x has)"
+        return _diffusion_gemma(), ""
     else:
         return None, NO_BUILTIN.get(family, f"verify knows no built-in reference for the {family} family")
     name = f"transformers {classes[0]} (built-in class of the base architecture)"
@@ -101,8 +104,27 @@ def _builtin(config: dict, family: str) -> tuple[Reference | None, str]:
     return Reference(name, False, build), ""
 
 
+def _diffusion_gemma() -> Reference:
+    """transformers' DiffusionGemmaForBlockDiffusion on the checkpoint (its eager experts where MoE is off:
+    transformers' fused path needs experts)."""
+
+    def build(path: Path, dtype: torch.dtype) -> tuple[nn.Module, list[str]]:
+        import transformers
+
+        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        extra = {} if config.text_config.num_experts else {"experts_implementation": "eager"}
+        return _from_pretrained("DiffusionGemmaForBlockDiffusion", path, dtype, None, False, extra)
+
+    return Reference("transformers DiffusionGemmaForBlockDiffusion (built-in class)", False, build)
+
+
 def _from_pretrained(
-    cls_name: str, path: Path, dtype: torch.dtype, config: Any, trust_remote_code: bool
+    cls_name: str,
+    path: Path,
+    dtype: torch.dtype,
+    config: Any,
+    trust_remote_code: bool,
+    extra: dict[str, Any] | None = None,
 ) -> tuple[nn.Module, list[str]]:
     import transformers
     from transformers.utils import logging as hf_logging
@@ -111,7 +133,7 @@ def _from_pretrained(
     hf_logging.disable_progress_bar()
     # transformers 4.x names the dtype `torch_dtype` (`dtype` from 4.56 on)
     dtype_key = "torch_dtype" if transformers.__version__.startswith("4.") else "dtype"
-    kwargs: dict[str, Any] = {dtype_key: dtype, "output_loading_info": True, "local_files_only": True}
+    kwargs: dict[str, Any] = {dtype_key: dtype, "output_loading_info": True, "local_files_only": True, **(extra or {})}
     notes: list[str] = []
     if trust_remote_code:
         kwargs["trust_remote_code"] = True

@@ -23,7 +23,8 @@ from diffuserve.model.families.clover_moe.config import (
 from diffuserve.model.loader import load_model, read_model_config, resolve_dtype
 from diffuserve.model.registry import family_for
 from diffuserve.verify.block_steps import block_steps_check, find_entry, load_generate_file, reference_block
-from diffuserve.verify.compare import GreedyCheck
+from diffuserve.verify.canvas import OursCanvasRunner, ReferenceCanvasRunner, canvas_ids
+from diffuserve.verify.compare import GreedyCheck, layer_checks, logits_check
 from diffuserve.verify.conventions import ConventionChoice, choose_convention
 from diffuserve.verify.layer_view import write_layer_view
 from diffuserve.verify.reference import Reference, choose_reference
@@ -112,6 +113,8 @@ class _ReferenceSide:
 
 def _compare(options: VerifyOptions, model_dir: Path, family: str, reference: Reference) -> VerifyResult:
     """The engine's runs first, then the reference's (one model in memory at a time), then the block step."""
+    if family == "diffusion_gemma":
+        return _compare_canvas(options, model_dir, reference)
     args, ours_model = load_model(model_dir, dtype=options.dtype, device=options.device)
     dtype = resolve_dtype(options.dtype, args)
     ours = OursRunner(ours_model, torch.device(options.device))
@@ -178,6 +181,31 @@ def _reference_side(
             block = reference_block(hf_model, entry, prompts[0], args.block_length, args.mask_token_id, eos_id)
     notes += [f"stood in for {line}" for line in stood_in]
     return _ReferenceSide(notes, choice, greedy, found, entry.name if entry else "", block)
+
+
+def _compare_canvas(options: VerifyOptions, model_dir: Path, reference: Reference) -> VerifyResult:
+    """DiffusionGemma: one canvas forward after each prompt, every layer and the canvas's logits (canvas.py)."""
+    device = torch.device(options.device)
+    args, ours_model = load_model(model_dir, dtype=options.dtype, device=options.device)
+    dtype = resolve_dtype(options.dtype, args)
+    prompts = prompt_ids(model_dir, args.vocab_size)
+    canvases = canvas_ids(args.vocab_size, args.block_length, len(prompts))
+    ours = OursCanvasRunner(ours_model, args, device)
+    ours_runs = [ours.run(p, c) for p, c in zip(prompts, canvases)]
+    del ours, ours_model
+    hf_model, notes = reference.build(model_dir, dtype)
+    theirs = ReferenceCanvasRunner(hf_model.to(device), device)
+    reference_runs = [theirs.run(p, c) for p, c in zip(prompts, canvases)]
+    names = [f"layer {i} (prompt: encoder, canvas: decoder)" for i in range(args.num_layers)]
+    return VerifyResult(
+        model=options.model,
+        dtype=str(dtype).removeprefix("torch."),
+        layers=options.layers,
+        reference=reference.name,
+        notes=[*notes, f"compared: one denoising forward of a {args.block_length}-token canvas after each prompt"],
+        layer_checks=layer_checks(ours_runs, reference_runs, names, dtype),
+        logits=logits_check(ours_runs, reference_runs, dtype, what="canvas logits"),
+    )
 
 
 def _sources(model_dir: Path, reference_generate: str | None) -> list[str]:
