@@ -1,5 +1,5 @@
-"""Names transformers 4.x had and 5 removed, given back while a reference written for 4.x is built and run, so
-that its files run unmodified under either: `LossKwargs` (a TypedDict of the loss keywords), `DynamicCache[i]`
+"""Names transformers 4.x had and later versions removed, given back while a reference written for 4.x is built
+and run, so that its files run unmodified under any: `LossKwargs` (a TypedDict of the loss keywords), `DynamicCache[i]`
 (layer i's (keys, values)), `ROPE_INIT_FUNCTIONS["default"]` (the plain RoPE inverse frequencies),
 `is_torch_fx_available` (True), each as 4.x
 defined it, each only where the files name it and the installed transformers lacks it; every one is reported
@@ -94,25 +94,25 @@ def _rope_default_missing() -> bool:
 RESTORED = (
     _Restored(
         "LossKwargs",
-        "transformers.utils.LossKwargs (removed in transformers 5; a TypedDict, as 4.x had it)",
+        "transformers.utils.LossKwargs (a TypedDict of the loss keywords, as 4.x had it)",
         _lacks("transformers.utils", "LossKwargs"),
         _put_loss_kwargs,
     ),
     _Restored(
         "DynamicCache",
-        "DynamicCache[i] (removed in transformers 5; layer i's (keys, values), as 4.x had it)",
+        "DynamicCache[i] (layer i's (keys, values), as 4.x had it)",
         lambda: not hasattr(__import__("transformers.cache_utils").cache_utils.DynamicCache, "__getitem__"),
         _put_cache_item,
     ),
     _Restored(
         "is_torch_fx_available",
-        "transformers.utils.import_utils.is_torch_fx_available (removed in transformers 5; True, as 4.x answered)",
+        "transformers.utils.import_utils.is_torch_fx_available (True, as 4.x answered)",
         _lacks("transformers.utils.import_utils", "is_torch_fx_available"),
         _put_fx_available,
     ),
     _Restored(
         "ROPE_INIT_FUNCTIONS",
-        'ROPE_INIT_FUNCTIONS["default"] (removed in transformers 5; plain RoPE, as 4.x computed it)',
+        'ROPE_INIT_FUNCTIONS["default"] (plain RoPE, as 4.x computed it)',
         _rope_default_missing,
         _put_default_rope,
     ),
@@ -122,12 +122,14 @@ RESTORED = (
 @contextmanager
 def restoring(sources: list[str]) -> Iterator[list[str]]:
     """Gives back what the files' text names and transformers lacks; yields the report's lines."""
+    import transformers
+
     undo: list[Callable[[], None]] = []
     said: list[str] = []
     for restored in RESTORED:
         if any(restored.name in s for s in sources) and restored.missing():
             undo.append(restored.put())
-            said.append(restored.said)
+            said.append(f"{restored.said}: transformers {transformers.__version__} has none")
     try:
         yield said
     finally:
