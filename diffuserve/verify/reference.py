@@ -84,13 +84,15 @@ def _builtin(config: dict, family: str) -> tuple[Reference | None, str]:
     elif family == "sdar":
         classes = ("Qwen3ForCausalLM", "Qwen3Config")
     elif family == "diffusion_gemma":
-        import transformers
-
-        if not hasattr(transformers, "DiffusionGemmaForBlockDiffusion"):
-            return None, f"transformers {transformers.__version__} has no DiffusionGemmaForBlockDiffusion (5.x has)"
-        return _diffusion_gemma(), ""
+        classes = ("DiffusionGemmaForBlockDiffusion", "")
     else:
         return None, NO_BUILTIN.get(family, f"verify knows no built-in reference for the {family} family")
+    import transformers
+
+    if not hasattr(transformers, classes[0]):
+        return None, f"transformers {transformers.__version__} has no {classes[0]}, the {family} family's base class"
+    if family == "diffusion_gemma":
+        return _diffusion_gemma(), ""
     name = f"transformers {classes[0]} (built-in class of the base architecture)"
 
     def build(path: Path, dtype: torch.dtype) -> tuple[nn.Module, list[str]]:

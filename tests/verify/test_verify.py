@@ -20,7 +20,13 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
 
 
+def _needs_qwen3_5() -> None:
+    if not hasattr(transformers, "Qwen3_5MoeForCausalLM"):
+        pytest.skip(f"transformers {transformers.__version__} has no Qwen3.5-MoE (Clover's base; 5.x has it)")
+
+
 def _clover(tmp_path, name: str, layers: int = 4, **perturb):
+    _needs_qwen3_5()
     config = make_clover_moe_config(num_hidden_layers=layers)
     model_dir = write_clover_moe_checkpoint(tmp_path / name, config, seed=3, init_std=0.1)
     return add_remote_code(model_dir, "clover_moe", **perturb)
@@ -139,6 +145,7 @@ def test_layers_reads_only_the_first_k(tmp_path, capsys):
 
 
 def test_layer_view_holds_only_the_first_k_layers(tmp_path):
+    _needs_qwen3_5()
     model_dir = write_clover_moe_checkpoint(
         tmp_path / "m", make_clover_moe_config(num_hidden_layers=8), max_shard_bytes=100_000
     )
