@@ -3,12 +3,13 @@ seeded checkpoints (CPU, float32).
 
 For each model a tiny checkpoint is written with the official files beside its weights, registered in
 config.json's `auto_map` as the released checkpoints register them (diffuserve.reference.official_checkpoints:
-SDAR's training/model/SDAR-4B-Chat/ with its generate.py as the block loop; dFactory's models/llada2_moe/, whose
-model has its own `generate`), and `diffuserve verify` runs on it. Prints verify's table for each, then a JSON
+SDAR's training/model/SDAR-4B-Chat/ with its generate.py as the block loop; dFactory's models/llada2_moe/ and the
+plain LLaDA2 files dMoE ships (evaluations/models/), whose models have their own `generate`), and `diffuserve
+verify` runs on it. Prints verify's table for each, then a JSON
 line {name: exit code}; exits 1 if any is not 0.
 
     python scripts/verify_official.py                       # ../shared/reference-code beside the repository
-    python scripts/verify_official.py --reference-code DIR  # a folder of the same layout (sdar/, llada2-dfactory/)
+    python scripts/verify_official.py --reference-code DIR  # a folder of that layout (sdar/, llada2-dfactory/, dmoe/)
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Tiny seeded checkpoints that carry a model's official Python files, registered in config.json's `auto_map` as
 the released checkpoints register them, for `diffuserve verify --trust-remote-code` against that code.
 
-The files are read from a folder the caller names (the project's `../shared/reference-code/` layout: sdar/ and
-llada2-dfactory/, see OFFICIAL) and copied beside the weights at run time, with every module they import
-relatively (`from .parallel_plan import ...`, found by reading them), so transformers can load them; an `edit`
-may change a copy (a perturbation under test). Nothing of those files is kept in the package. Knows nothing of
-the comparison.
+The files are read from a folder the caller names (the project's `../shared/reference-code/` layout: sdar/,
+llada2-dfactory/ and dmoe/, see OFFICIAL; of dMoE, the plain LLaDA2 files it ships, not its block-expert ones)
+and copied beside the weights at run time, with every module they import relatively (`from .parallel_plan import
+...`, found by reading them), so transformers can load them; an `edit` may change a copy (a perturbation under
+test). Nothing of those files is kept in the package. Knows nothing of the comparison.
 """
 
 from __future__ import annotations
@@ -44,6 +44,14 @@ OFFICIAL = {
         },
         None,
     ),
+    "dmoe_llada2": OfficialCode(
+        "dmoe/evaluations/models",
+        {
+            "AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
+            "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM",
+        },
+        None,
+    ),
 }
 
 NOT_COPIED = ("auto_map", "architectures", "attn_implementation", "torch_dtype", "transformers_version", "bos_token_id")
@@ -69,7 +77,7 @@ def _copy_with_imports(code_dir: Path, stem: str, out: Path, edit: Edit | None) 
 
 
 def _write_weights(name: str, out: Path, seed: int) -> Path:
-    if name == "llada2":
+    if name in ("llada2", "dmoe_llada2"):
         return write_llada2_checkpoint(out, seed=seed, init_std=0.1)
     config = make_config("sdar-moe-tiny", num_experts=0, first_k_dense_replace=0, num_hidden_layers=3)
     return write_random_checkpoint(out, config, seed=seed, init_std=0.1)

@@ -218,7 +218,9 @@ def reference_block(
                 out = _call(entry, ids, {**kwargs, "temperature": 1.0})
     except (TypeError, ValueError, RuntimeError, IndexError, KeyError, NotImplementedError, _NanDraw) as e:
         return None, f"{entry.name} raised {type(e).__name__}: {e}", tuple(notes)
-    tokens = (out[0] if isinstance(out, torch.Tensor) else torch.as_tensor(out[0])).tolist()
+    # a [1, L] tensor, or a tuple led by one (dMoE's generate returns the experts it used beside its tokens)
+    ids = torch.as_tensor(out[0] if isinstance(out, (tuple, list)) else out)
+    tokens = (ids[0] if ids.dim() == 2 else ids).tolist()
     if len(tokens) > length and tokens[: len(prompt)] == prompt:
         tokens = tokens[len(prompt) :]
     return _to_first_eos(tokens[:length], eos_id), "", tuple(notes)

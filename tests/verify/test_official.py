@@ -1,8 +1,9 @@
 """`diffuserve verify` on the models' official files, unmodified (SDAR's modeling file and generate.py, dFactory's
-LLaDA2 files with their `generate`), on tiny seeded checkpoints that register them in `auto_map`: each agrees
-(exit 0), and a copy perturbed as a release could differ from the engine parts (exit 1) at the layer the
-perturbation first acts in, or at the block step for a perturbed block mask. The files are read from
-../shared/reference-code/ beside the repository; without that folder, the module skips in one line."""
+LLaDA2 files with their `generate`, the plain LLaDA2 files dMoE ships beside its block-expert ones), on tiny
+seeded checkpoints that register them in `auto_map`: each agrees (exit 0), and a copy perturbed as a release
+could differ from the engine parts (exit 1) at the layer the perturbation first acts in, or at the block step
+for a perturbed block mask. The files are read from ../shared/reference-code/ beside the repository; without
+that folder, the module skips in one line."""
 
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def _verify(tmp_path: Path, capsys, name: str, perturbation=None) -> tuple[int, 
     return code, json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("name", ["sdar", "llada2"])
+@pytest.mark.parametrize("name", ["sdar", "llada2", "dmoe_llada2"])
 def test_the_official_files_agree(tmp_path, capsys, name):
     code, result = _verify(tmp_path, capsys, name)
     assert code == 0, result["verdict"]
@@ -107,7 +108,7 @@ def test_the_official_files_agree(tmp_path, capsys, name):
         assert block["entry"] == "block_diffusion_generate of generate.py"
         assert "flash-attn" in stood_in and "boolean (True = attend) (tried: additive" in stood_in
     else:
-        assert block["entry"] == "generate(block_length=...)" and "veomni" in stood_in
+        assert block["entry"] == "generate(block_length=...)" and ("veomni" in stood_in) == (name == "llada2")
         assert any("bfloat16 attention mask" in note for note in block["notes"])
 
 
