@@ -98,7 +98,10 @@ def verify(options: VerifyOptions) -> VerifyResult:
         model_dir = Path(options.model)
         if options.layers is not None:
             model_dir = write_layer_view(model_dir, options.layers, Path(scratch) / "view")
-        return _compare(options, model_dir, family, reference)
+        try:
+            return _compare(options, model_dir, family, reference)
+        except ReferenceUnavailable as e:
+            return VerifyResult(options.model, options.dtype, options.layers, None, str(e))
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,7 @@ def _reference_side(
     # the reference's own prints (transformers' docstring checks of remote code print to stdout) go to stderr:
     # stdout is verify's table or its one JSON document
     with contextlib.redirect_stdout(sys.stderr), standing_in(sources) as stood_in:
-        hf_model, notes = reference.build(model_dir, dtype)
+        hf_model, notes = _build(reference, model_dir, dtype)
         hf_model = hf_model.to(device)
         choice = choose_convention(
             lambda convention: ReferenceRunner(hf_model, args.num_layers, device, convention),
@@ -193,7 +196,7 @@ def _compare_canvas(options: VerifyOptions, model_dir: Path, reference: Referenc
     ours = OursCanvasRunner(ours_model, args, device)
     ours_runs = [ours.run(p, c) for p, c in zip(prompts, canvases)]
     del ours, ours_model
-    hf_model, notes = reference.build(model_dir, dtype)
+    hf_model, notes = _build(reference, model_dir, dtype)
     theirs = ReferenceCanvasRunner(hf_model.to(device), device)
     reference_runs = [theirs.run(p, c) for p, c in zip(prompts, canvases)]
     names = [f"layer {i} (prompt: encoder, canvas: decoder)" for i in range(args.num_layers)]
@@ -206,6 +209,21 @@ def _compare_canvas(options: VerifyOptions, model_dir: Path, reference: Referenc
         layer_checks=layer_checks(ours_runs, reference_runs, names, dtype),
         logits=logits_check(ours_runs, reference_runs, dtype, what="canvas logits"),
     )
+
+
+class ReferenceUnavailable(Exception):
+    """The reference's code cannot be imported here (a name its files import is missing)."""
+
+
+def _build(reference: Reference, model_dir: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, list[str]]:
+    import transformers
+
+    try:
+        return reference.build(model_dir, dtype)
+    except ImportError as e:
+        raise ReferenceUnavailable(
+            f"{reference.name} cannot be imported under transformers {transformers.__version__}: {e}"
+        ) from e
 
 
 def _sources(model_dir: Path, reference_generate: str | None) -> list[str]:
