@@ -27,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-new-tokens", type=int, default=8, help="greedy continuation length per prompt (default: 8)"
     )
+    parser.add_argument(
+        "--reference-generate",
+        metavar="FILE[:FUNCTION]",
+        help="the reference's block-diffusion loop outside the model (e.g. SDAR's generate.py), compared for one "
+        "block; without it, a model `generate` taking block_length is used where the reference has one",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON document")
 
 
@@ -43,7 +49,13 @@ def run(args: argparse.Namespace) -> int:
         if line is not None:
             print(line, file=sys.stderr)
     options = VerifyOptions(
-        args.model, args.layers, args.dtype, args.device, args.trust_remote_code, args.max_new_tokens
+        args.model,
+        args.layers,
+        args.dtype,
+        args.device,
+        args.trust_remote_code,
+        args.max_new_tokens,
+        args.reference_generate,
     )
     result = verify(options)
     print(json.dumps(to_json(result), indent=2) if args.json else "\n".join(render_table(result)))

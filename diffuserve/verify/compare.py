@@ -70,8 +70,10 @@ def layer_checks(
     return checks
 
 
-def logits_check(ours: list[CausalRun], reference: list[CausalRun], dtype: torch.dtype) -> TensorCheck:
-    return _worst([tensor_check("prefill logits", a.logits, b.logits, dtype) for a, b in zip(ours, reference)])
+def logits_check(
+    ours: list[CausalRun], reference: list[CausalRun], dtype: torch.dtype, what: str = "prefill logits"
+) -> TensorCheck:
+    return _worst([tensor_check(what, a.logits, b.logits, dtype) for a, b in zip(ours, reference)])
 
 
 def first_parting(checks: list[TensorCheck]) -> TensorCheck | None:

@@ -75,6 +75,7 @@ def render_table(result: VerifyResult) -> list[str]:
         lines += ["", *(f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}" for r in rows)]
     if result.block_steps is not None:
         lines.append(f"block-diffusion denoising steps: {result.block_steps.summary}")
+        lines += [f"  {note}" for note in result.block_steps.notes]
     return [*lines, "", f"verdict: {result.verdict}"]
 
 
@@ -103,6 +104,8 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
             "ours": result.block_steps.ours,
             "reference": result.block_steps.reference,
             "agrees": result.block_steps.agrees,
+            "entry": result.block_steps.entry or None,
+            "notes": list(result.block_steps.notes),
             "summary": result.block_steps.summary,
         },
         "verdict": result.verdict,

@@ -2,10 +2,13 @@
 
 Both sides run the same prompt under the causal mask: the engine's model through its own entry point (Clover's
 `forward_causal`; the block-diffusion transformers with a dense causal mask) and the reference through its
-`forward` (with no mask for a model with recurrent layers, whose transformers code builds the causal one itself;
-otherwise an explicit 4-D additive causal mask, since some checkpoints' code, LLaDA2's, is bidirectional when
-given none). Layer outputs are taken by forward hooks on each side's list of decoder layers, so neither model's
-code changes. Knows nothing of tolerances.
+`forward` with `use_cache=False` (with no mask for a model with recurrent layers, whose transformers code builds
+the causal one itself; otherwise an explicit 4-D causal mask, since some checkpoints' code, LLaDA2's, is
+bidirectional when given none). That mask is written in one of two conventions (MASK_CONVENTIONS): additive
+(0 where a position may attend, -inf where not: transformers' and LLaDA2's) or boolean (True where it may attend:
+SDAR's eval attention calls `attention_mask.bool()`, which reads an additive mask inside out); the session tries
+both where the first parts. Layer outputs are taken by forward hooks on each side's list of decoder layers, so
+neither model's code changes. Knows nothing of tolerances.
 """
 
 from __future__ import annotations
@@ -89,20 +92,36 @@ class OursRunner:
         return self.model(tokens, positions, StepInputs(DenseAttentionInputs(causal_mask(len(ids), self.device))))
 
 
+MASK_CONVENTIONS = {
+    "additive": "additive 0 / -inf",
+    "boolean": "boolean (True = attend)",
+    "none": "none (the reference builds its causal mask)",
+}
+"""How a reference reads a 4-D attention mask -> how the report names it."""
+
+
 class ReferenceRunner:
-    def __init__(self, model: nn.Module, num_layers: int, device: torch.device, recurrent: bool) -> None:
-        self.model, self.device, self.recurrent = model, device, recurrent
+    def __init__(self, model: nn.Module, num_layers: int, device: torch.device, convention: str) -> None:
+        self.model, self.device, self.convention = model, device, convention
         self.layers = decoder_layers(model, num_layers)
+
+    def _mask(self, length: int) -> torch.Tensor | None:
+        """[1, 1, T, T] causal mask in the runner's convention (None: the reference builds its own)."""
+        if self.convention == "none":
+            return None
+        mask = causal_mask(length, self.device)
+        if self.convention == "boolean":
+            return mask
+        dtype = next(self.model.parameters()).dtype
+        return torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill(~mask, float("-inf"))
 
     def logits(self, ids: list[int]) -> torch.Tensor:
         tokens = torch.tensor([ids], device=self.device)
-        if self.recurrent:
-            return self.model(input_ids=tokens).logits[0].float().cpu()
-        dtype = next(self.model.parameters()).dtype
-        mask = causal_mask(len(ids), self.device)
-        additive = torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill(~mask, float("-inf"))
+        if self.convention == "none":
+            return self.model(input_ids=tokens, use_cache=False).logits[0].float().cpu()
         positions = torch.arange(len(ids), device=self.device)[None]
-        return self.model(input_ids=tokens, attention_mask=additive, position_ids=positions).logits[0].float().cpu()
+        out = self.model(input_ids=tokens, attention_mask=self._mask(len(ids)), position_ids=positions, use_cache=False)
+        return out.logits[0].float().cpu()
 
     def run(self, ids: list[int]) -> CausalRun:
         with torch.no_grad(), captured(self.layers) as hidden:

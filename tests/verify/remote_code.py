@@ -2,7 +2,7 @@
 `auto_map` as released checkpoints register theirs: a subclass of transformers' Qwen3.5-MoE (a Clover-shaped
 checkpoint) or Qwen3-MoE (an SDAR-MoE-shaped one, whose model_type stays qwen3_moe), optionally perturbed the
 way a release could differ from what the engine implements (one layer's norm epsilon, one layer's shared-expert
-gate left out)."""
+gate left out), or reading its attention mask as SDAR's code does (as booleans, True = attend)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,13 @@ class TestForCausalLM({model_class}):
         if perturb.get("ungated_shared_expert"):
             mlp = self.model.layers[layer].mlp
             mlp.forward = _ungated_shared_expert.__get__(mlp)
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        if {perturb!r}.get("reads_bool_mask") and attention_mask is not None:
+            # SDAR's convention: the mask is read as booleans (True = attend), whatever its dtype
+            attend = attention_mask.bool()
+            attention_mask = torch.zeros(attend.shape, dtype=self.dtype).masked_fill(~attend, float("-inf"))
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 '''
 
 BLOCK_GENERATE = '''

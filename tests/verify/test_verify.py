@@ -20,7 +20,13 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
 
 
+def _needs_qwen3_5() -> None:
+    if not hasattr(transformers, "Qwen3_5MoeForCausalLM"):
+        pytest.skip(f"transformers {transformers.__version__} has no Qwen3.5-MoE (Clover's base; 5.x has it)")
+
+
 def _clover(tmp_path, name: str, layers: int = 4, **perturb):
+    _needs_qwen3_5()
     config = make_clover_moe_config(num_hidden_layers=layers)
     model_dir = write_clover_moe_checkpoint(tmp_path / name, config, seed=3, init_std=0.1)
     return add_remote_code(model_dir, "clover_moe", **perturb)
@@ -108,6 +114,19 @@ def test_one_block_through_the_references_generate(tmp_path, capsys, variant, co
         assert result["verdict"] == "part at one block of block-diffusion decoding"
 
 
+def test_a_reference_that_reads_its_mask_as_booleans_agrees_and_says_so(tmp_path, capsys):
+    """SDAR's convention: an additive mask read with `.bool()` is inside out; verify finds the boolean one agrees
+    instead of reporting a false part at layer 0."""
+    model_dir = _sdar_moe(tmp_path, "sdar_bool_mask", reads_bool_mask=True)
+    code, result, _ = _verify(capsys, model_dir, "--trust-remote-code")
+    assert code == 0, result["verdict"]
+    said = [n for n in result["notes"] if n.startswith("attention mask given the reference")]
+    assert said == [
+        "attention mask given the reference: boolean (True = attend) (tried: additive 0 / -inf: parted at hidden "
+        "state, layer 0; boolean (True = attend): agreed)"
+    ]
+
+
 def test_without_trust_remote_code_the_code_is_refused_in_one_line(tmp_path, capsys):
     """The perturbed code would part; refused, it never runs, and the built-in Qwen3.5-MoE agrees."""
     model_dir = _clover(tmp_path, "clover_refused", layer=2, norm_eps=1e-2)
@@ -126,6 +145,7 @@ def test_layers_reads_only_the_first_k(tmp_path, capsys):
 
 
 def test_layer_view_holds_only_the_first_k_layers(tmp_path):
+    _needs_qwen3_5()
     model_dir = write_clover_moe_checkpoint(
         tmp_path / "m", make_clover_moe_config(num_hidden_layers=8), max_shard_bytes=100_000
     )
