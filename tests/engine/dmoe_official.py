@@ -37,9 +37,6 @@ def official_modules() -> tuple[ModuleType, ModuleType]:
     """(modeling, configuration) of dMoE's adaptive files; skips the test where the folder is absent."""
     if not (DMOE_DIR / "modeling_llada2_moe_be_adaptive.py").is_file():
         pytest.skip(f"dMoE's official files are not at {DMOE_DIR} (../shared/reference-code is absent)")
-    from transformers import modeling_rope_utils
-
-    modeling_rope_utils.ROPE_INIT_FUNCTIONS.setdefault("default", _default_rope)
     if PACKAGE not in sys.modules:
         spec = importlib.util.spec_from_file_location(
             PACKAGE, DMOE_DIR / "__init__.py", submodule_search_locations=[str(DMOE_DIR)]
@@ -63,7 +60,13 @@ def load_official(model_dir: Path, core_threshold: float | None = None) -> torch
         keys["core_threshold"] = core_threshold
     hf_config = configuration.LLaDA2MoeConfig(**keys)
     hf_config._attn_implementation = "eager"
-    model = modeling.LLaDA2MoeModelLM(hf_config).eval()
+    from transformers import modeling_rope_utils
+
+    # Only while the model is built (its rotary embedding reads the rule then): registered for good, the entry
+    # would change what transformers' own models do with "default" afterwards in the same process.
+    rope = {"default": modeling_rope_utils.ROPE_INIT_FUNCTIONS.get("default", _default_rope)}
+    with mock.patch.dict(modeling_rope_utils.ROPE_INIT_FUNCTIONS, rope):
+        model = modeling.LLaDA2MoeModelLM(hf_config).eval()
     weights: dict[str, torch.Tensor] = {}
     for shard in sorted(model_dir.glob("*.safetensors")):
         weights.update(load_file(shard))
