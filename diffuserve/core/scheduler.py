@@ -23,13 +23,15 @@ the output processor finds, for aborts and for failed steps. Knows nothing of te
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Mapping
 
 from diffuserve.core.cache.manager import CacheManager
+from diffuserve.core.draft_switch import DraftSwitch
 from diffuserve.core.request import Request, RequestStatus
 from diffuserve.core.step import ScheduledRequest, SchedulerOutput, StepUpdate
-from diffuserve.core.verification import apply_head, apply_verification
+from diffuserve.core.verification import apply_head, apply_verification, end_at_head
 from diffuserve.core.verification_trace import record_check
 from diffuserve.core.writes import BlockWrite, Verification
 
@@ -46,9 +48,14 @@ class Scheduler:
         block_length: int,
         fused_commit: bool = True,
         forward_blocks: bool = True,
+        auto_draft_tokens: int = 0,
     ) -> None:
-        """`forward_blocks` False: no block's tokens are computed (`ScheduledRequest.forwards_block`)."""
+        """`forward_blocks` False: no block's tokens are computed (`ScheduledRequest.forwards_block`);
+        `auto_draft_tokens`: the step tokens up to which decoder=auto requests draft (core/draft_switch.py)."""
         self.cache = cache
+        self.drafts = DraftSwitch(block_length, auto_draft_tokens)
+        self.num_auto = 0
+        """Unfinished decoder=auto requests (the switch is consulted only while there are some)."""
         self.forward_blocks = forward_blocks
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.block_length = block_length
@@ -71,6 +78,7 @@ class Scheduler:
         self.check_fits(request)
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        self.num_auto += request.params.is_auto
 
     def check_fits(self, request: Request) -> None:
         """Raises ContextLengthExceeded if the request's whole life needs more than the cache has."""
@@ -81,6 +89,9 @@ class Scheduler:
         self.num_steps += 1
         self.cache.start_step()
         budget = self.max_num_batched_tokens
+        if self.num_auto:  # decoder=auto requests: whether they draft this step
+            seats = max(0, self.max_num_seqs - len(self.running))  # the waiting requests this step may admit
+            self.drafts.choose(itertools.chain(self.running, itertools.islice(self.waiting, seats)))
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
         for request in sorted(self.running, key=lambda r: r.last_scheduled_step):
@@ -168,7 +179,12 @@ class Scheduler:
         request.apply_step(write.accepted, write.logprobs, write.final)
         if write.head is not None:
             apply_head(request, write.head)
-        if not self._stop_check(request, update) and request.block_is_final:
+        if self._stop_check(request, update):
+            return
+        if work.head_only:
+            end_at_head(request)
+            update.finished_blocks.append(request.request_id)
+        elif request.block_is_final:
             request.finish_block()
             update.finished_blocks.append(request.request_id)
 
@@ -215,6 +231,7 @@ class Scheduler:
         """The one transition into a finished status: the request leaves the queues and its pages are freed."""
         request.status = status
         del self.requests[request.request_id]
+        self.num_auto -= request.params.is_auto
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
@@ -245,6 +262,7 @@ class Scheduler:
         )
         if not (chunk or score_end > score_start or has_block or request.params.max_tokens == 0):
             return None
+        head_only = request.params.is_auto and not self.drafts.drafting
         return ScheduledRequest(
             request,
             start,
@@ -252,7 +270,8 @@ class Scheduler:
             has_block,
             score_start=score_start,
             score_end=score_end,
-            forwards_block=self.forward_blocks,
+            head_only=head_only,
+            forwards_block=self.forward_blocks and not head_only,
         )
 
     def _plan_scoring(self, request: Request, commit_end: int, budget: int) -> tuple[int, int]:

@@ -44,6 +44,9 @@ class ScheduledRequest:
     score_end: int = 0
     """Prompt positions [score_start, score_end) this step scores, each by a variant of its block (B tokens
     beside the request's own queries; worker/prompt_scoring.py)."""
+    head_only: bool = False
+    """decoder=auto in a step where drafts are off (core/draft_switch.py): only the block's head is decided, then
+    committed like an autoregressive token; the block is not computed (`forwards_block` False)."""
     forwards_block: bool = True
     """Whether the block's tokens are query rows of the forward. False where no row of the block is ever read: a
     one-token block of a model that predicts position p from row p - 1 (autoregressive decoding), whose logits

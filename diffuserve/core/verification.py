@@ -39,6 +39,14 @@ def apply_head(request: Request, verdict: Verification) -> None:
         request.verified_logprobs.extend(verdict.logprobs or [])
 
 
+def end_at_head(request: Request) -> None:
+    """The step decided only the open block's head (decoder=auto with drafts off, core/draft_switch.py): the
+    verified head becomes output and the next block opens right after it, so the next forward commits the head
+    and reads the next one from its causal row, as autoregressive decoding does."""
+    _output(request, request.canvas[:1])
+    request.open_block(request.block_start + 1)
+
+
 def apply_verification(request: Request, verdict: Verification) -> bool:
     """Applies `verdict` to `request` (see the module docstring); returns whether the draft was rejected, so that
     the caches must go back to the draft's start, `request.block_start - block_length` before the call. With

@@ -75,7 +75,8 @@ class MaskDecoder:
                 index = [row for i in batched for row in range(starts[i], starts[i + 1])]
                 taken = rows.index_select(0, torch.tensor(index, dtype=torch.long, device=rows.device))
             chosen = [requests[i] for i in batched]
-            writes = decode_greedy_blocks(self.policy, chosen, [params[i] for i in batched], taken)
+            reads = [positions[i] for i in batched]
+            writes = decode_greedy_blocks(self.policy, chosen, [params[i] for i in batched], taken, reads)
             for i, write in zip(batched, writes, strict=True):
                 decoded[i] = BlockDecode(write)
         for i, request in enumerate(requests):

@@ -30,16 +30,21 @@ from diffuserve.sampling_params import ResolvedSamplingParams
 
 
 def decode_greedy_blocks(
-    policy: MaskPolicy, requests: list[Request], params: list[ResolvedSamplingParams], rows: torch.Tensor
+    policy: MaskPolicy,
+    requests: list[Request],
+    params: list[ResolvedSamplingParams],
+    rows: torch.Tensor,
+    positions: list[list[int]],
 ) -> list[BlockWrite]:
-    """rows [N, V] fp32: the blocks' logits at their masked positions, request after request (the mask token's
-    logit kept, as `propose` wants it) -> each request's write, equal to the per-request decode's."""
+    """rows [N, V] fp32: the blocks' logits at their read `positions` (masked canvas indices: all of them, or a
+    verified block's head alone), request after request (the mask token's logit kept, as `propose` wants it) ->
+    each request's write, equal to the per-request decode's."""
     block_length, device = requests[0].block_length, rows.device
     mask_token_id = requests[0].mask_token_id  # the caller passes one mask token's blocks
-    num_masked = [r.canvas.count(mask_token_id) for r in requests]
-    assert sum(num_masked) == rows.shape[0], "one logits row per masked position"
-    canvas = torch.tensor([r.canvas for r in requests], dtype=torch.long, device=device)  # [R, B]
-    read = (canvas == mask_token_id).view(-1).nonzero().flatten()  # [N] flat canvas index of each row, in order
+    num_masked = [len(read) for read in positions]
+    assert sum(num_masked) == rows.shape[0], "one logits row per read position"
+    flat = [r * block_length + i for r, read in enumerate(positions) for i in read]
+    read = torch.tensor(flat, dtype=torch.long, device=device)  # [N] flat canvas index of each row, in order
     never = mask_token_id if 0 <= mask_token_id < rows.shape[-1] else None
     probs = torch.softmax(rows, dim=-1)  # [N, V], the mask token included (as `propose` at temperature 0)
     tokens = best_token(rows, never)

@@ -122,7 +122,13 @@ def build_components(config: EngineConfig, make_runner: RunnerFactory | None = N
     # A one-token block of a model predicting position p from row p - 1 is read from the last committed row alone.
     headless = executor.model.step_rules.prediction_shift and args.block_length == 1
     scheduler = Scheduler(
-        cache, sched.max_num_seqs, sched.max_num_batched_tokens, args.block_length, sched.fused_commit, not headless
+        cache,
+        sched.max_num_seqs,
+        sched.max_num_batched_tokens,
+        args.block_length,
+        sched.fused_commit,
+        not headless,
+        sched.auto_draft_tokens,
     )
     tokenizer = _tokenizer(config.model)
     structured = (

@@ -336,6 +336,10 @@ class EngineCounters:
             offload=offload,
             page_hit_rate=scheduler.page_hit_rate,
             state=cache.state_stats(scheduler.prefix_hit_rate),
-            spec_decode=self.spec_decode,
+            spec_decode=dataclasses.replace(
+                self.spec_decode,
+                num_auto_drafting_steps=scheduler.drafts.num_drafting_steps,
+                num_auto_autoregressive_steps=scheduler.drafts.num_autoregressive_steps,
+            ),
             phases=dataclasses.replace(self.phases),  # a copy: the counters' own adds up in place
         )

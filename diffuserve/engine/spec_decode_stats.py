@@ -1,6 +1,7 @@
 """Verified decoding's counters (decoder=verified), under vLLM's speculative-decoding names: drafts (blocks whose
 draft a commit forward verified), draft tokens (positions checked), accepted tokens (positions kept), and the
-block steps thrown away because they were fused with a rejected draft. Torch-free."""
+block steps thrown away because they were fused with a rejected draft; and decoder=auto's steps with and without
+drafts. Torch-free."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ class SpecDecodeStats:
     """Of those, the ones kept (vLLM: spec_decode_num_accepted_tokens)."""
     num_discarded_steps: int = 0
     """Next-block steps fused with a rejected draft and thrown away."""
+    num_auto_drafting_steps: int = 0
+    """decoder=auto: steps in which its requests drafted (core/draft_switch.py) ..."""
+    num_auto_autoregressive_steps: int = 0
+    """... and steps in which they decided only their next token."""
 
     def add(self, update: StepUpdate) -> SpecDecodeStats:
         """These counters plus one step's."""

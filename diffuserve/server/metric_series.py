@@ -172,6 +172,13 @@ class MetricSeries:
             "spec_decode_mean_acceptance_length",
             "Tokens a verified block yields (kept drafts + the causal token at a rejection) per block, since start.",
         )
+        self.auto_steps = make(
+            Counter,
+            "auto_decoding_steps",
+            "Steps with decoder=auto requests, by what they did: drafted (verified) or decided their next token only "
+            "(autoregressive), as --auto-draft-tokens chose.",
+            ("mode",),
+        )
 
     def _add_phase_metrics(self, make: Any) -> None:
         """Per-request phases and parameters, and tokens per engine step (vLLM's series)."""

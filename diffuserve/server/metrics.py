@@ -143,6 +143,11 @@ class ServerMetrics(MetricSeries):
         self.spec_draft_tokens.inc(spec.num_draft_tokens - last_spec.num_draft_tokens)
         self.spec_accepted_tokens.inc(spec.num_accepted_tokens - last_spec.num_accepted_tokens)
         self.spec_acceptance_length.set(spec.mean_acceptance_length)
+        auto = self.auto_steps
+        auto.labels(mode="verified").inc(spec.num_auto_drafting_steps - last_spec.num_auto_drafting_steps)
+        auto.labels(mode="autoregressive").inc(
+            spec.num_auto_autoregressive_steps - last_spec.num_auto_autoregressive_steps
+        )
 
     def _expert_stats(self, stats: EngineStats, last: EngineStats) -> None:
         if stats.experts is not None:

@@ -163,7 +163,8 @@ class ModelRunner:
             ids += request.known_tokens(work.commit_start, work.commit_end)
             if work.has_block:
                 decoder = self.decoding.decoder_of(request)
-                blocks.append(BlockRows(work, len(ids), decoder.read_positions(request)))
+                read = decoder.read_positions(request)
+                blocks.append(BlockRows(work, len(ids), read[:1] if work.head_only else read))
                 if work.forwards_block:
                     ids += decoder.block_tokens(request, self.decoding.generators)
             positions += range(work.query_start, work.query_end)

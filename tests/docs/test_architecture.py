@@ -117,8 +117,9 @@ def _documented_hops(title: str) -> tuple[set[str], int]:
     return files, int(count[1])
 
 
-def _trace(model_dir: Path) -> set[str]:
-    """The package files whose code runs while `LLM.generate` serves one prompt."""
+def _trace(model_dir: Path, decoder: str | None = None) -> set[str]:
+    """The package files whose code runs while `LLM.generate` serves one prompt (with `decoder`, else the
+    model's)."""
     from diffuserve import LLM, SamplingParams
 
     llm = LLM(str(model_dir))
@@ -131,7 +132,7 @@ def _trace(model_dir: Path) -> set[str]:
 
     sys.setprofile(profile)
     try:
-        llm.generate(["What is 27+15?"], SamplingParams(max_tokens=8))
+        llm.generate(["What is 27+15?"], SamplingParams(max_tokens=8, decoder=decoder))
     finally:
         sys.setprofile(None)
     return files
@@ -158,6 +159,25 @@ def test_the_clover_hop_list_names_the_files_a_request_runs_in():
     from diffuserve.model.default_model import DEFAULT_MODEL_DIR
 
     _check_hops("The same request on the bundled Clover, hop by hop", _trace(DEFAULT_MODEL_DIR))
+
+
+VERIFICATION_FILES = {
+    "core/verification.py",
+    "decoding/verified.py",
+    "worker/verification.py",
+    "engine/spec_decode_stats.py",
+    "decoding/mask_batch.py",
+}
+"""What verified decoding's path adds to the plain one: its bookkeeping, decoder, worker side and counters, and the
+batched greedy pass its one-forward drafts go through."""
+
+
+def test_the_verified_hop_list_is_the_plain_one_and_the_verification_files():
+    from diffuserve.model.default_model import DEFAULT_MODEL_DIR
+
+    plain, verified = _trace(DEFAULT_MODEL_DIR), _trace(DEFAULT_MODEL_DIR, "verified")
+    _check_hops("The same request with decoder=verified, hop by hop", verified)
+    assert verified - plain == VERIFICATION_FILES and plain <= verified
 
 
 TOKEN_STAGES = (  # (file prefix under diffuserve/, the stage a block's tokens are in there), in path order

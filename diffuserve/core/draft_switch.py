@@ -1,0 +1,43 @@
+"""decoder=auto: in which steps its requests draft. Torch-free.
+
+An auto request is a verified request (its tokens are the model's autoregressive ones) whose drafts the engine
+turns off while the batch is wide. A drafting request puts about 2 x block_length query tokens into a step (its
+draft's commit and its next block) for up to block_length tokens decided; one that decides only its block's head
+(read from the last committed position's causal row) puts in one (the head before it, committed), for one token,
+as autoregressive decoding does. While forwards cost about the same whatever their width (a GPU's memory-bound
+regime, or a CPU step dominated by its fixed cost), drafting wins; once the step's tokens set its cost, it does not.
+
+The rule: the auto requests draft in a step while all of them drafting puts at most `max_draft_tokens` tokens
+into it (`--auto-draft-tokens`): auto requests running or admissible x 2 x block_length <= max_draft_tokens.
+Either way every token is checked against the causal path, so the choice changes the speed, never the output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from diffuserve.core.request import Request
+
+
+@dataclass
+class DraftSwitch:
+    block_length: int
+    max_draft_tokens: int
+    drafting: bool = True
+    """This step's choice."""
+    num_drafting_steps: int = 0
+    """Steps with auto requests in which they drafted ..."""
+    num_autoregressive_steps: int = 0
+    """... and in which they decided their next token only."""
+
+    def choose(self, requests: Iterable[Request]) -> None:
+        """Sets `drafting` for the step about to be scheduled from the auto requests among `requests` (those
+        running and those it may admit)."""
+        num_auto = sum(1 for request in requests if request.params.is_auto)
+        self.drafting = num_auto * 2 * self.block_length <= self.max_draft_tokens
+        if num_auto:
+            if self.drafting:
+                self.num_drafting_steps += 1
+            else:
+                self.num_autoregressive_steps += 1
