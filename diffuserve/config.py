@@ -20,6 +20,7 @@ from typing import Any
 
 from diffuserve.model.layers.moe.coreset_rule import parse_coreset_rule
 from diffuserve.model.quant.scheme import DEFAULT_TARGETS, QuantScheme, make_scheme
+from diffuserve.sampling_params import DECODER_NAMES
 
 AUTO_DRAFT_TOKENS = 64
 """The default of `SchedulerConfig.auto_draft_tokens` (docs/benchmarks.md, "Verified and auto decoding")."""
@@ -171,6 +172,9 @@ class EngineConfig:
     window of W positions (32) of every forward routes within the experts covering a share T of its positions'
     top-k votes, at least M (16). Default: the model's config.json (the keys docs/models.md lists, or dMoE's
     `core_threshold`), else off."""
+    default_decoder: str | None = None
+    """The decoder of requests that name none (`SamplingParams.decoder`), e.g. auto; default: the model's
+    generation_config.json, else threshold (renoise for DiffusionGemma)."""
     expert_stats: bool | None = None
     """Keep MoE routing statistics (experts touched per step and per block, load imbalance: /metrics and
     `bench`). Each step copies every MoE layer's routing to the host, so the default is on where they are
@@ -183,6 +187,9 @@ class EngineConfig:
         _positive("max_model_len", self.max_model_len)
         _positive("block_length", self.block_length)
         parse_coreset_rule(self.block_expert_coreset or 0)  # a bad value fails here, with its one-line reason
+        if self.default_decoder is not None and self.default_decoder not in DECODER_NAMES:
+            names = ", ".join(DECODER_NAMES)
+            raise ValueError(f"default_decoder: must be one of {names}, got {self.default_decoder!r}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format: must be auto or dummy, got {self.load_format!r}")
         if self.moe_backend not in ("auto", "loop", "bmm", "grouped_mm"):

@@ -14,9 +14,10 @@
   (g)  gdn-rescan       hybrid models: diffuserve with its K/V pages cached as usual but no GDN state carried
                         between steps: every step rebuilds it by scanning the committed prefix's kept
                         projections (bench/baselines/rescan.py)
-  (i)  verified         (only when asked) the engine with decoder=verified: threshold drafts kept only where the
+  (i)  verified         (only when asked) the engine with decoder=verified: one-forward drafts kept only where the
                         causal path agrees, so its tokens must equal (d)'s; verified-batched: given every prompt at
-                        once, as (e)
+                        once, as (e); auto, auto-batched: the same with decoder=auto (drafts switched per step by
+                        --auto-draft-tokens)
   (h)  attention-loop   (only when asked) engine-batched with --attention-backend loop: one SDPA per sequence in
                         every layer, the attention before issue 23 (engine-batched_vs_attention-loop: the gain of
                         the batched attention backend at --num-prompts concurrent sequences)
@@ -69,12 +70,16 @@ VARIANT_ORDER = (
     "ar-batched",
     "verified",
     "verified-batched",
+    "auto",
+    "auto-batched",
     "recompute-state",
     "gdn-rescan",
 )
 ENGINE_VARIANTS = (
     "verified",
     "verified-batched",
+    "auto",
+    "auto-batched",
     "engine",
     "engine-batched",
     "attention-loop",
@@ -97,11 +102,14 @@ SAME_TOKENS = (
 )
 BASELINE_RUNNERS = {"recompute-state": "recompute", "gdn-rescan": "rescan"}
 """The hybrid-model baselines: variant -> its runner (bench/baselines)."""
-ALL_AT_ONCE = ("engine-batched", "attention-loop", "verified-batched", "ar-batched")
+ALL_AT_ONCE = ("engine-batched", "attention-loop", "verified-batched", "auto-batched", "ar-batched")
 AUTOREGRESSIVE = ("ar", "ar-batched")
 """The variants at block length 1, built once and measured beside every block length's."""
-VERIFIED = ("verified", "verified-batched")
-"""The variants decoding with decoder=verified: their tokens are the autoregressive ones, checked against (d)."""
+VERIFIED = ("verified", "verified-batched", "auto", "auto-batched")
+"""The variants decoding with decoder=verified or auto: their tokens are the autoregressive ones, checked against
+(d)."""
+EXACT_PAIRS = (("verified", "ar"), ("verified-batched", "ar-batched"), ("auto", "ar"), ("auto-batched", "ar-batched"))
+"""(variant, its autoregressive peer): the speed-ups of the readings whose tokens are the autoregressive ones."""
 """The variants given every prompt at once (the others decode each prompt alone)."""
 TARGETS = (
     (32, "engine", "reference", 5.0),
@@ -172,7 +180,7 @@ def engine_variant(
     compile_s = engine.runner.executor.run_model.compile_s
     if compile_s:
         print(f"compare: {name} compiled its forward in {compile_s:.1f} s (warm-up, not timed)", file=sys.stderr)
-    decoder = "verified" if name in VERIFIED else None
+    decoder = name.removesuffix("-batched") if name in VERIFIED else None
     return EngineVariant(engine, sequential=not batched, compile_s=compile_s, decoder=decoder)
 
 
@@ -282,6 +290,10 @@ def compare_block(
         if fast in variants
         for n, v in variants.items()
         if n not in ("engine", "engine-batched")
+    } | {
+        f"{fast}_vs_{peer}": variants[fast]["tokens_per_s"] / variants[peer]["tokens_per_s"]
+        for fast, peer in EXACT_PAIRS
+        if fast in variants and peer in variants
     }
     return {
         "block_length": block,

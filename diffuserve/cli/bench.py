@@ -233,6 +233,8 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
             "gdn-rescan",
             "verified",
             "verified-batched",
+            "auto",
+            "auto-batched",
             "ar-batched",
         ),
         help="(a) engine, (a0) baseline: the engine eager with the per-expert loop, (b) transformers "
@@ -243,7 +245,8 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
         "(g) gdn-rescan: hybrid models with K/V cached but the GDN state rebuilt every step by scanning the "
         "prefix's kept projections, (h) attention-loop: engine-batched with --attention-backend loop (one SDPA "
         "per sequence: the attention before issue 23), (i) verified: the engine with decoder=verified (its "
-        "tokens must equal ar's), verified-batched: the same given all --num-prompts at once, ar-batched: (d) "
+        "tokens must equal ar's), verified-batched: the same given all --num-prompts at once, auto and auto-batched: "
+        "the same with decoder=auto (--auto-draft-tokens switches its drafts per step), ar-batched: (d) "
         "given all --num-prompts at once; default: a, a0, b, b2, c, d",
     )
 

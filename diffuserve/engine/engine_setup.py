@@ -139,6 +139,8 @@ def build_components(config: EngineConfig, make_runner: RunnerFactory | None = N
     )
     runner = (make_runner or serving_runner(config))(executor, decoding, max_model_len)
     defaults = generation_defaults(family, read_model_config(config.model)[1])
+    if config.default_decoder is not None:
+        defaults = {**defaults, "decoder": config.default_decoder}
     return EngineComponents(
         args, tokenizer, runner, scheduler, cache, max_model_len, defaults, family.steps_capped_by_max_tokens
     )

@@ -116,3 +116,19 @@ def test_other_decoders_have_no_checks(server: LiveServer):
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as response:
         steps = [s for e in sse_events(response) if isinstance(e, dict) for s in e.get("denoising", [])]
     assert steps and all(s["check"] is None for s in steps)
+
+
+def test_auto_steps_are_counted_by_mode(model_dir: Path, single_threaded_torch: None):
+    """--auto-draft-tokens 8 at block 4: one auto request drafts, three at once decide one token each; /metrics
+    counts the steps of each mode, and the replies are the same either way."""
+    live = LiveServer(model_dir, ServerConfig(served_model_name="v"), max_num_seqs=4, auto_draft_tokens=8).start()
+    try:
+        alone = live.post("/v1/completions", _body("auto")).json()["choices"][0]["text"]
+        assert live.metric("auto_decoding_steps_total", mode="verified") > 0
+        assert live.metric("auto_decoding_steps_total", mode="autoregressive") == 0
+        body = {**_body("auto"), "n": 3}
+        texts = {c["text"] for c in live.post("/v1/completions", body).json()["choices"]}
+        assert texts == {alone}
+        assert live.metric("auto_decoding_steps_total", mode="autoregressive") > 0
+    finally:
+        live.stop()

@@ -9,14 +9,16 @@ import { $, formatCount, formatNumber } from "./dom.js";
 const REFRESH_MS = 1500;
 const TPF_WINDOW_MS = 30000;
 
-// {series name without prefix: value summed over its label sets}
+// {series name without prefix: value summed over its label sets; name{labels}: that label set's value}
 export function parseMetrics(text) {
   const values = {};
   for (const line of text.split("\n")) {
     if (!line || line.startsWith("#")) continue;
-    const match = /^(?:diffuserve:|vllm:)([A-Za-z_][\w]*)(?:\{[^}]*\})?\s+(\S+)/.exec(line);
+    const match = /^(?:diffuserve:|vllm:)([A-Za-z_][\w]*)(\{[^}]*\})?\s+(\S+)/.exec(line);
     if (!match) continue;
-    values[match[1]] = (values[match[1]] || 0) + Number(match[2]);
+    const [, name, labels, value] = match;
+    values[name] = (values[name] || 0) + Number(value);
+    if (labels) values[name + labels] = (values[name + labels] || 0) + Number(value);
   }
   return values;
 }
@@ -62,6 +64,21 @@ export class LiveMetrics {
     const slots = values.state_slots_total || 0;
     $("m-slots-item").hidden = !slots;
     if (slots) $("m-slots").textContent = `${formatCount(values.state_slots_used || 0)} / ${formatCount(slots)}`;
+    this.renderAuto();
+  }
+
+  // decoder=auto: which mode its steps took between the last two readings (drafting, or one token each).
+  renderAuto() {
+    const n = this.samples.length;
+    const steps = (s, mode) => (s.values[`auto_decoding_steps_total{mode="${mode}"}`] || 0);
+    const [a, b] = [this.samples[Math.max(0, n - 2)], this.samples[n - 1]];
+    const drafting = steps(b, "verified") - (n > 1 ? steps(a, "verified") : 0);
+    const single = steps(b, "autoregressive") - (n > 1 ? steps(a, "autoregressive") : 0);
+    const seen = steps(b, "verified") + steps(b, "autoregressive") > 0;
+    $("m-auto-item").hidden = !seen;
+    if (!seen) return;
+    if (drafting + single === 0) $("m-auto").textContent = "idle";
+    else $("m-auto").textContent = `${formatCount(drafting)} drafting / ${formatCount(single)} autoregressive steps`;
   }
 
   // Generated tokens per second between the last two readings.
