@@ -22,9 +22,6 @@ from diffuserve.model.layers.moe.coreset_rule import parse_coreset_rule
 from diffuserve.model.quant.scheme import DEFAULT_TARGETS, QuantScheme, make_scheme
 from diffuserve.sampling_params import DECODER_NAMES
 
-AUTO_DRAFT_TOKENS = 64
-"""The default of `SchedulerConfig.auto_draft_tokens` (docs/benchmarks.md, "Verified and auto decoding")."""
-
 
 def _positive(name: str, value: int | float | None, allow_none: bool = True) -> None:
     if value is None and allow_none:
@@ -94,15 +91,16 @@ class SchedulerConfig:
     fused_commit: bool = True
     """Write a finished block's K/V in the same forward as the next block's first step (exact). Off: a separate
     commit forward per block, as other engines do (kept for comparison benchmarks)."""
-    auto_draft_tokens: int = AUTO_DRAFT_TOKENS
+    auto_draft_tokens: int | None = None
     """decoder=auto: its requests draft (verified decoding) while all of them drafting puts at most this many
     tokens into a step (2 x block length each), and decide only their next token (autoregressive decoding) past
-    it; the tokens are the same either way (core/draft_switch.py). 0: never draft."""
+    it; the tokens are the same either way (core/draft_switch.py). 0: never draft. Default: 2 x block length on
+    a CPU (one request drafts; measured), 512 on a GPU (an estimate, not measured)."""
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs, allow_none=False)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens, allow_none=False)
-        if self.auto_draft_tokens < 0:
+        if self.auto_draft_tokens is not None and self.auto_draft_tokens < 0:
             raise ValueError(f"auto_draft_tokens: must be >= 0 (0: auto never drafts), got {self.auto_draft_tokens}")
 
 

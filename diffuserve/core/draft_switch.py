@@ -19,6 +19,18 @@ from dataclasses import dataclass
 
 from diffuserve.core.request import Request
 
+GPU_DRAFT_TOKENS = 512
+"""The default on a GPU: a step's tokens up to which a forward of a 3B-active MoE stays bound by reading its
+weights rather than by computing (an H100's 3.35 TB/s against its 990 TFLOP/s at about 6 GFLOP per token: some
+hundreds of tokens), so drafts cost little. An estimate: no GPU was lent to measure it."""
+
+
+def default_draft_tokens(device_type: str, block_length: int) -> int:
+    """`--auto-draft-tokens`' default on `device_type` (a torch device type): on a CPU a step's cost grows with its
+    tokens from the first (measured on the bundled model: one request drafting beats autoregressive decoding on
+    its tasks' prompts, sixteen do not: docs/benchmarks.md), so one request's draft, 2 x block_length."""
+    return GPU_DRAFT_TOKENS if device_type == "cuda" else 2 * block_length
+
 
 @dataclass
 class DraftSwitch:

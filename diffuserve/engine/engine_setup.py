@@ -17,6 +17,7 @@ import torch
 
 from diffuserve.config import EngineConfig
 from diffuserve.core.cache.manager import CacheManager
+from diffuserve.core.draft_switch import default_draft_tokens
 from diffuserve.core.scheduler import Scheduler
 from diffuserve.decoding.block_decoding import BlockDecoding
 from diffuserve.decoding.grammar_walk import StructuredDecoding
@@ -128,7 +129,9 @@ def build_components(config: EngineConfig, make_runner: RunnerFactory | None = N
         args.block_length,
         sched.fused_commit,
         not headless,
-        sched.auto_draft_tokens,
+        default_draft_tokens(executor.device.type, args.block_length)
+        if sched.auto_draft_tokens is None
+        else sched.auto_draft_tokens,
     )
     tokenizer = _tokenizer(config.model)
     structured = (
