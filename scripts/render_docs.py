@@ -53,6 +53,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "compare-quiet": benchmarks_compare.compare_quiet,
     "compare-hybrid": benchmarks_compare.compare_hybrid,
     "compare-verified": benchmarks_compare.compare_verified,
+    "compare-verified-64": benchmarks_compare.compare_verified_64,
     "compare-verified-clover-moe": benchmarks_compare.compare_verified_clover_moe,
     "compare-renoise": benchmarks_compare.compare_renoise,
     "renoise-overhead": benchmarks_compare.renoise_overhead,

@@ -41,7 +41,7 @@ from diffuserve.worker.cache.step_metadata import StepMetadata
 from diffuserve.worker.executor import ForwardInputs, ModelExecutor
 from diffuserve.worker.experts import ExpertOffload, ExpertTracker
 from diffuserve.worker.prompt_scoring import ScoringRows, prompt_logprobs
-from diffuserve.worker.verification import StepDrafts, check_head
+from diffuserve.worker.verification import StepDrafts, check_heads
 
 LOGITS_BUDGET_BYTES = 1 << 30
 """Default bound on one chunk's fp32 logits (1 GiB: 4 DiffusionGemma canvases of 256 x 262,144)."""
@@ -313,13 +313,15 @@ class ModelRunner:
         # A loop: a comprehension would be a runner frame amid the decoders' (test_architecture).
         writes: dict[str, BlockWrite] = {}
         carried: list[tuple[int, torch.Tensor]] = []
+        verified: list[tuple[Request, BlockWrite, int]] = []  # heads read from a causal row: checked against it
         for request, decoding in decoded:
             writes[request.request_id] = decoding.write
-            if request.params.is_verified:  # its head was read from a causal row: checked against it
-                row = heads[request.request_id]
-                writes[request.request_id] = check_head(request, decoding.write, logits[row : row + 1], self.decoding)
+            if request.params.is_verified:
+                verified.append((request, decoding.write, heads[request.request_id]))
             if decoding.self_conditioning is not None:
                 carried.append((canvas_slot(request), decoding.self_conditioning))
+        if verified:
+            writes |= check_heads(verified, logits, self.decoding)
         del logits  # freed before the self-conditioning pass, unless going-on canvases' tempered logits view it
         if carried:
             self._keep_self_conditioning(carried)

@@ -23,7 +23,11 @@ from diffuserve.core.step import ScheduledRequest
 from diffuserve.core.verification import verify_start
 from diffuserve.core.writes import BlockWrite, Verification
 from diffuserve.decoding.block_decoding import BlockDecoding
+from diffuserve.decoding.generators import forbid_in_canvases
 from diffuserve.worker.cache.state_step import state_slot
+
+KEPT_HEAD = Verification(1, 1, None)
+"""A head the check keeps, with no logprobs asked for."""
 
 
 @dataclass(frozen=True)
@@ -81,14 +85,39 @@ class StepDrafts:
         return verdicts
 
 
-def check_head(request: Request, write: BlockWrite, row: torch.Tensor, decoding: BlockDecoding) -> BlockWrite:
-    """A verified request's block `write`, with its head checked when the step wrote the block's first position
-    (and, where the check drew another token, that token written there instead): row [1, V] fp32 is the logits
-    row that position was read from (the last committed position's causal row)."""
-    head = next((token for index, token in write.accepted if index == 0), None)
-    if head is None:
-        return write
-    verdict = decoding.registry.verified.verify(request, row, [request.block_start], [head], decoding.generators)
+def check_heads(
+    heads: list[tuple[Request, BlockWrite, int]], logits: torch.Tensor, decoding: BlockDecoding
+) -> dict[str, BlockWrite]:
+    """Verified requests' block writes (request, write, the row of `logits` [R, V] fp32 their block's first read
+    position was read from: the last committed position's causal row) -> each write with its head checked where
+    the step wrote the block's first position (and, where the check drew another token, that token written there
+    instead). Greedy heads without logprobs, penalties or grammar are checked together, in one argmax over their
+    rows (the mask token and, below min_tokens, the stop ids forbidden, as for any causal check); the others by the
+    verified decoder, one by one."""
+    checked: dict[str, BlockWrite] = {}
+    plain: list[tuple[Request, BlockWrite, int, int]] = []  # (request, write, row, its head)
+    for request, write, row in heads:
+        head = next((token for index, token in write.accepted if index == 0), None)
+        params = request.params
+        if head is None:
+            continue
+        if params.is_greedy and params.logprobs is None and not params.has_penalties and not params.structured_outputs:
+            plain.append((request, write, row, head))
+            continue
+        verdict = decoding.registry.verified.verify(
+            request, logits[row : row + 1], [request.block_start], [head], decoding.generators
+        )
+        checked[request.request_id] = _with_head(write, verdict)
+    if plain:
+        index = torch.tensor([row for _, _, row, _ in plain], dtype=torch.long, device=logits.device)
+        rows = forbid_in_canvases([r for r, _, _, _ in plain], logits.index_select(0, index)[:, None, :])
+        for (request, write, _, head), best in zip(plain, rows[:, 0].argmax(dim=-1).tolist(), strict=True):
+            checked[request.request_id] = _with_head(write, KEPT_HEAD if best == head else Verification(1, 0, best))
+    return checked
+
+
+def _with_head(write: BlockWrite, verdict: Verification) -> BlockWrite:
+    """`write` carrying its head's check, the token the check wrote (if another) in place of the draft's."""
     if verdict.token is None:
         return replace(write, head=verdict)
     accepted = [(index, verdict.token if index == 0 else token) for index, token in write.accepted]

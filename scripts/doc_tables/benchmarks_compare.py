@@ -43,18 +43,28 @@ def compare(load: Load) -> str:
 
 
 VERIFIED_ROWS = {
-    "ar": ("(d) autoregressive (block length 1)", 1),
-    "engine": ("(a) diffusion: threshold decoder", 1),
-    "verified": ("(i) verified: threshold drafts, causal check", 1),
-    "ar-batched": ("(d) autoregressive, all prompts at once", 16),
-    "engine-batched": ("(e) diffusion, all prompts at once", 16),
-    "verified-batched": ("(i) verified, all prompts at once", 16),
+    "ar": "(d) autoregressive (block length 1)",
+    "engine": "(a) diffusion: threshold decoder",
+    "verified": "(i) verified: one-forward drafts, causal check",
+    "auto": "(i) auto: drafts while they pay, else autoregressive",
+    "ar-batched": "(d) autoregressive, all prompts at once",
+    "engine-batched": "(e) diffusion, all prompts at once",
+    "verified-batched": "(i) verified, all prompts at once",
+    "auto-batched": "(i) auto, all prompts at once",
 }
+"""The rows of the verified-decoding tables, in order: those the run measured."""
+AUTOREGRESSIVE_PEER = {"verified": "ar", "auto": "ar", "verified-batched": "ar-batched", "auto-batched": "ar-batched"}
 
 
 def compare_verified(load: Load) -> str:
-    """Autoregressive, diffusion and verified decoding of the same prompts on the bundled model (`compare-verified`)."""
+    """Autoregressive, diffusion, verified and auto decoding of the same prompts on the bundled model, one at a time
+    and 16 at once (`compare-verified`)."""
     return _verified_table(load, "compare-verified")
+
+
+def compare_verified_64(load: Load) -> str:
+    """The same prompts, 64 at once (`compare-verified-64`)."""
+    return _verified_table(load, "compare-verified-64")
 
 
 def compare_verified_clover_moe(load: Load) -> str:
@@ -63,13 +73,20 @@ def compare_verified_clover_moe(load: Load) -> str:
 
 
 def _verified_table(load: Load, name: str) -> str:
-    r = load(name)["result"]["results"][0]
+    record = load(name)["result"]
+    r, at_once = record["results"][0], record["workload"]["num_prompts"]
     rows = []
-    for name, (label, concurrent) in VERIFIED_ROWS.items():
-        v = r["variants"][name]
+    for variant, label in VERIFIED_ROWS.items():
+        v = r["variants"].get(variant)
+        if v is None:
+            continue
         accepted = f"{v['acceptance_rate']:.0%} / {v['mean_acceptance_length']:.2f}" if "acceptance_rate" in v else "–"
-        rows.append([label, concurrent, sig3(v["tokens_per_s"]), v["nfe"], f"{v['tpf']:.2f}", accepted])
-    header = ["variant", "concurrent", "tokens/s", "NFE", "TPF", "drafts kept / tokens per verified block"]
+        peer = AUTOREGRESSIVE_PEER.get(variant)
+        ratio = r["ratios"].get(f"{variant}_vs_{peer}") if peer else None
+        concurrent = at_once if variant.endswith("-batched") else 1
+        speed = "–" if ratio is None else f"{ratio:.2f}x"
+        rows.append([label, concurrent, sig3(v["tokens_per_s"]), v["nfe"], f"{v['tpf']:.2f}", accepted, speed])
+    header = ["variant", "concurrent", "tokens/s", "NFE", "TPF", "drafts kept / tokens per checked draft", "vs AR"]
     return table(header, rows)
 
 
