@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# Under pytest-xdist (PYTEST_XDIST_WORKER names the worker) the workers already fill the cores: the processes a test
+# starts (worker ranks, `diffuserve serve`, torchrun) take one OpenMP thread each, as this process does below,
+# instead of one per core each. Set before torch is imported, which reads it once.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest
 import torch
