@@ -23,7 +23,7 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
     "$VPY" -m pip install --quiet torch==2.13.0
   fi
 fi
-"$VPY" -m pip install --quiet -e ".[test,plot]"
+"$VPY" -m pip install --quiet -e ".[test,plot,docs]"
 
 # install_browser COMMAND PACKAGE...: installs the packages unless COMMAND is already there.
 install_browser() {
