@@ -18,7 +18,7 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "wheel check: FAILED: $*" >&2; exit 1; }
 
-low="$(sed -n 's/^ *"transformers>=\([0-9][0-9.]*\)".*/\1/p' "$repo/pyproject.toml")"
+low="$(sed -n 's/^ *"transformers>=\([0-9][0-9.]*\)[",;].*/\1/p' "$repo/pyproject.toml")"
 [ -n "$low" ] || fail "no \"transformers>=X\" requirement in pyproject.toml"
 
 echo "== building the sdist and the wheel"
