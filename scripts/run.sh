@@ -50,10 +50,13 @@ case "$job" in
     .venv/bin/ruff check .
     .venv/bin/ruff format --check .
     .venv/bin/mypy diffuserve
-    # One worker per core (pytest-xdist; tests/conftest.py gives each one torch thread); a file's tests stay on one
-    # worker (--dist loadfile), so its module fixtures are built once. The 25 slowest tests and the wall time print.
+    # One worker per core this process may use (pytest-xdist; tests/conftest.py gives each one torch thread; not
+    # `-n auto`, which counts physical cores: 1 on a 2-vCPU machine); a file's tests stay on one worker (--dist
+    # loadfile), so its module fixtures are built once. The 25 slowest tests and the wall time print.
+    workers="$(nproc)"
+    if [ "$workers" -lt 2 ]; then workers=0; fi  # one core: no worker processes at all
     status=0
-    "$VPY" -m pytest -q -n auto --dist loadfile --durations=25 "$@" || status=$?
+    "$VPY" -m pytest -q -n "$workers" --dist loadfile --durations=25 "$@" || status=$?
     if [ "$status" = 5 ]; then
       echo "pytest collected no test (exit 5): check the selection" >&2
     fi
