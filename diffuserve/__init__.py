@@ -6,6 +6,7 @@ The public names load lazily, so that torch-free parts (`diffuserve.planner`, th
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -13,7 +14,10 @@ if TYPE_CHECKING:
     from diffuserve.llm import LLM
     from diffuserve.sampling_params import SamplingParams
 
-__version__ = "0.1.0"
+try:  # the installed distribution's version: pyproject.toml's `version` is the one source
+    __version__ = importlib.metadata.version("diffuserve")
+except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, never installed
+    __version__ = "0+unknown"
 __all__ = ["LLM", "EngineConfig", "SamplingParams", "__version__"]
 
 _LAZY = {

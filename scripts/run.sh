@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a virtual environment in .venv (idempotent) and runs one job in it.
 #   bash scripts/run.sh serve [ARGS...]   start the OpenAI-compatible server on the bundled default model
-#   bash scripts/run.sh test  [ARGS...]   run the lint, the type check and the test suite
+#   bash scripts/run.sh test  [ARGS...]   run the lint, the type check and the test suite (in parallel; ARGS go to
+#                                          pytest, e.g. `-n 0` for one process, or test paths)
 # On a machine without an NVIDIA GPU the CPU build of PyTorch is installed first, so that the package's
 # `torch>=2.4` requirement does not pull a multi-GB CUDA build. `test` also installs Debian's chromium and
 # chromium-driver, and firefox-esr, for the web console's browser tests when they are missing and it can (root
@@ -22,7 +23,7 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
     "$VPY" -m pip install --quiet torch==2.13.0
   fi
 fi
-"$VPY" -m pip install --quiet -e ".[test,plot]"
+"$VPY" -m pip install --quiet -e ".[test,plot,docs]"
 
 # install_browser COMMAND PACKAGE...: installs the packages unless COMMAND is already there.
 install_browser() {
@@ -49,7 +50,17 @@ case "$job" in
     .venv/bin/ruff check .
     .venv/bin/ruff format --check .
     .venv/bin/mypy diffuserve
-    exec "$VPY" -m pytest -q "$@"
+    # One worker per core this process may use (pytest-xdist; tests/conftest.py gives each one torch thread; not
+    # `-n auto`, which counts physical cores: 1 on a 2-vCPU machine); a file's tests stay on one worker (--dist
+    # loadfile), so its module fixtures are built once. The 25 slowest tests and the wall time print.
+    workers="$(nproc)"
+    if [ "$workers" -lt 2 ]; then workers=0; fi  # one core: no worker processes at all
+    status=0
+    "$VPY" -m pytest -q -n "$workers" --dist loadfile --durations=25 "$@" || status=$?
+    if [ "$status" = 5 ]; then
+      echo "pytest collected no test (exit 5): check the selection" >&2
+    fi
+    exit "$status"
     ;;
   *)
     echo "usage: bash scripts/run.sh serve|test [ARGS...]" >&2

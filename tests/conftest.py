@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# Under pytest-xdist (PYTEST_XDIST_WORKER names the worker) the workers already fill the cores: the processes a test
+# starts (worker ranks, `diffuserve serve`, torchrun) take one OpenMP thread each, as this process does below,
+# instead of one per core each. Set before torch is imported, which reads it once.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest
 import torch
@@ -41,3 +49,23 @@ def tiny_model_dir_b32(tmp_path_factory) -> Path:
 def tiny_llada2_dir(tmp_path_factory) -> Path:
     """A tiny LLaDA2.0 (BailingMoeV2) checkpoint with a peaky LM head."""
     return write_llada2_checkpoint(tmp_path_factory.mktemp("llada2") / "tiny", seed=1, logit_scale=40.0)
+
+
+ONE_WORKER = "tests/distributed"
+"""Tests that start 2 to 4 rank processes each: under pytest-xdist they run one after another on one worker, as one
+scope (two of them at once would put up to 8 busy processes on 2 cores)."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` (scripts/run.sh): a file's tests on one worker, and every file of ONE_WORKER together."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return ONE_WORKER if scope.startswith(ONE_WORKER + "/") else scope
+
+    return Scheduling(config, log)

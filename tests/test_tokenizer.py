@@ -7,6 +7,7 @@ from __future__ import annotations
 import builtins
 import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,13 @@ def test_decode_equals_transformers_decode(tmp_path: Path, skip_special_tokens: 
         ids = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randrange(0, 12))]
         expected = tokenizer.hf.decode(ids, skip_special_tokens=skip_special_tokens)
         assert tokenizer.decode(ids, skip_special_tokens) == expected
+
+
+def test_decode_needs_no_transformers_5_module(tmp_path: Path, monkeypatch):
+    """transformers 4.x has no `transformers.tokenization_utils_tokenizers` (5.x's home of the tokenizers-backed
+    class): with that module unimportable, the decode shortcut is still found and decoding still works."""
+    tokenizer = Tokenizer(_tokenizer_dir(tmp_path / "m"))
+    monkeypatch.setitem(sys.modules, "transformers.tokenization_utils_tokenizers", None)  # import -> ImportError
+    assert tokenizer._rust_decode is not None
+    ids = [104, 105, *range(256, 262)]
+    assert tokenizer.decode(ids, skip_special_tokens=False) == tokenizer.hf.decode(ids, skip_special_tokens=False)

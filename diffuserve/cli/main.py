@@ -13,6 +13,8 @@ import argparse
 import importlib
 import sys
 
+from diffuserve import __version__
+
 SUBCOMMANDS = {
     "serve": ("diffuserve.cli.serve", "start the OpenAI-compatible HTTP server"),
     "generate": ("diffuserve.cli.generate", "generate completions for prompts (offline)"),
@@ -30,6 +32,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="diffuserve", description="Serve block-diffusion MoE language models: exact, batched, OpenAI-compatible."
     )
+    parser.add_argument("--version", action="version", version=f"diffuserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         subparser = sub.add_parser(name, help=help_text, description=help_text)

@@ -90,10 +90,13 @@ class Tokenizer:
         """The Rust tokenizer's own decode where transformers' decode adds nothing to it: a tokenizers-backed
         class whose `_decode` is the base one, with no clean-up of tokenization spaces. The engine decodes every
         completion at every step that gives it tokens, and transformers' wrapper costs several times the decode."""
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+        # The top-level name is the tokenizers-backed base class in transformers 4.x and 5.x alike (5.x moved it
+        # to tokenization_utils_tokenizers.TokenizersBackend, a module 4.x does not have).
+        from transformers import PreTrainedTokenizerFast
 
-        plain = type(self.hf)._decode is TokenizersBackend._decode and not self.hf.clean_up_tokenization_spaces
-        if not (isinstance(self.hf, TokenizersBackend) and plain):
+        base = PreTrainedTokenizerFast
+        plain = type(self.hf)._decode is base._decode and not self.hf.clean_up_tokenization_spaces
+        if not (isinstance(self.hf, base) and plain):
             return None
         rust: Any = self.hf._tokenizer
         return rust.decode

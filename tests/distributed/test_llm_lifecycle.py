@@ -39,10 +39,30 @@ def _resources() -> dict[str, object]:
         "children": sorted(p.pid for p in children),
         "threads": sorted(t.name for t in threading.enumerate()),
         "native threads": me.num_threads(),
-        "shared memory": sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else [],
+        "shared memory": _shared_memory(me),
         "listening ports": sorted(c.laddr.port for c in me.net_connections("inet") if c.status == psutil.CONN_LISTEN),
         "process group": dist.is_initialized(),
     }
+
+
+def _shared_memory(me: psutil.Process) -> list[str]:
+    """The entries of /dev/shm less those a process outside this one's tree holds (mapped or open): what other
+    tests running beside this one (pytest-xdist's other workers) or a browser keep there is theirs, while what an
+    engine leaves behind is held by this process or by none."""
+    if not os.path.isdir("/dev/shm"):
+        return []
+    entries = set(os.listdir("/dev/shm"))
+    ours = {me.pid, *(p.pid for p in me.children(recursive=True))}
+    held: set[str] = set()
+    for process in psutil.process_iter():
+        if process.pid in ours:
+            continue
+        try:
+            paths = [m.path for m in process.memory_maps()] + [f.path for f in process.open_files()]
+        except psutil.Error:  # gone, or not ours to read
+            continue
+        held |= {os.path.basename(p) for p in paths if p.startswith("/dev/shm/")}
+    return sorted(entries - held)
 
 
 def _cmdline(process: psutil.Process) -> list[str]:

@@ -313,27 +313,36 @@ def test_mutations_break_the_match(fast, monkeypatch, name, mutant):
     assert differences(expected, got, "r", prompt, params) != []
 
 
-def _alone_and_batched(model_dir, monkeypatch, ids: list[str]) -> tuple[dict, list[dict]]:
-    """Each of these BATCH requests alone, and all of them batched in two orders (one joining per step)."""
-    alone = {r: run_engine(_engine(model_dir), monkeypatch, {r: BATCH[r]}).tokens[r] for r in ids}
+def _alone(model_dir, monkeypatch, ids: list[str]) -> dict[str, list[int]]:
+    """Each of these BATCH requests decoded alone, in an engine of its own."""
+    return {r: run_engine(_engine(model_dir), monkeypatch, {r: BATCH[r]}).tokens[r] for r in ids}
+
+
+def _batched(model_dir, monkeypatch, ids: list[str]) -> list[dict[str, list[int]]]:
+    """These BATCH requests batched in two orders (one joining per step)."""
     orders = [ids, list(reversed(ids))]
-    batched = [run_engine(_engine(model_dir), monkeypatch, {r: BATCH[r] for r in order}, True) for order in orders]
-    return alone, [b.tokens for b in batched]
+    return [run_engine(_engine(model_dir), monkeypatch, {r: BATCH[r] for r in order}, True).tokens for order in orders]
 
 
-def test_a_request_decodes_the_same_alone_and_batched_in_any_order(fast, monkeypatch):
+@pytest.fixture(scope="module")
+def alone(fast) -> dict[str, list[int]]:
+    """Every BATCH request's tokens decoded alone, unmutated (computed once for the tests that compare with them)."""
+    with pytest.MonkeyPatch.context() as patch:
+        return _alone(fast[0], patch, list(BATCH))
+
+
+def test_a_request_decodes_the_same_alone_and_batched_in_any_order(fast, alone, monkeypatch):
     """The draws are keyed by the request (seed, canvas start, step, position), not by its row in the batch: every
     request's tokens alone equal its tokens batched, whatever the order it was batched in."""
-    model_dir, _ = fast
-    alone, batched = _alone_and_batched(model_dir, monkeypatch, list(BATCH))
-    assert all(tokens == alone for tokens in batched)
+    assert all(tokens == alone for tokens in _batched(fast[0], monkeypatch, list(BATCH)))
 
 
 def test_draws_keyed_by_the_batch_row_break_alone_equals_batched(fast, monkeypatch):
     model_dir, _ = fast
     monkeypatch.setattr(decoding, "draw_bits", _keyed_by_row)
-    alone, batched = _alone_and_batched(model_dir, monkeypatch, ["short", "window"])
-    assert any(tokens != alone for tokens in batched)
+    ids = ["short", "window"]
+    alone = _alone(model_dir, monkeypatch, ids)
+    assert any(tokens != alone for tokens in _batched(model_dir, monkeypatch, ids))
 
 
 def test_min_tokens_forbids_the_stop_ids_of_its_own_canvases_only(fast, monkeypatch):
@@ -350,7 +359,7 @@ def test_min_tokens_forbids_the_stop_ids_of_its_own_canvases_only(fast, monkeypa
     assert stop not in got["min"][:8]
 
 
-def test_a_penalised_canvas_beside_batched_ones(fast, monkeypatch):
+def test_a_penalised_canvas_beside_batched_ones(fast, alone, monkeypatch):
     """A request with a penalty is decoded on its own (its rows penalised first) while the others of the chunk go
     through the batched step, taken out of the chunk's rows around it: every request decodes what it decodes
     alone."""
@@ -358,6 +367,6 @@ def test_a_penalised_canvas_beside_batched_ones(fast, monkeypatch):
     requests = dict(BATCH)
     prompt, params = requests["stable2"]
     requests["stable2"] = (prompt, params.replace(presence_penalty=1.5))
-    alone = {r: run_engine(_engine(model_dir), monkeypatch, {r: request}).tokens[r] for r, request in requests.items()}
-    assert run_engine(_engine(model_dir), monkeypatch, requests).tokens == alone
-    assert alone["stable2"] != run_engine(_engine(model_dir), monkeypatch, {"r": BATCH["stable2"]}).tokens["r"]
+    penalised = run_engine(_engine(model_dir), monkeypatch, {"stable2": requests["stable2"]}).tokens["stable2"]
+    assert run_engine(_engine(model_dir), monkeypatch, requests).tokens == {**alone, "stable2": penalised}
+    assert penalised != alone["stable2"]
