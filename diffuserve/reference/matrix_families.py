@@ -52,6 +52,9 @@ class Family:
     """LLM options every cell of the family runs with."""
     preemption_pages: int = 10
     """A page budget (pages of 4 tokens) under which the matrix's requests preempt one another."""
+    verified_preemption_pages: int = 8
+    """The same for verified decoding: its blocks start after its whole prompt, so its first step needs more pages,
+    and at 10 the third request waits for the first two to finish instead of being admitted and preempted."""
     prefix_survives_preemption: bool = True
     """Whether that budget still keeps a finished request's prefix for the next run (DiffusionGemma's window
     group needs so many pages that, at a budget that preempts, cached prefixes are evicted before reuse)."""

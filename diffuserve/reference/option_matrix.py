@@ -167,7 +167,8 @@ def _run(cell: Cell, model_dir: Path) -> str:
     for option in options:
         engine.update(option.engine)
     if "preemption" in cell.options:
-        engine["num_pages"] = family.preemption_pages
+        verified = "decoder verified" in cell.options
+        engine["num_pages"] = family.verified_preemption_pages if verified else family.preemption_pages
     if "quantization" in engine:
         engine["quantization_group_size"] = QUANT_GROUP_SIZE
     params = _params(cell, model_dir, engine.get("quantization"), options)

@@ -49,8 +49,10 @@ def gdn_step(layer: GatedDeltaNet, x: torch.Tensor, inputs: RecurrentStepInputs,
         o[group.rows] = group_o.transpose(1, 2)
         store_state(conv_cache, recurrent_cache, group, state)
         if group.snapshot_slots is not None:
-            conv_cache.index_copy_(0, group.snapshot_slots, state.conv.to(conv_cache.dtype))
-            recurrent_cache.index_copy_(0, group.snapshot_slots, state.recurrent)
+            # Copies: where the group's slots are one range, the state is the pool's own rows, and index_copy_
+            # refuses a source that overlaps its destination.
+            conv_cache.index_copy_(0, group.snapshot_slots, state.conv.to(conv_cache.dtype, copy=True))
+            recurrent_cache.index_copy_(0, group.snapshot_slots, state.recurrent.clone())
     blocks = inputs.blocks
     if blocks is not None:
         # Read after the commits above: a block sees its own sequence's state advanced by this step's commit.

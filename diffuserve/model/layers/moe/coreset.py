@@ -101,6 +101,6 @@ def _check_softmax_router(layer: Any, size: int) -> None:
 def _check_window_router(gate: Any, rule: CoresetRule) -> None:
     if not hasattr(gate, "expert_bias"):
         raise ValueError(
-            f"block_expert_coreset: {rule.describe()} (dMoE's rule) needs the group-limited sigmoid router "
-            f"(LLaDA2); this model's {type(gate).__name__} is not one; give a fixed size C instead"
+            f"block_expert_coreset: {rule.describe()} (dMoE's rule) needs a group-limited sigmoid router (one with an "
+            f"expert bias); this model's {type(gate).__name__} is not one; give a fixed size C instead"
         )
