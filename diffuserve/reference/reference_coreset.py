@@ -59,14 +59,14 @@ def _coreset_layer(layer: SparseMoeBlock, x: torch.Tensor, size: int) -> torch.T
         weights = (picked / picked.sum()).to(x.dtype)
         row = torch.zeros(x.shape[1], dtype=weights.dtype)
         for weight, expert in zip(weights, chosen):
-            row = row + weight * _expert(layer, expert, x[i]).to(weights.dtype)
+            row = row + weight * expert_output(layer, expert, x[i]).to(weights.dtype)
         rows.append(row.to(x.dtype))
     out = torch.stack(rows)
     shared = layer.shared_output(x)
     return out if shared is None else out + shared
 
 
-def _expert(layer: SparseMoeBlock, expert: int, x: torch.Tensor) -> torch.Tensor:
+def expert_output(layer: SparseMoeBlock, expert: int, x: torch.Tensor) -> torch.Tensor:
     """One routed expert's SwiGLU on one row x [H] (weights [2I, H] = gate rows then up rows, and [H, I])."""
     gate_up, down = layer.experts.gate_up_proj[expert], layer.experts.down_proj[expert]
     width = down.shape[1]

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from diffuserve.model.layers.moe.layer import SparseMoeBlock
+from diffuserve.reference.reference_coreset import expert_output
 
 WINDOW = 32
 """dMoE's gate: positions per window."""
@@ -108,15 +109,8 @@ def _dmoe_layer(layer: SparseMoeBlock, x: torch.Tensor, threshold: float) -> tor
         for i in range(start, min(start + WINDOW, x.shape[0])):
             row = torch.zeros(x.shape[1], dtype=torch.float32)
             for expert, weight in _route(gate, scores_list[i], biased[i], coreset):
-                row = row + weight * _expert(layer, expert, x[i]).float()
+                row = row + weight * expert_output(layer, expert, x[i]).float()
             rows.append(row.to(x.dtype))
     out = torch.stack(rows)
     shared = layer.shared_output(x)
     return out if shared is None else out + shared
-
-
-def _expert(layer: SparseMoeBlock, expert: int, x: torch.Tensor) -> torch.Tensor:
-    """One routed expert's SwiGLU on one row x [H] (weights [2I, H] = gate rows then up rows, and [H, I])."""
-    gate_up, down = layer.experts.gate_up_proj[expert], layer.experts.down_proj[expert]
-    width = down.shape[1]
-    return down @ (F.silu(gate_up[:width] @ x) * (gate_up[width:] @ x))
