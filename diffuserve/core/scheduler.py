@@ -182,8 +182,9 @@ class Scheduler:
         if self._stop_check(request, update):
             return
         if work.head_only:
-            end_at_head(request)
-            update.finished_blocks.append(request.request_id)
+            if write.head is not None:  # else nothing was written (a grammar failure fails the request)
+                end_at_head(request)
+                update.finished_blocks.append(request.request_id)
         elif request.block_is_final:
             request.finish_block()
             update.finished_blocks.append(request.request_id)
