@@ -14,6 +14,7 @@ from diffuserve.decoding.registry import DecoderRegistry
 from diffuserve.model.interface import StepRules
 from tests.engine.test_oracle_mutations import apply_source_mutation
 from tests.engine.test_verified_decoding import PROMPTS, _checkpoints, _generate, _greedy
+from tests.engine.test_verified_outputs import SPECS, _constrained, _matches
 
 CPU = torch.device("cpu")
 
@@ -102,3 +103,12 @@ def test_the_engine_default_decoder_applies_to_requests_that_name_none(block4):
     assert got == want and llm.engine.stats().spec_decode.num_auto_autoregressive_steps > 0
     with pytest.raises(ValueError, match=r"^default_decoder: must be one of .*auto, got 'fast'$"):
         LLM(str(bd), device="cpu", default_decoder="fast")
+
+
+def test_auto_structured_output_is_the_constrained_autoregressive_output(block4):
+    """Six constrained requests at once are past the CPU's default draft width: each step decides every head alone,
+    grammar-walked and checked, under preemption; sampled, the replies still match their grammars."""
+    bd, ar = block4
+    assert _constrained(bd, "auto", preempting=True) == _constrained(ar, None)
+    sampled = _constrained(bd, "auto", temperature=0.9)
+    assert all(_matches(SPECS[i % len(SPECS)], text) for i, (text, _) in enumerate(sampled))
