@@ -96,25 +96,29 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         },
         "prefill": _numbers(plan.prefill),
         "request_rate": _numbers(plan.rate) if plan.rate else None,
-        "block_expert_coreset": (
-            {
-                "coreset": plan.coreset.coreset,
-                "rule": plan.coreset.rule or str(plan.coreset.coreset),
-                "expert_bytes_per_forward_with_coreset": plan.coreset.expert_bytes(plan.coreset.with_coreset),
-                "expert_bytes_per_forward_per_token": plan.coreset.expert_bytes(plan.coreset.per_token),
-                "batch1_with_coreset": _numbers(plan.coreset.with_coreset),
-                "batch1_per_token_routing": _numbers(plan.coreset.per_token),
-                "speedup": plan.coreset.speedup,
-            }
-            if plan.coreset
-            else None
-        ),
+        "block_expert_coreset": _coreset_dict(plan),
         "cost": {**_numbers(plan.cost), "inputs": asdict(plan.cost_inputs)},
         "calibration": (
             {**_numbers(plan.calibration), "relative_error": plan.calibration.relative_error}
             if plan.calibration
             else None
         ),
+    }
+
+
+def _coreset_dict(plan: Plan) -> dict[str, Any] | None:
+    """The block expert coreset's part of `plan_to_dict` (None without a coreset)."""
+    coreset = plan.coreset
+    if coreset is None:
+        return None
+    return {
+        "coreset": coreset.coreset,
+        "rule": coreset.rule or str(coreset.coreset),
+        "expert_bytes_per_forward_with_coreset": coreset.expert_bytes(coreset.with_coreset),
+        "expert_bytes_per_forward_per_token": coreset.expert_bytes(coreset.per_token),
+        "batch1_with_coreset": _numbers(coreset.with_coreset),
+        "batch1_per_token_routing": _numbers(coreset.per_token),
+        "speedup": coreset.speedup,
     }
 
 
