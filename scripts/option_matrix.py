@@ -1,4 +1,4 @@
-"""Runs every cell of the family x option matrix (diffuserve/testing/option_matrix.py), the slow ones included
+"""Runs every cell of the family x option matrix (diffuserve/reference/option_matrix.py), the slow ones included
 (worker processes, compilation), and prints one JSON line: per cell its family, options, outcome and seconds.
 tests/test_option_matrix.py runs the fast cells in CI; this is the whole table.
 

@@ -1,4 +1,4 @@
-"""The family x option matrix (diffuserve/testing/option_matrix.py): each cell gives the family's independent
+"""The family x option matrix (diffuserve/reference/option_matrix.py): each cell gives the family's independent
 reference tokens under its option(s), or is refused before any step with one line naming the option; no cell
 fails inside a step. The fast cells run here; the others (worker processes, compilation, the pairs of the families
 besides sdar_moe and clover_moe) are marked slow and skipped unless DIFFUSERVE_FULL_MATRIX=1: scripts/

@@ -211,7 +211,7 @@ def reference_variant(
 def hybrid_reference_variant(
     ctx: BenchContext, block: int, prompts: list[list[int]], params: SamplingParams
 ) -> dict[str, Any]:
-    """The naive clover_moe decode (testing/reference_clover_moe): prefix recomputed every step; temperature 0."""
+    """The naive clover_moe decode (reference/reference_clover_moe.py): prefix recomputed every step; temperature 0."""
     from diffuserve.model.loader import load_model
     from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_block_decode
 

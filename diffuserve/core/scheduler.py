@@ -12,7 +12,7 @@ requests are admitted FCFS after them while pages, budget and `max_num_seqs` all
 recently admitted running request is preempted: its pages are freed, its tokens and canvas kept, and it is
 recomputed later. A request is only admitted if its whole life fits in the cache, so the oldest request can
 always proceed: no deadlock. Which memory a request holds (pages of K/V, a sliding window of them, a
-recurrent-state slot) is the cache manager's business (engine/cache): the scheduler asks it whether work fits,
+recurrent-state slot) is the cache manager's business (core/cache): the scheduler asks it whether work fits,
 to take it, to reuse a prefix and to give everything back, and never learns which kinds a model has.
 
 After the forward, `update_from_output` applies the step to the requests (commits, NFE counts, the accepted

@@ -1,7 +1,7 @@
 """Model shapes as data, torch-free: the cache each layer needs (its kind and sizes) and the bytes it takes.
 
 The one place the cache arithmetic lives. A family declares, per layer, one of three cache kinds; the engine
-sizes and allocates its caches from them (engine/cache), the planner sums them for a deployment
+sizes and allocates its caches from them (core/cache, worker/cache), the planner sums them for a deployment
 (planner/memory.py, planner/recurrent_state.py) and the bench charges them to a step (bench/flops.py), so the
 three agree by construction. Tensor parallelism splits every kind by heads: a rank keeps ceil(H / size) of them
 (KV heads are replicated when the size exceeds their count, as vLLM does).

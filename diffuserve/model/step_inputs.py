@@ -2,7 +2,7 @@
 object: the full-attention layers' inputs, each sliding-window page group's by name, the recurrent-state work of
 models with recurrent layers, and the canvas rows of self-conditioned models. A family reads the fields its cache
 layout has and ignores the others; adding a cache kind adds a field here, never a positional argument. Knows
-nothing of requests, pages or the engine's bookkeeping (the engine's cache kinds fill it in, engine/cache/).
+nothing of requests, pages or the engine's bookkeeping (the engine's cache kinds fill it in, worker/cache/).
 """
 
 from __future__ import annotations

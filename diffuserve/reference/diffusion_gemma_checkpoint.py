@@ -7,7 +7,7 @@ two 5 : 1 groups, hidden 512, sliding 4 KV heads x 64 with window 512, full 1 KV
 GeGLU 512 beside 16 experts top-4 of width 128, vocab 8192, canvas 256); `diffusiongemma-tiny` is a test shape.
 Seeded weights: normal(0, init_std), norm weights around 1, layer and router scales 1, the final norm times
 `logit_scale` (it scales the logits and nothing else) and the self-conditioning output projection times
-`feedback` (see testing/diffusion_gemma_hf for why tests damp it).
+`feedback` (see reference/diffusion_gemma_hf.py for why tests damp it).
 """
 
 from __future__ import annotations

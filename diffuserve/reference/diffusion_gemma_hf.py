@@ -6,7 +6,7 @@ buffer a seeded random value (norm weights, router scales, per-expert scales and
 layer scalars around 1, each its own, so a swapped or skipped one shows), and saves it with its
 `generation_config.json`. `recorded_generate` runs `model.generate` with its sampler wrapped so that each
 denoising step's input canvas and accepted positions are kept; within `hf_kv_fp8`, its attention sees its K and
-V rounded to e4m3 by plain arithmetic (the fp8 K/V oracle, testing/reference_kv_fp8). Needs transformers 5.x
+V rounded to e4m3 by plain arithmetic (the fp8 K/V oracle, reference/reference_kv_fp8.py). Needs transformers 5.x
 (imported lazily); never imported by what serves.
 """
 

@@ -1,4 +1,4 @@
-"""The families of the option matrix (testing/option_matrix.py): a tiny seeded checkpoint of each, and each
+"""The families of the option matrix (reference/option_matrix.py): a tiny seeded checkpoint of each, and each
 family's independent reference decode, run under the option's arithmetic (the weights quantized the same way,
 K/V rounded to e4m3) but never through the engine.
 

@@ -1,5 +1,5 @@
 """The family x option matrix: every option of the engine and of a request, alone and in the pairs that touch the
-same code, on every family (testing/matrix_families.py). Each cell either decodes the family's independent
+same code, on every family (reference/matrix_families.py). Each cell either decodes the family's independent
 reference tokens under that option, or is refused before any step runs with one line naming the option and why;
 no cell may fail inside a step. tests/test_option_matrix.py runs the fast cells, scripts/option_matrix.py every
 cell and writes the table into docs/testing.md.

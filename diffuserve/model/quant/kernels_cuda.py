@@ -1,5 +1,5 @@
 """CUDA adapters (not run on the machines this project is built on; tested on the CPU against the kernels'
-documented contracts, tests/model/quant/test_kernels_cuda_contract.py):
+documented contracts, tests/model/quant/test_kernels.py):
 
     fp8   torch._scaled_mm(a fp8 [M, K], b fp8 [K, N] column-major, scale_a [M, 1], scale_b [1, N], out_dtype):
           per-channel weights with per-token activation scales computed on the fly (the "dynamic" activation
