@@ -32,7 +32,7 @@ of the forward that commits it agrees (models whose causal path predicts the nex
 AUTO = "auto"
 """Verified decoding whose drafts the engine turns off in the steps where the batch is wide (each such step decides
 every request's next token autoregressively): the same tokens either way. On a model without verified decoding,
-the model's own decoder."""
+threshold (renoise for DiffusionGemma)."""
 DECODER_NAMES = (*MASK_DECODER_NAMES, RENOISE, VERIFIED, AUTO)
 """The decoders, by name: the one list that validation, the engine's policies and the server's schema use."""
 DECODERS = DECODER_NAMES
@@ -101,7 +101,7 @@ class SamplingParams:
     step), entropy (EB-sampler entropy bound), edit (LLaDA2.1: threshold, plus rewriting accepted tokens while
     their block is open), renoise (DiffusionGemma's canvases, the only decoder of such a model) or verified
     (drafts kept only where the causal path agrees: the model's autoregressive output; Clover) or auto (verified,
-    autoregressive in the steps where the batch is too wide for drafts to pay; elsewhere the model's decoder). Default:
+    autoregressive in the steps where the batch is too wide for drafts to pay; elsewhere threshold). Default:
     the model's (threshold, or renoise for DiffusionGemma)."""
     threshold: float | None = None
     """Confidence a proposal must exceed (strict >) to be accepted; default 0.9 (LLaDA2 models: 0.95)."""

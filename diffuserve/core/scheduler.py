@@ -181,11 +181,12 @@ class Scheduler:
             apply_head(request, write.head)
         if self._stop_check(request, update):
             return
-        if work.head_only:
-            if write.head is not None:  # else nothing was written (a grammar failure fails the request)
-                end_at_head(request)
-                update.finished_blocks.append(request.request_id)
-        elif request.block_is_final:
+        if write.head is not None and (work.head_only or request.verified_end == request.block_end):
+            # Only the head was decided (auto without drafts), or it is the whole block (block length 1): nothing
+            # is left to check, so the block ends as output at its head. (No head written: a grammar failure.)
+            end_at_head(request)
+            update.finished_blocks.append(request.request_id)
+        elif request.block_is_final and not work.head_only:
             request.finish_block()
             update.finished_blocks.append(request.request_id)
 

@@ -40,9 +40,10 @@ def apply_head(request: Request, verdict: Verification) -> None:
 
 
 def end_at_head(request: Request) -> None:
-    """The step decided only the open block's head (decoder=auto with drafts off, core/draft_switch.py): the
-    verified head becomes output and the next block opens right after it, so the next forward commits the head
-    and reads the next one from its causal row, as autoregressive decoding does."""
+    """The step decided only the open block's head (decoder=auto with drafts off, core/draft_switch.py), or the
+    head is the whole block (block length 1): the verified head becomes output and the next block opens right
+    after it, so the next forward commits the head and reads the next one from its causal row, as autoregressive
+    decoding does."""
     _output(request, request.canvas[:1])
     request.open_block(request.block_start + 1)
 

@@ -62,7 +62,8 @@ class VerifiedDecoder(MaskDecoder):
         self.one_forward = one_forward
         """Every masked position drafted in one forward; else the threshold policy over `steps` forwards."""
         self.penalty_counts = penalty_counts if penalty_counts is not None else PenaltyCounts()
-        """The counts the drafts were penalised with (the registry's): the causal rows get the same."""
+        """The committed output's counts (the registry's): the drafts are penalised with them, and each causal row
+        with them plus the tokens before its position (`_penalised`)."""
         self.structured = structured
         """The grammar matchers the drafts were walked with (the registry's): the causal rows are masked by them."""
 

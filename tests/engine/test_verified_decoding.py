@@ -231,3 +231,15 @@ def test_forwards_that_decide_nothing_fail_the_count(tmp_path, monkeypatch):
     got, _ = _generate(bd, PROMPTS, _greedy(24, decoder="verified"), outputs)
     assert got == want
     assert any(o.num_forwards > 24 for o in outputs)
+
+
+def test_verified_at_block_length_1_is_the_autoregressive_reading(block4):
+    """A block of one position is its head, verified when written: nothing is left to check, so each block ends as
+    output at once, in the autoregressive reading's forwards."""
+    bd, _ = block4
+    verified_outputs: list = []
+    reading_outputs: list = []
+    got, _ = _generate(bd, PROMPTS, _greedy(12, decoder="verified"), verified_outputs, block_length=1)
+    want, _ = _generate(bd, PROMPTS, _greedy(12), reading_outputs, block_length=1)
+    assert got == want
+    assert [o.num_forwards for o in verified_outputs] == [o.num_forwards for o in reading_outputs]
