@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from diffuserve.core.block_rules import MaskedBlocks, rule_for
+from diffuserve.core.draft_state import DraftState
 from diffuserve.core.outputs import DenoisingStep
 from diffuserve.sampling_params import ResolvedSamplingParams
 
@@ -123,24 +125,17 @@ class Request:
     error: str | None = None
     denoising_steps: list[DenoisingStep] = field(default_factory=list)
     """With params.record_denoising: every denoising step's writes, oldest first (empty otherwise)."""
-    drafted: list[int] = field(default_factory=list)
-    """Verified decoding (params.is_verified): the tokens of the last finished block, which the forward that
-    commits them verifies (core/verification.py). They follow output_token_ids and are committed like them, but
-    are neither output nor used to stop until verified (their head, verified when it was written, stops)."""
-    num_draft_tokens: int = 0
-    """Verified decoding: drafted tokens checked, and kept (`num_accepted_tokens`), over the request's life."""
-    num_accepted_tokens: int = 0
-    verified_logprobs: list[TokenLogprobs] = field(default_factory=list)
-    """Verified decoding with params.logprobs: those of the verified tokens not in output_token_ids yet (a block's
-    or a draft's head), from the causal rows that verified them (core/verification.py)."""
     num_stop_scanned: int = 0
     """Leading output tokens `stop_check` has scanned: none of them ends the request."""
-    verified_end: int = 0
-    """Verified decoding: every position below it holds a verified token (the prompt, output_token_ids and the
-    head of the draft or of the open block, once written)."""
+    draft: DraftState = field(default_factory=DraftState)
+    """Verified decoding's drafts (core/draft_state.py; empty for every other decoder)."""
+    rule: MaskedBlocks = field(init=False, repr=False)
+    """How the request's blocks live for its decoder kind (core/block_rules.py): the request delegates every
+    decoder-specific choice to it."""
 
     def __post_init__(self) -> None:
-        self.verified_end = self.num_prompt_tokens
+        self.rule = rule_for(self.params)
+        self.draft.end = self.num_prompt_tokens
         self.open_block(self.num_prefill_positions)
 
     # ---- geometry ------------------------------------------------------------------------------------------
@@ -160,7 +155,7 @@ class Request:
     @property
     def is_anchored(self) -> bool:
         """Whether blocks start at the committed length (renoise canvases, verified drafts), not on the grid."""
-        return self.params.is_renoise or self.params.is_verified
+        return self.rule.anchored
 
     @property
     def num_prefill_positions(self) -> int:
@@ -185,7 +180,7 @@ class Request:
     def settled_end(self) -> int:
         """Positions before it hold tokens no verification can take back: the current block's start, or while a
         drafted block waits for verification, that block's start."""
-        return self.block_start - self.block_length if self.drafted else self.block_start
+        return self.block_start - self.block_length if self.draft.tokens else self.block_start
 
     @property
     def commit_target(self) -> int:
@@ -208,7 +203,7 @@ class Request:
         lo, hi = max(start - num_prompt, 0), end - num_prompt
         tokens = prompt[start:] + output[lo:hi] if start < num_prompt else output[lo:hi]
         if hi > len(output):
-            tokens += self.drafted[max(lo - len(output), 0) : hi - len(output)]
+            tokens += self.draft.tokens[max(lo - len(output), 0) : hi - len(output)]
         return tokens
 
     def open_block(self, block_start: int) -> None:
@@ -250,13 +245,7 @@ class Request:
                 self.canvas_logprobs[index] = entry
         if self.params.record_denoising:
             self._record_step(accepted)
-        if self.params.is_renoise:
-            self.block_is_final = bool(final)
-            return
-        if self.mask_token_id in self.canvas:  # still masked (a proposal may be the mask token itself)
-            return
-        settled = not had_masks and not changed
-        self.block_is_final = settled or self.num_post_edit_steps >= self.params.post_edit_budget
+        self.block_is_final = self.rule.is_final(self, had_masks, changed, final)
 
     def _record_step(self, accepted: list[tuple[int, int]]) -> None:
         """Keeps the step's writes in output positions (canvas index i is output position block_start + i - P)."""
@@ -280,11 +269,7 @@ class Request:
         params = self.params
         decided, limit = self.output_token_ids, params.max_tokens
         tail = self.canvas[self.generation_start_in_block() :]
-        if (params.is_editing or params.is_renoise) and not self.block_is_final:
-            tail = [self.mask_token_id] * len(tail)
-        if params.is_verified:  # only verified tokens are decided
-            tail = (self.drafted + tail)[: self.verified_end - self.num_prompt_tokens - len(decided)]
-            tail.append(self.mask_token_id)
+        tail = self.rule.decided_tail(self, tail)
         for g in range(min(self.num_stop_scanned, len(decided)), min(len(decided), limit)):
             if decided[g] in params.stop_ids and g >= params.min_tokens:
                 return TokenStop(RequestStatus.FINISHED_STOPPED, decided[: g + 1], decided[g])
@@ -301,38 +286,25 @@ class Request:
 
     def apply_stop(self, stop: TokenStop) -> None:
         """The tokens end the request: the output becomes `stop`'s answer (its logprobs with it)."""
-        if self.params.is_verified:  # only verified tokens end it; their logprobs are the causal rows'
-            self.output_logprobs = (self.output_logprobs + self.verified_logprobs)[: len(stop.token_ids)]
-        elif self.canvas_logprobs:
-            self.output_logprobs = (self.output_logprobs + self._generated_logprobs())[: len(stop.token_ids)]
+        undecided = self.rule.undecided_logprobs(self)
+        if undecided or self.output_logprobs:
+            self.output_logprobs = (self.output_logprobs + undecided)[: len(stop.token_ids)]
         self.output_token_ids, self.stop_reason = stop.token_ids, stop.stop_reason
 
     def finish_block(self) -> list[int]:
-        """The block is final and the request goes on: its generated part joins the output (to be committed by
-        the next forward) and the next block opens. Returns the new tokens (none under verified decoding: the block
-        is a draft, `drafted`, until its commit forward verifies it)."""
-        new = self.canvas[self.generation_start_in_block() :]
-        if self.params.is_verified:  # a draft until the forward that commits it verifies it
-            self.drafted = new
-            self.open_block(self.block_end)
-            return []
-        self.output_token_ids.extend(new)
-        if self.canvas_logprobs:
-            self.output_logprobs.extend(self._generated_logprobs())
+        """The block is final and the request goes on: its generated part leaves it (as output, or under verified
+        decoding as a draft, `draft`, until the forward that commits it verifies it; either way committed by the
+        next forward) and the next block opens. Returns the tokens that became output."""
+        new = self.rule.finish_block(self, self.canvas[self.generation_start_in_block() :])
         self.open_block(self.block_end)
         return new
 
-    def _generated_logprobs(self) -> list[TokenLogprobs]:
+    def generated_logprobs(self) -> list[TokenLogprobs]:
         """The logprobs of the block's generated positions, up to the first one never written (a mask)."""
         entries = self.canvas_logprobs[self.generation_start_in_block() :]
         written = next((i for i, entry in enumerate(entries) if entry is None), len(entries))
         return [entry for entry in entries[:written] if entry is not None]
 
     def total_tokens_needed(self) -> int:
-        """Positions the request can ever occupy: its last block ends at or after prompt + max_tokens (a verified
-        draft may start at the last token it needs, so it may end B - 1 positions past it)."""
-        start = self.num_prefill_positions
-        end = self.num_prompt_tokens + self.params.max_tokens
-        if self.params.is_verified:
-            return end - 1 + self.block_length
-        return start + -(-(end - start) // self.block_length) * self.block_length
+        """Positions the request can ever occupy (its rule's say: see core/block_rules.py)."""
+        return self.rule.total_tokens_needed(self)

@@ -181,7 +181,7 @@ class Scheduler:
             apply_head(request, write.head)
         if self._stop_check(request, update):
             return
-        if write.head is not None and (work.head_only or request.verified_end == request.block_end):
+        if write.head is not None and (work.head_only or request.draft.end == request.block_end):
             # Only the head was decided (auto without drafts), or it is the whole block (block length 1): nothing
             # is left to check, so the block ends as output at its head. (No head written: a grammar failure.)
             end_at_head(request)
@@ -207,8 +207,6 @@ class Scheduler:
         block = request.block_start - self.block_length
         update.num_draft_tokens += verdict.num_checked
         update.num_accepted_tokens += verdict.num_accepted
-        request.num_draft_tokens += verdict.num_checked
-        request.num_accepted_tokens += verdict.num_accepted
         update.num_verified_blocks += 1
         if request.params.record_denoising:
             record_check(request, verdict)

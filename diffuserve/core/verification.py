@@ -6,7 +6,8 @@ first position is always read from a causal row: the one of the last committed p
     the head     the step that writes the block's first position checks that token against the causal row it was
                  read from (`apply_head`): it is verified at once, as autoregressive decoding would have decided it
                  in the same forward, so every forward that decodes a block decides at least one token
-    the draft    a block whose masks are gone is a draft (`Request.drafted`); the forward that commits it
+    the draft    a block whose masks are gone is a draft (`Request.draft`, core/draft_state.py); the forward
+                 that commits it
                  compares the rest of it with the causal rows (decoding/verified.py), then, from
                  `verify_start(request)` on:
 
@@ -22,21 +23,32 @@ first position is always read from a causal row: the one of the last committed p
 from __future__ import annotations
 
 from diffuserve.core.request import Request
+from diffuserve.core.step import ScheduledRequest
 from diffuserve.core.writes import Verification
 
 
 def verify_start(request: Request) -> int:
     """The first drafted position that is not verified yet (the draft's head was, when it was written)."""
-    return max(request.verified_end, request.block_start - len(request.drafted))
+    return max(request.draft.end, request.draft.start(request.block_start))
+
+
+def checked_positions(work: ScheduledRequest) -> list[int]:
+    """The drafted positions `work`'s commit verifies: those not verified yet of the request's draft, when the
+    commit runs from the draft's start over the whole draft (the scheduler commits a draft from its own start);
+    none otherwise."""
+    request = work.request
+    if not request.draft.tokens or work.commit_start != request.settled_end or work.commit_end < request.block_start:
+        return []
+    return list(range(verify_start(request), request.block_start))
 
 
 def apply_head(request: Request, verdict: Verification) -> None:
     """The step wrote the open block's first position, checked by `verdict` against its causal row (at
     temperature > 0 the check may have drawn the token written). The position is verified, with its logprobs
     when the request asks."""
-    request.verified_end = request.block_start + 1
+    request.draft.end = request.block_start + 1
     if request.params.logprobs is not None:
-        request.verified_logprobs.extend(verdict.logprobs or [])
+        request.draft.logprobs.extend(verdict.logprobs or [])
 
 
 def end_at_head(request: Request) -> None:
@@ -52,16 +64,19 @@ def apply_verification(request: Request, verdict: Verification) -> bool:
     """Applies `verdict` to `request` (see the module docstring); returns whether the draft was rejected, so that
     the caches must go back to the draft's start, `request.block_start - block_length` before the call. With
     logprobs, the verified tokens' (the causal rows') follow them into the output."""
-    first = request.block_start - len(request.drafted)  # the position of drafted[0]
+    draft = request.draft
+    first = draft.start(request.block_start)  # the position of the draft's first token
+    draft.num_checked += verdict.num_checked
+    draft.num_kept += verdict.num_accepted
     if request.params.logprobs is not None:
-        request.verified_logprobs.extend(verdict.logprobs or [])
+        draft.logprobs.extend(verdict.logprobs or [])
     if verdict.token is None:
-        _output(request, request.drafted)
-        request.drafted, request.verified_end = [], request.block_start
+        _output(request, draft.tokens)
+        draft.tokens, draft.end = [], request.block_start
         return False
     rejected = verify_start(request) + verdict.num_accepted
-    _output(request, [*request.drafted[: rejected - first], verdict.token])
-    request.drafted, request.verified_end = [], rejected + 1
+    _output(request, [*draft.tokens[: rejected - first], verdict.token])
+    draft.tokens, draft.end = [], rejected + 1
     request.open_block(rejected + 1)
     return True
 
@@ -69,5 +84,5 @@ def apply_verification(request: Request, verdict: Verification) -> bool:
 def _output(request: Request, tokens: list[int]) -> None:
     """Verified `tokens` join the output, with their logprobs."""
     request.output_token_ids.extend(tokens)
-    request.output_logprobs.extend(request.verified_logprobs)
-    request.verified_logprobs = []
+    request.output_logprobs.extend(request.draft.logprobs)
+    request.draft.logprobs = []

@@ -17,10 +17,11 @@ from diffuserve.core.writes import Verification
 
 def record_check(request: Request, verdict: Verification) -> None:
     """Appends the check of `request`'s drafted block to its denoising trace (the draft still pending)."""
-    first = request.block_start - len(request.drafted)  # the absolute position of drafted[0]
+    drafted = request.draft.tokens
+    first = request.draft.start(request.block_start)  # the absolute position of drafted[0]
     start = verify_start(request)
     offset = request.num_prompt_tokens  # absolute position -> output position
-    checked = [(p - offset, request.drafted[p - first]) for p in range(start, start + verdict.num_checked)]
+    checked = [(p - offset, drafted[p - first]) for p in range(start, start + verdict.num_checked)]
     accepted, rejected = checked[: verdict.num_accepted], checked[verdict.num_accepted :]
     causal = None if verdict.token is None else (rejected[0][0], verdict.token)
     block_start = request.block_start - request.block_length

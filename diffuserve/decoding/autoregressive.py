@@ -9,10 +9,10 @@ import torch
 from diffuserve.core.request import Request
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
 from diffuserve.decoding.mask_policies import propose
-from diffuserve.decoding.protocol import BlockDecode
+from diffuserve.decoding.protocol import BlockDecode, Decoder
 
 
-class NextTokenDecoder:
+class NextTokenDecoder(Decoder):
     name = "autoregressive"
 
     def __init__(self, block_length: int) -> None:
@@ -20,9 +20,6 @@ class NextTokenDecoder:
 
     def read_positions(self, request: Request) -> list[int]:
         return request.masked_indices()[:1]
-
-    def block_tokens(self, request: Request, generators: RequestGenerators) -> list[int]:
-        return request.canvas
 
     def decode(
         self, request: Request, rows: torch.Tensor, positions: list[int], generators: RequestGenerators
@@ -35,6 +32,3 @@ class NextTokenDecoder:
             rows, index, self.block_length, request.params, generator, num_logprobs=request.params.logprobs
         )
         return BlockDecode(proposal.write(index))
-
-    def release(self, request_id: str) -> None:
-        """Nothing per request."""

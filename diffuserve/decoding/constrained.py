@@ -1,49 +1,59 @@
 """GrammarConstrained: a decoder wrapped so that every accepted token extends a valid prefix of the request's
 grammar (`structured_outputs`): the inner decoder says which positions are read; the grammar walk
-(grammar_walk.py) proposes and accepts them left to right. A mask decoder proposes with its `draft_params` (a
-verified request's drafts: greedy, their causal check grammar-masked by decoding/verified.py) and decides with its
-policy; the autoregressive rule reads one position, which any policy accepts (the threshold policy's is used)."""
+(grammar_walk.py) proposes them with the inner decoder's proposal parameters (a verified request's drafts:
+greedy) and accepts them left to right by its policy (the autoregressive rule reads one position, which any
+policy accepts). A draft's causal check (decoder=verified) runs with the request's matcher, synced to the verified
+tokens before the checked positions (rolling back the drafted block the next block's walk fed it) and fed each
+draft as it is kept, so a rejected suffix is never in it."""
 
 from __future__ import annotations
 
 import torch
 
 from diffuserve.core.request import Request
-from diffuserve.core.writes import BlockWrite
+from diffuserve.core.writes import BlockWrite, Verification
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
+from diffuserve.decoding.grammar_state import GrammarState
 from diffuserve.decoding.grammar_walk import StructuredDecoding
-from diffuserve.decoding.mask import MaskDecoder
-from diffuserve.decoding.mask_policies import MASK_POLICIES
 from diffuserve.decoding.protocol import BlockDecode, Decoder
+from diffuserve.decoding.wrapped import WrappedDecoder
 
 
-class GrammarConstrained:
+class GrammarConstrained(WrappedDecoder):
     def __init__(self, inner: Decoder, structured: StructuredDecoding, block_length: int) -> None:
-        self.inner, self.structured, self.block_length = inner, structured, block_length
-        self.name = inner.name
-
-    def read_positions(self, request: Request) -> list[int]:
-        return self.inner.read_positions(request)
-
-    def block_tokens(self, request: Request, generators: RequestGenerators) -> list[int]:
-        return self.inner.block_tokens(request, generators)
+        super().__init__(inner)
+        self.structured, self.block_length = structured, block_length
 
     def decode(
         self, request: Request, rows: torch.Tensor, positions: list[int], generators: RequestGenerators
     ) -> BlockDecode:
         rows = forbid_tokens(request, positions, rows)
-        params, policy = (
-            (self.inner.draft_params(request), self.inner.policy)
-            if isinstance(self.inner, MaskDecoder)
-            else (request.params, MASK_POLICIES["threshold"])
-        )
+        params = self.inner.proposal_params(request)
         generator = None if params.is_greedy else generators.of(request)
         proposal, written = self.structured.decode(
-            request, rows, positions, generator, self.block_length, params, policy
+            request, rows, positions, generator, self.block_length, params, self.inner.walk_policy
         )
         if proposal is None:  # the matcher failed: nothing written, the failure reported (take_failures)
             return BlockDecode(BlockWrite([]))
         return BlockDecode(proposal.write(torch.tensor(written, dtype=torch.long, device=rows.device)))
+
+    def verify(
+        self,
+        request: Request,
+        rows: torch.Tensor,
+        positions: list[int],
+        drafts: list[int],
+        generators: RequestGenerators,
+        grammar: GrammarState | None = None,
+    ) -> Verification:
+        state = self.structured.state_of(request)
+        first = request.draft.start(request.block_start)  # the position of the draft's first token
+        state.sync(request.output_token_ids + request.draft.tokens[: positions[0] - first])
+        try:
+            return self.inner.verify(request, rows, positions, drafts, generators, state)
+        except RuntimeError as e:  # the matcher failed: the request fails alone (take_failures), as when drafting
+            self.structured.fail(request, e)
+            return Verification(len(positions), len(positions), None)
 
     def release(self, request_id: str) -> None:
         self.inner.release(request_id)

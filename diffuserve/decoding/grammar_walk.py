@@ -36,11 +36,11 @@ from diffuserve.decoding.grammar_state import GrammarState
 from diffuserve.decoding.logprobs import LogprobRows
 from diffuserve.decoding.mask_policies import (
     MASK_POLICIES,
-    EntropyBoundDecoder,
-    FixedStepsDecoder,
+    EntropyBoundPolicy,
+    FixedStepsPolicy,
     MaskPolicy,
     Proposal,
-    ThresholdDecoder,
+    ThresholdPolicy,
     propose,
 )
 from diffuserve.sampling_params import ResolvedSamplingParams
@@ -120,13 +120,11 @@ class StructuredDecoding:
         # was never fed to the walk's matcher).
         positions = positions[: next((k for k, i in enumerate(positions) if i != undecided + k), len(positions))]
         # A verified request's drafted block (not yet verified) precedes the open one: the drafts build on it.
-        decided = request.output_token_ids + request.drafted + request.canvas[first:undecided]
+        decided = request.output_token_ids + request.draft.tokens + request.canvas[first:undecided]
         state.sync(decided)
         # The decoder's per-step count (>= 1 at every step of a block), taken from the left.
         floor = (
-            1
-            if type(decoder) is EntropyBoundDecoder
-            else decoder.min_count(request.step_in_block, params, block_length)
+            1 if type(decoder) is EntropyBoundPolicy else decoder.min_count(request.step_in_block, params, block_length)
         )
         stop = _early_stop(decoder, floor, params.threshold)
         proposal, confidences = self._walk(
@@ -136,7 +134,7 @@ class StructuredDecoding:
         if stop is not None:
             run = (
                 floor
-                if type(decoder) is FixedStepsDecoder
+                if type(decoder) is FixedStepsPolicy
                 else next(
                     (k for k, c in enumerate(confidences) if k >= floor and c <= params.threshold), len(confidences)
                 )
@@ -230,8 +228,8 @@ def _early_stop(decoder: MaskPolicy, floor: int, threshold: float) -> Callable[[
     following position whose confidence is > threshold, up to the first that is not (its top-k fallback never
     reaches past them: they fill its count). Entropy weighs every masked position: None, the whole run is
     walked."""
-    if type(decoder) is FixedStepsDecoder:
+    if type(decoder) is FixedStepsPolicy:
         return lambda k, confidence: k + 1 >= floor
-    if type(decoder) is ThresholdDecoder:
+    if type(decoder) is ThresholdPolicy:
         return lambda k, confidence: k >= floor and confidence <= threshold
     return None

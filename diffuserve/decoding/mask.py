@@ -11,11 +11,11 @@ from diffuserve.core.request import Request
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
 from diffuserve.decoding.mask_batch import BATCHED_RULES, decode_greedy_blocks
 from diffuserve.decoding.mask_policies import MaskPolicy, propose
-from diffuserve.decoding.protocol import BlockDecode
+from diffuserve.decoding.protocol import BlockDecode, Decoder
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 
-class MaskDecoder:
+class MaskDecoder(Decoder):
     def __init__(self, name: str, policy: MaskPolicy, block_length: int) -> None:
         self.name, self.policy, self.block_length = name, policy, block_length
 
@@ -24,13 +24,10 @@ class MaskDecoder:
             request.masked_indices(), request.generation_start_in_block(), self.block_length
         )
 
-    def block_tokens(self, request: Request, generators: RequestGenerators) -> list[int]:
-        return request.canvas
-
     def decode(
         self, request: Request, rows: torch.Tensor, positions: list[int], generators: RequestGenerators
     ) -> BlockDecode:
-        params = self.draft_params(request)
+        params = self.proposal_params(request)
         # The mask token keeps its logit: propose counts its mass and never proposes it.
         rows = forbid_tokens(request, positions, rows, forbid_mask=False)
         index = torch.tensor(positions, dtype=torch.long, device=rows.device)
@@ -63,7 +60,7 @@ class MaskDecoder:
         starts = [0]
         for read in positions:
             starts.append(starts[-1] + len(read))
-        params = [self.draft_params(r) for r in requests]
+        params = [self.proposal_params(r) for r in requests]
         batched: list[int] = []
         if requests and self._batches(rows.device):
             mask_token_id = requests[0].mask_token_id  # one pass decodes one mask token's blocks
@@ -106,9 +103,6 @@ class MaskDecoder:
             and request.mask_token_id == mask_token_id
         )
 
-    def draft_params(self, request: Request) -> ResolvedSamplingParams:
-        """The parameters the block is proposed and decided with: the request's."""
-        return request.params
-
-    def release(self, request_id: str) -> None:
-        """Nothing per request: the policy is stateless."""
+    @property
+    def walk_policy(self) -> MaskPolicy:
+        return self.policy

@@ -20,10 +20,10 @@ import torch
 from diffuserve.core.request import Request
 from diffuserve.core.writes import BlockWrite
 from diffuserve.decoding.mask_policies import (
-    EntropyBoundDecoder,
-    FixedStepsDecoder,
+    EntropyBoundPolicy,
+    FixedStepsPolicy,
     MaskPolicy,
-    ThresholdDecoder,
+    ThresholdPolicy,
     best_token,
 )
 from diffuserve.sampling_params import ResolvedSamplingParams
@@ -91,7 +91,7 @@ def _fixed(
     schedule: list[int],
     params: list[ResolvedSamplingParams],
 ) -> torch.Tensor:
-    """FixedStepsDecoder: the schedule's count of most confident, clamped to the masked count (top_k_mask)."""
+    """FixedStepsPolicy: the schedule's count of most confident, clamped to the masked count (top_k_mask)."""
     return top_k_rows(confidence, [min(c, m) for c, m in zip(schedule, num_masked, strict=True)])
 
 
@@ -103,9 +103,9 @@ def _threshold(
     schedule: list[int],
     params: list[ResolvedSamplingParams],
 ) -> torch.Tensor:
-    """ThresholdDecoder: every proposal that `passes` (above the threshold, strictly, in the confidence's dtype),
+    """ThresholdPolicy: every proposal that `passes` (above the threshold, strictly, in the confidence's dtype),
     unless fewer than the schedule's count pass: then that count of most confident."""
-    assert isinstance(policy, ThresholdDecoder)
+    assert isinstance(policy, ThresholdPolicy)
     threshold = torch.tensor([p.threshold for p in params], dtype=confidence.dtype, device=confidence.device)
     above = policy.passes(confidence, _Thresholds(threshold[:, None]))  # the rule's one statement
     enough = above.sum(dim=1) >= torch.tensor(schedule, device=confidence.device)
@@ -120,7 +120,7 @@ def _entropy(
     schedule: list[int],
     params: list[ResolvedSamplingParams],
 ) -> torch.Tensor:
-    """EntropyBoundDecoder: the longest prefix of the masked positions by ascending entropy (stable) whose sum
+    """EntropyBoundPolicy: the longest prefix of the masked positions by ascending entropy (stable) whose sum
     less its largest member stays within the bound; at least one."""
     assert entropy is not None, "the entropy rule needs the proposals' entropies"
     order = torch.sort(entropy, dim=1, stable=True).indices  # [R, B]: the masked first (the rest are +inf)
@@ -137,10 +137,10 @@ BatchedRule = Callable[
     [MaskPolicy, torch.Tensor, torch.Tensor | None, list[int], list[int], list[ResolvedSamplingParams]], torch.Tensor
 ]
 BATCHED_RULES: dict[type[MaskPolicy], BatchedRule] = {
-    ThresholdDecoder: _threshold,
-    FixedStepsDecoder: _fixed,
-    EntropyBoundDecoder: _entropy,
+    ThresholdPolicy: _threshold,
+    FixedStepsPolicy: _fixed,
+    EntropyBoundPolicy: _entropy,
 }
 """The policies decoded here, by exact type, with (the policy, confidence [R, B], entropy [R, B] or None, masked
-count per row, the schedule's count per row, params) -> [R, B] bool written. Not the edit policy (a ThresholdDecoder
+count per row, the schedule's count per row, params) -> [R, B] bool written. Not the edit policy (a ThresholdPolicy
 subclass): it reads and rewrites decided positions too."""

@@ -1,9 +1,10 @@
-"""Decoders: from logits at a block's positions to a proposal (`propose`: temperature, top-k, top-p, a
-per-request seeded generator), and which proposed positions of a block to write at a step (the decoders'
-policies). Pure functions over tensors.
+"""Mask policies: from logits at a block's positions to a proposal (`propose`: temperature, top-k, top-p, a
+per-request seeded generator), and which proposed positions of a block to write at a step (`MaskPolicy.decide`:
+threshold, fixed, entropy, edit). Pure functions over tensors. A policy is not a `Decoder` (decoding/protocol.py):
+the mask decoder (decoding/mask.py) runs one per block.
 
 Every tensor here is canvas-shaped, [B] for one request's current block of B positions. A proposal carries, at
-each position the decoder asked logits for (`logit_positions`: the masked ones, and for the edit decoder also
+each position the policy asked logits for (`logit_positions`: the masked ones, and for the edit policy also
 the accepted generated ones), the token the model proposes (never the mask token) and its confidence (the
 probability of that token under the sampling distribution; at temperature 0 the softmax of the whole vocabulary,
 the mask token's mass included, as in the references) and entropy, and for a request that asks for logprobs
@@ -177,7 +178,7 @@ class MaskPolicy(ABC):
     ) -> torch.Tensor: ...
 
     def logit_positions(self, masked: list[int], first_generated: int, block_length: int) -> list[int]:
-        """Canvas indices whose logits this decoder reads (the LM head runs only there): the masked ones."""
+        """Canvas indices whose logits this policy reads (the LM head runs only there): the masked ones."""
         return masked
 
     def decide(
@@ -198,7 +199,7 @@ class MaskPolicy(ABC):
         return num_transfer_tokens(block_length, params.steps or block_length, step)
 
 
-class ThresholdDecoder(MaskPolicy):
+class ThresholdPolicy(MaskPolicy):
     """Accept every proposal with confidence > threshold (strict); if fewer than the schedule's count for this
     step, accept the schedule's count of most confident ones instead (SDAR `low_confidence_dynamic`, LLaDA2)."""
 
@@ -213,21 +214,21 @@ class ThresholdDecoder(MaskPolicy):
         return confidence > params.threshold
 
 
-class FixedStepsDecoder(MaskPolicy):
+class FixedStepsPolicy(MaskPolicy):
     """Accept exactly the schedule's count of most confident proposals (LLaDA / SDAR `low_confidence_static`)."""
 
     def select(self, proposal: Proposal, step: int, params: ResolvedSamplingParams, block_length: int) -> torch.Tensor:
         return top_k_mask(proposal.confidence, self.min_count(step, params, block_length))
 
 
-class EntropyBoundDecoder(MaskPolicy):
+class EntropyBoundPolicy(MaskPolicy):
     """EB-sampler: sort masked positions by entropy (ascending) and accept the longest prefix whose entropy sum,
     less its largest member, stays within gamma = `entropy_bound`; always at least one position."""
 
     needs_entropy = True
 
     def select(self, proposal: Proposal, step: int, params: ResolvedSamplingParams, block_length: int) -> torch.Tensor:
-        assert proposal.entropy is not None, "entropy decoder needs proposal entropies"
+        assert proposal.entropy is not None, "the entropy policy needs proposal entropies"
         num_masked = proposal.num_masked
         order = torch.sort(proposal.entropy, stable=True).indices[:num_masked]
         sorted_entropy = proposal.entropy[order]
@@ -238,10 +239,10 @@ class EntropyBoundDecoder(MaskPolicy):
         return accept
 
 
-class EditDecoder(ThresholdDecoder):
+class EditPolicy(ThresholdPolicy):
     """LLaDA2.1 token editing (SGLang `JointThreshold`, diffusers' LLaDA2 block refinement), two rules per step:
 
-    mask-to-token: the threshold decoder over the masked positions (`threshold`, top-k fallback);
+    mask-to-token: the threshold policy over the masked positions (`threshold`, top-k fallback);
     token-to-token: every accepted generated position (never the prompt's tail) whose newly proposed token
     differs from its current one with confidence > `edit_threshold` is rewritten.
 
@@ -270,7 +271,7 @@ class EditDecoder(ThresholdDecoder):
 MASK_POLICIES: dict[str, MaskPolicy] = dict(
     zip(
         MASK_DECODER_NAMES,
-        (ThresholdDecoder(), FixedStepsDecoder(), EntropyBoundDecoder(), EditDecoder()),
+        (ThresholdPolicy(), FixedStepsPolicy(), EntropyBoundPolicy(), EditPolicy()),
         strict=True,
     )
 )

@@ -18,8 +18,11 @@ from __future__ import annotations
 import torch
 
 from diffuserve.core.request import Request
+from diffuserve.core.writes import Verification
 from diffuserve.decoding.generators import RequestGenerators
+from diffuserve.decoding.grammar_state import GrammarState
 from diffuserve.decoding.protocol import BlockDecode, Decoder
+from diffuserve.decoding.wrapped import WrappedDecoder
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 
@@ -67,24 +70,39 @@ def _bincount(tokens: list[int], vocab_size: int, device: torch.device) -> torch
     return torch.bincount(ids, minlength=vocab_size)
 
 
-class Penalized:
-    """A decoder whose logit rows are penalised (apply_penalties) before it reads them."""
+class Penalized(WrappedDecoder):
+    """A decoder whose logit rows are penalised (apply_penalties) before it reads them: a block's rows by the
+    committed output's counts; a draft's causal rows, each as autoregressive decoding would penalise its position
+    (counting every token before it: the output, the draft's tokens before the checked ones, then the checked
+    drafts before it), so the penalised verified output is the autoregressive one at any block length."""
 
     def __init__(self, inner: Decoder, counts: PenaltyCounts) -> None:
-        self.inner, self.counts = inner, counts
-        self.name = inner.name
-
-    def read_positions(self, request: Request) -> list[int]:
-        return self.inner.read_positions(request)
-
-    def block_tokens(self, request: Request, generators: RequestGenerators) -> list[int]:
-        return self.inner.block_tokens(request, generators)
+        super().__init__(inner)
+        self.counts = counts
 
     def decode(
         self, request: Request, rows: torch.Tensor, positions: list[int], generators: RequestGenerators
     ) -> BlockDecode:
         counts = self.counts.of(request, rows.shape[-1], rows.device)
         return self.inner.decode(request, apply_penalties(rows, counts, request.params), positions, generators)
+
+    def verify(
+        self,
+        request: Request,
+        rows: torch.Tensor,
+        positions: list[int],
+        drafts: list[int],
+        generators: RequestGenerators,
+        grammar: GrammarState | None = None,
+    ) -> Verification:
+        first = request.draft.start(request.block_start)  # the position of the draft's first token
+        counts = self.counts.of(request, rows.shape[-1], rows.device) + _bincount(
+            request.draft.tokens[: positions[0] - first], rows.shape[-1], rows.device
+        )
+        for i, draft in enumerate(drafts):
+            apply_penalties(rows[i : i + 1], counts, request.params)
+            counts[draft] += 1
+        return self.inner.verify(request, rows, positions, drafts, generators, grammar)
 
     def release(self, request_id: str) -> None:
         self.counts.release(request_id)

@@ -1,29 +1,37 @@
-"""The Decoder protocol: what the model runner asks of a request's decoding rule, once per block per step.
+"""Decoder: the base of every decoding rule a request can be resolved to, and what the step's decoding
+(decoding/step_decoding.py) asks of it:
 
     read_positions   which canvas indices' logits the rule reads this step (the LM head runs only there)
     block_tokens     the tokens the block feeds the forward (its canvas; a renoise canvas's first step draws it)
-    decode           the logit rows [M, V] at those indices -> what the step writes (and, for a self-conditioned
-                     canvas that goes on, the logits its next step is conditioned on)
-    release          forget a finished request's per-request state (canvases, grammar matchers)
-
-A `BatchDecoder` also decodes many blocks in one call (`decode_blocks`: the renoise decoder, whose blocks all read
-every position, and the mask decoders, whose greedy blocks decode in one pass); the runner hands it all of its
-blocks of a logits chunk at once.
+    decode_blocks    the logit rows of a chunk's blocks of this decoder -> what each writes (and, for a
+                     self-conditioned canvas that goes on, the logits its next step is conditioned on); by default
+                     one `decode` per block, batched where the rule has a batched pass
+    verify           drafted tokens checked against the causal rows that predict them (decoder=verified; a rule
+                     that does not draft is never asked)
+    release          forget a finished request's per-request state (canvases, grammar matchers, counts)
 
 A decoder is resolved once per request (registry.py, which also validates the request against it) and shared by
-every request it was resolved for; its per-request state is keyed by request id.
+every request it was resolved for; its per-request state is keyed by request id. A wrapper (decoding/wrapped.py:
+penalties, grammar) is a decoder too, so a request's verification goes through its own wrappers as its decoding
+does.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
 from diffuserve.core.request import Request
-from diffuserve.core.writes import BlockWrite
+from diffuserve.core.writes import BlockWrite, Verification
 from diffuserve.decoding.generators import RequestGenerators
+from diffuserve.decoding.mask_policies import MASK_POLICIES, MaskPolicy
+from diffuserve.sampling_params import ResolvedSamplingParams
+
+if TYPE_CHECKING:
+    from diffuserve.decoding.grammar_state import GrammarState
 
 
 @dataclass(frozen=True)
@@ -35,30 +43,24 @@ class BlockDecode:
     """[C, V] the processed logits a self-conditioned canvas's next step reads; None otherwise (or when it ends)."""
 
 
-class Decoder(Protocol):
+class Decoder(ABC):
     name: str
     """The name a request asks for it by (or the rule's own, for the autoregressive rule)."""
 
+    @abstractmethod
     def read_positions(self, request: Request) -> list[int]:
         """Canvas indices of the request's block whose logits this step reads, ascending."""
-        ...
 
     def block_tokens(self, request: Request, generators: RequestGenerators) -> list[int]:
-        """The tokens the request's block reads this step."""
-        ...
+        """The tokens the request's block reads this step: its canvas."""
+        return request.canvas
 
+    @abstractmethod
     def decode(
         self, request: Request, rows: torch.Tensor, positions: list[int], generators: RequestGenerators
     ) -> BlockDecode:
         """rows [M, V] fp32: the block's logits at canvas `positions` -> what the step writes."""
-        ...
 
-    def release(self, request_id: str) -> None:
-        """Forgets the request's per-request state, if any."""
-        ...
-
-
-class BatchDecoder(Decoder, Protocol):
     def decode_blocks(
         self,
         requests: list[Request],
@@ -67,6 +69,36 @@ class BatchDecoder(Decoder, Protocol):
         generators: RequestGenerators,
     ) -> list[BlockDecode]:
         """rows [N, V] fp32: each block's logits at its `read_positions` (`positions`, as the step read them),
-        request after request (for renoise canvases, which read every position, [B x block_length, V]) -> what each
-        writes, as `decode` would."""
-        ...
+        request after request -> what each writes, as `decode` would."""
+        decoded, start = [], 0
+        for request, read in zip(requests, positions, strict=True):
+            decoded.append(self.decode(request, rows[start : start + len(read)], read, generators))
+            start += len(read)
+        return decoded
+
+    def verify(
+        self,
+        request: Request,
+        rows: torch.Tensor,
+        positions: list[int],
+        drafts: list[int],
+        generators: RequestGenerators,
+        grammar: GrammarState | None = None,
+    ) -> Verification:
+        """rows [M, V] fp32: the causal rows predicting the drafted absolute `positions` (ascending, consecutive),
+        whose drafts are `drafts` -> what is kept (decoding/verified.py). `grammar`: the matcher the rows are
+        masked by, fed each kept draft (set by the grammar wrapper)."""
+        raise TypeError(f"the {self.name} decoder drafts nothing, so it verifies nothing")
+
+    def proposal_params(self, request: Request) -> ResolvedSamplingParams:
+        """The parameters the block's tokens are proposed with: the request's."""
+        return request.params
+
+    @property
+    def walk_policy(self) -> MaskPolicy:
+        """The policy a grammar walk decides the block's writes by (decoding/constrained.py): threshold for a rule
+        that reads one position (any policy accepts it)."""
+        return MASK_POLICIES["threshold"]
+
+    def release(self, request_id: str) -> None:  # noqa: B027 (most decoders keep no per-request state)
+        """Forgets the request's per-request state: none unless the decoder keeps some."""

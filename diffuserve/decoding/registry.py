@@ -53,13 +53,9 @@ class DecoderRegistry:
         }
         self._plain["autoregressive"] = NextTokenDecoder(block_length)
         self._plain["renoise"] = RenoiseDecoder(block_length, vocab_size, device)
-        self.verified = VerifiedDecoder(block_length, self.penalty_counts, structured)
-        """The verified decoder that drafts a block in one forward; it drafts (through the registry, penalised and
-        grammar-walked like any decoder) and verifies every verified request's drafts (with the same penalty
-        counts and grammar matchers)."""
-        self._plain["verified"] = self.verified
-        self._plain[MULTI_STEP_VERIFIED] = VerifiedDecoder(block_length, self.penalty_counts, structured, False)
-        self._plain[AUTO] = VerifiedDecoder(block_length, self.penalty_counts, structured, name=AUTO)
+        self._plain["verified"] = VerifiedDecoder(block_length)
+        self._plain[MULTI_STEP_VERIFIED] = VerifiedDecoder(block_length, one_forward=False)
+        self._plain[AUTO] = VerifiedDecoder(block_length, name=AUTO)
         self._constrained = {
             name: GrammarConstrained(decoder, structured, block_length)
             for name, decoder in self._plain.items()

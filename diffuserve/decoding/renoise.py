@@ -28,7 +28,7 @@ from diffuserve.core.request import Request
 from diffuserve.core.writes import BlockWrite
 from diffuserve.decoding.generators import RequestGenerators, forbid_in_canvases
 from diffuserve.decoding.logprobs import logprob_rows, token_logprobs
-from diffuserve.decoding.protocol import BlockDecode
+from diffuserve.decoding.protocol import BlockDecode, Decoder
 from diffuserve.decoding.renoise_draws import DrawKeys
 from diffuserve.decoding.renoise_knobs import RenoiseDefaults
 from diffuserve.decoding.renoise_steps import CanvasKnobs, DenoiseStep, denoise_step, initial_canvas, stop_rule
@@ -58,7 +58,7 @@ def renoise_knobs(params: ResolvedSamplingParams) -> RenoiseDefaults:
     )
 
 
-class RenoiseDecoder:
+class RenoiseDecoder(Decoder):
     """The renoise decoder (a `Decoder` that also decodes many blocks at once): reads every canvas position
     every step, draws a canvas's tokens at its first step, and hands on the tempered logits its next step is
     self-conditioned on."""

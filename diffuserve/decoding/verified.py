@@ -22,14 +22,13 @@ Why that is exact: at each position the kept token is x with probability p(x) an
 (1 - p(x)) * p(y) / (1 - p(x)) = p(y).
 
 p is the causal row after the processing autoregressive decoding gives it: the mask token (and, below min_tokens,
-the stop ids) forbidden, the penalties, and with structured output the grammar's mask at that position. The
-matcher is the one the drafts were grammar-walked with; before verifying it is synced to the verified tokens
-(rolling back the drafted block the next block's walk had fed it) and is then fed each draft as it is kept, so a
-rejected suffix is never in it. A verified token's logprobs are read from that same row, as autoregressive
-decoding's from its own (decoding/logprobs.py); the drafts compute none.
+the stop ids) forbidden, the penalties (decoding/penalties.py, the request's wrapper), and with structured output
+the grammar's mask at that position (decoding/constrained.py's matcher, fed each draft as it is kept). A verified
+token's logprobs are read from that same row, as autoregressive decoding's from its own (decoding/logprobs.py);
+the drafts compute none.
 
 Which positions are compared and what happens to the request afterwards is core/verification.py's; which rows
-the forward gives is the worker's (worker/verification.py).
+the forward gives is the worker's (worker/verification.py); the step's checks, decoding/verification.py's.
 """
 
 from __future__ import annotations
@@ -41,33 +40,20 @@ from diffuserve.core.request import Request
 from diffuserve.core.writes import Verification
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
 from diffuserve.decoding.grammar_state import GrammarState
-from diffuserve.decoding.grammar_walk import StructuredDecoding, grammar_masked
+from diffuserve.decoding.grammar_walk import grammar_masked
 from diffuserve.decoding.logprobs import logprob_rows, token_logprobs
 from diffuserve.decoding.mask import MaskDecoder
-from diffuserve.decoding.mask_policies import FixedStepsDecoder, ThresholdDecoder, filter_logits
-from diffuserve.decoding.penalties import PenaltyCounts, apply_penalties
+from diffuserve.decoding.mask_policies import FixedStepsPolicy, ThresholdPolicy, filter_logits
 from diffuserve.sampling_params import VERIFIED, ResolvedSamplingParams
 
 
 class VerifiedDecoder(MaskDecoder):
-    def __init__(
-        self,
-        block_length: int,
-        penalty_counts: PenaltyCounts | None = None,
-        structured: StructuredDecoding | None = None,
-        one_forward: bool = True,
-        name: str = VERIFIED,
-    ) -> None:
-        super().__init__(name, FixedStepsDecoder() if one_forward else ThresholdDecoder(), block_length)
+    def __init__(self, block_length: int, one_forward: bool = True, name: str = VERIFIED) -> None:
+        super().__init__(name, FixedStepsPolicy() if one_forward else ThresholdPolicy(), block_length)
         self.one_forward = one_forward
         """Every masked position drafted in one forward; else the threshold policy over `steps` forwards."""
-        self.penalty_counts = penalty_counts if penalty_counts is not None else PenaltyCounts()
-        """The committed output's counts (the registry's): the drafts are penalised with them, and each causal row
-        with them plus the tokens before its position (`_penalised`)."""
-        self.structured = structured
-        """The grammar matchers the drafts were walked with (the registry's): the causal rows are masked by them."""
 
-    def draft_params(self, request: Request) -> ResolvedSamplingParams:
+    def proposal_params(self, request: Request) -> ResolvedSamplingParams:
         """Drafts are greedy whatever the request's temperature (q is then a point mass: nothing to keep), and
         compute no logprobs (a verified token's are its causal row's); a one-forward draft takes every position."""
         if self.one_forward:
@@ -81,50 +67,20 @@ class VerifiedDecoder(MaskDecoder):
         positions: list[int],
         drafts: list[int],
         generators: RequestGenerators,
+        grammar: GrammarState | None = None,
     ) -> Verification:
-        """rows [M, V] fp32: the causal path's predictions of the drafted absolute `positions` (ascending,
-        consecutive), whose drafts are `drafts` -> how many drafts are kept, the token at the first rejected
-        position, and (when asked for) the logprobs of the kept drafts and that token."""
+        """rows [M, V] fp32 (penalised by the request's wrapper, if any): the causal path's predictions of the
+        drafted absolute `positions` (ascending, consecutive), whose drafts are `drafts` -> how many drafts are
+        kept, the token at the first rejected position, and (when asked for) the logprobs of the kept drafts and
+        that token. `grammar`: the matcher (synced by the grammar wrapper) each row is masked by."""
         offsets = [p - request.block_start for p in positions]  # canvas indices relative to the open block
         rows = forbid_tokens(request, offsets, rows)
         params = request.params
-        if params.has_penalties:
-            rows = self._penalised(request, rows, positions, drafts)
         generator = None if params.is_greedy else generators.of(request)
-        try:
-            grammar = self._grammar(request, positions[0])
-            kept, token = _compare(rows, drafts, params, generator, grammar)
-        except RuntimeError as e:  # the matcher failed: the request fails alone (take_failures), as when drafting
-            assert self.structured is not None
-            self.structured.fail(request, e)
-            return Verification(len(positions), len(positions), None)
+        kept, token = _compare(rows, drafts, params, generator, grammar)
         tokens = [*drafts[:kept], *([] if token is None else [token])]
         logprobs = None if params.logprobs is None else _logprobs(rows[: len(tokens)], tokens, params)
         return Verification(len(positions), kept, token, logprobs)
-
-    def _penalised(self, request: Request, rows: torch.Tensor, positions: list[int], drafts: list[int]) -> torch.Tensor:
-        """rows [M, V], each penalised as autoregressive decoding would penalise its position: counting every
-        token before it (the output, the verified tokens after it, then the drafts before it), so the penalised
-        output is the model's autoregressive one at any block length."""
-        first = request.block_start - len(request.drafted)  # the position of drafted[0]
-        counts = self.penalty_counts.of(request, rows.shape[-1], rows.device)
-        counts = counts + torch.bincount(
-            torch.tensor(request.drafted[: positions[0] - first], dtype=torch.long, device=rows.device),
-            minlength=rows.shape[-1],
-        )
-        for i, draft in enumerate(drafts):
-            apply_penalties(rows[i : i + 1], counts, request.params)
-            counts[draft] += 1
-        return rows
-
-    def _grammar(self, request: Request, start: int) -> GrammarState | None:
-        """With structured output: the request's matcher fed its verified tokens before position `start`."""
-        if request.params.structured_outputs is None or self.structured is None:
-            return None
-        state = self.structured.state_of(request)
-        first = request.block_start - len(request.drafted)  # the position of drafted[0]
-        state.sync(request.output_token_ids + request.drafted[: start - first])
-        return state
 
 
 def _compare(

@@ -57,6 +57,8 @@ class EngineComponents:
     args: ModelArgs
     tokenizer: Tokenizer | None
     runner: ModelRunner
+    decoding: BlockDecoding
+    """The decoding the runner calls each step; the engine resolves each request's decoder with it."""
     scheduler: Scheduler
     cache: CacheManager
     max_model_len: int
@@ -145,7 +147,7 @@ def build_components(config: EngineConfig, make_runner: RunnerFactory | None = N
     if config.default_decoder is not None:
         defaults = {**defaults, "decoder": config.default_decoder}
     return EngineComponents(
-        args, tokenizer, runner, scheduler, cache, max_model_len, defaults, family.steps_capped_by_max_tokens
+        args, tokenizer, runner, decoding, scheduler, cache, max_model_len, defaults, family.steps_capped_by_max_tokens
     )
 
 

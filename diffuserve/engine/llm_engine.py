@@ -63,6 +63,8 @@ class LLMEngine:
         self.config = config
         parts = build_components(config, make_runner)
         self.args, self.tokenizer, self.runner = parts.args, parts.tokenizer, parts.runner
+        self.decoding = parts.decoding
+        """Each request's decoder, resolved here once when it is added (the runner decodes with it)."""
         self.scheduler, self.cache = parts.scheduler, parts.cache
         self.max_model_len, self.generation_defaults = parts.max_model_len, parts.generation_defaults
         self.steps_capped_by_max_tokens = parts.steps_capped_by_max_tokens
@@ -95,7 +97,7 @@ class LLMEngine:
             raise DuplicateRequestId("request_id", f"{request_id!r} is already in use")
         token_ids = self._encode(prompt)
         resolved = self.resolve_params(params, len(token_ids))
-        decoder = self.runner.decoding.resolve(resolved)  # the one place a decoder is chosen and checked
+        decoder = self.decoding.resolve(resolved)  # the one place a decoder is chosen and checked
         if resolved.is_verified and decoder.name != resolved.decoder:  # a causal-only model: autoregressive
             resolved = resolved.replace(decoder=decoder.name)
         parent = ParentRequest(
@@ -116,7 +118,7 @@ class LLMEngine:
         self.scheduler.check_fits(children[0])  # all children have the same size; raises before any is queued
         self.output_processor.add_request(parent)
         for child in children:
-            self.runner.decoding.assign(child.request_id, decoder)
+            self.decoding.assign(child.request_id, decoder)
             self.scheduler.add(child)
 
     def resolve_params(self, params: SamplingParams | None, num_prompt_tokens: int) -> ResolvedSamplingParams:

@@ -259,7 +259,7 @@ class OutputProcessor:
             completion.show_logprobs(request.output_logprobs, self._token_text)
         out = completion.output
         out.num_forwards, out.error = request.num_forwards, request.error
-        out.num_draft_tokens, out.num_accepted_tokens = request.num_draft_tokens, request.num_accepted_tokens
+        out.num_draft_tokens, out.num_accepted_tokens = request.draft.num_checked, request.draft.num_kept
         if request.params.record_denoising:
             out.denoising_steps = list(request.denoising_steps)
         if request.status.is_finished:

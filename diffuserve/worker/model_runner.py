@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import cast
 
 import torch
 
 from diffuserve.core.request import Request
 from diffuserve.core.step import ScheduledRequest, StepResult
-from diffuserve.core.writes import BlockWrite, Verification
 from diffuserve.decoding.block_decoding import BlockDecoding
-from diffuserve.decoding.protocol import BatchDecoder, BlockDecode
+from diffuserve.decoding.step_decoding import DecodedStep, DecodingPlan, StepLogits
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext
 from diffuserve.model.layers.moe.window_coreset import forward_windows
@@ -41,7 +39,7 @@ from diffuserve.worker.cache.step_metadata import StepMetadata
 from diffuserve.worker.executor import ForwardInputs, ModelExecutor
 from diffuserve.worker.experts import ExpertOffload, ExpertTracker
 from diffuserve.worker.prompt_scoring import ScoringRows, prompt_logprobs
-from diffuserve.worker.verification import StepDrafts, check_heads
+from diffuserve.worker.verification import StepDrafts, rejected_slots
 
 LOGITS_BUDGET_BYTES = 1 << 30
 """Default bound on one chunk's fp32 logits (1 GiB: 4 DiffusionGemma canvases of 256 x 262,144)."""
@@ -61,12 +59,14 @@ class BlockRows:
 @dataclass(frozen=True)
 class StepBatch:
     forward: ForwardInputs
+    plan: DecodingPlan
+    """What the step decodes (decoding/step_decoding.py)."""
     blocks: list[BlockRows]
     logit_rows: torch.Tensor
     """[M] the source row of each block position's logits, blocks one after another."""
     scoring: ScoringRows
     drafts: StepDrafts = field(default_factory=StepDrafts)
-    """The drafted blocks the step commits and verifies (decoder=verified)."""
+    """The rows and state slots of the drafted blocks the step commits and verifies (decoder=verified)."""
 
 
 class ModelRunner:
@@ -121,14 +121,11 @@ class ModelRunner:
         if batch.scoring.requests:
             rows = torch.tensor(batch.scoring.logit_rows, dtype=torch.long, device=self.device)
             scores = prompt_logprobs(self.model.compute_logits(hidden.index_select(0, rows)), batch.scoring.requests)
-        verdicts: dict[str, Verification] = {}
-        if batch.drafts.drafts:  # verified decoding: the drafts this step commits, checked by its causal rows
-            verdicts = batch.drafts.verify(hidden, self.model.compute_logits, self.decoding)
-            self.rollback = batch.drafts.rejected_slots(verdicts)
-        rejected = {request_id for request_id, verdict in verdicts.items() if verdict.token is not None}
-        writes = self._decode_blocks(batch, hidden, rejected) if batch.blocks else {}
+        decoded = self._decode_blocks(batch, hidden)
+        if decoded.verdicts:  # verified decoding: the slots of rejected drafts are put back by the next forward
+            self.rollback = rejected_slots(scheduled, decoded.verdicts)
         timing = (built - started, forwarded - built, time.perf_counter() - forwarded)
-        return StepResult(writes, scores, self.decoding.take_failures(), verdicts, timing)
+        return StepResult(decoded.writes, scores, decoded.failures, decoded.verdicts, timing)
 
     def release(self, request_id: str) -> None:
         """Forgets a finished request's decoding state; its last block's experts still count in the statistics."""
@@ -152,21 +149,20 @@ class ModelRunner:
         drafts = StepDrafts()
         groups = self._page_groups()
         paged = groups[0]  # the full-attention pages: what prompt scoring's variants read
+        plan = self.decoding.plan(scheduled)
         for work in scheduled:
             if not (work.num_tokens or work.has_block):
                 continue  # a request that only scores this step
             request = work.request
             for group in groups if work.num_tokens else ():  # a block that is not computed has no keys to lay
                 group.add(work, len(ids))
-            if request.drafted:
-                drafts.add(work, len(ids))
+            if request.request_id in plan.drafts:
+                drafts.add(work, len(ids), plan.drafts[request.request_id].positions)
             ids += request.known_tokens(work.commit_start, work.commit_end)
             if work.has_block:
-                decoder = self.decoding.decoder_of(request)
-                read = decoder.read_positions(request)
-                blocks.append(BlockRows(work, len(ids), read[:1] if work.head_only else read))
-                if work.forwards_block:
-                    ids += decoder.block_tokens(request, self.decoding.generators)
+                block = plan.blocks[request.request_id]
+                blocks.append(BlockRows(work, len(ids), block.read))
+                ids += block.tokens
             positions += range(work.query_start, work.query_end)
         scoring = ScoringRows(shift=self.rules.prediction_shift, causal=self.rules.autoregressive)
         for work in scheduled:
@@ -193,7 +189,8 @@ class ModelRunner:
             else None,
         )
         rows = [row for block in blocks for row in self._logit_rows(block, num_rows)]
-        return StepBatch(forward, blocks, torch.tensor(rows, dtype=torch.long, device=self.device), scoring, drafts)
+        logit_rows = torch.tensor(rows, dtype=torch.long, device=self.device)
+        return StepBatch(forward, plan, blocks, logit_rows, scoring, drafts)
 
     def _page_groups(self) -> list[PagedMetadataBuilder]:
         """A metadata builder per page group, in the executor's order: the full-attention pages, then each
@@ -213,7 +210,7 @@ class ModelRunner:
     ) -> StatePlan:
         """The state plan, with the slots verified decoding saves before the forward or puts back first."""
         plan = self.plan_state(scheduled, variants)
-        if not (self.rollback or drafts.drafts):
+        if not (self.rollback or drafts.slots):
             return plan
         slots = [  # the slots to put back, then those to save
             torch.tensor(s, dtype=torch.long, device=self.device) if s else None for s in (self.rollback, drafts.slots)
@@ -262,90 +259,21 @@ class ModelRunner:
             self.experts.record_step(rows)
 
     # ---- decoding ------------------------------------------------------------------------------------------
-    def _decode_blocks(self, batch: StepBatch, hidden: torch.Tensor, skip: set[str]) -> dict[str, BlockWrite]:
-        """Computes and decodes the logits a chunk of blocks at a time (`logit_chunks`): the fp32 logits alive
-        at once, and the tempered logits kept for self-conditioning, are one chunk's, not the step's. The
-        blocks in `skip` (fused with a rejected draft) are not decoded."""
-        writes, start = {}, 0
-        for chunk in logit_chunks(batch.blocks, self.logits_budget_bytes // (4 * max(self.decoding.vocab_size, 1))):
-            num_rows = sum(len(block.positions) for block in chunk)
-            rows = hidden.index_select(0, batch.logit_rows[start : start + num_rows])
-            writes.update(self._decode_chunk(chunk, rows, skip))
-            start += num_rows
-        return writes
+    def _decode_blocks(self, batch: StepBatch, hidden: torch.Tensor) -> DecodedStep:
+        """hidden [N, H] -> the step's decoding (the drafts checked, the blocks decoded), with where each block's
+        and each draft's rows are; the fp32 logits alive at once are at most `logits_budget_bytes`."""
+        max_rows = self.logits_budget_bytes // (4 * max(self.decoding.vocab_size, 1))
+        rows = batch.drafts.rows
+        draft_rows = torch.tensor(rows, dtype=torch.long, device=self.device) if rows else batch.logit_rows[:0]
+        logits = StepLogits(hidden, batch.logit_rows, draft_rows, self.model.compute_logits, max_rows)
+        return self.decoding.decode(batch.plan, logits, self._keep_self_conditioning)
 
-    def _decode_chunk(self, blocks: list[BlockRows], hidden: torch.Tensor, skip: set[str]) -> dict[str, BlockWrite]:
-        """hidden [rows of the chunk's blocks, H] -> their writes; the chunk's logits live only in here. A decoder
-        that decodes many blocks at once (`BatchDecoder`) gets all of its blocks of the chunk in one call."""
-        logits = self.model.compute_logits(hidden)  # [rows, V]
-        decoded: list[tuple[Request, BlockDecode]] = []
-        # by decoder: its blocks' requests, their rows in `logits`, their read positions
-        batched: dict[int, tuple[BatchDecoder, list[Request], list[int], list[list[int]]]] = {}
-        heads: dict[str, int] = {}  # verified requests: the row of their block's first read position
-        start = 0
-        for block in blocks:
-            request, rows = block.work.request, range(start, start + len(block.positions))
-            start += len(block.positions)
-            if request.params.is_verified:
-                heads[request.request_id] = rows.start
-            if request.request_id in skip:
-                continue
-            decoder = self.decoding.decoder_of(request)
-            # An attribute check, inline: a runtime-checkable protocol's isinstance walks its attributes (measured
-            # slow once per block per step), and a helper call would add a hop to every block's path.
-            if hasattr(decoder, "decode_blocks"):
-                _, requests, decoder_rows, read = batched.setdefault(
-                    id(decoder), (cast(BatchDecoder, decoder), [], [], [])
-                )
-                requests.append(request)
-                decoder_rows.extend(rows)
-                read.append(block.positions)
-            else:
-                decoding = decoder.decode(
-                    request, logits[rows.start : rows.stop], block.positions, self.decoding.generators
-                )
-                decoded.append((request, decoding))
-        for batch_decoder, requests, batch_rows, read in batched.values():
-            # All of the chunk's rows in order (the common case: one decoder for every block) need no copy.
-            same = len(batch_rows) == logits.shape[0]
-            taken = logits if same else logits.index_select(0, torch.tensor(batch_rows, device=logits.device))
-            decoded += zip(requests, batch_decoder.decode_blocks(requests, taken, read, self.decoding.generators))
-        # A loop: a comprehension would be a runner frame amid the decoders' (test_architecture).
-        writes: dict[str, BlockWrite] = {}
-        carried: list[tuple[int, torch.Tensor]] = []
-        verified: list[tuple[Request, BlockWrite, int]] = []  # heads read from a causal row: checked against it
-        for request, decoding in decoded:
-            writes[request.request_id] = decoding.write
-            if request.params.is_verified:
-                verified.append((request, decoding.write, heads[request.request_id]))
-            if decoding.self_conditioning is not None:
-                carried.append((canvas_slot(request), decoding.self_conditioning))
-        if verified:
-            writes |= check_heads(verified, logits, self.decoding)
-        del logits  # freed before the self-conditioning pass, unless going-on canvases' tempered logits view it
-        if carried:
-            self._keep_self_conditioning(carried)
-        return writes
-
-    def _keep_self_conditioning(self, carried: list[tuple[int, torch.Tensor]]) -> None:
-        """The next step's self-conditioning input of every canvas that goes on, in one batched pass."""
+    def _keep_self_conditioning(self, carried: list[tuple[Request, torch.Tensor]]) -> None:
+        """The next step's self-conditioning input of every canvas that goes on (its [C, V] tempered logits), in
+        one batched pass."""
         assert self.executor.caches.canvas is not None, "renoise canvases keep their input in the canvas pool"
         soft = self.model.self_conditioning_input(torch.cat([logits for _, logits in carried]))  # [k x C, H]
-        self.executor.caches.canvas.keep([slot for slot, _ in carried], soft)
-
-
-def logit_chunks(blocks: list[BlockRows], max_rows: int) -> list[list[BlockRows]]:
-    """The step's blocks in order, cut into runs of at most `max_rows` logit rows (a block larger than that is a
-    run of its own)."""
-    chunks: list[list[BlockRows]] = []
-    rows = 0
-    for block in blocks:
-        if not chunks or rows + len(block.positions) > max_rows:
-            chunks.append([])
-            rows = 0
-        chunks[-1].append(block)
-        rows += len(block.positions)
-    return chunks
+        self.executor.caches.canvas.keep([canvas_slot(request) for request, _ in carried], soft)
 
 
 def canvas_slot(request: Request) -> int:

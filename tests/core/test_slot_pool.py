@@ -141,9 +141,9 @@ def test_a_running_sequence_moves_down_only_in_a_step_that_commits_and_has_no_dr
         kind.allocate(ScheduledRequest(request, 0, 3, True))
     kind.release(low)  # high (slot 1) is now above the range [0, 1)
     assert kind.allocate(ScheduledRequest(high, 4, 4, True)).move_from is None  # no commit rows
-    high.drafted = [7, 7, 7, 7]
+    high.draft.tokens = [7, 7, 7, 7]
     assert kind.allocate(ScheduledRequest(high, 4, 8, True)).move_from is None  # a draft waits
-    high.drafted = []
+    high.draft.tokens = []
     moved = kind.allocate(ScheduledRequest(high, 4, 8, True))
     assert (moved.move_from, high.state_slot) == (1, 0)
     kind.check_invariants()

@@ -26,10 +26,10 @@ def accepted(decoder: str, prop: Proposal, step: int = 0, **params) -> list[int]
 def test_every_decoder_name_has_its_policy():
     assert tuple(MASK_POLICIES) == MASK_DECODER_NAMES
     assert [type(d).__name__ for d in MASK_POLICIES.values()] == [
-        "ThresholdDecoder",
-        "FixedStepsDecoder",
-        "EntropyBoundDecoder",
-        "EditDecoder",
+        "ThresholdPolicy",
+        "FixedStepsPolicy",
+        "EntropyBoundPolicy",
+        "EditPolicy",
     ]
 
 

@@ -1,12 +1,14 @@
-"""The model runner computes and decodes a step's logits a chunk of blocks at a time (worker/model_runner.py
-`logit_chunks`): under a budget of a few rows no `compute_logits` call sees more rows than the budget allows,
-and the tokens are those of the unchunked run (a mask family with mixed decoders and a sampled request, and
-DiffusionGemma's renoise canvases with their self-conditioning), batched with mixed prompt and output lengths."""
+"""The step's decoding computes and decodes a step's logits a chunk of blocks at a time
+(decoding/step_decoding.py `logit_chunks`): under a budget of a few rows no `compute_logits` call sees more rows
+than the budget allows, and the tokens are those of the unchunked run (a mask family with mixed decoders and a
+sampled request, and DiffusionGemma's renoise canvases with their self-conditioning), batched with mixed prompt and
+output lengths."""
 
 from __future__ import annotations
 
 import pytest
 
+from diffuserve.decoding.step_decoding import PlannedBlock, logit_chunks
 from diffuserve.llm import LLM
 from diffuserve.reference.diffusion_gemma_checkpoint import (
     make_diffusion_gemma_config,
@@ -14,7 +16,6 @@ from diffuserve.reference.diffusion_gemma_checkpoint import (
 )
 from diffuserve.reference.random_checkpoint import make_config, write_random_checkpoint
 from diffuserve.sampling_params import SamplingParams
-from diffuserve.worker.model_runner import BlockRows, logit_chunks
 
 MASK_PARAMS = [
     SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True),
@@ -68,13 +69,13 @@ def test_chunked_logits_decode_the_same_tokens(family, mask_model, gemma_model):
     assert chunk_rows <= block
 
 
-def _block(rows: int) -> BlockRows:
-    return BlockRows(None, 0, list(range(rows)))  # type: ignore[arg-type]  # only the row count matters here
+def _block(rows: int) -> PlannedBlock:
+    return PlannedBlock(None, None, list(range(rows)), [])  # type: ignore[arg-type]  # only the row count matters
 
 
 def test_logit_chunks_cut_at_the_row_bound_keeping_the_order():
     blocks = [_block(n) for n in (3, 2, 4, 1, 6)]
     chunks = logit_chunks(blocks, 5)
-    assert [[len(b.positions) for b in c] for c in chunks] == [[3, 2], [4, 1], [6]]  # an oversized block alone
+    assert [[len(b.read) for b in c] for c in chunks] == [[3, 2], [4, 1], [6]]  # an oversized block alone
     assert [b for c in chunks for b in c] == blocks
     assert len(logit_chunks(blocks, 100)) == 1

@@ -225,8 +225,8 @@ def test_forwards_that_decide_nothing_fail_the_count(tmp_path, monkeypatch):
     so a forward may decide nothing: the tokens stay right, the forward count does not."""
     bd, ar = _checkpoints(tmp_path, 4)
     want, _ = _generate(ar, PROMPTS, _greedy(24))
-    default = "self.verified = VerifiedDecoder(block_length, self.penalty_counts, structured)"
-    apply_source_mutation(monkeypatch, registry, default, default.replace("structured)", "structured, False)"))
+    default = 'self._plain["verified"] = VerifiedDecoder(block_length)'
+    apply_source_mutation(monkeypatch, registry, default, default.replace("(block_length)", "(block_length, False)"))
     outputs: list = []
     got, _ = _generate(bd, PROMPTS, _greedy(24, decoder="verified"), outputs)
     assert got == want

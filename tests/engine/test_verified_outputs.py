@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from diffuserve import LLM, SamplingParams
 from diffuserve.core.request import Request
 from diffuserve.core.writes import BlockWrite
-from diffuserve.decoding import verified
+from diffuserve.decoding import constrained, verified
 from diffuserve.decoding.logprobs import logprob_rows, token_logprobs
 from diffuserve.decoding.protocol import BlockDecode
 from diffuserve.errors import GenerationFailed
@@ -283,11 +283,13 @@ def test_verified_structured_output_is_the_constrained_autoregressive_output(dir
 
 GRAMMAR_MUTATIONS = {
     "the causal rows not grammar-masked": (
+        verified,
         "rows[i] = grammar_masked(rows[i : i + 1], grammar.allowed())[0]",
         "pass",
     ),
     "the matcher not rolled back to the verified tokens": (
-        "state.sync(request.output_token_ids + request.drafted[: start - first])",
+        constrained,
+        "state.sync(request.output_token_ids + request.draft.tokens[: positions[0] - first])",
         "pass",
     ),
 }
@@ -297,7 +299,7 @@ GRAMMAR_MUTATIONS = {
 def test_a_verifier_breaking_the_grammar_fails_the_check(dirs, monkeypatch, mutation):
     bd, ar = dirs
     want = _constrained(ar, None)
-    apply_source_mutation(monkeypatch, verified, *GRAMMAR_MUTATIONS[mutation])
+    apply_source_mutation(monkeypatch, *GRAMMAR_MUTATIONS[mutation])
     try:
         got = _constrained(bd, "verified")
         sampled = _constrained(bd, "verified", temperature=0.9)

@@ -30,7 +30,7 @@ def _verified_draws() -> tuple[torch.Tensor, torch.Tensor]:
     for seed in range(SEEDS):
         params = PARAMS.replace(seed=seed).with_defaults({})
         request = Request(f"r{seed}", [7, 7, 7, 7], params, block_length=2, mask_token_id=99)
-        request.drafted = list(DRAFTS)  # the block [2, 4), drafted; the next block opens at 4
+        request.draft.tokens = list(DRAFTS)  # the block [2, 4), drafted; the next block opens at 4
         verdict = decoder.verify(request, LOGITS.clone(), [2, 3], DRAFTS, RequestGenerators(torch.device("cpu")))
         tokens = DRAFTS[: verdict.num_accepted] + ([verdict.token] if verdict.token is not None else [])
         first.append(tokens[0])
@@ -94,20 +94,21 @@ def test_grammar_constrained_verified_sampling_is_constrained_autoregressive_sam
     """At temperature > 0 with a grammar, each verified position is distributed as the grammar-masked causal row:
     the first as softmax over 'a', 'b'; the second, after a kept 'b', over 'x', 'y', 'z' (the draft 'c', which a
     grammar walk never drafts, is rejected every time). Without the mask the forbidden tokens would be drawn."""
+    from diffuserve.decoding.constrained import GrammarConstrained
     from diffuserve.decoding.grammar_walk import StructuredDecoding
     from diffuserve.model.default_model import DEFAULT_MODEL_DIR
     from diffuserve.structured_outputs import StructuredOutputsParams
     from diffuserve.text.tokenizer import Tokenizer
 
     structured = StructuredDecoding(Tokenizer(DEFAULT_MODEL_DIR), GRAMMAR_VOCAB, [GRAMMAR_EOS])
-    decoder = VerifiedDecoder(block_length=2, structured=structured)
+    decoder = GrammarConstrained(VerifiedDecoder(block_length=2), structured, block_length=2)  # as the registry wraps
     spec = StructuredOutputsParams(regex=GRAMMAR)
     first, second = [], []
     for seed in range(1500):
         params = PARAMS.replace(seed=seed, top_k=0, structured_outputs=spec).with_defaults({})
         # One id for every seed: the matcher is made once and synced back to the verified tokens (none) each time.
         request = Request("g", [7, 7, 7, 7], params, block_length=2, mask_token_id=GRAMMAR_MASK)
-        request.drafted = list(GRAMMAR_DRAFTS)
+        request.draft.tokens = list(GRAMMAR_DRAFTS)
         generators = RequestGenerators(torch.device("cpu"))
         verdict = decoder.verify(request, _grammar_rows(), [2, 3], GRAMMAR_DRAFTS, generators)
         assert verdict.token is not None  # "c" is forbidden: never kept

@@ -196,7 +196,7 @@ class RecurrentKind(CacheKind):
         """Positions before the block a hit may cover. When the block's first position is generated (and so
         predicted from the position before it, under the AR shift) one position is left to recompute, whose
         forward yields that prediction's hidden row."""
-        generated_first = request.drafted or request.generation_start_in_block() == 0  # a draft: conservatively
+        generated_first = request.draft.tokens or request.generation_start_in_block() == 0  # a draft: conservatively
         end = request.settled_end - (1 if generated_first else 0)
         if request.num_unscored:
             # No state past the next scored block (`commit_limit`); if the next scored position is a block's
@@ -252,7 +252,7 @@ class RecurrentKind(CacheKind):
         draft's kept row is read before the forward, at the slot it was kept in)."""
         request = work.request
         slot = request.state_slot
-        if slot is None or work.commit_end == work.commit_start or request.drafted:
+        if slot is None or work.commit_end == work.commit_start or request.draft.tokens:
             return work
         new = self.pool.move_down(slot)
         if new is None:
