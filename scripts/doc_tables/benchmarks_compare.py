@@ -1,6 +1,6 @@
-"""The `bench compare` tables of docs/benchmarks.md: the engine against its baselines on sdar-moe-bench
-(`compare`, `compare-quiet`) and on the hybrid clover-moe-bench (`compare-hybrid`); autoregressive, diffusion
-and verified decoding on the bundled model (`compare-verified`) and on clover-moe-bench
+"""The `bench compare` tables of docs/benchmarks/ (against-peers.md, decoders.md, throughput.md): the engine against its
+baselines on sdar-moe-bench (`compare`, `compare-quiet`) and on the hybrid clover-moe-bench (`compare-hybrid`);
+autoregressive, diffusion and verified decoding on the bundled model (`compare-verified`) and on clover-moe-bench
 (`compare-verified-clover-moe`); DiffusionGemma against transformers' `generate` with the engine's overhead at 128
 concurrent (`compare-renoise`, `renoise-overhead`)."""
 

@@ -1,4 +1,4 @@
-"""The `bench sweep` table of docs/benchmarks.md (issue 36): per family, the engine against its batched peer at each
+"""The `bench sweep` table of docs/benchmarks/throughput.md: per family, the engine against its batched peer at each
 concurrency and workload, with the command that produced it (results sweep-<family>), and, where an earlier run of
 the same command is kept (results sweep-<family>-<git>), that run's engine / peer ratio and overhead beside each
 row."""
