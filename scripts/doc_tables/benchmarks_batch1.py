@@ -200,7 +200,7 @@ def gdn_roofline(load: Load) -> str:
 
 
 def redesign32_ab(load: Load) -> str:
-    """The issue 32 redesign's CPU-time A/B (scripts/ab_cpu_time.py), new / old per model and concurrency."""
+    """The families / decoders redesign's CPU-time A/B (scripts/ab_cpu_time.py), new / old per model and concurrency."""
     rows = []
     for name in ("redesign32-ab-cpu-sdar", "redesign32-ab-cpu-clover"):
         run = load(name)["result"]
