@@ -41,7 +41,8 @@ class CacheConfig:
     at most 4 GiB). Hybrid models' recurrent state has its own --state-cache-memory."""
     kv_cache_dtype: str = "auto"
     """K/V pages' dtype: auto (the model's dtype) or fp8 (e4m3, one scale of 1.0 per tensor, vLLM's default: half
-    of bf16's bytes; attention reads them back in the model's dtype). The GDN state stays fp32 (docs/models.md)."""
+    of bf16's bytes; attention reads them back in the model's dtype). The GDN state stays fp32 (docs/serving/
+    quantization.md)."""
     state_cache_memory: int | None = None
     """Hybrid models (Gated DeltaNet layers) only: bytes of the recurrent-state pool, separate from (and allocated
     before) --kv-cache-memory, which covers K/V pages only. One slot holds a sequence's whole GDN state whatever
@@ -135,7 +136,7 @@ class EngineConfig:
     """auto: the checkpoint's safetensors; dummy: seeded random weights made on the device, no weight files
     needed (benchmarks of shapes without a checkpoint)."""
     moe_backend: str = "auto"
-    """How MoE layers compute their experts: auto (picked per call by measurement, see docs/moe.md), loop (one
+    """How MoE layers compute their experts: auto (picked per call by measurement, see docs/serving/moe.md), loop (one
     matmul pair per touched expert: the reference), bmm (padded batched GEMM over all experts) or grouped_mm."""
     gdn_backend: str = "auto"
     """Hybrid models (Gated DeltaNet layers): what runs the causal GDN conv and delta rule. auto: the CUDA kernels
@@ -148,7 +149,7 @@ class EngineConfig:
     calls; flashinfer: FlashInfer's varlen paged kernel, an error where it cannot run."""
     enforce_eager: bool | None = None
     """Run the model forward eagerly instead of through torch.compile (vLLM's flag). Default: compiled on CUDA
-    (CUDA graphs), eager on CPU, where compiling took about 2 minutes and ran fp32 slower (docs/benchmarks.md);
+    (CUDA graphs), eager on CPU, where compiling took about 2 minutes and ran fp32 slower (docs/benchmarks/latency.md);
     false compiles on CPU too."""
     quantization: str | None = None
     """Quantize a 16/32-bit checkpoint's weights while loading (weight-only; vLLM's flag): int8 (per output
@@ -156,7 +157,8 @@ class EngineConfig:
     output channel). Pre-quantized checkpoints (FP8, GPTQ, AWQ, compressed-tensors) load as they are, without it."""
     quantization_targets: str = DEFAULT_TARGETS
     """With --quantization: which weights, comma-separated: experts, shared_expert, dense_mlp, attention, gdn,
-    lm_head, or all. Norms, routers, embeddings and the GDN gates and conv stay 16/32-bit (docs/models.md)."""
+    lm_head, or all. Norms, routers, embeddings and the GDN gates and conv stay 16/32-bit
+    (docs/serving/quantization.md)."""
     quantization_group_size: int = 128
     """With --quantization int4: input columns sharing one scale and zero point (must divide every quantized
     weight's input width)."""
@@ -164,11 +166,11 @@ class EngineConfig:
     """A config.json key or checkpoint tensor that looks like a diffusion or routing setting the engine does not
     implement (or any key it does not know) is an error instead of a warning at load."""
     block_expert_coreset: str | int | None = None
-    """MoE models: the block expert coreset rule (docs/models.md). An integer C: while a block is denoised, each
+    """MoE models: the block expert coreset rule (docs/models/coreset.md). An integer C: while a block is denoised, each
     MoE layer routes the block's positions within the C experts with the largest summed router probability
     (commits keep per-token routing; 0 = off). `cumulative:T[,min=M][,window=W]` (dMoE's rule, T in (0, 1]): every
     window of W positions (32) of every forward routes within the experts covering a share T of its positions'
-    top-k votes, at least M (16). Default: the model's config.json (the keys docs/models.md lists, or dMoE's
+    top-k votes, at least M (16). Default: the model's config.json (the keys docs/models/coreset.md lists, or dMoE's
     `core_threshold`), else off."""
     default_decoder: str | None = None
     """The decoder of requests that name none (`SamplingParams.decoder`), e.g. auto; default: the model's

@@ -129,14 +129,15 @@ class SamplingParams:
     confidence_threshold: float | None = None
     """decoder=renoise: ... and the mean entropy (nats) of its tempered distributions is below this; default 0.005."""
     structured_outputs: StructuredOutputsParams | None = None
-    """Constrain the output to a JSON schema, regex, choice list or grammar (docs/server.md, "Structured
-    output"): every committed token sequence is then a valid prefix of it."""
+    """Constrain the output to a JSON schema, regex, choice list or grammar
+    (docs/decoding/structured-output.md): every committed token sequence is then a valid prefix of it."""
     logprobs: int | None = None
     """Per generated token, its log-probability and this many top alternatives (0 .. MAX_LOGPROBS), under the
-    distribution the decoder accepted it from (docs/server.md, "Logprobs"); None = none computed."""
+    distribution the decoder accepted it from (docs/serving/logprobs.md, "Logprobs"); None = none computed."""
     prompt_logprobs: int | None = None
-    """Score the prompt: each prompt token's log-probability under the block chain rule (docs/server.md, "Prompt
-    scoring"; the first token has none) with this many top alternatives (0 .. MAX_LOGPROBS); None = not scored."""
+    """Score the prompt: each prompt token's log-probability under the block chain rule
+    (docs/serving/logprobs.md; the first token has none) with this many top alternatives (0 .. MAX_LOGPROBS);
+    None = not scored."""
     record_denoising: bool = False
     """Keep every denoising step's writes (which output positions it decided, and their tokens), for the
     outputs to carry (`CompletionOutput.denoising_steps`; the server's `stream_options.include_denoising`)."""

@@ -5,7 +5,7 @@ so no point starts with another one's prefix cache. The workload is 7 conversati
 resends the conversation's opening and earlier turns: `--shared-prefix-words`, `--prefix-groups`), and the prefix
 hit rate is the servers' own count (usage.prompt_tokens_details.cached_tokens / prompt tokens). Chat, not
 completions: the bundled model answers only in its chat format (a raw-text prompt gets special tokens, which
-stream no text). Prints one JSON line at the end, the results file of docs/benchmarks.md "Behind a gateway"
+stream no text). Prints one JSON line at the end, the results file of docs/benchmarks/throughput.md "Behind a gateway"
 (scripts/render_docs.py --record gateway).
 
     OMP_NUM_THREADS=1 python scripts/bench_gateway.py > /tmp/gateway.out

@@ -1,4 +1,4 @@
-"""GPU check for issue 9 (run by scripts/gpu_check.sh): a random-weight Clover-35B-A3B-shaped model in bf16.
+"""The MoE GPU check (run by scripts/gpu_check.sh): a random-weight Clover-35B-A3B-shaped model in bf16.
 
 1. dispatch: one MoE layer of that shape at 64 x 32 tokens: grouped (torch._grouped_mm where supported) vs the
    sorted-run loop vs the usual per-expert loop: time and max difference;

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Issue 9 GPU check, prepared for one H200 (< 10 minutes): a random-weight Clover-35B-A3B-shaped model in bf16.
+# The MoE GPU check, prepared for one H200 (< 10 minutes): a random-weight Clover-35B-A3B-shaped model in bf16.
 #   1. MoE dispatch at 64 x 32 tokens: grouped (torch._grouped_mm) vs sorted runs vs the per-expert loop
 #   2. the whole model on the GPU at batch 1, 8, 64: tokens/s, TPF, peak memory
 #   3. expert offload under a 24 GB memory cap at batch 1, 8: tokens/s, hit rate, bytes/token, peak memory
 # Usage: scripts/gpu_check.sh [--dry-run] [extra gpu_check.py flags]
 #   --dry-run   the same code on a tiny shape on the CPU (checks the script where no GPU is available)
 #        scripts/gpu_check.sh --clover [--reduced] [extra gpu_check_clover.py flags]
-#   --clover    issue 15 instead: Clover-35B-A3B in the published layout (GDN + gated attention, 256 experts):
+#   --clover    instead: Clover-35B-A3B in the published layout (GDN + gated attention, 256 experts):
 #               load time, memory per sequence measured vs planned, decode at 1/8/32 concurrent, a 128K request
 #   --reduced   with --clover: the same code at a reduced size and context on the CPU
 #        scripts/gpu_check.sh --clover --tensor-parallel-size N [--device cpu] [extra gpu_check_clover_tp.py flags]
-#   --clover --tensor-parallel-size N   issue 24: clover-moe-bench over N GPUs (NCCL): tokens of tp N and tp N with
+#   --clover --tensor-parallel-size N   clover-moe-bench over N GPUs (NCCL): tokens of tp N and tp N with
 #               whole experts vs one GPU, rank 0's weights / K/V / state bytes vs the planner, bench throughput
 #               at tp 1 and N with the all-reduce time per step (--device cpu: the gloo dry run)
 #        scripts/gpu_check.sh --gdn-kernels [--device cpu]
@@ -20,15 +20,15 @@
 #   --compiled  the engine compiled as CUDA runs it by default (CUDA graphs, bucketed steps) vs eager on a random
 #               sdar-moe-bench in bf16: compile time, recompiles, tokens, decode speed at 1 and 16 requests
 #        scripts/gpu_check.sh --quantization fp8|int4 [--device cpu]
-#   --quantization  issue 25: the quantized matmuls at Clover-35B-A3B shapes against the dequantize-then-matmul
+#   --quantization  the quantized matmuls at Clover-35B-A3B shapes against the dequantize-then-matmul
 #               reference and bf16 (scaled_mm fp8 / tinygemm int4 on sm90), the engine quantized on load vs bf16 on
 #               sdar-moe-bench and clover-moe-bench, a `diffuserve quantize` checkpoint loaded on the GPU
 #        scripts/gpu_check.sh --attention [--device cpu]
-#   --attention the attention backends (issue 23): loop vs batched vs FlashInfer (pip install -e '.[cuda-kernels]'
+#   --attention the attention backends: loop vs batched vs FlashInfer (pip install -e '.[cuda-kernels]'
 #               first) on random steps of every runner shape (max diff), their time at 1 / 16 / 64 sequences, and
 #               the engine's greedy tokens with each on a random sdar-moe-bench in bf16
 #        scripts/gpu_check.sh --smoke [--dry-run]
-#   --smoke     issue 36: the checks above that matter most, in priority order, in under 8 minutes on one H100 /
+#   --smoke     the checks above that matter most, in priority order, in under 8 minutes on one H100 /
 #               H200 (scripts/gpu_smoke.py: engine bf16 vs CPU fp32, GDN kernels, compiled step, fp8 / int4,
 #               tokens/s at 1 / 16 / 64), after installing the wheels scripts/gpu_wheels.sh downloaded;
 #               --dry-run validates the plan on the CPU

@@ -1,4 +1,4 @@
-"""GPU check for issue 15 (run by `scripts/gpu_check.sh --clover`): Clover-35B-A3B in the published layout (the
+"""GPU check of full-size Clover (`scripts/gpu_check.sh --clover`): Clover-35B-A3B in the published layout (the
 planner's `Clover-35B-A3B` preset: 30 Gated DeltaNet + 10 gated attention layers, 256 experts top-8 plus a shared
 expert, vocabulary 248,320, 32-token blocks) with random bf16 weights on one GPU, served through the public `LLM`
 API (whichever engine path runs clover_moe on the checkout: the recompute runner or the hybrid-state engine).

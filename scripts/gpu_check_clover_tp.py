@@ -1,4 +1,4 @@
-"""GPU check for issue 24 (run by `scripts/gpu_check.sh --clover --tensor-parallel-size N`): clover_moe over N
+"""GPU check of tensor parallelism (run by `scripts/gpu_check.sh --clover --tensor-parallel-size N`): clover_moe over N
 GPUs of one machine (NCCL; gloo on the CPU with --device cpu), through the public `LLM` API and `diffuserve bench`.
 
 1. tokens: a random clover-moe-bench checkpoint (written here, seeded; 6 GDN + 2 gated attention layers, 16

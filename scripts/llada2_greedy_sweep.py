@@ -1,4 +1,4 @@
-"""Issue 28's sweep: `LLM.generate` on tiny random LLaDA2 checkpoints against LLaDA2's published `generate`,
+"""The LLaDA2 greedy sweep: `LLM.generate` on tiny random LLaDA2 checkpoints against LLaDA2's published `generate`,
 run as it is (its own model class, loop and sampler; CPU, fp32), token for token.
 
 Two references, both the released code (nothing of it is copied into this repository; the script reads it from
@@ -13,7 +13,7 @@ a checkout you give it and imports it from a temporary directory):
 - `dfactory`: dFactory's own sampler (inclusionAI/dFactory, `models/llada2_moe/modeling_llada2_moe.py`, no
   temperature-0 branch) at temperature 1, top-k 1. Compared with the engine at temperature 1, top-k 1.
 
-Also the engine's temperature-0 rule before issue 28 (`old`: the same released branch on logits with the mask
+Also the engine's earlier temperature-0 rule (`old`: the same released branch on logits with the mask
 token at -inf, so the confidence renormalised without it), inside the same reference loop. For a request where
 `old` and `released` decide differently at some step, the first such step is printed: the positions, their
 confidences with and without the mask token's mass, the mask token's probability there, and the gap between

@@ -1,4 +1,4 @@
-"""Peak host memory and time of loading a model, each load in a fresh subprocess (issue 25, "loading within
+"""Peak host memory and time of loading a model, each load in a fresh subprocess ("loading within
 bounds": peak RSS at most the final weights plus one shard, over the process's own baseline).
 
     python scripts/load_memory.py --dir /tmp/clover-wide --write            # a 2-layer Clover of published width

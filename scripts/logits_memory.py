@@ -1,4 +1,4 @@
-"""Peak host memory of DiffusionGemma's decode logits at high concurrency (issue 36): one engine step per
+"""Peak host memory of DiffusionGemma's decode logits at high concurrency: one engine step per
 denoising step over every canvas at once, on a random checkpoint of the published 262,144-token vocabulary and
 256-position canvas with a tiny body (6 layers of hidden 32), so that the [rows, V] fp32 logits dominate.
 

@@ -6,7 +6,7 @@ Per run: the time of each prefill chunk as the context grows (the GDN layers' wo
 attention layers' grows with the keys a chunk attends), the decode steps at full context, the engine's K/V + state
 bytes of the request at the end against the planner's figure for the same model and context
 (`diffuserve plan DIR --context-length 131072 --kv-cache-dtype ...`), and the process's peak RSS. The last line
-printed is the JSON summary (docs/benchmarks.md, "128K end to end").
+printed is the JSON summary (docs/benchmarks/latency.md, "128K end to end").
 
     python scripts/long_context.py [--context 131072] [--chunk 8192] [--output-tokens 64] [--threads 1]
 """

@@ -5,7 +5,7 @@ tests/test_option_matrix.py runs the fast cells in CI; this is the whole table.
     python scripts/option_matrix.py --json-out /tmp/matrix.json        # every cell (~10-20 min on 2 cores)
     python scripts/option_matrix.py --family clover_moe --fast          # a part of it
     python scripts/render_docs.py --record option-matrix /tmp/matrix.json -- python scripts/option_matrix.py
-    python scripts/render_docs.py                                        # the table in docs/testing.md
+    python scripts/render_docs.py                                        # the table in docs/internals/testing.md
 """
 
 from __future__ import annotations

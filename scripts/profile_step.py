@@ -1,7 +1,7 @@
 """Profiles the engine decoding one request of the benchmark model (batch 1) and prints the top operators by self
 CPU time and their calls per forward, as a human table and a final JSON line (`render_docs.py --record` keeps it).
 
-    python scripts/profile_step.py --dtype float32 --moe-backend loop --threads 1     # the engine before issue 18
+    python scripts/profile_step.py --dtype float32 --moe-backend loop --threads 1     # the plain fp32 loop path
     python scripts/profile_step.py --dtype bfloat16 --threads 1                       # the default fast path
     python scripts/profile_step.py --model clover-moe-bench --threads 1               # the hybrid model
 

@@ -1,4 +1,4 @@
-"""Logits of quantized weights against bf16 on tiny random models, one per family (issue 25's accuracy check
+"""Logits of quantized weights against bf16 on tiny random models, one per family (the accuracy check
 beside `diffuserve eval`): the mean KL(bf16 || quantized) per position in nats and the share of positions whose
 top-1 token agrees, over random prompts through one dense forward (Clover: its causal trunk). Widths the default
 int4 group of 128 divides. Prints a table and one JSON line.

@@ -1,5 +1,5 @@
-"""Writes the result tables of docs/benchmarks.md, docs/moe.md, docs/default-model.md, docs/server.md and
-docs/testing.md from docs/results/.
+"""Writes the result tables of the documentation pages (DOCS: the benchmark pages, the bundled model's, MoE's,
+structured output's, the planner's calibration and testing's) from docs/results/.
 
 Each file in docs/results/ is one run: {"command": the command line, "result": the final JSON line it printed,
 "provenance": only where the line was not kept and was transcribed from older docs}. A doc marks each generated
@@ -40,7 +40,21 @@ from scripts.doc_tables.cells import Load
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-DOCS = ("benchmarks.md", "moe.md", "default-model.md", "server.md", "testing.md")
+DOCS = (
+    "benchmarks/against-peers.md",
+    "benchmarks/decoders.md",
+    "benchmarks/latency.md",
+    "benchmarks/moe.md",
+    "benchmarks/quantization.md",
+    "benchmarks/redesigns.md",
+    "benchmarks/throughput.md",
+    "decoding/structured-output.md",
+    "internals/testing.md",
+    "models/bundled.md",
+    "planning/calibration.md",
+    "serving/moe.md",
+)
+"""The pages under docs/ that hold generated tables (tests/docs checks that each region is in one of them)."""
 REGION = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
 
 

@@ -1,5 +1,5 @@
 """How fast this machine's GEMM library streams weights at the batch-1 expert shapes, against a plain streaming
-read: the ceiling that any engine built on torch's CPU kernels meets at batch 1 (docs/benchmarks.md, "Batch-1
+read: the ceiling that any engine built on torch's CPU kernels meets at batch 1 (docs/benchmarks/latency.md, "Batch-1
 speed").
 
 The weights are those of sdar-moe-bench's routed experts (8 layers x 16 experts x gate / up / down, 512 x 256), so

@@ -2,7 +2,7 @@
 reference tokens under its option(s), or is refused before any step with one line naming the option; no cell
 fails inside a step. The fast cells run here; the others (worker processes, compilation, the pairs of the families
 besides sdar_moe and clover_moe) are marked slow and skipped unless DIFFUSERVE_FULL_MATRIX=1: scripts/
-option_matrix.py runs them all and its run fills the table in docs/testing.md, which the last test checks."""
+option_matrix.py runs them all and its run fills the table in docs/internals/testing.md, which the last test checks."""
 
 from __future__ import annotations
 
@@ -55,8 +55,8 @@ def test_cell_matches_its_reference_or_is_refused(cell: Cell, family_dirs):
 
 
 def test_the_table_in_the_docs_is_of_this_matrix():
-    """docs/testing.md's table comes from docs/results/option-matrix.json (scripts/render_docs.py): a run of every
-    cell as the matrix is defined now, none failed (rerun scripts/option_matrix.py after changing the matrix)."""
+    """docs/internals/testing.md's table comes from docs/results/option-matrix.json (scripts/render_docs.py): a run
+    of every cell as the matrix is defined now, none failed (rerun scripts/option_matrix.py after changing it)."""
     recorded = json.loads((Path(__file__).parents[1] / "docs/results/option-matrix.json").read_text())["result"]
     assert [(c["family"], tuple(c["options"])) for c in recorded["cells"]] == [(c.family, c.options) for c in CELLS]
     assert recorded["failed"] == 0 and not [c for c in recorded["cells"] if c["outcome"].startswith("FAIL")]

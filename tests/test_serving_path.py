@@ -46,7 +46,7 @@ def test_importing_the_serving_path_loads_no_workshop_module():
 
 
 def test_the_reference_decode_never_imports_the_engine():
-    """The oracle shares only the model's forward with the engine (docs/testing.md). Its input type,
+    """The oracle shares only the model's forward with the engine (docs/internals/testing.md). Its input type,
     SamplingParams, validates with diffuserve/errors.py's RequestError, outside the engine: no engine module loads."""
     engine_side = ("diffuserve.engine", "diffuserve.decoding", "diffuserve.worker", "diffuserve.core")
     paths = sorted((ROOT / "diffuserve" / "reference").glob("reference_*.py"))

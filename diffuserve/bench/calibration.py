@@ -1,5 +1,5 @@
 """The `"calibration"` object of a bench run's JSON line: what `diffuserve plan --calibrate` reads. Its schema is
-the planner's `Calibration` class (diffuserve/planner/calibration_record.py; docs/planner.md#calibration): this
+the planner's `Calibration` class (diffuserve/planner/calibration_record.py; docs/planning/calibration.md): this
 module fills one in and writes it with `to_json`, the planner reads it back with `from_json`.
 
 Owns the fit of the two engine knobs the planner's roofline needs besides the machine's rates:

@@ -1,7 +1,7 @@
 """`diffuserve bench compare`: the same model, prompts and decoding, side by side in one run:
 
   (a)  engine           diffuserve: KV cache, fused commit (--moe-backend, --enforce-eager as given)
-  (a0) baseline         the same engine eager, with the per-expert loop: the engine path before issue 18
+  (a0) baseline         the same engine eager, with the per-expert loop: the engine's plain batch-1 path
   (b)  reference        transformers' model recomputing the whole sequence every step (LLaDA2 reference generate)
   (b2) transformers-kv  transformers' model with its KV cache, decoded by the SDAR scheme (separate commit
                         forward): what a user runs without an engine
@@ -19,7 +19,7 @@
                         once, as (e); auto, auto-batched: the same with decoder=auto (drafts switched per step by
                         --auto-draft-tokens)
   (h)  attention-loop   (only when asked) engine-batched with --attention-backend loop: one SDPA per sequence in
-                        every layer, the attention before issue 23 (engine-batched_vs_attention-loop: the gain of
+                        every layer, the attention without batching (engine-batched_vs_attention-loop: the gain of
                         the batched attention backend at --num-prompts concurrent sequences)
 
 For a hybrid model (clover_moe) the reference (b) is the naive clover_moe decode of diffuserve/reference (prefix
@@ -119,7 +119,7 @@ TARGETS = (
     (32, "engine-batched", "transformers-kv", 10.0),
     (32, "engine", "gdn-rescan", 2.0),
 )
-"""(block length, variant, slower variant, minimum speed-up over it): the targets of issues 2, 7, 14 and 18
+"""(block length, variant, slower variant, minimum speed-up over it): the speed-up targets the engine is held to
 (engine-batched: with --num-prompts 16, the 16-concurrent target)."""
 
 

@@ -1,7 +1,7 @@
 """Where and on what a benchmark ran: git revision, hardware, software, threads, machine load, peak memory.
 
 Every benchmark JSON carries this block, so a number can be traced to the code and the machine that produced
-it (most published diffusion speed numbers omit the hardware; see docs/benchmarks.md). Knows nothing of what
+it (most published diffusion speed numbers omit the hardware; see docs/benchmarks/index.md). Knows nothing of what
 is measured.
 """
 

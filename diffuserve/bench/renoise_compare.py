@@ -40,7 +40,7 @@ from diffuserve.sampling_params import SamplingParams
 VARIANTS = ("engine", "engine-batched", "transformers", "transformers-batched")
 SAME_TOKENS = ("engine", "engine-batched")
 TARGETS = (("engine", "transformers", 3.0), ("engine-batched", "transformers-batched", 8.0))
-"""(variant, slower variant, minimum speed-up): issue 27's targets (1 request; N = 16 concurrent)."""
+"""(variant, slower variant, minimum speed-up): the targets against transformers (1 request; N = 16 concurrent)."""
 
 
 def renoise_params(ns: argparse.Namespace) -> SamplingParams:

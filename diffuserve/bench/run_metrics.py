@@ -1,7 +1,7 @@
 """Turns one recorded engine run into its reported figures: throughput (aggregate, token-weighted), NFE, TPF,
 per-request latencies, efficiency against the machine's measured rates, engine overhead, and the MoE figures.
 
-Definitions (docs/benchmarks.md repeats them):
+Definitions (docs/benchmarks/index.md repeats them):
 - tokens/s = all generated tokens / wall time of the run, prefill included (never a mean of per-request rates);
   decode tokens/s = tokens that became final in decode steps (no prompt tokens) / those steps' wall time;
 - TTFT = arrival -> first committed block; E2E = arrival -> finish; TPOT = (E2E - TTFT) / (tokens - 1);

@@ -1,6 +1,6 @@
 """Serving metrics from what a streaming client observed, per request and per sweep point. Pure functions.
 
-Definitions (vLLM `bench serve` / GenAI-Perf conventions; docs/benchmarks.md repeats them):
+Definitions (vLLM `bench serve` / GenAI-Perf conventions; docs/benchmarks/index.md repeats them):
 - TTFT: request sent -> first chunk with non-empty content.
 - E2E: request sent -> stream finished.
 - TPOT: (E2E - TTFT) / (output tokens - 1), per request.

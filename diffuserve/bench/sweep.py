@@ -7,7 +7,7 @@ outside the model's forward) and where its time goes, phase by phase, per reques
 and, on the best case (equal prompts, no stops, where the peer decodes exactly what
 the engine does), whether their tokens are equal. The engine receives each request at its arrival (continuous
 batching); a static peer starts once the last request has arrived. A fresh engine per row, warmed up before it is
-timed; the peer is warmed up once per reading. Targets (issue 36): on the realistic workload the engine >= 1.5x the
+timed; the peer is warmed up once per reading. Targets: on the realistic workload the engine >= 1.5x the
 peer at 16 concurrent and >= 2x at 64 and 128; >= 1.0x on the best case; overhead < 10 % at 128. --profile adds a
 cProfile of the engine's steps on the realistic workload at the largest concurrency. Knows nothing of CLI parsing.
 """

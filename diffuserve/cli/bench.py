@@ -82,8 +82,8 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         "--block-expert-coreset",
         default=None,
         metavar="RULE",
-        help="the block expert coreset rule (docs/models.md): C routes each denoised block within C experts (0 = "
-        "off); cumulative:0.6[,min=16,window=32] is dMoE's rule (default: the model's config.json, else off)",
+        help="the block expert coreset rule (docs/models/coreset.md): C routes each denoised block within C experts "
+        "(0 = off); cumulative:0.6[,min=16,window=32] is dMoE's rule (default: the model's config.json, else off)",
     )
     _add_weights_and_cache(model)
     _add_execution(model)

@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="RULE",
         help="the block expert coreset rule: C experts per denoised block (0 off) or cumulative:0.6[,min=16,"
-        "window=32], dMoE's (docs/models.md; default: the model's)",
+        "window=32], dMoE's (docs/models/coreset.md; default: the model's)",
     )
     add_quantization_arguments(parser)
 

@@ -124,7 +124,7 @@ def _add_workload_arguments(group: argparse._ArgumentGroup) -> None:
         default=PlanOptions.block_expert_coreset,
         metavar="RULE",
         help="the block expert coreset rule: C routes each denoised block's positions to at most C experts per MoE "
-        "layer (0: off), cumulative:0.6[,min=16,window=32] is dMoE's rule (docs/models.md); also shows batch 1 "
+        "layer (0: off), cumulative:0.6[,min=16,window=32] is dMoE's rule (docs/models/coreset.md); also shows batch 1 "
         "with and without it (default: the model's config.json, else off)",
     )
     group.add_argument("--experts-touched-fraction", type=float, help="override 1 - (1 - k/E)^T")

@@ -28,7 +28,7 @@ hundreds of tokens), so drafts cost little. An estimate: no GPU was lent to meas
 def default_draft_tokens(device_type: str, block_length: int) -> int:
     """`--auto-draft-tokens`' default on `device_type` (a torch device type): on a CPU a step's cost grows with its
     tokens from the first (measured on the bundled model: one request drafting beats autoregressive decoding on
-    its tasks' prompts, sixteen do not: docs/benchmarks.md), so one request's draft, 2 x block_length."""
+    its tasks' prompts, sixteen do not: docs/benchmarks/decoders.md), so one request's draft, 2 x block_length."""
     return GPU_DRAFT_TOKENS if device_type == "cuda" else 2 * block_length
 
 

@@ -1,5 +1,5 @@
 """Output-token logprobs: from a step's sampling distribution to each written token's `Logprob` and its top
-alternatives (docs/server.md, "Logprobs").
+alternatives (docs/serving/logprobs.md, "Logprobs").
 
 A token's logprob is its log-probability under the distribution the decoder accepted it from: the step's
 distribution at its position after temperature, top-k and top-p (temperature 0: the plain softmax of the

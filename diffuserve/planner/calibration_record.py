@@ -4,7 +4,7 @@
 
 Owns the field names, which are required, their validation (every missing key named by its dotted path) and
 the planner's view of them (HardwareSpec, Efficiency, Deployment, ModelSpec). Pure Python, no torch: the bench
-imports it, never the other way round. Knows nothing of how the bench measures; docs/planner.md#calibration
+imports it, never the other way round. Knows nothing of how the bench measures; docs/planning/calibration.md
 says what each key means.
 
     {"calibration": {
@@ -144,7 +144,7 @@ class Calibration:
         if missing:
             raise ValueError(
                 f"calibrate: missing key(s) {', '.join('calibration.' + key for key in missing)}; "
-                "see docs/planner.md (Calibration) for the contract"
+                "see docs/planning/calibration.md for the contract"
             )
         version = data.get("schema_version", SCHEMA_VERSION)
         if version != SCHEMA_VERSION:

@@ -179,7 +179,7 @@ def _capacity_lines(plan: Plan) -> list[str]:
 
 
 def _replica_lines(plan: Plan) -> list[str]:
-    """With more than one replica, the command that deploys them (docs/server.md, "Behind a gateway")."""
+    """With more than one replica, the command that deploys them (docs/serving/gateways.md, "Behind a gateway")."""
     replicas, tp = plan.capacity.num_replicas, plan.deployment.tensor_parallel_size
     if replicas < 2:
         return []

@@ -1,6 +1,6 @@
 """Standalone DiffusionGemma generation: several requests decoded together, step by step, on our model's paged
 forward and the renoise decoding functions (diffusion_gemma_decoding). Not the serving engine: no scheduler, no
-page pool, no server; the prototype of what the engine will do (docs/models.md, "DiffusionGemma").
+page pool, no server; the prototype of what the engine will do (docs/models/diffusion-gemma.md, "DiffusionGemma").
 
 Every forward takes one slice of rows from each unfinished request, in one of two roles:
 

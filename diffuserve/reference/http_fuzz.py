@@ -1,7 +1,7 @@
 """HTTP input drawn from the server's own OpenAPI schema (schemathesis): every operation the schema lists, with
 requests that fit it (positive) and requests that violate it (negative: wrong types, missing fields, values out
 of range), each answer checked and counted. Shared by tests/server/test_fuzz.py (a small budget, in CI) and
-scripts/fuzz_http.py (a larger one, whose counts docs/testing.md shows).
+scripts/fuzz_http.py (a larger one, whose counts docs/internals/testing.md shows).
 
 The rule every answer must keep: a 2xx, or a 4xx whose body is OpenAI's error shape (`{"error": {"message",
 "type", "param", "code"}}`) with a message; never a 5xx; a streamed answer ends with `[DONE]` and carries no

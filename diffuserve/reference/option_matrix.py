@@ -2,7 +2,7 @@
 same code, on every family (reference/matrix_families.py). Each cell either decodes the family's independent
 reference tokens under that option, or is refused before any step runs with one line naming the option and why;
 no cell may fail inside a step. tests/test_option_matrix.py runs the fast cells, scripts/option_matrix.py every
-cell and writes the table into docs/testing.md.
+cell and writes the table into docs/internals/testing.md.
 
 How the pairs were chosen: two options form a pair when both change the same code: the K/V pages (fp8 K/V with
 prefix hits, chunked prefill, preemption, quantized weights, tensor parallelism, the compiled step), the weights

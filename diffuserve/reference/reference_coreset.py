@@ -1,4 +1,4 @@
-"""Block expert coreset routing in the naive reference, written from its rule in docs/models.md and sharing no
+"""Block expert coreset routing in the naive reference, written from its rule in docs/models/coreset.md and sharing no
 code with the engine's routing or dispatch (model/layers/moe/coreset.py, dispatch.py): while the reference
 computes a step of the block at rows [start, end), every MoE layer's output at those rows is replaced by this
 module's own computation, expert by expert and position by position:

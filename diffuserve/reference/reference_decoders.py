@@ -1,4 +1,4 @@
-"""The naive reference's own sampler and decoders, written from their documentation (docs/models.md, the SDAR
+"""The naive reference's own sampler and decoders, written from their documentation (docs/models/, the SDAR
 and LLaDA2 reference `generate` loops in the project notes), never imported from the engine.
 
 Everything is per block of B positions. A proposal holds, at each position whose logits were read, the token the

@@ -1,4 +1,4 @@
-"""dMoE's block-expert routing in the naive reference, restated from its gate's rule (docs/models.md, "dMoE") and
+"""dMoE's block-expert routing in the naive reference, restated from its gate's rule (docs/models/dmoe.md, "dMoE") and
 sharing no code with the engine's (model/layers/moe/window_coreset.py, coreset_rule.py, dispatch.py): while the
 reference computes a [1, T] forward from position 0, every MoE layer's output is replaced, row by row, by this
 module's own computation:

@@ -2,7 +2,7 @@
 the mask and EOS ids, the context limit, and the decoding defaults a request that sets none gets.
 
 Independent of the engine on purpose: the defaults, the max-token cap and the stop ids are restated here from
-their documentation (docs/models.md, the SamplingParams field docs), not imported, so that a changed engine
+their documentation (docs/models/, the SamplingParams field docs), not imported, so that a changed engine
 default or cap shows up as a parity failure instead of being copied into the oracle. The only thing shared with
 the engine is the model (its forward and `compute_logits`) and how a model directory is read (model/loader).
 """
@@ -58,7 +58,7 @@ CORESET_KEYS = (
     "coreset_size",
     "num_coreset_experts",
 )
-"""config.json's names of the block expert coreset size, in the order docs/models.md gives them."""
+"""config.json's names of the block expert coreset size, in the order docs/models/coreset.md gives them."""
 DEFAULT_MAX_MODEL_LEN = 32768
 """Without a configured limit the context is the model's max_position_embeddings, at most this."""
 GREEDY_BELOW = 1e-5

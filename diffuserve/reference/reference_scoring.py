@@ -1,4 +1,4 @@
-"""The naive reference of prompt scoring: the block chain rule of docs/server.md ("Prompt scoring") computed with
+"""The naive reference of prompt scoring: the block chain rule of docs/serving/logprobs.md computed with
 one plain dense forward per scored position, through the model's forward only (no cache, no batching, none of
 the engine's code).
 

@@ -1,6 +1,6 @@
 """Prompt scores on the wire: the engine's per-position `prompt_logprobs` as OpenAI's legacy completions
 `logprobs` of an echoed prompt (lm-eval's loglikelihood request: `echo`, `logprobs`, `max_tokens: 0`) and as
-vLLM's `prompt_logprobs` choice field (docs/server.md, "Prompt scoring").
+vLLM's `prompt_logprobs` choice field (docs/serving/logprobs.md, "Prompt scoring").
 
 The legacy shape lists every prompt token: the first with a null logprob and null top alternatives (it has no
 score, as in OpenAI's and vLLM's answers), each other with its logprob and a `top_logprobs` dict of the k most

@@ -54,7 +54,7 @@ class StreamOptions(RequestModel):
     """vLLM extension: every chunk carries the usage so far."""
     include_denoising: bool = False
     """diffuserve extension: before each delta, a chunk with `denoising` (and no choices) listing, per denoising
-    step, the output positions it decided and their tokens (docs/server.md, "Denoising stream")."""
+    step, the output positions it decided and their tokens (docs/serving/index.md, "Denoising stream")."""
 
 
 class JsonSchemaFormat(RequestModel):
@@ -99,7 +99,7 @@ class SamplingFields(RequestModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # Block-diffusion extensions (diffuserve), see docs/server.md. None = the model's default.
+    # Block-diffusion extensions (diffuserve), see docs/serving/index.md. None = the model's default.
     decoder: Literal[DECODERS] | None = None  # type: ignore[valid-type]  # pydantic reads the names at runtime
     """Which masked positions a denoising step accepts."""
     threshold: float | None = Field(default=None, ge=0, le=1)
@@ -133,7 +133,7 @@ class SamplingFields(RequestModel):
     allowed_token_ids: Any = unsupported()
     bad_words: Any = unsupported()
     truncate_prompt_tokens: Any = unsupported()
-    # Structured output (docs/server.md, "Structured output"): at most one of these.
+    # Structured output (docs/decoding/structured-output.md, "Structured output"): at most one of these.
     response_format: ResponseFormat | None = None
     """OpenAI's: {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema": {...}}."""
     structured_outputs: StructuredOutputsField | None = None
@@ -157,8 +157,8 @@ class CompletionRequest(SamplingFields):
     """0: nothing is generated (with echo and logprobs, the prompt is only scored)."""
     echo: bool = False
     logprobs: NumLogprobs | None = None
-    """Per token, its logprob and this many top alternatives: the generated tokens' (docs/server.md, "Logprobs"),
-    and with echo the prompt's first (docs/server.md, "Prompt scoring")."""
+    """Per token, its logprob and this many top alternatives: the generated tokens' (docs/serving/logprobs.md),
+    and with echo the prompt's first (docs/serving/logprobs.md, "Prompt scoring")."""
     prompt_logprobs: NumLogprobs | None = None
     """vLLM's: the prompt tokens' logprobs with this many top alternatives, as `choices[i].prompt_logprobs`."""
     suffix: Any = unsupported()
@@ -225,12 +225,12 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = None
-    """true: return each generated token's logprob (docs/server.md, "Logprobs")."""
+    """true: return each generated token's logprob (docs/serving/logprobs.md, "Logprobs")."""
     top_logprobs: NumLogprobs | None = None
     """With logprobs: this many top alternatives per token."""
     prompt_logprobs: Any = unsupported()
     tools: list[Tool] | None = None
-    """Functions the model may call (rendered through the chat template; docs/server.md, "Tool calling")."""
+    """Functions the model may call (rendered through the chat template; docs/decoding/structured-output.md)."""
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     """None: auto when tools are given, else none. required and a named function are enforced by a grammar."""
     parallel_tool_calls: bool = True

@@ -83,7 +83,7 @@ class CompiledForward:
 
     Default (`enforce_eager=None`): compiled on CUDA with `mode="reduce-overhead"` (CUDA graphs: the step's hundreds
     of small kernels replayed as one launch), eager on CPU, where inductor compiled the benchmark model for 105-144 s
-    on a shared 2-core machine and ran fp32 at 0.63-0.69x eager (docs/benchmarks.md, "Batch-1 speed");
+    on a shared 2-core machine and ran fp32 at 0.63-0.69x eager (docs/benchmarks/latency.md, "Batch-1 speed");
     `enforce_eager=False` compiles on CPU too. The graph breaks at attention and at the routed experts (whose
     Python structure and data-dependent shapes change every step: `Attention.attend`, `SparseMoeBlock._routed`),
     and the token count is dynamic, so no batch composition recompiles. CUDA graphs record one graph per shape,

@@ -93,7 +93,7 @@ class ExpertOffload:
         if not blocks:
             raise ValueError(
                 f"expert_offload: {type(model).__name__} has no MoE layers that offload can hold (the shared "
-                "SparseMoeBlock's routed experts; docs/moe.md lists the families built on it); drop --expert-offload"
+                "SparseMoeBlock's routed experts; docs/serving/moe.md lists its families); drop --expert-offload"
             )
         self.counters = OffloadCounters()
         cost = cost or OffloadCostModel.for_device(device)

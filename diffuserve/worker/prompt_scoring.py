@@ -1,5 +1,5 @@
 """Prompt scoring (`prompt_logprobs`): the block chain rule's variants as extra queries of a step's forward, and
-their logits turned into each prompt token's `Logprob` and top alternatives (docs/server.md, "Prompt scoring").
+their logits turned into each prompt token's `Logprob` and top alternatives (docs/serving/logprobs.md).
 
 A block-diffusion model has no left-to-right likelihood; the engine scores a prompt x with the chain rule inside
 each block. Position p (p >= 1) of block b = p // B is scored by its *variant*: block b with the prompt tokens

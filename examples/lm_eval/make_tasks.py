@@ -1,4 +1,4 @@
-"""Writes the local lm-eval-harness tasks for the bundled model (docs/server.md, "Eval harnesses"): held-out
+"""Writes the local lm-eval-harness tasks for the bundled model (docs/serving/logprobs.md, "Eval harnesses"): held-out
 prompts of its six synthetic tasks (diffuserve/eval/tasks.py), as a multiple-choice task (the right answer and
 three near misses, each ending the reply with `<|im_end|>`) and as a generate_until task (exact match).
 

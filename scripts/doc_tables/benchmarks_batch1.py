@@ -1,4 +1,4 @@
-"""The tables of docs/benchmarks.md's "Batch-1 speed" section: the side-by-side batch-1 runs, the operator
+"""The tables of docs/benchmarks/latency.md's "Batch-1 speed" section: the side-by-side batch-1 runs, the operator
 profiles, the roofline of a decode step, the interleaved engine configurations, the GEMM library's bytes/s at
 expert shapes and the hybrid model's GDN layers against their floor."""
 
@@ -14,7 +14,7 @@ BATCH1_RUNS = (
     "compare-batch1-bfloat16-epyc",
     "compare-batch16-bfloat16-epyc",
 )
-"""Issue 18's side-by-side runs (docs/benchmarks.md, "Batch-1 speed")."""
+"""The side-by-side batch-1 runs (docs/benchmarks/latency.md, "Batch-1 speed")."""
 
 
 def compare_batch1(load: Load) -> str:
@@ -200,7 +200,7 @@ def gdn_roofline(load: Load) -> str:
 
 
 def redesign32_ab(load: Load) -> str:
-    """The issue 32 redesign's CPU-time A/B (scripts/ab_cpu_time.py), new / old per model and concurrency."""
+    """The families / decoders redesign's CPU-time A/B (scripts/ab_cpu_time.py), new / old per model and concurrency."""
     rows = []
     for name in ("redesign32-ab-cpu-sdar", "redesign32-ab-cpu-clover"):
         run = load(name)["result"]

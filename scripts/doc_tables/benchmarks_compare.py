@@ -1,6 +1,6 @@
-"""The `bench compare` tables of docs/benchmarks.md: the engine against its baselines on sdar-moe-bench
-(`compare`, `compare-quiet`) and on the hybrid clover-moe-bench (`compare-hybrid`); autoregressive, diffusion
-and verified decoding on the bundled model (`compare-verified`) and on clover-moe-bench
+"""The `bench compare` tables of docs/benchmarks/ (against-peers.md, decoders.md, throughput.md): the engine against its
+baselines on sdar-moe-bench (`compare`, `compare-quiet`) and on the hybrid clover-moe-bench (`compare-hybrid`);
+autoregressive, diffusion and verified decoding on the bundled model (`compare-verified`) and on clover-moe-bench
 (`compare-verified-clover-moe`); DiffusionGemma against transformers' `generate` with the engine's overhead at 128
 concurrent (`compare-renoise`, `renoise-overhead`)."""
 
@@ -122,7 +122,7 @@ HYBRID_VARIANTS = {
     "gdn-rescan": "(g) engine with paged K/V, GDN state rebuilt every step (prefix rescanned)",
 }
 HYBRID_TARGETS = ("reference", "gdn-rescan")
-"""The variants a speed-up target of issue 14 is against (bench/compare.py TARGETS), printed bold."""
+"""The variants a hybrid model's speed-up target is against (bench/compare.py TARGETS), printed bold."""
 
 
 def compare_hybrid(load: Load) -> str:
@@ -147,7 +147,7 @@ def compare_hybrid(load: Load) -> str:
 
 
 ATTENTION_RUNS = ("attention-backends-1", "attention-backends-16", "attention-backends-64")
-"""Issue 23: the batched attention backend against the per-sequence loop at 1, 16 and 64 concurrent sequences."""
+"""The batched attention backend against the per-sequence loop at 1, 16 and 64 concurrent sequences."""
 
 
 def attention_backends(load: Load) -> str:

@@ -1,4 +1,4 @@
-"""The tables of docs/benchmarks.md's "Quantized weights" section (issue 25): batch-1 latency per weight format,
+"""The tables of docs/benchmarks/quantization.md: batch-1 latency per weight format,
 the peak host memory of loading, and the bundled model's accuracy and TPF per format."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The tables of docs/benchmarks.md from `bench throughput`, the planner's calibration, `bench latency` and
-`bench serve`: many requests at once, and what a client of `diffuserve serve` sees."""
+"""The tables of docs/benchmarks/ (throughput.md, latency.md) and docs/planning/calibration.md from `bench throughput`,
+the planner's calibration, `bench latency` and `bench serve`: many requests at once, and what a client of `diffuserve
+serve` sees."""
 
 from __future__ import annotations
 

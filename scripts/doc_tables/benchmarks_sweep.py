@@ -1,4 +1,4 @@
-"""The `bench sweep` table of docs/benchmarks.md (issue 36): per family, the engine against its batched peer at each
+"""The `bench sweep` table of docs/benchmarks/throughput.md: per family, the engine against its batched peer at each
 concurrency and workload, with the command that produced it (results sweep-<family>), and, where an earlier run of
 the same command is kept (results sweep-<family>-<git>), that run's engine / peer ratio and overhead beside each
 row."""
@@ -31,9 +31,9 @@ BEFORE = {
     "diffusiongemma-bench": "diffusiongemma-bench-2192eb7",
 }
 """Family -> the results file sweep-<family>-<commit> of the same command on the code of an earlier commit (0573c6d:
-the figures of two waves ago, after the step's paged metadata as tensors, the batched renoise draws and the batched
+after the step's paged metadata as tensors, the batched renoise draws and the batched
 greedy mask decode; 63e3794: the SDAR bench shape before those, at 16 and 64 concurrent only; e66cb12: Clover
-before its GDN layers read their state slots in place (the last wave's figures); diffusiongemma-bench-2192eb7: the
+before its GDN layers read their state slots in place; diffusiongemma-bench-2192eb7: the
 same engine code timed with the LM head alone as the model's time, before the probe counted DiffusionGemma's logit
 soft cap and self-conditioning pass as the model's)."""
 HEADERS = [

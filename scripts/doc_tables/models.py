@@ -1,5 +1,5 @@
-"""The bundled model's tables: its training runs and its accuracy against TPF per decoding (docs/default-model.md),
-and its accuracy and TPF with and without grammars (docs/server.md, "Measured cost")."""
+"""The bundled model's tables: its training runs and its accuracy against TPF per decoding (docs/models/bundled.md),
+and its accuracy and TPF with and without grammars (docs/decoding/structured-output.md, "Measured cost")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The tables of docs/moe.md from `bench moe`: the expert backends per step, the dispatch paths against dense
-matmuls of the same FLOPs, and expert offload's cache hit rates and bytes moved."""
+"""The tables of docs/serving/moe.md and docs/benchmarks/moe.md from `bench moe`: the expert backends per step, the
+dispatch paths against dense matmuls of the same FLOPs, and expert offload's cache hit rates and bytes moved."""
 
 from __future__ import annotations
 

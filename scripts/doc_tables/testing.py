@@ -1,5 +1,5 @@
-"""docs/testing.md's tables: the family x option matrix (scripts/option_matrix.py) and the HTTP fuzz run's counts
-(scripts/fuzz_http.py)."""
+"""docs/internals/testing.md's tables: the family x option matrix (scripts/option_matrix.py) and the HTTP fuzz run's
+counts (scripts/fuzz_http.py)."""
 
 from __future__ import annotations
 

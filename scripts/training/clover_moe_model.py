@@ -54,7 +54,7 @@ CLOVER_MOE_MIX: dict[str, float] = {
 """Training mix (eval.tasks.training_stream). On the sdar model's mix (addition 39 %) this model learned addition
 and max completely by 3,000 steps but not sorting (60 %) or long copies (84.5 %), so those are drawn more often.
 `add_json` (`27+15 in JSON` -> `{"answer": 42}`) teaches the JSON answer a schema constraint asks for; its prompt is
-short so its rows are no longer than a sort's. docs/default-model.md has the runs behind this mix."""
+short so its rows are no longer than a sort's. docs/models/bundled.md has the runs behind this mix."""
 
 CLOVER_MOE_TURNS: dict[int, float] = {1: 0.5, 2: 0.35, 3: 0.15}
 """Conversation lengths (eval.tasks.training_batches): half the batches are multi-turn, so that a chat's second

@@ -1,5 +1,5 @@
 """clover_moe config.json reading: defaults of the base class (the real 35B-A3B shape), the layer pattern, the
-text_config layout, mRoPE read as 1-D RoPE for text, and the per-sequence state sizes quoted in docs/models.md."""
+text_config layout, mRoPE read as 1-D RoPE for text, and the per-sequence state sizes docs/models/clover.md quotes."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_defaults_are_the_35b_a3b_shape():
 
 
 def test_state_sizes_of_the_real_model():
-    """docs/models.md: 20 KiB of K/V per token (10 layers x 2 x 2 heads x 256 x 2 B); per sequence 30 x (2 MiB
+    """docs/models/clover.md: 20 KiB of K/V per token (10 layers x 2 x 2 heads x 256 x 2 B); per sequence 30 x (2 MiB
     S + 8192 x 3 x 2 B conv ring) = 60 MiB + 1,474,560 B."""
     layout = cache_layout(clover_moe_args_from_hf(REAL_SHAPE), "bf16")
     assert layout.kv_bytes_per_token() == 20 * 1024

@@ -47,7 +47,7 @@ def test_auto_on_cpu_uses_bmm_for_spread_bf16_routing_only(monkeypatch):
     calls = []
     original = dispatch.padded_bmm_experts
     monkeypatch.setattr(dispatch, "padded_bmm_experts", lambda *a: calls.append(1) or original(*a))
-    run_experts("auto", *_case(64, 8, 2, torch.float32))  # fp32 on CPU: the loop (docs/moe.md)
+    run_experts("auto", *_case(64, 8, 2, torch.float32))  # fp32 on CPU: the loop (docs/serving/moe.md)
     assert calls == []
     run_experts("bmm", *_case(64, 8, 2, torch.float32))
     assert calls == [1]

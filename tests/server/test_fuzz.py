@@ -3,7 +3,7 @@ diffuserve/testing/http_fuzz.py): every operation the schema lists, with request
 violate it. Whatever comes in, the answer is a 2xx or a 4xx in the OpenAI error shape, never a 5xx; a stream
 never carries an error frame; /health answers 200 after each operation. Derandomized, so deterministic, and
 bounded in time: a 48-token context and n <= 2 keep every generation short. scripts/fuzz_http.py runs the same
-with a larger budget (its counts are in docs/testing.md)."""
+with a larger budget (its counts are in docs/internals/testing.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """lm-eval-harness against the server, unmodified: its `local-completions` model runs the local multiple-choice
 task (loglikelihood requests: echo + logprobs on context + continuation) and the generate_until task of
-examples/lm_eval on the bundled model, as the commands in docs/server.md do. Both score the model's held-out
+examples/lm_eval on the bundled model, as the commands in docs/serving/logprobs.md do. Both score the model's held-out
 prompts, which it answers well, so a broken prompt scoring (or generation) shows as a collapsed accuracy."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ lm_eval = pytest.importorskip("lm_eval")
 
 REPO = Path(__file__).resolve().parents[2]
 MIN_ACCURACY = 0.8
-"""Measured 0.95 on both tasks (docs/server.md); four choices by chance give about 0.27."""
+"""Measured 0.95 on both tasks (docs/serving/logprobs.md); four choices by chance give about 0.27."""
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ dequantizing, so fp32 takes the dequantizing matmul, see kernels.select_kernel).
           (computed in fp32, stored in the activation dtype: in bf16 that rounds a term of at most 8 scales by
           2^-9, under 6 % of the quantization step)
 
-torchao was measured on this machine (docs/benchmarks.md): its int8 weight-only path ran 4.9x slower than the
+torchao was measured here (docs/benchmarks/quantization.md): its int8 weight-only path ran 4.9x slower than the
 direct kernel and its int4 layouts do not run on a CPU, so these call torch's kernels directly.
 Each kernel: `prepare` turns one matrix's canonical parts (formats.py) into its own tensors, `matmul` uses them.
 """

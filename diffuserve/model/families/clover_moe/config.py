@@ -90,7 +90,7 @@ class HybridArgs:
     shared_expert_gate: bool = True
     prediction_shift: bool = True
     """True: a masked position is predicted from the previous position's output (AR shift, next-token); False:
-    from its own position's output (SDAR, LLaDA). config.json `diffusion_prediction_shift`; see docs/models.md."""
+    from its own position's output (SDAR, LLaDA). config.json `diffusion_prediction_shift`; docs/models/clover.md."""
     has_diffusion: bool = False
     """The checkpoint carries the block-diffusion GDN tensors (set from its tensor names, not from config.json)."""
 

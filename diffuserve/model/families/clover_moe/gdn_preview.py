@@ -2,7 +2,7 @@
 being denoised is mixed, bidirectionally, while the committed prefix stays causal.
 
 What is published (cortiq release notes and kernel comments; tensor names from the llama.cpp converter, which
-drops them; see docs/models.md):
+drops them; see docs/models/clover.md):
   - the committed state (conv ring and S) is read and never written while a block is previewed;
   - the block's conv adds right (anti-causal) taps `conv_right_weight` [conv_dim, k - 1]:
         out[t] = sum_j in[t + j - (k - 1)] * taps[j]      over [ring | block]

@@ -4,7 +4,7 @@ SDPA calls instead of one per sequence, on any device.
 Sequences are grouped by query length (a step has few: blocks, fused commits + blocks, prefill chunks, scoring
 variants), and a group is cut where its key lists would pad more than 2x, so padding at most doubles the work.
 On the CPU a group is also cut where its gathered K/V would outgrow a core's L2 cache (`CPU_GROUP_BYTES`): one
-SDPA over a 20 MB gather ran slower than 64 per-sequence calls whose K/V stay cached (docs/benchmarks.md,
+SDPA over a 20 MB gather ran slower than 64 per-sequence calls whose K/V stay cached (docs/benchmarks/throughput.md,
 "Batched attention"), so the gain is in the Python and launch overhead of short-context sequences:
 
     group (Lq, S sequences)   q     [S, Hkv, G * Lq, D]     G query heads of a KV head folded into the length

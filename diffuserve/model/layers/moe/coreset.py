@@ -1,6 +1,6 @@
 """Block expert coreset routing: while a diffusion block is denoised, its positions route to a coreset of C experts
-chosen for the whole block, instead of each position to its own top-k of all E experts. The rule (docs/models.md,
-"Block expert coreset routing"), for a block's L positions with router probabilities p [L, E] (fp32):
+chosen for the whole block, instead of each position to its own top-k of all E experts. The rule
+(docs/models/coreset.md), for a block's L positions with router probabilities p [L, E] (fp32):
 
     phase one   coreset = the C experts with the largest sum of p over the block's positions (ties: lower id)
     phase two   each position's top-k of p restricted to the coreset (ties: lower id), the k weights divided by

@@ -1,6 +1,6 @@
 """Block expert coreset rules as data: which experts a group of positions may route to, and which groups.
 
-Two rules (docs/models.md, "Block expert coreset routing"):
+Two rules (docs/models/coreset.md, "Block expert coreset routing"):
 
     fixed        `--block-expert-coreset 4`: the C experts with the largest summed softmax probability over the
                  block; applies to the denoised block only (prefill and commits route per token)

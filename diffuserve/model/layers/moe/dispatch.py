@@ -25,10 +25,10 @@ router fp32 weights (its reference combines in fp32).
     bmm         the sorted runs padded to the longest run R and computed as two batched GEMMs over all E experts
                 ([E, R, H] x [E, H, 2I], then [E, R, I] x [E, I, H]): each expert's weights are streamed once,
                 by one kernel, in their checkpoint layout (contiguous per expert; the transposed views cost nothing,
-                see docs/moe.md for the measured pre-transposed copy)
+                see docs/benchmarks/moe.md for the measured pre-transposed copy)
     grouped_mm  `torch._grouped_mm` (grouped_experts' CUDA path): no padding, one kernel per projection
 
-`auto` picks by the measurements in docs/moe.md ("Expert backends"), per device and dtype (`prefers_bmm`):
+`auto` picks by the measurements in docs/serving/moe.md ("Expert backends"), per device and dtype (`prefers_bmm`):
   CPU, fp32       the loop: fp32 bmm ran 0.66-0.75x the loop end to end in 2 of 3 runs (GEMMs of a few rows stream
                   weights as fast one expert at a time, and bmm computes the padding in slow fp32 FMAs)
   CPU, bf16/fp16  bmm when at least half of the experts are touched: 0.98-1.33x the bf16 loop's forwards/s end to
