@@ -68,7 +68,7 @@ class BlockDecoding:
         plan = DecodingPlan()
         for work in scheduled:
             request = work.request
-            positions = checked_positions(work)
+            positions = checked_positions(work) if request.draft.tokens else []  # only verified requests draft
             if positions:
                 first = request.draft.start(request.block_start)
                 drafts = request.draft.tokens[positions[0] - first : positions[-1] + 1 - first]
