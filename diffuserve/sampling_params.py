@@ -74,6 +74,10 @@ MODEL_DEFAULTED = (
     *PENALTY_DEFAULTS,
 )
 """Knobs whose None is filled from the model's generation config."""
+STEPS_CAPPED_BY_MAX_TOKENS = "steps_capped_by_max_tokens"
+"""A family decoding default that is no request field: when true, a request's denoising steps per block are capped at
+its max_tokens (LLaDA2's `generate`: `steps = min(steps, gen_length // minimal_topk)`, minimal_topk 1), so an answer
+shorter than a block accepts more tokens per step."""
 
 
 @dataclass(frozen=True)
@@ -246,13 +250,19 @@ class SamplingParams:
         )
 
     def with_defaults(
-        self, defaults: Mapping[str, Any], *, max_tokens_limit: int | None = None, eos_token_ids: Sequence[int] = ()
+        self,
+        defaults: Mapping[str, Any],
+        *,
+        max_tokens_limit: int | None = None,
+        eos_token_ids: Sequence[int] = (),
+        block_length: int | None = None,
     ) -> ResolvedSamplingParams:
         """Resolves every None knob from `defaults` (the model's generation config), then from BUILTIN_DEFAULTS.
 
         `max_tokens_limit`: the most tokens the engine can generate for this prompt; max_tokens is capped to it
         and None becomes it (without a limit, max_tokens must be set). `eos_token_ids` join the stop ids unless
-        ignore_eos."""
+        ignore_eos. With `block_length` (one step per token when steps is unset), the defaults'
+        STEPS_CAPPED_BY_MAX_TOKENS applies."""
         knobs = {name: getattr(self, name) for name in MODEL_DEFAULTED}
         for name, value in knobs.items():
             if value is None:
@@ -267,6 +277,8 @@ class SamplingParams:
         if knobs["t_min"] >= knobs["t_max"]:
             raise RequestError("t_min", f"got {knobs['t_min']!r}, must be below t_max ({knobs['t_max']!r})")
         check_penalties(knobs["presence_penalty"], knobs["frequency_penalty"], knobs["repetition_penalty"])
+        if defaults.get(STEPS_CAPPED_BY_MAX_TOKENS) and block_length is not None:
+            knobs["steps"] = min(knobs["steps"] or block_length, max_tokens)
         return ResolvedSamplingParams(
             n=self.n,
             top_p=self.top_p,

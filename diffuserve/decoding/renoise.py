@@ -30,8 +30,8 @@ from diffuserve.decoding.generators import RequestGenerators, forbid_in_canvases
 from diffuserve.decoding.logprobs import logprob_rows, token_logprobs
 from diffuserve.decoding.protocol import BlockDecode, Decoder
 from diffuserve.decoding.renoise_draws import DrawKeys
-from diffuserve.decoding.renoise_knobs import RenoiseDefaults
 from diffuserve.decoding.renoise_steps import CanvasKnobs, DenoiseStep, denoise_step, initial_canvas, stop_rule
+from diffuserve.renoise_knobs import RenoiseDefaults
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 

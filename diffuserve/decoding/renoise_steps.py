@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from diffuserve.decoding.renoise_draws import INITIAL, RENOISE, SAMPLE, DrawKeys, draw_bits, sample, uniform_tokens
-from diffuserve.decoding.renoise_knobs import RenoiseDefaults
+from diffuserve.renoise_knobs import RenoiseDefaults
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,6 @@ class EngineComponents:
     cache: CacheManager
     max_model_len: int
     generation_defaults: dict[str, Any]
-    steps_capped_by_max_tokens: bool
-    """The family's reference caps denoising steps at max_tokens (ModelFamily)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -146,9 +144,7 @@ def build_components(config: EngineConfig, make_runner: RunnerFactory | None = N
     defaults = generation_defaults(family, read_model_config(config.model)[1])
     if config.default_decoder is not None:
         defaults = {**defaults, "decoder": config.default_decoder}
-    return EngineComponents(
-        args, tokenizer, runner, decoding, scheduler, cache, max_model_len, defaults, family.steps_capped_by_max_tokens
-    )
+    return EngineComponents(args, tokenizer, runner, decoding, scheduler, cache, max_model_len, defaults)
 
 
 def serve_worker_rank(config: EngineConfig, group: ParallelGroup, device: torch.device) -> None:

@@ -67,7 +67,6 @@ class LLMEngine:
         """Each request's decoder, resolved here once when it is added (the runner decodes with it)."""
         self.scheduler, self.cache = parts.scheduler, parts.cache
         self.max_model_len, self.generation_defaults = parts.max_model_len, parts.generation_defaults
-        self.steps_capped_by_max_tokens = parts.steps_capped_by_max_tokens
         self.counters = EngineCounters()
         self.output_processor = OutputProcessor(self.tokenizer)
         self.last_step_phases = StepPhases()
@@ -148,12 +147,12 @@ class LLMEngine:
         bad = [t for t in params.stop_token_ids if t >= vocab]
         if bad:
             raise InvalidTokenIds("stop_token_ids", f"{bad[:5]} are not token ids of this model (0 <= id < {vocab})")
-        resolved = params.with_defaults(
-            self.generation_defaults, max_tokens_limit=room, eos_token_ids=self.args.eos_token_ids
+        return params.with_defaults(
+            self.generation_defaults,
+            max_tokens_limit=room,
+            eos_token_ids=self.args.eos_token_ids,
+            block_length=self.args.block_length,
         )
-        if self.steps_capped_by_max_tokens:  # LLaDA2: steps = min(steps, gen_length // minimal_topk), topk 1
-            resolved = resolved.replace(steps=min(resolved.steps or self.args.block_length, resolved.max_tokens))
-        return resolved
 
     def abort_request(self, request_id: str) -> None:
         """Finishes a request (all its completions) at once and frees its pages. Unknown ids are ignored."""

@@ -42,7 +42,8 @@ class ModelFamily:
     special_tokens: Mapping[str, str] = field(default_factory=dict)
     """config field -> token text, for ids the family's Hub config.json leaves out (looked up in tokenizer.json)."""
     decoding_defaults: Mapping[str, Any] = field(default_factory=dict)
-    """The family's reference decoding knobs (SamplingParams names); generation_config.json overrides them."""
+    """The family's reference decoding knobs (SamplingParams names, and sampling_params.STEPS_CAPPED_BY_MAX_TOKENS);
+    generation_config.json overrides them."""
     checkpoint_args: Callable[[ModelArgs, Path], ModelArgs] | None = None
     """(args, model directory) -> args refined by the checkpoint itself (e.g. which optional tensors it has)."""
     cache_layout: Callable[[ModelArgs, str], CacheLayout] = lambda args, dtype: attention_layout(
@@ -50,10 +51,6 @@ class ModelFamily:
     )
     """(args, cache dtype name) -> the cache each layer needs (model/shapes.py); default: every layer full
     attention."""
-    steps_capped_by_max_tokens: bool = False
-    """The reference caps a request's denoising steps per block at its max_tokens (LLaDA2's `generate`: `steps =
-    min(steps, gen_length // minimal_topk)`, minimal_topk 1), so an answer shorter than a block accepts more
-    tokens per step."""
     generation_defaults: Callable[[dict], dict[str, Any]] | None = None
     """(generation_config.json) -> request defaults under SamplingParams names, for a family whose file spells its
     knobs its own way (None: the file's keys that are SamplingParams names, engine_setup.GENERATION_KEYS)."""

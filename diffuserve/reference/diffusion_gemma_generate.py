@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 import torch
 
 from diffuserve.decoding.renoise_draws import DrawKeys
-from diffuserve.decoding.renoise_knobs import RenoiseDefaults
 from diffuserve.decoding.renoise_steps import CanvasKnobs, denoise_step, initial_canvas, stop_rule
 from diffuserve.model.families.diffusion_gemma.attention import GemmaAttentionInputs
 from diffuserve.model.families.diffusion_gemma.config import FULL, SLIDING, gemma_args
@@ -35,6 +34,7 @@ from diffuserve.model.families.diffusion_gemma.model import DiffusionGemmaForBlo
 from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice
 from diffuserve.model.shapes import window_group
 from diffuserve.model.step_inputs import CanvasInputs, StepInputs
+from diffuserve.renoise_knobs import RenoiseDefaults
 
 
 @dataclass(frozen=True)

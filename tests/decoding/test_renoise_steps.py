@@ -10,7 +10,6 @@ from dataclasses import replace
 import torch
 
 from diffuserve.decoding.renoise_draws import RENOISE, SAMPLE, DrawKeys, draw_bits, sample, uniform_tokens
-from diffuserve.decoding.renoise_knobs import RenoiseDefaults
 from diffuserve.decoding.renoise_steps import (
     CanvasKnobs,
     DenoiseStep,
@@ -20,6 +19,7 @@ from diffuserve.decoding.renoise_steps import (
     stop_rule,
     token_entropy,
 )
+from diffuserve.renoise_knobs import RenoiseDefaults
 
 KNOBS = RenoiseDefaults()  # 48 steps, t 0.8 -> 0.4, bound 0.1, stability 1, confidence 0.005
 

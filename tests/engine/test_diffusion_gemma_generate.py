@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from diffuserve.decoding import renoise_steps as decoding
-from diffuserve.decoding.renoise_knobs import RenoiseDefaults
 from diffuserve.decoding.renoise_steps import CanvasKnobs
 from diffuserve.model.families.diffusion_gemma.config import renoise_defaults
 from diffuserve.model.loader import load_model, read_model_config
@@ -32,6 +31,7 @@ from diffuserve.reference.diffusion_gemma_hf import (
     recorded_generate,
     write_hf_checkpoint,
 )
+from diffuserve.renoise_knobs import RenoiseDefaults
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf

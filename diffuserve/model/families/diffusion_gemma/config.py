@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from diffuserve.decoding.renoise_knobs import RenoiseDefaults
 from diffuserve.model.config import ModelArgs, RopeArgs, first_field, require_field
 from diffuserve.model.shapes import CacheLayout, CanvasState, PagedKV, SlidingWindowKV
+from diffuserve.renoise_knobs import RenoiseDefaults
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 NO_MASK_TOKEN = -1

@@ -6,6 +6,7 @@ from diffuserve.model.families.llada2.model import LLaDA2ForBlockDiffusion
 from diffuserve.model.families.llada2.settings import SETTINGS
 from diffuserve.model.families.llada2.weights import llada2_checkpoint_tensors, llada2_weight_target
 from diffuserve.model.family import ModelFamily
+from diffuserve.sampling_params import STEPS_CAPPED_BY_MAX_TOKENS
 
 FAMILY = ModelFamily(
     "llada2",
@@ -14,7 +15,11 @@ FAMILY = ModelFamily(
     llada2_weight_target,
     llada2_checkpoint_tensors,
     special_tokens={"mask_token_id": "<|mask|>", "eos_token_id": "<|endoftext|>"},
-    decoding_defaults={"decoder": "threshold", "threshold": 0.95, "temperature": 0.0},
-    steps_capped_by_max_tokens=True,
+    decoding_defaults={
+        "decoder": "threshold",
+        "threshold": 0.95,
+        "temperature": 0.0,
+        STEPS_CAPPED_BY_MAX_TOKENS: True,
+    },
     settings=SETTINGS,
 )

@@ -1,6 +1,7 @@
 """RenoiseDefaults: the knobs of renoise decoding (uniform-noise diffusion over a canvas) as the reference names
-them. Standard library only: a family's config parser fills them from its generation_config.json, the renoise
-decoder reads them per request."""
+them. Standard library only, and beside sampling_params.py rather than in decoding/ or model/: a family's config
+parser fills them from its generation_config.json, the renoise decoder reads them per request, and neither
+package imports the other."""
 
 from __future__ import annotations
 
