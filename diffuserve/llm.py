@@ -27,6 +27,7 @@ from diffuserve.core.outputs import RequestOutput
 from diffuserve.engine.gc_heap import frozen_heap
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.errors import GenerationFailed
+from diffuserve.lora_request import LoRARequest
 from diffuserve.model.hub import resolve_model
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.text.chat_template import chat_token_ids
@@ -86,9 +87,12 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Prompts: text, token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}. One params for all, or one
-        per prompt. `use_tqdm`: a progress bar of finished prompts (None: when stderr is a terminal)."""
+        per prompt. `use_tqdm`: a progress bar of finished prompts (None: when stderr is a terminal).
+        `lora_request`: the LoRA adapter of every prompt, or one per prompt (None: the base model); loaded on
+        first use (`enable_lora=True`)."""
         # Token ids are a sequence too: the isinstance checks tell one prompt from several, which mypy cannot.
         batch: Sequence[PromptType]
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
@@ -100,11 +104,14 @@ class LLM:
         )
         if len(params_list) != len(batch):
             raise ValueError(f"sampling_params: {len(params_list)} given for {len(batch)} prompts")
+        adapters = list(lora_request) if isinstance(lora_request, Sequence) else [lora_request] * len(batch)
+        if len(adapters) != len(batch):
+            raise ValueError(f"lora_request: {len(adapters)} given for {len(batch)} prompts")
         ids = []
-        for prompt, params in zip(batch, params_list):
+        for prompt, params, adapter in zip(batch, params_list, adapters):
             request_id = f"llm-{self._counter}"
             self._counter += 1
-            self.engine.add_request(request_id, _unwrap(prompt), params)
+            self.engine.add_request(request_id, _unwrap(prompt), params, adapter)
             ids.append(request_id)
         return self._run(ids, use_tqdm)
 

@@ -115,7 +115,7 @@ class CacheManager:
         restore; returns how many prompt tokens the full-attention pages alone held (a statistic)."""
         page = self.page_size
         limit = min(kind.prefix_limit(request) for kind in self.kinds) // page
-        hashes, parent = [], None
+        hashes, parent = [], hash_root(request)
         for i in range(limit):
             parent = chain_hash(parent, request.known_tokens(i * page, (i + 1) * page))
             hashes.append(parent)
@@ -146,7 +146,7 @@ class CacheManager:
         num_registered = len(request.page_hashes)
         while len(request.page_hashes) < request.num_computed_tokens // self.page_size:
             i = len(request.page_hashes)
-            parent = request.page_hashes[-1] if request.page_hashes else None
+            parent = request.page_hashes[-1] if request.page_hashes else hash_root(request)
             tokens = request.known_tokens(i * self.page_size, (i + 1) * self.page_size)
             request.page_hashes.append(chain_hash(parent, tokens))
         for kind in self.kinds:
@@ -171,3 +171,9 @@ class CacheManager:
     def check_invariants(self) -> None:
         for kind in self.kinds:
             kind.check_invariants()
+
+
+def hash_root(request: Request) -> int | None:
+    """The parent of the request's first page hash: its adapter's identity (None for the base model), so that
+    the prefix cache keeps adapters apart."""
+    return request.adapter.hash_root if request.adapter is not None else None

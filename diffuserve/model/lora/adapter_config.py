@@ -1,14 +1,17 @@
 """A PEFT LoRA adapter directory's `adapter_config.json`, read and checked. Owns which adapter forms the engine
 runs: plain LoRA (`peft_type: LORA`) on linear layers, any rank up to `--max-lora-rank`, scaled by
-`lora_alpha / r` (or rsLoRA's `lora_alpha / sqrt(r)`); every other form is refused with one line naming the field
-and the fix. Knows nothing of the model or of the weights (adapter_weights.py maps those).
+`lora_alpha / r` (or rsLoRA's `lora_alpha / sqrt(r)`), per module where `rank_pattern` / `alpha_pattern` name it
+(PEFT's rule: a key matches a module whose name ends with it as a regex); every other form is refused with one
+line naming the field and the fix. Knows nothing of the model or of the weights (adapter_weights.py maps those).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +21,6 @@ _REFUSED: dict[str, str] = {
     "use_dora": "DoRA adapters are not supported; merge it into the weights (merge_and_unload) or train plain LoRA",
     "modules_to_save": "fully trained modules are not supported; merge the adapter (merge_and_unload) and serve "
     "the merged checkpoint",
-    "rank_pattern": "per-module ranks are not supported; train with one r for every module",
-    "alpha_pattern": "per-module alphas are not supported; train with one lora_alpha for every module",
     "lora_bias": "trained LoRA biases are not supported; train with lora_bias=False",
     "fan_in_fan_out": "fan_in_fan_out (Conv1D layers) is not supported; the engine's layers are nn.Linear",
     "target_parameters": "adapters on parameters (e.g. fused routed experts) are not supported; target linear "
@@ -37,9 +38,28 @@ class AdapterError(ValueError):
 @dataclass(frozen=True)
 class AdapterConfig:
     rank: int
-    """r: the rank of every module's A [r, in] and B [out, r]."""
-    scaling: float
-    """What B @ A is multiplied by: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora."""
+    """r: the rank of a module's A [r, in] and B [out, r] unless `rank_pattern` names the module."""
+    alpha: float
+    rslora: bool = False
+    rank_pattern: Mapping[str, int] = field(default_factory=dict)
+    alpha_pattern: Mapping[str, float] = field(default_factory=dict)
+
+    def rank_of(self, module: str) -> int:
+        key = _pattern_key(self.rank_pattern, module)
+        return self.rank if key is None else int(self.rank_pattern[key])
+
+    def scaling(self, module: str) -> float:
+        """What B @ A of `module` (its Hugging Face name) is multiplied by: alpha / r, or alpha / sqrt(r) with
+        use_rslora."""
+        rank = self.rank_of(module)
+        key = _pattern_key(self.alpha_pattern, module)
+        alpha = self.alpha if key is None else float(self.alpha_pattern[key])
+        return alpha / math.sqrt(rank) if self.rslora else alpha / rank
+
+
+def _pattern_key(patterns: Mapping[str, object], module: str) -> str | None:
+    """The first pattern key matching `module` as PEFT matches them (the module name ends with the regex)."""
+    return next((key for key in patterns if re.match(rf"(.*\.)?({key})$", module)), None)
 
 
 def read_adapter_config(path: Path, name: str, max_rank: int) -> AdapterConfig:
@@ -63,17 +83,21 @@ def check_adapter_config(raw: dict[str, Any], name: str, max_rank: int) -> Adapt
         raise AdapterError(f"adapter {name!r}: peft_type {raw['peft_type']!r} is not supported; only LORA is")
     if raw.get("bias", "none") != "none":
         raise AdapterError(f"adapter {name!r}: bias {raw['bias']!r} is not supported; train with bias='none'")
-    for field, why in _REFUSED.items():
-        if raw.get(field):
-            raise AdapterError(f"adapter {name!r}: {field} {raw[field]!r}: {why}")
+    for key, why in _REFUSED.items():
+        if raw.get(key):
+            raise AdapterError(f"adapter {name!r}: {key} {raw[key]!r}: {why}")
     rank, alpha = raw.get("r"), raw.get("lora_alpha", 8)
-    if not isinstance(rank, int) or rank < 1:
-        raise AdapterError(f"adapter {name!r}: r must be a positive integer, got {rank!r}")
-    if rank > max_rank:
-        raise AdapterError(
-            f"adapter {name!r}: rank r={rank} is above max_lora_rank {max_rank}; restart with --max-lora-rank {rank}"
-        )
-    if not isinstance(alpha, (int, float)):
-        raise AdapterError(f"adapter {name!r}: lora_alpha must be a number, got {alpha!r}")
-    scaling = alpha / math.sqrt(rank) if raw.get("use_rslora") else alpha / rank
-    return AdapterConfig(rank, scaling)
+    rank_pattern, alpha_pattern = raw.get("rank_pattern") or {}, raw.get("alpha_pattern") or {}
+    for value in (rank, *rank_pattern.values()):
+        if not isinstance(value, int) or value < 1:
+            raise AdapterError(f"adapter {name!r}: r must be a positive integer, got {value!r}")
+        if value > max_rank:
+            raise AdapterError(
+                f"adapter {name!r}: rank r={value} is above max_lora_rank {max_rank}; restart with "
+                f"--max-lora-rank {value}"
+            )
+    for value in (alpha, *alpha_pattern.values()):
+        if not isinstance(value, (int, float)):
+            raise AdapterError(f"adapter {name!r}: lora_alpha must be a number, got {value!r}")
+    assert isinstance(rank, int), "checked above"
+    return AdapterConfig(rank, float(alpha), bool(raw.get("use_rslora")), rank_pattern, alpha_pattern)

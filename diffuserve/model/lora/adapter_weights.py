@@ -75,12 +75,11 @@ def _segment(
             f"adapter {name!r}: target module {module!r} is a routed expert, which adapters cannot target yet; "
             "retrain without the experts (attention, GDN, dense MLP and shared-expert modules are supported)"
         )
-    a, b = pair["A"], pair["B"]
-    if a.dim() != 2 or b.dim() != 2 or a.shape[0] != config.rank or b.shape[1] != config.rank:
+    a, b, rank = pair["A"], pair["B"], config.rank_of(module)
+    if a.dim() != 2 or b.dim() != 2 or a.shape[0] != rank or b.shape[1] != rank:
         raise AdapterError(
             f"adapter {name!r}: module {module!r} has lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)}, not "
-            f"[r, in] and [out, r] with r={config.rank} (adapter_config.json); the files do not belong together"
+            f"[r, in] and [out, r] with r={rank} (adapter_config.json); the files do not belong together"
         )
-    return AdapterTensors(
-        target.param.removesuffix(".weight"), target.row_start, target.rows, a.float(), b.float() * config.scaling
-    )
+    scaled = b.float() * config.scaling(module)
+    return AdapterTensors(target.param.removesuffix(".weight"), target.row_start, target.rows, a.float(), scaled)
