@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import nullcontext
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
