@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import gc
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, cast, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 from tqdm.auto import tqdm
 
@@ -31,6 +31,9 @@ from diffuserve.lora_request import LoRARequest
 from diffuserve.model.hub import resolve_model
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.text.chat_template import chat_token_ids
+
+if TYPE_CHECKING:
+    import torch
 
 PromptType = str | list[int] | dict[str, Any]
 Conversation = list[dict[str, Any]]
@@ -114,6 +117,18 @@ class LLM:
             self.engine.add_request(request_id, _unwrap(prompt), params, adapter)
             ids.append(request_id)
         return self._run(ids, use_tqdm)
+
+    def update_weights(self, source: str | Mapping[str, torch.Tensor]) -> None:
+        """Replaces the model's weights in place, from a checkpoint directory of the same model or a state dict
+        with its Hub names (an RL trainer's new policy); the prefix cache is flushed, loaded adapters stay."""
+        self.engine.update_weights(source)
+
+    def sleep(self) -> None:
+        """Frees the weights' GPU memory until `wake_up` (vLLM's name; on a CPU it does nothing)."""
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
 
     def _run(self, ids: list[str], use_tqdm: bool | None) -> list[RequestOutput]:
         """Steps until every request in `ids` finished; raises GenerationFailed if any failed in the engine."""

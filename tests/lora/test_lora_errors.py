@@ -62,7 +62,7 @@ def test_missing_file_wrong_shape_and_unknown_module(dense):
     llm = LLM(str(base), enable_lora=True, max_lora_rank=4)
     missing = _copy(dense, "missing")
     (missing / "adapter_model.safetensors").unlink()
-    with pytest.raises(RequestError, match="has no adapter_model.safetensors"):
+    with pytest.raises(RequestError, match=r"has no adapter_model.safetensors"):
         llm.engine.adapters.load("missing", str(missing))
     with pytest.raises(RequestError, match="is not a directory"):
         llm.engine.adapters.load("nowhere", str(root / "nowhere"))
@@ -98,9 +98,9 @@ def test_routed_expert_adapter_is_refused(tmp_path):
 def test_limits_unknown_names_and_unload_in_use(dense):
     _, base, good = dense
     llm = LLM(str(base), enable_lora=True, max_loras=1, max_lora_rank=4, lora_modules=[f"good={good}"])
-    with pytest.raises(RequestError, match="1 adapters are loaded, the limit .max_loras.; .* --max-loras 2"):
+    with pytest.raises(RequestError, match=r"1 adapters are loaded, the limit .max_loras.; .* --max-loras 2"):
         llm.engine.adapters.load("other", str(good))
-    with pytest.raises(AdapterNotFound, match="'nope' is not a loaded adapter .loaded: good."):
+    with pytest.raises(AdapterNotFound, match=r"'nope' is not a loaded adapter .loaded: good."):
         llm.engine.add_request("r0", [1, 2, 3], GREEDY, "nope")
     llm.engine.add_request("r1", [1, 2, 3], GREEDY, "good")
     with pytest.raises(AdapterInUse, match="'good' is in use"):
