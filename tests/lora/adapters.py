@@ -5,10 +5,12 @@ random PEFT LoRA adapters (B not zero, so an adapter changes the output), and ea
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from tests.model.test_hf_parity import _hf_model, _save
 
@@ -45,3 +47,40 @@ def write_base(root: Path, kind: str) -> Path:
 def edit_config(adapter: Path, **changes) -> None:
     path = adapter / "adapter_config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def random_adapter(
+    path: Path, shapes: dict[str, tuple[int, int]], rank: int = 4, alpha: float = 8.0, seed: int = 0
+) -> Path:
+    """A PEFT-format adapter written by hand: `shapes` maps each Hugging Face module name to its (in, out); A and
+    B random (B not zero), for checkpoints PEFT cannot wrap (the engine's own random checkpoints)."""
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for module, (fan_in, fan_out) in shapes.items():
+        prefix = f"base_model.model.{module}"
+        tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
+        tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, path / "adapter_model.safetensors")
+    targets = sorted({module.rsplit(".", 1)[-1] for module in shapes})
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": targets, "bias": "none"}
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    return path
+
+
+def merge_into_checkpoint(base: Path, adapter: Path, out: Path) -> Path:
+    """`base` with the adapter merged into its weights (W += lora_alpha / r * B @ A), written to `out` beside a
+    copy of its other files: the engine on it is what the engine with the adapter must equal."""
+    shutil.copytree(base, out, dirs_exist_ok=True)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    scaling = config["lora_alpha"] / config["r"]
+    lora = load_file(adapter / "adapter_model.safetensors")
+    for file in out.glob("*.safetensors"):
+        tensors = load_file(file)
+        for key in [k for k in lora if k.endswith(".lora_A.weight")]:
+            name = key[len("base_model.model.") : -len(".lora_A.weight")] + ".weight"
+            if name in tensors:
+                delta = lora[key.replace("lora_A", "lora_B")] @ lora[key] * scaling
+                tensors[name] = (tensors[name].double() + delta.double()).to(tensors[name].dtype)
+        save_file(tensors, file)
+    return out
