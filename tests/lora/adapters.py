@@ -5,6 +5,7 @@ random PEFT LoRA adapters (B not zero, so an adapter changes the output), and ea
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def edit_config(adapter: Path, **changes) -> None:
 
 
 def random_adapter(
-    path: Path, shapes: dict[str, tuple[int, int]], rank: int = 4, alpha: float = 8.0, seed: int = 0
+    path: Path, shapes: dict[str, tuple[int, int]], rank: int = 4, alpha: float = 8.0, seed: int = 0, std: float = 0.1
 ) -> Path:
     """A PEFT-format adapter written by hand: `shapes` maps each Hugging Face module name to its (in, out); A and
     B random (B not zero), for checkpoints PEFT cannot wrap (the engine's own random checkpoints)."""
@@ -58,8 +59,8 @@ def random_adapter(
     tensors = {}
     for module, (fan_in, fan_out) in shapes.items():
         prefix = f"base_model.model.{module}"
-        tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
-        tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
+        tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator) * std
+        tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator) * std
     path.mkdir(parents=True, exist_ok=True)
     save_file(tensors, path / "adapter_model.safetensors")
     targets = sorted({module.rsplit(".", 1)[-1] for module in shapes})
@@ -84,3 +85,23 @@ def merge_into_checkpoint(base: Path, adapter: Path, out: Path) -> Path:
                 tensors[name] = (tensors[name].double() + delta.double()).to(tensors[name].dtype)
         save_file(tensors, file)
     return out
+
+
+ADAPTABLE = re.compile(
+    r".*\.(self_attn\.[qkvo]_proj|attention\.(query_key_value|dense)|linear_attn\.(in_proj_\w+|out_proj)"
+    r"|shared_experts?\.(gate|up|down)_proj|mlp\.(gate|up|down)_proj)\.weight"
+)
+"""Checkpoint weights an adapter may target in every family: attention (Qwen names, LLaDA2's fused
+`query_key_value` / `dense`), Gated DeltaNet projections, shared experts and dense MLPs; never routed experts."""
+
+
+def adapter_for_checkpoint(base: Path, path: Path, rank: int = 4, seed: int = 0) -> Path:
+    """A random adapter on every adaptable 2-d weight of `base`'s checkpoint (names and shapes read from it)."""
+    shapes = {}
+    for file in sorted(base.glob("*.safetensors")):
+        for name, tensor in load_file(file).items():
+            name = name.replace("model.language_model.", "model.")
+            if ADAPTABLE.fullmatch(name) and tensor.dim() == 2 and ".experts." not in name:
+                shapes[name.removesuffix(".weight")] = (tensor.shape[1], tensor.shape[0])
+    assert shapes, f"no adaptable weight in {base}"
+    return random_adapter(path, shapes, rank=rank, seed=seed)

@@ -31,7 +31,7 @@ SHAPES = {
 def setup(tmp_path_factory, single_threaded_torch):
     root = tmp_path_factory.mktemp("lora-server")
     base, other = tiny_checkpoint(root, "base"), tiny_checkpoint(root, "other", seed=7)
-    adapters = [random_adapter(root / f"a{i}", SHAPES, seed=i) for i in range(2)]
+    adapters = [random_adapter(root / f"a{i}", SHAPES, seed=i, std=0.3) for i in range(2)]
     config = ServerConfig(served_model_name=BASE)
     server = LiveServer(
         base, config, enable_lora=True, max_loras=2, max_lora_rank=4, lora_modules=[f"sql={adapters[0]}"]
