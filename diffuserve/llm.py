@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from diffuserve.config import EngineConfig
 from diffuserve.core.outputs import RequestOutput
+from diffuserve.engine import live_weights
 from diffuserve.engine.gc_heap import frozen_heap
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.errors import GenerationFailed
@@ -121,14 +122,14 @@ class LLM:
     def update_weights(self, source: str | Mapping[str, torch.Tensor]) -> None:
         """Replaces the model's weights in place, from a checkpoint directory of the same model or a state dict
         with its Hub names (an RL trainer's new policy); the prefix cache is flushed, loaded adapters stay."""
-        self.engine.update_weights(source)
+        live_weights.update_weights(self.engine, source)
 
     def sleep(self) -> None:
         """Frees the weights' GPU memory until `wake_up` (vLLM's name; on a CPU it does nothing)."""
-        self.engine.sleep()
+        live_weights.sleep(self.engine)
 
     def wake_up(self) -> None:
-        self.engine.wake_up()
+        live_weights.wake_up(self.engine)
 
     def _run(self, ids: list[str], use_tqdm: bool | None) -> list[RequestOutput]:
         """Steps until every request in `ids` finished; raises GenerationFailed if any failed in the engine."""

@@ -50,8 +50,6 @@ from diffuserve.errors import (
 )
 from diffuserve.lora_request import LoRARequest
 from diffuserve.sampling_params import ResolvedSamplingParams, SamplingParams
-from diffuserve.worker import weight_update
-from diffuserve.worker.weight_update import WeightSource
 
 if TYPE_CHECKING:
     from diffuserve.core.cache.manager import CacheManager
@@ -178,28 +176,6 @@ class LLMEngine:
         pulled from under a request), AdapterNotFound if it is not loaded."""
         queued = itertools.chain(self.scheduler.waiting, self.scheduler.running)
         self.adapters.unload(name, any(r.adapter is not None and r.adapter.name == name for r in queued))
-
-    def update_weights(self, source: WeightSource) -> None:
-        """Replaces the weights in place (a checkpoint directory of the served model, or its tensors by Hub name;
-        worker/weight_update.py) and flushes the prefix cache. Refused while requests are in flight: a request
-        runs on one set of weights from start to end (the server holds new requests and lets running ones
-        finish first)."""
-        self._check_idle("update_weights")
-        weight_update.update_weights(self.runner.executor, self.config, source)
-        self.cache.flush_prefix_cache()
-
-    def sleep(self) -> None:
-        """Frees the weights' device memory (a GPU; a CPU engine does nothing) until `wake_up`."""
-        self._check_idle("sleep")
-        weight_update.sleep(self.runner.executor, self.config)
-
-    def wake_up(self) -> None:
-        weight_update.wake_up(self.runner.executor)
-
-    def _check_idle(self, what: str) -> None:
-        if self.scheduler.has_unfinished:
-            num = len(self.scheduler.waiting) + len(self.scheduler.running)
-            raise RuntimeError(f"{what}: {num} requests are in flight; let them finish or abort them first")
 
     def _adapter(self, lora_request: LoRARequest | str | None) -> AdapterRef | None:
         if lora_request is None:

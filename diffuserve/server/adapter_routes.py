@@ -14,6 +14,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
+from diffuserve.engine import live_weights
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.engine.lora_adapters import AdapterInUse, AdapterNotFound
 from diffuserve.server.bridge import AsyncEngine, EngineDeadError
@@ -62,7 +63,7 @@ def adapter_routes(bridge: AsyncEngine) -> APIRouter:
     async def update_weights(body: UpdateWeightsFromDiskRequest) -> UpdateWeightsResponse:
         if body.load_format not in (None, "auto"):
             raise bad_request(f"load_format: {body.load_format!r} is not supported; use auto", "load_format")
-        await _call(bridge, lambda engine: engine.update_weights(body.model_path), when_idle=True)
+        await _call(bridge, lambda engine: live_weights.update_weights(engine, body.model_path), when_idle=True)
         return UpdateWeightsResponse(success=True, message=f"Succeeded to update model weights from {body.model_path}")
 
     return router
