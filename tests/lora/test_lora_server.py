@@ -58,6 +58,8 @@ def test_models_selection_load_and_unload(setup):
     with_sql = _complete(client, "sql", prompt)
     assert with_sql == _offline(base, prompt, LoRARequest("sql", 1, str(adapters[0])))
     assert _complete(client, BASE, prompt) == _offline(base, prompt) != with_sql
+    chat = client.chat.completions.create(model="sql", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert chat.model == "sql" and client.models.retrieve("sql").parent == BASE
     with pytest.raises(openai.NotFoundError) as missing:
         _complete(client, "nope", prompt)
     assert "'nope' does not exist; this server serves 'tiny', 'sql'" in missing.value.message

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.family import ModelFamily
@@ -43,8 +43,19 @@ def read_adapter_weights(
     path: Path, name: str, config: AdapterConfig, family: ModelFamily, args: ModelArgs
 ) -> list[AdapterTensors]:
     """Every segment the adapter in `path` adapts (AdapterError for a tensor the engine cannot apply)."""
+    try:
+        pairs = _read_pairs(path / WEIGHTS_FILE, name)
+    except SafetensorError as e:
+        raise AdapterError(f"adapter {name!r}: {str(path / WEIGHTS_FILE)!r} is not a safetensors file ({e})") from None
+    if not pairs:
+        raise AdapterError(f"adapter {name!r}: {WEIGHTS_FILE} holds no LoRA weights")
+    return [_segment(module, pair, name, config, family, args) for module, pair in sorted(pairs.items())]
+
+
+def _read_pairs(file: Path, name: str) -> dict[str, dict[str, torch.Tensor]]:
+    """{module: {"A": lora_A, "B": lora_B}} of the file; AdapterError for a tensor that is neither."""
     pairs: dict[str, dict[str, torch.Tensor]] = {}
-    with safe_open(str(path / WEIGHTS_FILE), framework="pt") as f:
+    with safe_open(str(file), framework="pt") as f:
         for key in f.keys():  # noqa: SIM118 - safe_open is not a dict
             m = _NAME.fullmatch(key)
             if m is None:
@@ -53,9 +64,7 @@ def read_adapter_weights(
                     "DoRA magnitudes and biases are not supported); retrain targeting linear layers only"
                 )
             pairs.setdefault(m[1], {})[m[2]] = f.get_tensor(key)
-    if not pairs:
-        raise AdapterError(f"adapter {name!r}: {WEIGHTS_FILE} holds no LoRA weights")
-    return [_segment(module, pair, name, config, family, args) for module, pair in sorted(pairs.items())]
+    return pairs
 
 
 def _segment(
