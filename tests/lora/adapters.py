@@ -15,8 +15,6 @@ from safetensors.torch import load_file, save_file
 
 from tests.model.test_hf_parity import _hf_model, _save
 
-peft = pytest.importorskip("peft")
-
 ARCHITECTURES = {"dense": "SDARForCausalLM", "moe": "SDARMoeForCausalLM"}
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP = ["gate_proj", "up_proj", "down_proj"]
@@ -30,7 +28,8 @@ def targets(kind: str) -> list[str]:
 
 
 def write_adapter(root: Path, kind: str, name: str, seed: int, rank: int = 4, **config) -> tuple[Path, Path]:
-    """(adapter dir, merged checkpoint dir) of a random adapter on the `kind` base."""
+    """(adapter dir, merged checkpoint dir) of a random adapter on the `kind` base (skips without peft)."""
+    peft = pytest.importorskip("peft")
     model = _hf_model(kind)
     torch.manual_seed(seed)
     lora = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets(kind), init_lora_weights=False, **config)

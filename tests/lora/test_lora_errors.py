@@ -16,7 +16,7 @@ from diffuserve.model.loader import load_args, load_model
 from diffuserve.model.lora.layer import lora_context
 from diffuserve.model.lora.slots import LoRASlots
 from diffuserve.model.quant.scheme import make_scheme
-from tests.lora.adapters import edit_config, peft, write_adapter, write_base
+from tests.lora.adapters import adapter_for_checkpoint, edit_config, write_base
 from tests.model.test_hf_parity import _hf_model
 
 PROMPT = {"prompt_token_ids": [5, 6, 7, 8, 9]}
@@ -26,7 +26,8 @@ GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora-errors")
-    return root, write_base(root, "dense"), write_adapter(root, "dense", "good", seed=1)[0]
+    base = write_base(root, "dense")
+    return root, base, adapter_for_checkpoint(base, root / "good", seed=1)
 
 
 def _copy(dense, name: str):
@@ -84,6 +85,7 @@ def test_missing_file_wrong_shape_and_unknown_module(dense):
 
 
 def test_routed_expert_adapter_is_refused(tmp_path):
+    peft = pytest.importorskip("peft")
     base = write_base(tmp_path, "moe")
     model = peft.get_peft_model(
         _hf_model("moe"),

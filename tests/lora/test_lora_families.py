@@ -19,7 +19,7 @@ from diffuserve.reference.diffusion_gemma_checkpoint import (
     make_diffusion_gemma_config,
     write_diffusion_gemma_checkpoint,
 )
-from tests.lora.adapters import adapter_for_checkpoint, merge_into_checkpoint, peft
+from tests.lora.adapters import adapter_for_checkpoint, merge_into_checkpoint
 
 PROMPTS = [{"prompt_token_ids": [(i * 17 + j * 3) % 200 + 5 for j in range(6 + 5 * i)]} for i in range(3)]
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3, seed=3)
@@ -61,7 +61,6 @@ def test_engine_with_adapter_equals_engine_on_merged_weights(base, tmp_path):
     assert modules & {"q_proj", "query_key_value", "in_proj_qkv", "down_proj"}
 
 
-transformers = pytest.importorskip("transformers")
 CLOVER_TARGETS = r".*\.(self_attn\.[qkvo]_proj|linear_attn\.(in_proj_qkv|in_proj_z|in_proj_a|in_proj_b|out_proj)" + (
     r"|shared_expert\.(gate|up|down)_proj)"
 )
@@ -70,6 +69,7 @@ CLOVER_TARGETS = r".*\.(self_attn\.[qkvo]_proj|linear_attn\.(in_proj_qkv|in_proj
 def test_clover_logits_equal_transformers_peft_merged(tmp_path):
     from tests.model.test_clover_moe_parity import _hf_model
 
+    peft = pytest.importorskip("peft")
     base = write_clover_moe_checkpoint(tmp_path / "m", make_clover_moe_config(), seed=3, init_std=0.1, diffusion=False)
     hf = _hf_model(base)
     torch.manual_seed(4)

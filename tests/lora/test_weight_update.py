@@ -8,7 +8,7 @@ import pytest
 from safetensors.torch import load_file
 
 from diffuserve import LLM, LoRARequest, SamplingParams
-from tests.lora.adapters import write_adapter, write_base
+from tests.lora.adapters import adapter_for_checkpoint, merge_into_checkpoint, write_base
 
 PROMPTS = [{"prompt_token_ids": [(i * 11 + j * 5) % 90 + 1 for j in range(9 + i)]} for i in range(3)]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -17,8 +17,9 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("weights")
-    adapter, merged = write_adapter(root, "dense", "policy", seed=5)
-    return write_base(root, "dense"), merged, adapter
+    base = write_base(root, "dense")
+    adapter = adapter_for_checkpoint(base, root / "policy", seed=5)
+    return base, merge_into_checkpoint(base, adapter, root / "policy-merged"), adapter
 
 
 def _tokens(llm: LLM, **kwargs) -> list[list[int]]:
