@@ -48,7 +48,9 @@ class LoRAAdapters:
         and the fix) if it cannot be, the table then unchanged."""
         if self.slots is None:
             raise RequestError("lora_name", f"{name!r}: this server runs without adapters; restart with --enable-lora")
-        if not name or name in self.loaded:
+        if not name:
+            raise RequestError("lora_name", "an adapter needs a name; pass a non-empty lora_name")
+        if name in self.loaded:
             raise RequestError("lora_name", f"{name!r} is already loaded; unload it first or pick another name")
         used = {a.ref.slot for a in self.loaded.values()}
         free = [s for s in range(1, self.config.max_loras + 1) if s not in used]

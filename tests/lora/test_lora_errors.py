@@ -111,6 +111,10 @@ def test_limits_unknown_names_and_unload_in_use(dense):
         llm.engine.step()
     llm.engine.unload_lora_adapter("good")
     llm.engine.adapters.load("other", str(good))  # the freed slot is reused
+    with pytest.raises(RequestError, match="'other' is already loaded; unload it first"):
+        llm.engine.adapters.load("other", str(good))
+    with pytest.raises(RequestError, match="an adapter needs a name"):
+        llm.engine.adapters.load("", str(good))
     with pytest.raises(RequestError, match="without adapters; restart with --enable-lora"):
         LLM(str(base)).engine.adapters.load("good", str(good))
     with pytest.raises(ValueError, match="enable_lora: adapters run on one rank only"):
