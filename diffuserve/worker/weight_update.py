@@ -44,13 +44,15 @@ def update_weights(executor: ModelExecutor, config: EngineConfig, source: Weight
 
 
 def sleep(executor: ModelExecutor, config: EngineConfig) -> None:
-    """On a GPU: the weights move to host memory and their device memory is freed (the KV cache stays); on a
-    CPU: nothing (the weights already live in host memory)."""
+    """On a GPU: the weights move to host memory and their device memory is freed (the KV cache and the LoRA
+    adapters stay); on a CPU: nothing (the weights already live in host memory)."""
     if executor.device.type != "cuda":
         return
     _check_supported(executor, "sleep")
     if executor.run_model.compiled:
         raise ValueError("sleep: the compiled forward's CUDA graphs hold the weights' addresses; use --enforce-eager")
+    if executor.offload is not None:
+        raise ValueError("sleep: the offloaded experts already live in host memory; drop --expert-offload")
     executor.model.to("cpu")
     torch.cuda.empty_cache()
 
