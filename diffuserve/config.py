@@ -119,6 +119,29 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class LoRAConfig:
+    enable_lora: bool = False
+    """Serve LoRA adapters (PEFT format) beside the base model, chosen per request (docs/serving/adapters.md)."""
+    lora_modules: list[str] | None = None
+    """Adapters loaded at start, as name=path (PEFT adapter directories); requests select one by its name."""
+    max_loras: int = 4
+    """With --enable-lora: adapters held at once (each takes one slot of every linear it adapts)."""
+    max_lora_rank: int = 16
+    """With --enable-lora: the largest adapter rank r accepted (smaller ranks are padded to it)."""
+
+    def __post_init__(self) -> None:
+        _positive("max_loras", self.max_loras, allow_none=False)
+        _positive("max_lora_rank", self.max_lora_rank, allow_none=False)
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("lora_modules: adapters need --enable-lora; add it")
+        for module in self.lora_modules or ():
+            if "=" not in module or not module.split("=", 1)[0] or not module.split("=", 1)[1]:
+                raise ValueError(
+                    f"lora_modules: {module!r} is not name=path; pass e.g. --lora-modules sql=/adapters/sql"
+                )
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: str
     """Model directory (Hugging Face style: config.json, safetensors, tokenizer)."""
@@ -182,6 +205,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     def __post_init__(self) -> None:
         _positive("max_model_len", self.max_model_len)
@@ -199,6 +223,11 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "loop", "batched", "flashinfer"):
             raise ValueError(
                 f"attention_backend: must be auto, loop, batched or flashinfer, got {self.attention_backend!r}"
+            )
+        if self.lora.enable_lora and self.parallel.tensor_parallel_size > 1:
+            raise ValueError(
+                f"enable_lora: adapters run on one rank only, not tensor_parallel_size "
+                f"{self.parallel.tensor_parallel_size}; use --tensor-parallel-size 1 or drop --enable-lora"
             )
         scheme = self.quant_scheme
         if self.cache.expert_offload and scheme.method is not None and "experts" in scheme.targets:
@@ -235,7 +264,12 @@ class EngineConfig:
         return flat
 
 
-_SUB_CONFIGS = {"cache": CacheConfig, "scheduler": SchedulerConfig, "parallel": ParallelConfig}
+_SUB_CONFIGS = {
+    "cache": CacheConfig,
+    "scheduler": SchedulerConfig,
+    "parallel": ParallelConfig,
+    "lora": LoRAConfig,
+}
 
 
 def _owner_of(key: str) -> str | None:

@@ -16,20 +16,25 @@ from __future__ import annotations
 
 import gc
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, cast, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 from tqdm.auto import tqdm
 
 from diffuserve.config import EngineConfig
 from diffuserve.core.outputs import RequestOutput
+from diffuserve.engine import live_weights
 from diffuserve.engine.gc_heap import frozen_heap
 from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.errors import GenerationFailed
+from diffuserve.lora_request import LoRARequest
 from diffuserve.model.hub import resolve_model
 from diffuserve.sampling_params import SamplingParams
 from diffuserve.text.chat_template import chat_token_ids
+
+if TYPE_CHECKING:
+    import torch
 
 PromptType = str | list[int] | dict[str, Any]
 Conversation = list[dict[str, Any]]
@@ -86,9 +91,12 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Prompts: text, token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}. One params for all, or one
-        per prompt. `use_tqdm`: a progress bar of finished prompts (None: when stderr is a terminal)."""
+        per prompt. `use_tqdm`: a progress bar of finished prompts (None: when stderr is a terminal).
+        `lora_request`: the LoRA adapter of every prompt, or one per prompt (None: the base model); loaded on
+        first use (`enable_lora=True`)."""
         # Token ids are a sequence too: the isinstance checks tell one prompt from several, which mypy cannot.
         batch: Sequence[PromptType]
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
@@ -100,13 +108,28 @@ class LLM:
         )
         if len(params_list) != len(batch):
             raise ValueError(f"sampling_params: {len(params_list)} given for {len(batch)} prompts")
+        adapters = list(lora_request) if isinstance(lora_request, Sequence) else [lora_request] * len(batch)
+        if len(adapters) != len(batch):
+            raise ValueError(f"lora_request: {len(adapters)} given for {len(batch)} prompts")
         ids = []
-        for prompt, params in zip(batch, params_list):
+        for prompt, params, adapter in zip(batch, params_list, adapters):
             request_id = f"llm-{self._counter}"
             self._counter += 1
-            self.engine.add_request(request_id, _unwrap(prompt), params)
+            self.engine.add_request(request_id, _unwrap(prompt), params, adapter)
             ids.append(request_id)
         return self._run(ids, use_tqdm)
+
+    def update_weights(self, source: str | Mapping[str, torch.Tensor]) -> None:
+        """Replaces the model's weights in place, from a checkpoint directory of the same model or a state dict
+        with its Hub names (an RL trainer's new policy); the prefix cache is flushed, loaded adapters stay."""
+        live_weights.update_weights(self.engine, source)
+
+    def sleep(self) -> None:
+        """Frees the weights' GPU memory until `wake_up` (vLLM's name; on a CPU it does nothing)."""
+        live_weights.sleep(self.engine)
+
+    def wake_up(self) -> None:
+        live_weights.wake_up(self.engine)
 
     def _run(self, ids: list[str], use_tqdm: bool | None) -> list[RequestOutput]:
         """Steps until every request in `ids` finished; raises GenerationFailed if any failed in the engine."""

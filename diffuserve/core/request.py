@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from diffuserve.core.adapter_ref import AdapterRef
 from diffuserve.core.block_rules import MaskedBlocks, rule_for
 from diffuserve.core.draft_state import DraftState
 from diffuserve.core.outputs import DenoisingStep
@@ -108,6 +109,8 @@ class Request:
     """Per page group (core/cache/paged.py): the request's page table."""
     page_hashes: list[int] = field(default_factory=list)
     """Prefix-cache hashes of this request's leading full, committed pages."""
+    adapter: AdapterRef | None = None
+    """The LoRA adapter the request runs with (None: the base model)."""
     state_slot: int | None = None
     """The recurrent-state slot the request holds while running (models with a RecurrentState cache)."""
     canvas_slot: int | None = None

@@ -24,6 +24,7 @@ Also owns the engine's cumulative counters and their point-in-time snapshot (`En
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -31,10 +32,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from diffuserve.config import EngineConfig
+from diffuserve.core.adapter_ref import AdapterRef
 from diffuserve.core.outputs import RequestOutput
 from diffuserve.core.request import Request, RequestStatus
 from diffuserve.core.step import SchedulerOutput, StepUpdate
 from diffuserve.engine.engine_setup import RunnerFactory, build_components
+from diffuserve.engine.lora_adapters import LoRAAdapters
 from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest
 from diffuserve.engine.spec_decode_stats import SpecDecodeStats
 from diffuserve.engine.step_phases import StepPhases
@@ -45,6 +48,7 @@ from diffuserve.errors import (
     RequestError,
     UnsupportedParameter,
 )
+from diffuserve.lora_request import LoRARequest
 from diffuserve.sampling_params import ResolvedSamplingParams, SamplingParams
 
 if TYPE_CHECKING:
@@ -72,6 +76,10 @@ class LLMEngine:
         self.last_step_phases = StepPhases()
         """The wall time of each phase of the last step (engine/step_phases.py); zeros for a step that scheduled
         nothing or failed."""
+        self.adapters = LoRAAdapters(config.lora, getattr(self.runner.executor, "lora", None))
+        """The loaded LoRA adapters (engine/lora_adapters.py); `--lora-modules` are loaded here."""
+        for module in config.lora.lora_modules or ():
+            self.adapters.load(*module.split("=", 1))
 
     @property
     def pool(self) -> PagePool:
@@ -88,12 +96,20 @@ class LLMEngine:
         return Path(self.config.model)
 
     # ---- public API ----------------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None:
-        """Queues a prompt (text, or token ids) for `params.n` completions. Raises a `RequestError` (a
-        ValueError: ContextLengthExceeded, InvalidTokenIds, DuplicateRequestId, ...) for bad input, before
-        anything is queued."""
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        lora_request: LoRARequest | str | None = None,
+    ) -> None:
+        """Queues a prompt (text, or token ids) for `params.n` completions, with the LoRA adapter `lora_request`
+        (a LoRARequest, loaded on first use, or a loaded adapter's name; None: the base model). Raises a
+        `RequestError` (a ValueError: ContextLengthExceeded, InvalidTokenIds, DuplicateRequestId, AdapterNotFound,
+        ...) for bad input, before anything is queued."""
         if self.output_processor.has_request(request_id):
             raise DuplicateRequestId("request_id", f"{request_id!r} is already in use")
+        adapter = self._adapter(lora_request)
         token_ids = self._encode(prompt)
         resolved = self.resolve_params(params, len(token_ids))
         decoder = self.decoding.resolve(resolved)  # the one place a decoder is chosen and checked
@@ -114,6 +130,8 @@ class LLMEngine:
             children.append(
                 Request(parent.child_id(i), token_ids, child_params, self.args.block_length, self.args.mask_token_id)
             )
+        for child in children:
+            child.adapter = adapter
         self.scheduler.check_fits(children[0])  # all children have the same size; raises before any is queued
         self.output_processor.add_request(parent)
         for child in children:
@@ -153,6 +171,19 @@ class LLMEngine:
             eos_token_ids=self.args.eos_token_ids,
             block_length=self.args.block_length,
         )
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Unloads adapter `name`; AdapterInUse while a waiting or running request runs with it (it is never
+        pulled from under a request), AdapterNotFound if it is not loaded."""
+        queued = itertools.chain(self.scheduler.waiting, self.scheduler.running)
+        self.adapters.unload(name, any(r.adapter is not None and r.adapter.name == name for r in queued))
+
+    def _adapter(self, lora_request: LoRARequest | str | None) -> AdapterRef | None:
+        if lora_request is None:
+            return None
+        if isinstance(lora_request, str):
+            return self.adapters.get(lora_request)
+        return self.adapters.resolve(lora_request.lora_name, lora_request.lora_path)
 
     def abort_request(self, request_id: str) -> None:
         """Finishes a request (all its completions) at once and frees its pages. Unknown ids are ignored."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -124,13 +124,15 @@ def load_weights(
     model_dir: str | Path,
     progress: bool | None = False,
     reader: CheckpointQuant | None = None,
+    tensors: Iterable[tuple[str, torch.Tensor]] | None = None,
 ) -> None:
     """Copies every checkpoint tensor into its parameter slice (this rank's part of it); checks full coverage.
-    Quantized weights take their tensors through `QuantLoader` (`reader`: a pre-quantized checkpoint's format)."""
+    Quantized weights take their tensors through `QuantLoader` (`reader`: a pre-quantized checkpoint's format).
+    `tensors`: (Hub name, tensor) pairs to load instead of `model_dir`'s files (a live weight update)."""
     quant = QuantLoader(model, family, args, reader)
     params = {name: p for name, p in model.named_parameters() if name not in quant.part_names}
     loaded = dict.fromkeys(params, 0)
-    for name, tensor in iter_checkpoint(model_dir, progress):
+    for name, tensor in tensors if tensors is not None else iter_checkpoint(model_dir, progress):
         if quant.take(name, tensor):
             continue
         target = family.weight_target(name, args)

@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from diffuserve import __version__
 from diffuserve.sampling_params import DECODERS, SamplingParams
+from diffuserve.server.adapter_routes import adapter_routes
 from diffuserve.server.bridge import AsyncEngine
 from diffuserve.server.config import ServerConfig
 from diffuserve.server.console.page import Console, console_api_routes, console_routes, load_assets
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from diffuserve.engine.llm_engine import LLMEngine
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 503)
+    status: {"model": ErrorResponse} for status in (400, 401, 404, 409, 413, 429, 500, 503)
 }
 STREAM: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "JSON body, or SSE frames when stream=true"}
@@ -96,6 +97,7 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> FastAPI:
     app.include_router(_public_routes(serving))
     protected = [
         _api_routes(serving),
+        adapter_routes(bridge),
         worker_info_routes(engine, config, model_name, metrics),
         _plan_routes(Planner(model_name, str(engine.config.model))),
     ]
@@ -166,7 +168,7 @@ def _api_routes(serving: OpenAIServing) -> APIRouter:
     @router.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str) -> ModelCard:
         serving.check_model(model_id)
-        return serving.models().data[0]
+        return next(card for card in serving.models().data if card.id == model_id)
 
     @router.post("/v1/completions", response_model=CompletionResponse, responses=STREAM)
     async def completions(body: CompletionRequest, request: Request) -> CompletionResponse | StreamingResponse:

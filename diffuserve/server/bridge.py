@@ -51,6 +51,8 @@ class EngineRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    lora_name: str | None = None
+    """The loaded LoRA adapter it runs with (None: the base model)."""
 
 
 class EngineObserver(Protocol):
@@ -77,6 +79,17 @@ class _Abort:
     request_id: str
 
 
+@dataclass(frozen=True)
+class _Call:
+    """`fn(engine)` on the engine-loop thread, its result or error set on `future`; `when_idle`: once no request
+    is in flight, new requests held back meanwhile (a weight update: running requests finish on the old weights,
+    later ones start on the new)."""
+
+    fn: Callable[[LLMEngine], object]
+    future: asyncio.Future[object]
+    when_idle: bool
+
+
 _STOP = None
 
 
@@ -89,7 +102,8 @@ class AsyncEngine:
         self.observer = observer
         self.num_unstarted = 0
         self.dead_reason: str | None = None
-        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Call | None] = queue.SimpleQueue()
+        self._held: list[_Add | _Call] = []  # behind a call waiting for idle (engine-loop thread only)
         self._routes: dict[str, OutputStream] = {}  # engine-loop thread only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -104,6 +118,12 @@ class AsyncEngine:
         if self._thread is not None and self._thread.is_alive():
             self._commands.put(_STOP)
             self._thread.join(timeout_s)
+
+    @property
+    def num_held(self) -> int:
+        """Commands held behind a call that waits for the requests in flight (a weight update, and what came
+        after it)."""
+        return len(self._held)
 
     @property
     def is_alive(self) -> bool:
@@ -134,6 +154,14 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
 
+    async def call(self, fn: Callable[[LLMEngine], object], when_idle: bool = False) -> object:
+        """Runs `fn(engine)` on the engine-loop thread (see `_Call`); returns its result or raises its error."""
+        if not self.is_alive:
+            raise EngineDeadError(self.dead_reason or "the engine loop is not running")
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._commands.put(_Call(fn, future, when_idle))
+        return await future
+
     # ---- engine-loop thread --------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
@@ -152,10 +180,8 @@ class AsyncEngine:
         for command in self._drain(block=not self.engine.has_unfinished_requests()):
             if command is _STOP:
                 return False
-            if isinstance(command, _Add):
-                self._add(command)
-            else:
-                self._abort(command.request_id)
+            self._apply(command)
+        self._replay_held()
         self._check_ranks()
         if self.engine.has_unfinished_requests():
             outputs = self.engine.step()
@@ -163,16 +189,43 @@ class AsyncEngine:
             now = time.monotonic()
             for output in outputs:
                 self._deliver(output, now)
+            self._replay_held()  # the step may have finished the last request a held call waits for
         if self.observer is not None:
             self.observer.engine_stats(self.engine.stats())
         return True
+
+    def _apply(self, command: _Add | _Abort | _Call) -> None:
+        if isinstance(command, _Abort):
+            self._abort(command.request_id)
+        elif self._held or (_waits_for_idle(command) and self.engine.has_unfinished_requests()):
+            self._held.append(command)  # a call waiting for the requests in flight, or what came after one
+        elif isinstance(command, _Call):
+            self._run_call(command)
+        else:
+            self._add(command)
+
+    def _replay_held(self) -> None:
+        """Applies the held commands in order, up to a call that still waits for requests in flight."""
+        while self._held and not (_waits_for_idle(self._held[0]) and self.engine.has_unfinished_requests()):
+            held = self._held.pop(0)
+            self._run_call(held) if isinstance(held, _Call) else self._add(held)
+
+    def _run_call(self, command: _Call) -> None:
+        try:
+            result, error = command.fn(self.engine), None
+        except Exception as e:  # handed to the caller, which answers it
+            result, error = None, e
+        if error is None:
+            self._to_loop(_resolve, command.future, result)
+        else:
+            self._to_loop(_reject, command.future, error)
 
     def _check_ranks(self) -> None:
         failure = self.engine.ranks_failure()
         if failure is not None:
             raise EngineDeadError(f"a worker rank failed: {failure}")
 
-    def _drain(self, block: bool) -> Iterator[_Add | _Abort | None]:
+    def _drain(self, block: bool) -> Iterator[_Add | _Abort | _Call | None]:
         if block:  # woken every RANKS_CHECK_S to check the ranks
             try:
                 yield self._commands.get(timeout=RANKS_CHECK_S)
@@ -188,7 +241,7 @@ class AsyncEngine:
         added: list[str] = []
         try:
             for request in command.requests:
-                self.engine.add_request(request.request_id, request.prompt_token_ids, request.params)
+                self.engine.add_request(request.request_id, request.prompt_token_ids, request.params, request.lora_name)
                 added.append(request.request_id)
         except ValueError as e:
             for request_id in added:
@@ -221,9 +274,12 @@ class AsyncEngine:
         self.dead_reason = reason
         streams = set(self._routes.values())
         self._routes.clear()
-        for command in self._drain(block=False):
+        for command in [*self._held, *self._drain(block=False)]:
             if isinstance(command, _Add):
                 streams.add(command.stream)
+            elif isinstance(command, _Call):
+                self._to_loop(_reject, command.future, EngineDeadError(reason))
+        self._held.clear()
         for stream in streams:
             self._to_loop(stream.put, EngineDeadError(reason))
 
@@ -325,3 +381,17 @@ def _copy(output: RequestOutput) -> RequestOutput:
         metrics=dataclasses.replace(output.metrics),
         new_token_counts=list(output.new_token_counts),
     )
+
+
+def _resolve(future: asyncio.Future[object], result: object) -> None:
+    if not future.done():  # the caller may have gone (cancelled)
+        future.set_result(result)
+
+
+def _reject(future: asyncio.Future[object], error: Exception) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+def _waits_for_idle(command: _Add | _Call) -> bool:
+    return isinstance(command, _Call) and command.when_idle

@@ -121,27 +121,33 @@ class OpenAIServing:
                 code="request_too_large",
             )
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise APIError(
-                404,
-                f"model: {model!r} does not exist; this server serves {self.model_name!r}",
-                param="model",
-                code="model_not_found",
-            )
+    def check_model(self, model: str | None) -> str | None:
+        """The LoRA adapter `model` names (None: the base model); 404 naming the served models otherwise."""
+        if model is None or model == self.model_name:
+            return None
+        adapters = self.bridge.engine.adapters.loaded
+        if model in adapters:
+            return model
+        served = ", ".join(repr(name) for name in [self.model_name, *sorted(adapters)])
+        raise APIError(
+            404, f"model: {model!r} does not exist; this server serves {served}", param="model", code="model_not_found"
+        )
 
     def models(self) -> ModelList:
+        """The base model, then every loaded adapter (its `parent` the base)."""
+        engine = self.bridge.engine
         card = ModelCard(
-            id=self.model_name,
-            created=self.created,
-            root=str(self.bridge.engine.config.model),
-            max_model_len=self.max_model_len,
+            id=self.model_name, created=self.created, root=str(engine.config.model), max_model_len=self.max_model_len
         )
-        return ModelList(data=[card])
+        adapters = [
+            card.model_copy(update={"id": name, "root": adapter.path, "parent": self.model_name})
+            for name, adapter in sorted(engine.adapters.loaded.items())
+        ]
+        return ModelList(data=[card, *adapters])
 
     # ---- generation ----------------------------------------------------------------------------------------
     async def completion(self, body: CompletionRequest, request: Request) -> CompletionResponse | StreamingResponse:
-        self.check_model(body.model)
+        adapter = self.check_model(body.model)
         params = completion_params(body, self.config.max_n)
         self.check_admissible(num_prompts(body.prompt), params.n)
         prompts = await self.off_loop(
@@ -150,13 +156,14 @@ class OpenAIServing:
         if "max_tokens" in body.model_fields_set:
             for prompt in prompts:
                 check_max_tokens_fit(prompt, params.max_tokens, self.max_model_len)
-        stream, ctx = await self._submit("cmpl", prompts, params, scoring=self._prompt_scoring(body, prompts))
+        scoring = self._prompt_scoring(body, prompts)
+        stream, ctx = await self._submit("cmpl", prompts, params, scoring=scoring, adapter=adapter)
         if body.stream:
             return _sse_response(sse(stream, completion_events(stream, ctx, body.echo, body.stream_options)))
         return completion_response(ctx, await _collect(stream, request), body.echo)
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> ChatCompletionResponse | StreamingResponse:
-        self.check_model(body.model)
+        adapter = self.check_model(body.model)
         template = self.tokenizer.hf.chat_template if self.tokenizer is not None else None
         params = chat_params(body, self.config.max_n, template)
         self.check_admissible(1, params.n)
@@ -167,7 +174,7 @@ class OpenAIServing:
             bool(body.tools) and body.tool_choice != "none",
             body.parallel_tool_calls,
         )
-        stream, ctx = await self._submit("chatcmpl", [prompt], params, chat_format)
+        stream, ctx = await self._submit("chatcmpl", [prompt], params, chat_format, adapter=adapter)
         if body.stream:
             return _sse_response(sse(stream, chat_events(stream, ctx, body.stream_options)))
         return chat_response(ctx, await _collect(stream, request))
@@ -192,10 +199,11 @@ class OpenAIServing:
         params: SamplingParams,
         chat_format: ChatOutputFormat | None = None,
         scoring: PromptScoring | None = None,
+        adapter: str | None = None,
     ) -> tuple[OutputStream, ResponseContext]:
         response_id = f"{prefix}-{uuid.uuid4().hex}"
         request_ids = [f"{response_id}-{i}" for i in range(len(prompts))]
-        requests = [EngineRequest(rid, p.token_ids, params) for rid, p in zip(request_ids, prompts)]
+        requests = [EngineRequest(rid, p.token_ids, params, adapter) for rid, p in zip(request_ids, prompts)]
         try:
             stream = await self.bridge.submit(requests)
         except QueueFullError as e:
@@ -208,7 +216,7 @@ class OpenAIServing:
         ctx = ResponseContext(
             response_id,
             int(time.time()),
-            self.model_name,
+            adapter or self.model_name,
             prompts,
             request_ids,
             params.n,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +29,10 @@ from diffuserve.model.layers.moe.coreset_rule import CoresetRule, parse_coreset_
 from diffuserve.model.layers.moe.layer import set_moe_backend
 from diffuserve.model.layers.moe.offload_context import OffloadContext, offload_context
 from diffuserve.model.loader import load_model, read_model_config
+from diffuserve.model.lora.layer import lora_context
+from diffuserve.model.lora.slots import LoRASlots
 from diffuserve.model.materialize import unpin_host_memory
-from diffuserve.model.registry import cache_layout
+from diffuserve.model.registry import cache_layout, family_of
 from diffuserve.worker.cache.allocation import (
     CacheRequest,
     CacheTensors,
@@ -131,6 +134,8 @@ class ForwardInputs:
     offload: OffloadContext | None = None
     """The step's diffusion blocks for expert offload (which decides residency at a block's first step); built
     only when offload is on."""
+    lora: torch.Tensor | None = None
+    """[N] long: each token's LoRA adapter slot (0: the base model); None when no token of the step has one."""
 
     def to(self, device: torch.device | str) -> ForwardInputs:
         return ForwardInputs(
@@ -138,6 +143,7 @@ class ForwardInputs:
             self.positions.to(device),
             self.metadata.to(device),
             self.offload,
+            self.lora.to(device) if self.lora is not None else None,
         )
 
 
@@ -167,6 +173,8 @@ class ModelExecutor:
         """The forward a step calls: `model`, or its compiled form (see `build`)."""
         self.block_coreset: CoresetRule | None = None
         """The block expert coreset rule of the model's MoE layers (None: per-token routing); set by `build`."""
+        self.lora: LoRASlots | None = None
+        """The model's adapter slots (`--enable-lora`), else None; set by `build`."""
 
     @classmethod
     def build(
@@ -214,9 +222,17 @@ class ModelExecutor:
         set_attention_backend(model, config.attention_backend, device)
         executor = cls(model, caches, sizes, experts, device, runtime, args.hidden_size)
         executor.block_coreset = coreset
+        if config.lora.enable_lora:
+            family = family_of(args)
+            lora = config.lora
+            executor.lora = LoRASlots(
+                model, family, args, lora.max_loras, lora.max_lora_rank, model_dtype(model), device
+            )
         # Offload's hooks and coreset routing (their block rows) stay eager, and so does the recurrent step, whose
         # row groups are not bucket-padded.
+        # Adapters too: their hooks read the step's token slots from a context variable.
         compiled = should_compile(config.enforce_eager, device) and not offload and not coreset and caches.state is None
+        compiled = compiled and not config.lora.enable_lora
         executor.run_model = CompiledForward(model, compiled, device)
         return executor
 
@@ -253,11 +269,12 @@ class ModelExecutor:
         it carries to later steps."""
         self.caches.before_forward(inputs.metadata)
         step = self.caches.bind(inputs.metadata)
-        if inputs.offload is None:
-            hidden = self.run_model(inputs.input_ids, inputs.positions, step)
-        else:
-            with offload_context(inputs.offload):
-                hidden = self.model(inputs.input_ids, inputs.positions, step)
+        with lora_context(inputs.lora) if inputs.lora is not None else nullcontext():  # adapters' token slots
+            if inputs.offload is None:
+                hidden = self.run_model(inputs.input_ids, inputs.positions, step)
+            else:
+                with offload_context(inputs.offload):
+                    hidden = self.model(inputs.input_ids, inputs.positions, step)
         self.caches.after_forward(inputs.metadata, hidden)
         return hidden
 

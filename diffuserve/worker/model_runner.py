@@ -38,6 +38,7 @@ from diffuserve.worker.cache.state_step import StateMetadataBuilder, StatePlan, 
 from diffuserve.worker.cache.step_metadata import StepMetadata
 from diffuserve.worker.executor import ForwardInputs, ModelExecutor
 from diffuserve.worker.experts import ExpertOffload, ExpertTracker
+from diffuserve.worker.lora_rows import token_slots
 from diffuserve.worker.prompt_scoring import ScoringRows, prompt_logprobs
 from diffuserve.worker.verification import StepDrafts, rejected_slots
 
@@ -150,10 +151,12 @@ class ModelRunner:
         groups = self._page_groups()
         paged = groups[0]  # the full-attention pages: what prompt scoring's variants read
         plan = self.decoding.plan(scheduled)
+        runs: list[tuple[int, Request]] = []  # (first row, request) of each request's rows: its adapter's
         for work in scheduled:
             if not (work.num_tokens or work.has_block):
                 continue  # a request that only scores this step
             request = work.request
+            runs.append((len(ids), request))
             for group in groups if work.num_tokens else ():  # a block that is not computed has no keys to lay
                 group.add(work, len(ids))
             if request.request_id in plan.drafts:
@@ -187,6 +190,7 @@ class ModelRunner:
             self._block_context(blocks, positions)
             if self.executor.offload is not None or self.executor.block_coreset
             else None,
+            token_slots(runs + scoring.variants, num_rows, self.device) if self.executor.lora is not None else None,
         )
         rows = [row for block in blocks for row in self._logit_rows(block, num_rows)]
         logit_rows = torch.tensor(rows, dtype=torch.long, device=self.device)

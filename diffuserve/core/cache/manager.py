@@ -77,6 +77,13 @@ class CacheManager:
         self.page_size = pages.page_size
         self.slots: SlotPool | None = next((k.pool for k in kinds if isinstance(k, RecurrentKind)), None)
         """The recurrent-state slots (models with GDN layers), else None."""
+        self.weights_version = 0
+        """Bumped when the weights change (`flush_prefix_cache`): it roots every prefix hash, so pages and state
+        snapshots computed with the old weights are never matched again (they are evicted as any unused page)."""
+
+    def flush_prefix_cache(self) -> None:
+        """No cached prefix computed before this call is reused after it (the weights changed)."""
+        self.weights_version += 1
 
     @property
     def pool(self) -> PagePool:
@@ -115,7 +122,7 @@ class CacheManager:
         restore; returns how many prompt tokens the full-attention pages alone held (a statistic)."""
         page = self.page_size
         limit = min(kind.prefix_limit(request) for kind in self.kinds) // page
-        hashes, parent = [], None
+        hashes, parent = [], self._hash_root(request)
         for i in range(limit):
             parent = chain_hash(parent, request.known_tokens(i * page, (i + 1) * page))
             hashes.append(parent)
@@ -146,7 +153,7 @@ class CacheManager:
         num_registered = len(request.page_hashes)
         while len(request.page_hashes) < request.num_computed_tokens // self.page_size:
             i = len(request.page_hashes)
-            parent = request.page_hashes[-1] if request.page_hashes else None
+            parent = request.page_hashes[-1] if request.page_hashes else self._hash_root(request)
             tokens = request.known_tokens(i * self.page_size, (i + 1) * self.page_size)
             request.page_hashes.append(chain_hash(parent, tokens))
         for kind in self.kinds:
@@ -171,3 +178,10 @@ class CacheManager:
     def check_invariants(self) -> None:
         for kind in self.kinds:
             kind.check_invariants()
+
+    def _hash_root(self, request: Request) -> int | None:
+        """The parent of the request's first page hash: the weights' version and the request's adapter (None for
+        the base model's first weights), so that the prefix cache keeps adapters and weight versions apart."""
+        if request.adapter is None and self.weights_version == 0:
+            return None
+        return hash((self.weights_version, request.adapter.hash_root if request.adapter is not None else None))
