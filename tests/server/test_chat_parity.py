@@ -77,9 +77,9 @@ def test_offline_and_http_chat_encode_the_same_messages_alike(name, server: Live
     submitted: list[list[int]] = []
     add_request = server.engine.add_request
 
-    def recording(request_id, prompt, params=None):
+    def recording(request_id, prompt, *rest):
         submitted.append(list(prompt))
-        return add_request(request_id, prompt, params)
+        return add_request(request_id, prompt, *rest)
 
     monkeypatch.setattr(server.engine, "add_request", recording)
     server.client().chat.completions.create(model=MODEL_NAME, max_tokens=1, messages=messages, tools=TOOLS)
