@@ -32,6 +32,11 @@ class DraftState:
     num_checked: int = 0
     """Drafted tokens checked against the causal path over the request's life, and of those, kept (`num_kept`)."""
     num_kept: int = 0
+    backoff: int = 0
+    """decoder=auto: how many steps the request decides only its head after its next draft that keeps nothing
+    (doubled by each such draft in a row, reset by one that keeps a token; core/draft_switch.py)."""
+    skip: int = 0
+    """decoder=auto: steps left in which the request decides only its head before it drafts again."""
 
     def start(self, block_start: int) -> int:
         """The position of the draft's first token, given the open block's start (the draft ends there)."""

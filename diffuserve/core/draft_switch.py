@@ -7,8 +7,19 @@ draft's commit and its next block) for up to block_length tokens decided; one th
 as autoregressive decoding does. While forwards cost about the same whatever their width (a GPU's memory-bound
 regime, or a CPU step dominated by its fixed cost), drafting wins; once the step's tokens set its cost, it does not.
 
-The rule: the auto requests draft in a step while all of them drafting puts at most `max_draft_tokens` tokens
-into it (`--auto-draft-tokens`): auto requests running or admissible x 2 x block_length <= max_draft_tokens.
+The rule has two parts:
+
+    the batch     the auto requests draft in a step while all of them drafting puts at most `max_draft_tokens`
+                  tokens into it (`--auto-draft-tokens`): auto requests running or admissible (and not backing
+                  off) x 2 x block_length <= max_draft_tokens
+    the request   a draft that keeps none of its checked tokens decided one token in a forward of a draft's width,
+                  which an autoregressive step decides in a forward of one token. When a request's draft keeps
+                  nothing and its drafts so far kept less than one token each on average, it decides only its head
+                  for `backoff` steps (1, doubled by each such draft in a row, at most MAX_BACKOFF) before it
+                  drafts again; a draft that keeps a token resets it. Drafts that are never right (random weights,
+                  a prompt far from the drafts' training) thus cost one drafting step in MAX_BACKOFF + 1, and one
+                  unlucky draft among good ones costs nothing
+
 Either way every token is checked against the causal path, so the choice changes the speed, never the output.
 """
 
@@ -17,8 +28,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from diffuserve.core.draft_state import DraftState
 from diffuserve.core.request import Request
+from diffuserve.core.writes import Verification
 
+MAX_BACKOFF = 32
+"""The most steps an auto request decides only its head between two drafts that keep nothing."""
 GPU_DRAFT_TOKENS = 512
 """The default on a GPU: a step's tokens up to which a forward of a 3B-active MoE stays bound by reading its
 weights rather than by computing (an H100's 3.35 TB/s against its 990 TFLOP/s at about 6 GFLOP per token: some
@@ -46,10 +61,25 @@ class DraftSwitch:
     def choose(self, requests: Iterable[Request]) -> None:
         """Sets `drafting` for the step about to be scheduled from the auto requests among `requests` (those
         running and those it may admit)."""
-        num_auto = sum(1 for request in requests if request.params.is_auto)
+        num_auto = sum(1 for request in requests if request.params.is_auto and not request.draft.skip)
         self.drafting = num_auto * 2 * self.block_length <= self.max_draft_tokens
         if num_auto:
             if self.drafting:
                 self.num_drafting_steps += 1
             else:
                 self.num_autoregressive_steps += 1
+
+    def lets_draft(self, request: Request) -> bool:
+        """Whether the auto request `request` drafts in this step (the batch's choice, and its own backoff)."""
+        return self.drafting and not request.draft.skip
+
+
+def back_off(draft: DraftState, verdict: Verification) -> None:
+    """After a draft's check (counted in `draft` already): one that kept nothing, of a request whose drafts kept
+    less than one token each on average, doubles its backoff and starts it; one that kept a token resets it."""
+    poor = draft.num_kept * verdict.num_checked < draft.num_checked  # kept / drafts < 1, drafts of this size
+    if verdict.num_checked and not verdict.num_accepted and poor:
+        draft.backoff = min(max(1, 2 * draft.backoff), MAX_BACKOFF)
+        draft.skip = draft.backoff
+    else:
+        draft.backoff = 0

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Mapping
 
 from diffuserve.core.cache.manager import CacheManager
-from diffuserve.core.draft_switch import DraftSwitch
+from diffuserve.core.draft_switch import DraftSwitch, back_off
 from diffuserve.core.request import Request, RequestStatus
 from diffuserve.core.step import ScheduledRequest, SchedulerOutput, StepUpdate
 from diffuserve.core.verification import apply_head, apply_verification, end_at_head
@@ -176,6 +176,8 @@ class Scheduler:
         request = work.request
         request.num_forwards += 1
         request.step_in_block += 1
+        if work.head_only and request.draft.skip:  # a step of an auto request's backoff (core/draft_switch.py)
+            request.draft.skip -= 1
         request.apply_step(write.accepted, write.logprobs, write.final)
         if write.head is not None:
             apply_head(request, write.head)
@@ -211,6 +213,7 @@ class Scheduler:
         if request.params.record_denoising:
             record_check(request, verdict)
         rejected = apply_verification(request, verdict)
+        back_off(request.draft, verdict)  # decoder=auto: drafts that keep nothing pause the next ones
         if rejected:
             self.cache.rollback(request, block)
             update.num_discarded_steps += int(work.has_block)
@@ -262,7 +265,7 @@ class Scheduler:
         )
         if not (chunk or score_end > score_start or has_block or request.params.max_tokens == 0):
             return None
-        head_only = request.params.is_auto and not self.drafts.drafting
+        head_only = request.params.is_auto and not self.drafts.lets_draft(request)
         return ScheduledRequest(
             request,
             start,

@@ -84,6 +84,21 @@ def test_a_head_only_step_that_computes_its_block_fails_the_token_count(block4, 
     assert auto.engine.stats().num_batched_tokens > reading.engine.stats().num_batched_tokens
 
 
+def test_auto_backs_off_drafts_that_keep_nothing(block4):
+    """Random weights: the drafts are all wrong. Under a draft width that lets every request draft, verified
+    decoding drafts every block; auto stops drafting after a draft that keeps nothing, for 1, 2, 4, ... steps
+    (core/draft_switch.py), so its steps are far narrower, and its tokens are still the autoregressive reading's."""
+    bd, ar = block4
+    want, _ = _generate(ar, PROMPTS, _greedy(24))
+    verified_outputs: list = []
+    _, verified = _generate(bd, PROMPTS, _greedy(24, decoder="verified"), verified_outputs, auto_draft_tokens=1000)
+    got, auto = _generate(bd, PROMPTS, _greedy(24, decoder="auto"), auto_draft_tokens=1000)
+    assert got == want
+    assert verified.engine.stats().spec_decode.num_accepted_tokens == 0  # nothing to gain from drafting
+    assert auto.engine.stats().num_batched_tokens < 0.6 * verified.engine.stats().num_batched_tokens
+    assert 0 < auto.engine.stats().spec_decode.num_drafts < verified.engine.stats().spec_decode.num_drafts / 2
+
+
 def test_auto_is_the_models_own_decoder_where_nothing_verifies():
     """No AR shift (SDAR, LLaDA2): auto resolves to the threshold decoder; renoise canvases: to renoise."""
     params = SamplingParams(decoder="auto", max_tokens=4).with_defaults({})
