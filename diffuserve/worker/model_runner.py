@@ -152,12 +152,14 @@ class ModelRunner:
         paged = groups[0]  # the full-attention pages: what prompt scoring's variants read
         plan = self.decoding.plan(scheduled)
         runs: list[tuple[int, int]] = []  # (first row, adapter slot) of each run of rows
-        draft_slot = self.executor.lora.draft_slot if self.executor.lora is not None else None
+        lora = self.executor.lora
+        draft_slot = lora.draft_slot if lora is not None else None
         for work in scheduled:
             if not (work.num_tokens or work.has_block):
                 continue  # a request that only scores this step
             request = work.request
-            runs.append((len(ids), adapter_slot(request)))
+            if lora is not None:
+                runs.append((len(ids), adapter_slot(request)))
             for group in groups if work.num_tokens else ():  # a block that is not computed has no keys to lay
                 group.add(work, len(ids))
             if request.request_id in plan.drafts:

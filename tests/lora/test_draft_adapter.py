@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from diffuserve import LLM, LoRARequest
+from diffuserve import LLM, LoRARequest, SamplingParams
 from diffuserve.worker import model_runner
 from tests.engine.test_oracle_mutations import apply_source_mutation
 from tests.engine.test_verified_decoding import PROMPTS, _checkpoints, _generate, _greedy
@@ -71,3 +71,17 @@ def test_without_enable_lora_a_draft_adapter_serves_no_request_adapter(clover):
     llm = LLM(str(bd), device="cpu", max_model_len=128, draft_adapter=str(draft))
     with pytest.raises(ValueError, match="--enable-lora"):
         llm.generate([PROMPTS[0]], _greedy(4), lora_request=LoRARequest("x", 1, str(draft)))
+
+
+def test_the_bundled_draft_adapter_keeps_the_replies_and_raises_the_tokens_per_forward():
+    from diffuserve.eval.harness import evaluate
+    from diffuserve.eval.tasks import heldout_examples
+    from diffuserve.model.default_model import DEFAULT_DRAFT_ADAPTER_DIR, DEFAULT_DRAFT_BLOCK_LENGTH, DEFAULT_MODEL_DIR
+
+    examples, verified = heldout_examples(4), SamplingParams(decoder="verified")
+    model, block = str(DEFAULT_MODEL_DIR), DEFAULT_DRAFT_BLOCK_LENGTH
+    default = evaluate(LLM(model), examples, verified)
+    without = evaluate(LLM(model, block_length=block), examples, verified)
+    adapted = evaluate(LLM(model, block_length=block, draft_adapter=str(DEFAULT_DRAFT_ADAPTER_DIR)), examples, verified)
+    assert default.replies == without.replies == adapted.replies
+    assert adapted.tokens_per_forward > max(default.tokens_per_forward, without.tokens_per_forward)
