@@ -128,6 +128,10 @@ class LoRAConfig:
     """With --enable-lora: adapters held at once (each takes one slot of every linear it adapts)."""
     max_lora_rank: int = 16
     """With --enable-lora: the largest adapter rank r accepted (smaller ranks are padded to it)."""
+    draft_adapter: str | None = None
+    """A PEFT adapter directory applied only where verified decoding drafts (decoder=verified or auto, requests
+    without an adapter of their own), never to the causal rows that verify: it can raise the acceptance, and the
+    output stays the base model's (docs/serving/adapters.md)."""
 
     def __post_init__(self) -> None:
         _positive("max_loras", self.max_loras, allow_none=False)

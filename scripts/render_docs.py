@@ -91,6 +91,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "accuracy-vs-tpf": models.accuracy_vs_tpf,
     "structured-tpf": models.structured_tpf,
     "coreset-accuracy": models.coreset_accuracy,
+    "draft-adapter": models.draft_adapter,
     "quant-latency": benchmarks_quant.quant_latency,
     "load-memory": benchmarks_quant.load_memory,
     "quant-accuracy": benchmarks_quant.quant_accuracy,

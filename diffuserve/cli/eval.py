@@ -35,6 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the block expert coreset rule: C experts per denoised block (0 off) or cumulative:0.6[,min=16,"
         "window=32], dMoE's (docs/models/coreset.md; default: the model's)",
     )
+    parser.add_argument(
+        "--block-length", type=int, default=None, help="the engine's block length (default: the model's)"
+    )
+    parser.add_argument(
+        "--draft-adapter",
+        default=None,
+        metavar="DIR",
+        help="a PEFT adapter applied only where verified decoding drafts (docs/serving/adapters.md)",
+    )
     add_quantization_arguments(parser)
 
 
@@ -66,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     thresholds = _parse_thresholds(args.thresholds)
     quantization = {k: v for k, v in vars(args).items() if k in QUANTIZATION_FIELDS}
     options = dict(dtype=args.dtype, block_expert_coreset=args.block_expert_coreset, **quantization)
-    llm = LLM(resolve_model(args.model), **options)
+    blocks = {} if args.block_length is None else {"block_length": args.block_length}
+    llm = LLM(resolve_model(args.model), draft_adapter=args.draft_adapter, **blocks, **options)
     sweep = decoding_sweep(thresholds, llm.engine.args.block_length)
     if args.default_only:
         sweep = sweep[:1]
@@ -83,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
                 "dtype": llm.engine.config.dtype,
                 "quantization": llm.engine.config.quantization,
                 "block_expert_coreset": llm.engine.config.block_expert_coreset,
+                "block_length": llm.engine.args.block_length,
+                "draft_adapter": args.draft_adapter,
                 "num_examples": len(examples),
                 "verified_replies_equal_autoregressive": same_replies(results, VERIFIED_ROWS, AUTOREGRESSIVE),
                 "defaults": llm.engine.generation_defaults,

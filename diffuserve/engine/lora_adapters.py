@@ -46,7 +46,7 @@ class LoRAAdapters:
     def load(self, name: str, path: str) -> AdapterRef:
         """Loads the adapter in `path` as `name` into a free slot; RequestError (naming the limit or the problem
         and the fix) if it cannot be, the table then unchanged."""
-        if self.slots is None:
+        if self.slots is None or not self.config.enable_lora:
             raise RequestError("lora_name", f"{name!r}: this server runs without adapters; restart with --enable-lora")
         if not name:
             raise RequestError("lora_name", "an adapter needs a name; pass a non-empty lora_name")

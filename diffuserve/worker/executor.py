@@ -222,17 +222,19 @@ class ModelExecutor:
         set_attention_backend(model, config.attention_backend, device)
         executor = cls(model, caches, sizes, experts, device, runtime, args.hidden_size)
         executor.block_coreset = coreset
-        if config.lora.enable_lora:
-            family = family_of(args)
-            lora = config.lora
+        lora = config.lora
+        if lora.enable_lora or lora.draft_adapter:
+            draft = lora.draft_adapter is not None
             executor.lora = LoRASlots(
-                model, family, args, lora.max_loras, lora.max_lora_rank, model_dtype(model), device
+                model, family_of(args), args, lora.max_loras, lora.max_lora_rank, model_dtype(model), device, draft
             )
+            if executor.lora.draft_slot is not None and lora.draft_adapter is not None:
+                executor.lora.load(executor.lora.draft_slot, "draft", lora.draft_adapter)
         # Offload's hooks and coreset routing (their block rows) stay eager, and so does the recurrent step, whose
         # row groups are not bucket-padded.
         # Adapters too: their hooks read the step's token slots from a context variable.
         compiled = should_compile(config.enforce_eager, device) and not offload and not coreset and caches.state is None
-        compiled = compiled and not config.lora.enable_lora
+        compiled = compiled and executor.lora is None
         executor.run_model = CompiledForward(model, compiled, device)
         return executor
 

@@ -38,7 +38,7 @@ from diffuserve.worker.cache.state_step import StateMetadataBuilder, StatePlan, 
 from diffuserve.worker.cache.step_metadata import StepMetadata
 from diffuserve.worker.executor import ForwardInputs, ModelExecutor
 from diffuserve.worker.experts import ExpertOffload, ExpertTracker
-from diffuserve.worker.lora_rows import token_slots
+from diffuserve.worker.lora_rows import adapter_slot, token_slots
 from diffuserve.worker.prompt_scoring import ScoringRows, prompt_logprobs
 from diffuserve.worker.verification import StepDrafts, rejected_slots
 
@@ -151,12 +151,15 @@ class ModelRunner:
         groups = self._page_groups()
         paged = groups[0]  # the full-attention pages: what prompt scoring's variants read
         plan = self.decoding.plan(scheduled)
-        runs: list[tuple[int, Request]] = []  # (first row, request) of each request's rows: its adapter's
+        runs: list[tuple[int, int]] = []  # (first row, adapter slot) of each run of rows
+        lora = self.executor.lora
+        draft_slot = lora.draft_slot if lora is not None else None
         for work in scheduled:
             if not (work.num_tokens or work.has_block):
                 continue  # a request that only scores this step
             request = work.request
-            runs.append((len(ids), request))
+            if lora is not None:
+                runs.append((len(ids), adapter_slot(request)))
             for group in groups if work.num_tokens else ():  # a block that is not computed has no keys to lay
                 group.add(work, len(ids))
             if request.request_id in plan.drafts:
@@ -165,6 +168,8 @@ class ModelRunner:
             if work.has_block:
                 block = plan.blocks[request.request_id]
                 blocks.append(BlockRows(work, len(ids), block.read))
+                if draft_slot is not None and request.adapter is None and request.rule.verifies_heads:
+                    runs.append((len(ids), draft_slot))  # drafting rows only: the causal rows stay the base's
                 ids += block.tokens
             positions += range(work.query_start, work.query_end)
         scoring = ScoringRows(shift=self.rules.prediction_shift, causal=self.rules.autoregressive)
@@ -190,11 +195,18 @@ class ModelRunner:
             self._block_context(blocks, positions)
             if self.executor.offload is not None or self.executor.block_coreset
             else None,
-            token_slots(runs + scoring.variants, num_rows, self.device) if self.executor.lora is not None else None,
+            self._token_slots(runs, scoring, num_rows),
         )
         rows = [row for block in blocks for row in self._logit_rows(block, num_rows)]
         logit_rows = torch.tensor(rows, dtype=torch.long, device=self.device)
         return StepBatch(forward, plan, blocks, logit_rows, scoring, drafts)
+
+    def _token_slots(self, runs: list[tuple[int, int]], scoring: ScoringRows, num_rows: int) -> torch.Tensor | None:
+        """The adapter slot of each of the step's rows (None without adapters, or when no row has one)."""
+        if self.executor.lora is None:
+            return None
+        variants = [(row, adapter_slot(request)) for row, request in scoring.variants]
+        return token_slots(runs + variants, num_rows, self.device)
 
     def _page_groups(self) -> list[PagedMetadataBuilder]:
         """A metadata builder per page group, in the executor's order: the full-attention pages, then each

@@ -1,5 +1,6 @@
 """The bundled model's tables: its training runs and its accuracy against TPF per decoding (docs/models/bundled.md),
-and its accuracy and TPF with and without grammars (docs/decoding/structured-output.md, "Measured cost")."""
+its accuracy and TPF with and without grammars (docs/decoding/structured-output.md, "Measured cost"), and verified
+decoding with its draft adapter (docs/benchmarks/decoders.md)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,22 @@ def coreset_accuracy(load: Load) -> str:
         accuracy, sorting = pct(default["accuracy"], " "), pct(by_task["sort"], " ")
         rows.append([label, accuracy, f"{default['tokens_per_forward']:.2f}", sorting, f"`{name}.json`"])
     return table(["C", "accuracy", "tokens per forward", "sorting", "results"], rows)
+
+
+def draft_adapter(load: Load) -> str:
+    """Verified decoding of the held-out tasks at the model's block length, and at the draft adapter's without and
+    with it (scripts/train_draft_adapter.py)."""
+    run = load("draft-adapter")["result"]
+    rows = [
+        [
+            r["decoding"],
+            pct(r["accuracy"], " "),
+            *(pct(r["accuracy_by_task"][t], " ") for t in TASKS),
+            f"**{r['tokens_per_forward']:.2f}**",
+            f"{r['nfe_per_example']:.2f}",
+        ]
+        for r in (run["default"], run["without"], run["with"])
+    ]
+    same = "identical" if run["replies_identical"] else "**not identical**"
+    note = f"\n\nReplies of the three rows: {same}; adapter rank {run['rank']}, {run['examples']} training prompts."
+    return table(["decoding", "accuracy", *TASKS, "TPF", "NFE / example"], rows) + note

@@ -1,8 +1,8 @@
-"""LoRASlots: the model's adapter slots. Loads a PEFT adapter directory into slot s (1..max_loras; slot 0 is the
-base model) of every linear it adapts, clears a slot, and hooks a `LoRAWeights` onto a linear the first time an
-adapter adapts it. A load is checked whole (config, names, shapes) before anything is written, so a bad adapter
-leaves the slots as they were. Knows nothing of adapter names, requests or which slot is free (the engine's
-adapter table decides that).
+"""LoRASlots: the model's adapter slots. Loads a PEFT adapter directory into slot s (1..max_loras; slot 0 is the base
+model; with a draft adapter, slot max_loras + 1 is its) of every linear it adapts, clears a slot, and hooks a
+`LoRAWeights` onto a linear the first time an adapter adapts it. A load is checked whole (config, names, shapes)
+before anything is written, so a bad adapter leaves the slots as they were. Knows nothing of adapter names, requests
+or which slot is free (the engine's adapter table decides that).
 """
 
 from __future__ import annotations
@@ -23,9 +23,12 @@ from diffuserve.model.quant.linear import QuantLinear
 
 class LoRASlots:
     def __init__(self, model: nn.Module, family: ModelFamily, args: ModelArgs, max_loras: int, max_rank: int,
-                 dtype: torch.dtype, device: torch.device) -> None:  # fmt: skip
+                 dtype: torch.dtype, device: torch.device, draft: bool = False) -> None:  # fmt: skip
         self.model, self.family, self.args = model, family, args
         self.max_loras, self.max_rank = max_loras, max_rank
+        self.draft_slot = max_loras + 1 if draft else None
+        """The draft adapter's slot (`LoRAConfig.draft_adapter`), None without one."""
+        self.num_slots = max_loras + 1 + int(draft)
         self.dtype, self.device = dtype, device
         self.layers: dict[str, LoRAWeights] = {}
         """Engine module name -> its hooked adapter weights (only linears some adapter adapted)."""
@@ -33,14 +36,14 @@ class LoRASlots:
     def load(self, slot: int, name: str, path: str | Path) -> None:
         """Adapter `name` from directory `path` into `slot` (replacing what it held); AdapterError if it cannot
         be served, the slots then unchanged."""
-        assert 1 <= slot <= self.max_loras, f"slot {slot} outside 1..{self.max_loras}"
+        assert 1 <= slot < self.num_slots, f"slot {slot} outside 1..{self.num_slots - 1}"
         config = read_adapter_config(Path(path), name, self.max_rank)
         tensors = read_adapter_weights(Path(path), name, config, self.family, self.args)
         shapes = {t.module: self._check(t, name) for t in tensors}
         self.clear(slot)
         for t in tensors:
             if t.module not in self.layers:
-                layer = LoRAWeights(*shapes[t.module], self.max_loras + 1, self.max_rank, self.dtype, self.device)
+                layer = LoRAWeights(*shapes[t.module], self.num_slots, self.max_rank, self.dtype, self.device)
                 layer.attach(self.model.get_submodule(t.module))
                 self.layers[t.module] = layer
             self.layers[t.module].write(slot, t.row_start, t.rows, t.a, t.b)
