@@ -213,7 +213,8 @@ class Scheduler:
         if request.params.record_denoising:
             record_check(request, verdict)
         rejected = apply_verification(request, verdict)
-        back_off(request.draft, verdict)  # decoder=auto: drafts that keep nothing pause the next ones
+        if request.params.is_auto:  # drafts that keep nothing pause the next ones (core/draft_switch.py)
+            back_off(request.draft, verdict)
         if rejected:
             self.cache.rollback(request, block)
             update.num_discarded_steps += int(work.has_block)
