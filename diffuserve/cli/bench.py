@@ -22,6 +22,7 @@ MODULES = {
     "serve": "diffuserve.bench.serve",
     "moe": "diffuserve.bench.moe",
     "sweep": "diffuserve.bench.sweep",
+    "adapters": "diffuserve.bench.adapters",
 }
 
 
@@ -335,6 +336,18 @@ def _add_moe(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_adapters(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-prompts", type=int, default=16, help="concurrent requests in the batch (default: 16)")
+    parser.add_argument("--prompt-tokens", type=int, default=32, help="tokens per prompt (default: 32)")
+    parser.add_argument("--output-tokens", type=int, default=32, help="tokens each request generates (default: 32)")
+    parser.add_argument("--rank", type=int, default=16, help="the random adapters' rank r (default: 16)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per variant, best kept (default: 3)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts (default: 0)")
+    parser.add_argument(
+        "--adapter-dir", default=None, metavar="DIR", help="where the random adapters are written (default: cache)"
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     specs = {
@@ -347,16 +360,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "engine vs its family's batched peer at 1..128 concurrent, best-case and realistic",
             add_sweep_arguments,
         ),
+        "adapters": ("tokens/s with 0, 1 and 4 LoRA adapters in the batch against the base model alone", _add_adapters),
     }
     for name, (help_text, add) in specs.items():
         subparser = sub.add_parser(name, help=help_text, description=help_text)
         add(subparser)
-        if name in ("latency", "throughput", "compare", "sweep"):
+        if name in ("latency", "throughput", "compare", "sweep", "adapters"):
             _add_model(subparser)
         if name in ("latency", "throughput", "compare"):
             _add_decoding(subparser)
         if name != "moe":
-            _add_output(subparser, plot=name != "sweep")
+            _add_output(subparser, plot=name not in ("sweep", "adapters"))
 
 
 def run(args: argparse.Namespace) -> int:
