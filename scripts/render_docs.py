@@ -52,6 +52,7 @@ DOCS = (
     "internals/testing.md",
     "models/bundled.md",
     "planning/calibration.md",
+    "serving/adapters.md",
     "serving/moe.md",
 )
 """The pages under docs/ that hold generated tables (tests/docs checks that each region is in one of them)."""
@@ -85,6 +86,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "latency": benchmarks_serving.latency,
     "serve": benchmarks_serving.serve,
     "gateway": benchmarks_serving.gateway,
+    "adapters": benchmarks_serving.adapters,
     "moe-dispatch": moe.moe_dispatch,
     "moe-offload": moe.moe_offload,
     "training": models.training,

@@ -1,6 +1,6 @@
-"""The tables of docs/benchmarks/ (throughput.md, latency.md) and docs/planning/calibration.md from `bench throughput`,
-the planner's calibration, `bench latency` and `bench serve`: many requests at once, and what a client of `diffuserve
-serve` sees."""
+"""The tables of docs/benchmarks/ (throughput.md, latency.md), docs/planning/calibration.md and
+docs/serving/adapters.md from `bench throughput`, the planner's calibration, `bench latency`, `bench serve` and
+`bench adapters`: many requests at once, and what a client of `diffuserve serve` sees."""
 
 from __future__ import annotations
 
@@ -195,3 +195,12 @@ def gateway(load: Load) -> str:
         ],
         rows,
     )
+
+
+def adapters(load: Load) -> str:
+    run = load("bench-adapters")["result"]
+    rows = [
+        [r["variant"], f"{r['tokens_per_s']:,.0f}", f"{r['wall_s']:.3f}", f"{r['vs_base']:.2f}x"]
+        for r in run["results"]
+    ]
+    return table(["variant", "tokens/s", "wall s (best)", "vs the base model alone"], rows)
