@@ -245,7 +245,7 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
         "once, (f) recompute-state: hybrid models recomputing the whole prefix every step (no cache), "
         "(g) gdn-rescan: hybrid models with K/V cached but the GDN state rebuilt every step by scanning the "
         "prefix's kept projections, (h) attention-loop: engine-batched with --attention-backend loop (one SDPA "
-        "per sequence: the attention before issue 23), (i) verified: the engine with decoder=verified (its "
+        "per sequence, the unbatched attention), (i) verified: the engine with decoder=verified (its "
         "tokens must equal ar's), verified-batched: the same given all --num-prompts at once, auto and auto-batched: "
         "the same with decoder=auto (--auto-draft-tokens switches its drafts per step), ar-batched: (d) "
         "given all --num-prompts at once; default: a, a0, b, b2, c, d",

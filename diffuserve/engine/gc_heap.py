@@ -2,9 +2,9 @@
 
 A loaded engine's process tracks a few hundred thousand container objects (torch, transformers, the tokenizer,
 the model's modules) that live as long as it does. The collector's oldest generation scans all of them whenever it
-runs, which the engine's per-step allocations trigger every few hundred steps: a stall of about 0.2 s on this
-machine in the middle of a step (found with `gc.callbacks` during `bench sweep` on clover-moe-tiny; at 128
-concurrent it was the ITL p99 of 0.23 s against a p50 of 0.017 s: docs/benchmarks/hotspots.md, hotspot 9). Moving the
+runs, which the engine's per-step allocations trigger every few hundred steps: a stall of about 0.2 s on a 2-core
+CPU in the middle of a step (at 128 concurrent on clover-moe-tiny, an ITL p99 of 0.23 s against a p50 of 0.017 s
+without the freeze: docs/benchmarks/hotspots.md, hotspot 9). Moving the
 objects that exist once the engine is up into the collector's permanent generation (`gc.freeze`) leaves it only
 the objects the steps create, as SGLang's `freeze_gc` and vLLM's post-warm-up freeze do.
 
