@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import torch
 
@@ -32,17 +31,6 @@ class RowGroup:
     in place (a view) instead of gathering and scattering copies of them; None otherwise."""
 
 
-class StateStepObserver(Protocol):
-    """A hook into every recurrent layer's step, for benchmark baselines that rebuild state differently (bench/
-    baselines): called before the layer reads its slots, and with each commit run's scan inputs."""
-
-    def before_layer(self, layer: Any, index: int, conv_cache: torch.Tensor, recurrent_cache: torch.Tensor) -> None:
-        """`layer` is the `index`-th recurrent layer, about to read its slot tensors."""
-
-    def on_commit(self, index: int, rows: torch.Tensor, inputs: Any) -> None:
-        """The `index`-th recurrent layer's scan inputs for the commit rows `rows`."""
-
-
 @dataclass(frozen=True)
 class RecurrentStepInputs:
     """Everything the recurrent layers need for one engine step (the pool tensors and the step's index groups)."""
@@ -57,8 +45,6 @@ class RecurrentStepInputs:
     """Every sequence's block (B tokens each), or None when the step has no block."""
     preview: bool
     """Blocks are previewed (block diffusion); False: run causally, the state dropped (autoregressive)."""
-    observer: StateStepObserver | None = None
-    """A benchmark baseline's hook (None when serving)."""
 
 
 @dataclass(frozen=True)

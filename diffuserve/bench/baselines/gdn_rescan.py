@@ -11,7 +11,8 @@ alone) are recomputed: this is the cheapest way to do without the state.
 
 History layout, per GDN layer: `GdnInputs` with B = state slots and T = positions ([num_slots, max_len, ...]),
 addressed flat as row slot * max_len + position. The rescan runner builds the row indices. It is the GDN
-step's observer (model/layers/gdn_step.StepObserver): `before_layer` rebuilds, `on_commit` records.
+step's observer (model/families/clover_moe/gdn_step.py's GdnStepObserver): `before_layer` rebuilds, `on_commit`
+records.
 """
 
 from __future__ import annotations

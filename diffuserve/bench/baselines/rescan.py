@@ -1,8 +1,8 @@
 """The gdn-rescan baseline of `bench compare` for models with recurrent layers, never a serving mode: the engine
 as it is (paged K/V for the attention layers, one flattened batch, fused commit, the decoders) except that no GDN
 state is carried between steps. The GDN layers keep each committed position's scan inputs in this runner's
-history buffers and rebuild every scheduled sequence's state from them at each step (gdn_rescan.py), through the
-GDN step's observer hook.
+history buffers and rebuild every scheduled sequence's state from them at each step (gdn_rescan.py): the runner
+observes the GDN steps of its own forwards (gdn_step.observing), so nothing of it travels in the step's inputs.
 
 The state slots still exist (they are where a step's rebuilt state lives while the step runs, and where the
 slot's `last_hidden` row is kept) but are overwritten before every read. The engine runs without prefix caching
@@ -15,16 +15,16 @@ beta fp32), sized for the longest sequence and its last block.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 
 import torch
 
 from diffuserve.bench.baselines.gdn_rescan import GdnRescan, PrefixGroup
 from diffuserve.core.request import Request
-from diffuserve.core.step import ScheduledRequest
+from diffuserve.core.step import ScheduledRequest, StepResult
 from diffuserve.decoding.block_decoding import BlockDecoding
-from diffuserve.model.families.clover_moe.gated_deltanet import GdnInputs
+from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet, GdnInputs
+from diffuserve.model.families.clover_moe.gdn_step import observing
 from diffuserve.worker.cache.state_step import StatePlan, state_slot
 from diffuserve.worker.executor import ModelExecutor
 from diffuserve.worker.model_runner import ModelRunner
@@ -44,6 +44,8 @@ class RescanRunner(ModelRunner):
         def buffer(width: int, dtype: torch.dtype) -> torch.Tensor:
             return torch.zeros(cache.num_slots, history_length, width, dtype=dtype, device=self.device)
 
+        self.rescan: GdnRescan | None = None
+        """The step's rebuild of its sequences' states (planned with the step's batch)."""
         self.history = [
             GdnInputs(
                 buffer(conv.shape[1], conv.dtype),
@@ -62,8 +64,23 @@ class RescanRunner(ModelRunner):
             for inputs in self.history:
                 for t in inputs:
                     t.index_copy_(0, dst, t[src])
-        rescan = GdnRescan(self.history, self._prefixes(scheduled), self._write_rows(scheduled))
-        return dataclasses.replace(plan, observer=rescan)
+        self.rescan = GdnRescan(self.history, self._prefixes(scheduled), self._write_rows(scheduled))
+        return plan
+
+    def execute(self, scheduled: list[ScheduledRequest]) -> StepResult:
+        """The serving step, its GDN layers observed by this step's rescan (set while its batch is planned)."""
+        with observing(self):
+            return super().execute(scheduled)
+
+    def before_layer(
+        self, layer: GatedDeltaNet, gdn_index: int, conv_cache: torch.Tensor, recurrent_cache: torch.Tensor
+    ) -> None:
+        assert self.rescan is not None, "the step's plan sets its rescan before the forward"
+        self.rescan.before_layer(layer, gdn_index, conv_cache, recurrent_cache)
+
+    def on_commit(self, gdn_index: int, rows: torch.Tensor, projected: GdnInputs) -> None:
+        assert self.rescan is not None, "the step's plan sets its rescan before the forward"
+        self.rescan.on_commit(gdn_index, rows, projected)
 
     def _prefixes(self, scheduled: list[ScheduledRequest]) -> tuple[PrefixGroup, ...]:
         """The step's sequences by committed length: everything before their commit tokens is committed."""

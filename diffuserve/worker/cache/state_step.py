@@ -19,7 +19,7 @@ import torch
 from diffuserve.core.request import Request
 from diffuserve.core.step import ScheduledRequest
 from diffuserve.model.shapes import RecurrentState
-from diffuserve.model.step_inputs import RecurrentStepInputs, RowGroup, StateStepObserver
+from diffuserve.model.step_inputs import RecurrentStepInputs, RowGroup
 from diffuserve.worker.cache.paged_step import TORCH_DTYPES
 
 
@@ -41,8 +41,6 @@ class StatePlan:
     """[S] the batch row of each committing sequence's last commit token ..."""
     last_slots: torch.Tensor
     """[S] ... and its slot: that row's final hidden state is kept as the slot's `last_hidden`."""
-    observer: StateStepObserver | None = None
-    """A benchmark baseline's hook into the GDN layers (bench/baselines); None when serving."""
     rollback: torch.Tensor | None = None
     """[S] slots whose last step's verified draft was rejected: put back to the copy saved before that step (the
     state at the drafted block's start, and its `last_hidden`), before anything else; None when none."""
@@ -68,7 +66,6 @@ class StatePlan:
             pair(self.moves),
             self.last_rows.to(device),
             self.last_slots.to(device),
-            self.observer,
             move(self.rollback),
             move(self.backup),
         )
@@ -202,9 +199,7 @@ class StateTensors:
         return self.state_bytes_per_slot() + self.last_hidden[0].numel() * self.last_hidden.element_size()
 
     def bind(self, plan: StatePlan) -> RecurrentStepInputs:
-        return RecurrentStepInputs(
-            self.conv_caches, self.recurrent_caches, plan.commits, plan.blocks, plan.preview, plan.observer
-        )
+        return RecurrentStepInputs(self.conv_caches, self.recurrent_caches, plan.commits, plan.blocks, plan.preview)
 
     def before_forward(self, plan: StatePlan) -> None:
         """Rejected drafts' slots put back, moved sequences copied (state and kept row) into their new slots,

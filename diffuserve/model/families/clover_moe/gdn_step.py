@@ -23,10 +23,41 @@ Pool layout, per GDN layer (slot = a sequence's or a prefix snapshot's place in 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Protocol
+
 import torch
 
 from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet, GdnInputs, GdnState
 from diffuserve.model.step_inputs import RecurrentStepInputs, RowGroup
+
+
+class GdnStepObserver(Protocol):
+    """A hook into every GDN layer's step, for a benchmark baseline that rebuilds the state differently
+    (bench/baselines/rescan.py), installed around its forwards by `observing`; never set when serving."""
+
+    def before_layer(
+        self, layer: GatedDeltaNet, gdn_index: int, conv_cache: torch.Tensor, recurrent_cache: torch.Tensor
+    ) -> None:
+        """`layer` is the `gdn_index`-th GDN layer, about to read its slot tensors."""
+
+    def on_commit(self, gdn_index: int, rows: torch.Tensor, projected: GdnInputs) -> None:
+        """The `gdn_index`-th GDN layer's scan inputs for the commit rows `rows`."""
+
+
+_OBSERVER: ContextVar[GdnStepObserver | None] = ContextVar("gdn_step_observer", default=None)
+
+
+@contextmanager
+def observing(observer: GdnStepObserver) -> Iterator[None]:
+    """Every GDN step inside it reports to `observer`."""
+    token = _OBSERVER.set(observer)
+    try:
+        yield
+    finally:
+        _OBSERVER.reset(token)
 
 
 def gdn_step(layer: GatedDeltaNet, x: torch.Tensor, inputs: RecurrentStepInputs, gdn_index: int) -> torch.Tensor:
@@ -35,15 +66,16 @@ def gdn_step(layer: GatedDeltaNet, x: torch.Tensor, inputs: RecurrentStepInputs,
     The projections (in and out) run once over all N rows: at batch 1 a step's commit and its block would
     otherwise each read the layer's projection weights."""
     conv_cache, recurrent_cache = inputs.conv_caches[gdn_index], inputs.recurrent_caches[gdn_index]
-    if inputs.observer is not None:
-        inputs.observer.before_layer(layer, gdn_index, conv_cache, recurrent_cache)
+    observer = _OBSERVER.get()
+    if observer is not None:
+        observer.before_layer(layer, gdn_index, conv_cache, recurrent_cache)
     projected = layer.project(x)  # [N, ...]
     gdn = layer.gdn
     o = x.new_empty(x.shape[0], gdn.num_value_heads, gdn.value_head_dim, dtype=torch.float32)
     for group in inputs.commits:
         group_inputs = GdnInputs(*(t[group.rows] for t in projected))  # [S, L, ...]
-        if inputs.observer is not None:
-            inputs.observer.on_commit(gdn_index, group.rows, group_inputs)
+        if observer is not None:
+            observer.on_commit(gdn_index, group.rows, group_inputs)
         # in_place: the state read is the pool's own rows (a view) or our gathered copy, overwritten below anyway
         group_o, state = layer.scan(group_inputs, slot_state(conv_cache, recurrent_cache, group), in_place=True)
         o[group.rows] = group_o.transpose(1, 2)
