@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -121,6 +121,13 @@ class CompiledForward:
         self._first_call = False
         logger.info("compiled the model forward in %.1f s", self.compile_s)
         return out[:num_tokens]
+
+
+class RankTask(Protocol):
+    """Work rank 0 sends every rank besides the steps (worker/weight_update.py's `RankWeightUpdate`): picklable,
+    run by each rank on its own executor."""
+
+    def run(self, executor: ModelExecutor) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -281,11 +288,24 @@ class ModelExecutor:
         return hidden
 
     def loop(self) -> None:
-        """Worker ranks: runs every forward rank 0 sends until it sends None (stop)."""
+        """Worker ranks: runs every forward rank 0 sends, and every task (`run_on_every_rank`), until it sends
+        None (stop)."""
         assert self.runtime.channel is not None and self.runtime.group.rank > 0, "loop() is for worker ranks"
         with torch.inference_mode():
-            while (inputs := self.runtime.channel.receive()) is not None:
-                self.forward(inputs.to(self.device))
+            while (message := self.runtime.channel.receive()) is not None:
+                if isinstance(message, ForwardInputs):
+                    self.forward(message.to(self.device))
+                else:
+                    message.run(self)
+
+    def run_on_every_rank(self, task: RankTask) -> None:
+        """Rank 0: runs `task` on every rank (sent to the others first, as a step is), e.g. a weight update."""
+        if self.runtime.channel is not None:
+            if self._failure is not None:
+                raise RuntimeError(f"the engine's ranks stopped after a failed step: {self._failure}")
+            self.runtime.channel.send(task)
+        with torch.inference_mode():
+            task.run(self)
 
     def close(self) -> None:
         """Rank 0: stops the worker ranks, if any, and unpins the host memory of offloaded experts (idempotent)."""

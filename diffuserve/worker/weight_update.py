@@ -4,13 +4,17 @@ dict with Hub names, copied in place into the model's parameters through the loa
 stay as they are; and sleep / wake_up, which on a GPU move the weights to host memory and back. Knows nothing of
 requests: the engine runs these only when none is in flight, and flushes the prefix cache.
 
-Refused with one line: a quantized model (its weights were quantized once, at load) and several ranks (each
-rank would have to load its part; only rank 0 runs this).
+Under tensor or expert parallelism rank 0 checks the source, then sends every other rank the same update over the
+step channel (`RankWeightUpdate`), and each rank copies its own part (the loader's slicing, as at load).
+
+Refused with one line: a quantized model (its weights were quantized once, at load); sleep / wake_up above one
+rank.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,22 +29,45 @@ WeightSource = str | Path | Mapping[str, torch.Tensor]
 Hub name."""
 
 
+@dataclass(frozen=True)
+class RankWeightUpdate:
+    """A weight update as rank 0 sends it to the other ranks (a step-channel message: `run` on each rank)."""
+
+    served_model: str
+    """The served model's directory (its family and arguments)."""
+    source: str | dict[str, torch.Tensor]
+    """A checkpoint directory, or the tensors by Hub name (host tensors: the channel pickles them)."""
+
+    def run(self, executor: ModelExecutor) -> None:
+        """Copies this rank's part of the new weights into its model."""
+        family, args = load_args(self.served_model)
+        if isinstance(self.source, dict):
+            load_weights(executor.model, family, args, self.served_model, tensors=self.source.items())
+        else:
+            load_weights(executor.model, family, args, self.source)
+
+
 def update_weights(executor: ModelExecutor, config: EngineConfig, source: WeightSource) -> None:
-    """Copies `source`'s weights into the model; ValueError naming what does not match (the model is then
-    partly updated: load a matching checkpoint again)."""
-    _check_supported(executor, "update_weights")
-    family, args = load_args(config.model)
+    """Copies `source`'s weights into the model, on every rank; ValueError naming what does not match (the model
+    is then partly updated: load a matching checkpoint again)."""
+    if quant_weights(executor.model):
+        raise ValueError("update_weights: not supported for quantized weights yet; serve a 16/32-bit checkpoint")
     if isinstance(source, Mapping):
-        load_weights(executor.model, family, args, config.model, tensors=source.items())
-        return
-    path = Path(source)
+        update = RankWeightUpdate(config.model, {name: t.detach().cpu() for name, t in source.items()})
+    else:
+        _check_same_model(config.model, Path(source))
+        update = RankWeightUpdate(config.model, str(source))
+    executor.run_on_every_rank(update)
+
+
+def _check_same_model(served: str, path: Path) -> None:
+    family, args = load_args(served)
     new_family, new_args = load_args(path)
     if new_family.name != family.name or new_args.architecture != args.architecture:
         raise ValueError(
             f"model_path: {str(path)!r} is a {new_args.architecture} checkpoint, the engine serves "
             f"{args.architecture}; pass a checkpoint of the served model"
         )
-    load_weights(executor.model, family, args, path)
 
 
 def sleep(executor: ModelExecutor, config: EngineConfig) -> None:
