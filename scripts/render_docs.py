@@ -104,6 +104,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "fuzz-http": testing.fuzz_http,
     "sweep": benchmarks_sweep.sweep,
     "sweep-phases": benchmarks_sweep.phases,
+    "sweep-prefill": benchmarks_sweep.prefill_budget,
 }
 """Region name -> the renderer that fills it (tests/docs checks that each has exactly one region)."""
 

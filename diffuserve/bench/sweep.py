@@ -200,6 +200,7 @@ def run(ns: argparse.Namespace) -> int:
         "workloads": ns.workload,
         "arrival_window_s": ns.arrival_window,
         "denoising_steps": ns.denoising_steps,
+        "max_prefill_tokens": ns.max_prefill_tokens,
         "temperature": 0.0,
         "seed": ns.seed,
         "peak_memory_method": PeakRss.method,

@@ -64,7 +64,8 @@ def fresh_engine(ctx: BenchContext, ns: argparse.Namespace, block: int, concurre
     """An engine for `concurrency` whole sequences (no prefix cache, no expert statistics: the sweep reports none),
     warmed up by two short requests."""
     length = max_model_len(ns.prompt_tokens, ns.output_tokens, block)
-    engine = ctx.engine(block, concurrency, length, enable_prefix_caching=False, expert_stats=False)
+    prefill = {} if ns.max_prefill_tokens is None else {"max_prefill_tokens": ns.max_prefill_tokens}
+    engine = ctx.engine(block, concurrency, length, enable_prefix_caching=False, expert_stats=False, **prefill)
     warm = ctx.prompts(2, ns.prompt_tokens)
     params = SamplingParams(max_tokens=min(ns.output_tokens, 2 * block), ignore_eos=True, steps=ns.denoising_steps)
     for i, prompt in enumerate(warm):

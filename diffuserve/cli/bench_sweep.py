@@ -46,6 +46,12 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="renoise canvases (DiffusionGemma): max_denoising_steps (default: the model's)",
     )
+    parser.add_argument(
+        "--max-prefill-tokens",
+        type=positive_int,
+        default=None,
+        help="the engine's prefill tokens per step (default: the engine's default)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the workloads (default: 0)")
     parser.add_argument(
         "--profile",

@@ -7,8 +7,11 @@ and a current block. One engine step spends a token budget (`max_num_batched_tok
                                                          the block finished last step (the fused commit)
     + its current block (block_length tokens)            denoised this step, once nothing is left to commit
 
-Running requests come first, least recently scheduled first (so a tight budget rotates among them); waiting
-requests are admitted FCFS after them while pages, budget and `max_num_seqs` allow. When pages run out, the most
+Prefill (a prompt's blocks, or a preempted request's recompute: any commit but the one block a decode step
+commits) also spends a smaller budget of its own, `max_prefill_tokens`, so that a step which prefills arriving
+prompts beside the running requests stays short: their inter-token latency is the step's time. Running requests
+come first, least recently scheduled first (so a tight budget rotates among them); waiting requests are admitted
+FCFS after them while pages, budgets and `max_num_seqs` allow. When pages run out, the most
 recently admitted running request is preempted: its pages are freed, its tokens and canvas kept, and it is
 recomputed later. A request is only admitted if its whole life fits in the cache, so the oldest request can
 always proceed: no deadlock. Which memory a request holds (pages of K/V, a sliding window of them, a
@@ -26,6 +29,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from diffuserve.core.cache.manager import CacheManager
 from diffuserve.core.draft_switch import DraftSwitch, back_off
@@ -39,6 +43,33 @@ NO_WRITE = BlockWrite([])
 """A step that wrote nothing into a request's block (a grammar failure, or no result for it)."""
 
 
+CPU_PREFILL_TOKENS = 256
+"""`max_prefill_tokens`' default on a CPU, measured (docs/benchmarks/throughput.md, "Prefill budget"): on Clover's
+bench shape at 128 concurrent, realistic workload, ITL p99 / p50 fell from 7.5 to 2.5 with TTFT p50 1.2x."""
+
+
+def default_prefill_tokens(device_type: str, max_num_batched_tokens: int, block_length: int) -> int:
+    """`max_prefill_tokens`' default on `device_type` (a torch device type): on a CPU a step's time grows with
+    every token from the first, so prefill gets a share of the step; on a GPU, where a step's time barely grows
+    until a few thousand tokens, the whole step budget (as vLLM's chunked prefill; an estimate, not measured)."""
+    if device_type == "cuda":
+        return max_num_batched_tokens
+    return max(CPU_PREFILL_TOKENS, block_length)
+
+
+@dataclass
+class StepBudget:
+    """What is left of one step's token budgets: all query tokens, and the prefill commits among them."""
+
+    tokens: int
+    prefill_tokens: int
+
+    def spend(self, work: ScheduledRequest, is_prefill: bool) -> None:
+        self.tokens -= work.num_tokens
+        if is_prefill:
+            self.prefill_tokens -= work.commit_end - work.commit_start
+
+
 class Scheduler:
     def __init__(
         self,
@@ -49,15 +80,18 @@ class Scheduler:
         fused_commit: bool = True,
         forward_blocks: bool = True,
         auto_draft_tokens: int = 0,
+        max_prefill_tokens: int | None = None,
     ) -> None:
         """`forward_blocks` False: no block's tokens are computed (`ScheduledRequest.forwards_block`);
-        `auto_draft_tokens`: the step tokens up to which decoder=auto requests draft (core/draft_switch.py)."""
+        `auto_draft_tokens`: the step tokens up to which decoder=auto requests draft (core/draft_switch.py);
+        `max_prefill_tokens`: the prefill tokens of one step (None: only `max_num_batched_tokens` bounds them)."""
         self.cache = cache
         self.drafts = DraftSwitch(block_length, auto_draft_tokens)
         self.num_auto = 0
         """Unfinished decoder=auto requests (the switch is consulted only while there are some)."""
         self.forward_blocks = forward_blocks
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.max_prefill_tokens = max_num_batched_tokens if max_prefill_tokens is None else max_prefill_tokens
         self.block_length = block_length
         self.fused_commit = fused_commit
         self.requests: dict[str, Request] = {}
@@ -88,7 +122,7 @@ class Scheduler:
         """Picks this step's work and allocates its pages. Mutates request statuses, pages and queues."""
         self.num_steps += 1
         self.cache.start_step()
-        budget = self.max_num_batched_tokens
+        budget = StepBudget(self.max_num_batched_tokens, self.max_prefill_tokens)
         if self.num_auto:  # decoder=auto requests: whether they draft this step
             seats = max(0, self.max_num_seqs - len(self.running))  # the waiting requests this step may admit
             self.drafts.choose(itertools.chain(self.running, itertools.islice(self.waiting, seats)))
@@ -101,9 +135,9 @@ class Scheduler:
             if work is None or not self._reserve(work, scheduled, preempted):
                 continue
             scheduled.append(self.cache.allocate(work))
-            budget -= work.num_tokens
+            budget.spend(work, self._is_prefill(request))
         if not preempted:
-            budget = self._admit_waiting(budget, scheduled)
+            self._admit_waiting(budget, scheduled)
         for work in scheduled:
             work.request.last_scheduled_step = self.num_steps
         return SchedulerOutput(scheduled, preempted)
@@ -243,15 +277,24 @@ class Scheduler:
         self.cache.release(request)
 
     # ---- planning ------------------------------------------------------------------------------------------
-    def _plan(self, request: Request, budget: int) -> ScheduledRequest | None:
-        """The largest piece of work that fits the budget: pending commits (all, or a chunk of whole blocks), the
-        prompt positions those commits let it score (prompt_logprobs), then the block once nothing is left to
-        commit or score. With fused_commit off, a finished block's commit runs as its own forward. A request with
-        max_tokens 0 has no block: once scored it gets an empty piece of work, which finishes it."""
+    def _is_prefill(self, request: Request) -> bool:
+        """Whether the request's pending commits are prefill (its prompt, or a recompute after preemption), not the
+        one block a decode step commits."""
+        pending = request.commit_target - request.num_computed_tokens
+        return pending > self.block_length or request.block_start <= request.num_prefill_positions
+
+    def _plan(self, request: Request, step_budget: StepBudget) -> ScheduledRequest | None:
+        """The largest piece of work that fits the budget: pending commits (all, or a chunk of whole blocks, within
+        the prefill budget if they are prefill), the prompt positions those commits let it score
+        (prompt_logprobs), then the block once nothing is left to commit or score. With fused_commit off, a
+        finished block's commit runs as its own forward. A request with max_tokens 0 has no block: once scored it
+        gets an empty piece of work, which finishes it."""
+        budget = step_budget.tokens
+        commit_budget = min(budget, step_budget.prefill_tokens) if self._is_prefill(request) else budget
         start = request.num_computed_tokens
         pending = max(0, request.commit_target - start)
         limit = self.cache.commit_limit(request) - start
-        chunk = min(pending, budget // self.block_length * self.block_length, max(limit, 0))
+        chunk = min(pending, commit_budget // self.block_length * self.block_length, max(limit, 0))
         score_start, score_end = self._plan_scoring(request, start + chunk, budget - chunk)
         left = budget - chunk - (score_end - score_start) * self.block_length
         is_block_commit = request.block_start > request.num_prefill_positions
@@ -300,7 +343,7 @@ class Scheduler:
                 return False
         return True
 
-    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
+    def _admit_waiting(self, budget: StepBudget, scheduled: list[ScheduledRequest]) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             page_hits = self.cache.match_prefix(request)
@@ -318,8 +361,7 @@ class Scheduler:
             if request.num_forwards == 0:
                 request.num_cached_tokens = request.num_computed_tokens
             scheduled.append(work)
-            budget -= work.num_tokens
-        return budget
+            budget.spend(work, self._is_prefill(request))
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

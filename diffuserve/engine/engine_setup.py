@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from diffuserve.config import EngineConfig
+from diffuserve.config import EngineConfig, SchedulerConfig
 from diffuserve.core.cache.manager import CacheManager
 from diffuserve.core.draft_switch import default_draft_tokens
-from diffuserve.core.scheduler import Scheduler
+from diffuserve.core.scheduler import Scheduler, default_prefill_tokens
 from diffuserve.decoding.block_decoding import BlockDecoding
 from diffuserve.decoding.grammar_walk import StructuredDecoding
 from diffuserve.distributed.group import ParallelGroup, launched_by_torchrun, rank_device, torchrun_rank
@@ -110,14 +110,24 @@ def generation_defaults(family: ModelFamily, generation: dict) -> dict[str, Any]
     return {**family.decoding_defaults, **from_file, **penalties}
 
 
+def _check_step_budgets(sched: SchedulerConfig, block_length: int) -> None:
+    """A step's budgets must each hold one block, or a request could never be prefilled or decoded."""
+    if sched.max_num_batched_tokens < block_length:
+        raise ValueError(
+            f"max_num_batched_tokens: {sched.max_num_batched_tokens} is below the block length {block_length}; "
+            f"raise it to at least {2 * block_length}"
+        )
+    if sched.max_prefill_tokens is not None and sched.max_prefill_tokens < block_length:
+        raise ValueError(
+            f"max_prefill_tokens: {sched.max_prefill_tokens} is below the block length {block_length} (prefill "
+            f"runs in whole blocks); raise it to at least {block_length}"
+        )
+
+
 def build_components(config: EngineConfig, make_runner: RunnerFactory | None = None) -> EngineComponents:
     family, args, max_model_len = load_model_args(config)
     sched = config.scheduler
-    if sched.max_num_batched_tokens < args.block_length:
-        raise ValueError(
-            f"max_num_batched_tokens: {sched.max_num_batched_tokens} is below the block length {args.block_length}; "
-            f"raise it to at least {2 * args.block_length}"
-        )
+    _check_step_budgets(sched, args.block_length)
     executor = _build_executor(config, args, max_model_len)
     cache = CacheManager.build(executor.sizes, config.cache, sched.max_num_batched_tokens)
     # A one-token block of a model predicting position p from row p - 1 is read from the last committed row alone.
@@ -132,6 +142,9 @@ def build_components(config: EngineConfig, make_runner: RunnerFactory | None = N
         default_draft_tokens(executor.device.type, args.block_length)
         if sched.auto_draft_tokens is None
         else sched.auto_draft_tokens,
+        default_prefill_tokens(executor.device.type, sched.max_num_batched_tokens, args.block_length)
+        if sched.max_prefill_tokens is None
+        else sched.max_prefill_tokens,
     )
     tokenizer = _tokenizer(config.model)
     structured = (

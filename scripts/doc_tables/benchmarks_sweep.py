@@ -168,3 +168,42 @@ def phases(load: Load) -> str:
             )
     headers = ["model: reading", "workload", *(f"{name} µs" for name in PHASE_NAMES), "all but the forward µs"]
     return table(headers, rows)
+
+
+PREFILL_BUDGETS = (4096, 128, 256, 512)
+"""The results files sweep-prefill-<tokens>: one run of the same sweep row per --max-prefill-tokens (4096, the
+step's whole budget, is the engine without a prefill budget of its own; 256 the CPU default)."""
+
+
+def prefill_budget(load: Load) -> str:
+    """Clover's autoregressive reading at 128 concurrent, realistic workload, per prefill budget: throughput, TTFT
+    and ITL (p50 / p99 and their ratio), each TTFT p50 also against the run without a prefill budget."""
+    runs = {tokens: load(f"sweep-prefill-{tokens}") for tokens in PREFILL_BUDGETS}
+    base_ttft = runs[PREFILL_BUDGETS[0]]["result"]["results"][0]["engine"]["ttft_s"]["p50"]
+    rows = []
+    for tokens, data in runs.items():
+        engine = data["result"]["results"][0]["engine"]
+        ttft, itl = engine["ttft_s"], engine["itl_s"]
+        rows.append(
+            [
+                f"{tokens} (no budget of its own)" if tokens == PREFILL_BUDGETS[0] else str(tokens),
+                sig3(engine["tokens_per_s"]),
+                _pair(ttft),
+                f"{ttft['p50'] / base_ttft:.2f}x",
+                _pair(itl),
+                f"{itl['p99'] / itl['p50']:.1f}x",
+                str(engine["num_steps"]),
+            ]
+        )
+    first = runs[PREFILL_BUDGETS[0]]
+    head = f"`{first['command']}` (git {first['git']}; each row with its own --max-prefill-tokens)"
+    headers = [
+        "max_prefill_tokens",
+        "engine tok/s",
+        "TTFT p50 / p99 ms",
+        "TTFT p50 vs none",
+        "ITL p50 / p99 ms",
+        "ITL p99 / p50",
+        "steps",
+    ]
+    return f"{head}\n\n{table(headers, rows)}"

@@ -23,9 +23,11 @@ def make_request(rid: str, prompt_len: int, max_tokens: int = 8, block: int = 4,
     return Request(rid, prompt, SamplingParams(max_tokens=max_tokens).with_defaults({}), block, MASK)
 
 
-def make_scheduler(num_pages=64, page_size=4, max_num_seqs=8, budget=64, block=4, fused=True) -> Scheduler:
+def make_scheduler(
+    num_pages=64, page_size=4, max_num_seqs=8, budget=64, block=4, fused=True, prefill_budget=None
+) -> Scheduler:
     cache = CacheManager([PagedKind("kv", PagePool(num_pages, page_size))])
-    return Scheduler(cache, max_num_seqs, budget, block, fused)
+    return Scheduler(cache, max_num_seqs, budget, block, fused, max_prefill_tokens=prefill_budget)
 
 
 def run_step(scheduler: Scheduler) -> list:
@@ -83,6 +85,36 @@ def test_budget_rotates_among_running_requests():
     # now each needs 8 (fused commit + block): one per step, least recently scheduled first
     turns = [[w.request.request_id for w in run_step(scheduler)] for _ in range(4)]
     assert turns == [["0"], ["1"], ["0"], ["1"]]
+
+
+def test_prefill_budget_bounds_each_steps_prompt_tokens_and_never_stalls_the_running_requests():
+    """Under a prefill budget of 8, three 20-token prompts arrive beside a running request: no step prefills more
+    than 8 prompt tokens, and the running request's block is decoded in every step (its fused commit of the
+    block it finished is not prefill)."""
+    scheduler = make_scheduler(budget=64, prefill_budget=8)
+    running = make_request("run", prompt_len=4, max_tokens=24)
+    scheduler.add(running)
+    run_step(scheduler)
+    for i in range(3):
+        scheduler.add(make_request(f"new{i}", prompt_len=20, max_tokens=4, first_token=10 * i + 5))
+    prefills, beside_a_commit = [], []
+    while scheduler.has_unfinished:
+        scheduled = run_step(scheduler)
+        prefills.append(sum(w.commit_end - w.commit_start for w in scheduled if w.request is not running))
+        assert prefills[-1] <= 8
+        if not running.status.is_finished:
+            (own,) = [w for w in scheduled if w.request is running]
+            assert own.has_block
+            if own.commit_end > own.commit_start:
+                beside_a_commit.append(prefills[-1])
+    assert max(beside_a_commit) == 8 and sum(prefills) >= 3 * 20
+
+
+def test_prefill_budget_off_prefills_every_arrival_in_one_step():
+    scheduler = make_scheduler(budget=128)
+    for i in range(3):
+        scheduler.add(make_request(f"new{i}", prompt_len=20, max_tokens=4, first_token=10 * i + 5))
+    assert sum(w.commit_end - w.commit_start for w in run_step(scheduler)) == 3 * 20
 
 
 def test_preemption_frees_the_youngest_and_everything_completes():
@@ -163,7 +195,11 @@ def test_abort_frees_pages_at_once():
 def test_random_workloads_never_deadlock_or_leak(seed):
     rng = random.Random(seed)
     scheduler = make_scheduler(
-        num_pages=rng.randint(10, 30), page_size=4, budget=rng.choice([8, 16, 64]), max_num_seqs=rng.randint(1, 6)
+        num_pages=rng.randint(10, 30),
+        page_size=4,
+        budget=rng.choice([8, 16, 64]),
+        max_num_seqs=rng.randint(1, 6),
+        prefill_budget=rng.choice([None, 4, 12]),
     )
     requests = [
         make_request(str(i), rng.randint(1, 20), rng.randint(1, 16), first_token=rng.randint(0, 3)) for i in range(20)

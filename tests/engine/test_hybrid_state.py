@@ -92,6 +92,15 @@ def test_chunked_prefill_equals_unchunked(model_dirs):
     assert chunked.engine.stats().num_steps > whole.engine.stats().num_steps
 
 
+def test_a_prefill_budget_spreads_prompts_over_steps_without_changing_a_token(model_dirs):
+    prompts = _prompts([33, 47, 5, 70], seed=6)
+    params = _params(8)
+    whole = _llm(model_dirs[4])
+    budgeted = _llm(model_dirs[4], max_prefill_tokens=8)
+    assert _generate(budgeted, prompts, params) == _generate(whole, prompts, params)
+    assert budgeted.engine.stats().num_steps > whole.engine.stats().num_steps
+
+
 @pytest.mark.parametrize("budget", [4096, 8])
 def test_prefix_cache_hit_equals_miss(model_dirs, budget):
     shared = _prompts([40], seed=4)[0]
