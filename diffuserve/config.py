@@ -90,10 +90,10 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 4096
     """Token budget of one step (current blocks + commit tokens + prefill chunks)."""
     max_prefill_tokens: int | None = None
-    """Prefill tokens of one step (prompt chunks and recomputes after preemption, whole blocks, at least one), a
-    part of max_num_batched_tokens: a step that prefills arriving prompts beside running requests delays their
-    next tokens by its own length, so a smaller share keeps their inter-token latency steady and spreads the
-    prompts over more steps. Default: 256 on a CPU (measured), max_num_batched_tokens on a GPU (core/scheduler.py
+    """Prefill tokens of one step (prompt chunks and recomputes after preemption, whole blocks, at least one) while
+    any running request is decoding, a part of max_num_batched_tokens: a step that prefills arriving prompts beside
+    them delays their next tokens by its own length, so a smaller share keeps their inter-token latency steady and
+    spreads the prompts over more steps (with none decoding, prefill takes the whole step). Default: 256 on a CPU (measured), max_num_batched_tokens on a GPU (core/scheduler.py
     default_prefill_tokens)."""
     fused_commit: bool = True
     """Write a finished block's K/V in the same forward as the next block's first step (exact). Off: a separate

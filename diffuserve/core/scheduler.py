@@ -8,8 +8,9 @@ and a current block. One engine step spends a token budget (`max_num_batched_tok
     + its current block (block_length tokens)            denoised this step, once nothing is left to commit
 
 Prefill (a prompt's blocks, or a preempted request's recompute: any commit but the one block a decode step
-commits) also spends a smaller budget of its own, `max_prefill_tokens`, so that a step which prefills arriving
-prompts beside the running requests stays short: their inter-token latency is the step's time. Running requests
+commits) also spends a smaller budget of its own, `max_prefill_tokens`, while any running request is decoding, so
+that a step which prefills arriving prompts beside them stays short: their inter-token latency is the step's time.
+With none decoding, prefill may take the whole step. Running requests
 come first, least recently scheduled first (so a tight budget rotates among them); waiting requests are admitted
 FCFS after them while pages, budgets and `max_num_seqs` allow. When pages run out, the most
 recently admitted running request is preempted: its pages are freed, its tokens and canvas kept, and it is
@@ -122,7 +123,7 @@ class Scheduler:
         """Picks this step's work and allocates its pages. Mutates request statuses, pages and queues."""
         self.num_steps += 1
         self.cache.start_step()
-        budget = StepBudget(self.max_num_batched_tokens, self.max_prefill_tokens)
+        budget = StepBudget(self.max_num_batched_tokens, self._prefill_budget())
         if self.num_auto:  # decoder=auto requests: whether they draft this step
             seats = max(0, self.max_num_seqs - len(self.running))  # the waiting requests this step may admit
             self.drafts.choose(itertools.chain(self.running, itertools.islice(self.waiting, seats)))
@@ -277,11 +278,18 @@ class Scheduler:
         self.cache.release(request)
 
     # ---- planning ------------------------------------------------------------------------------------------
+    def _prefill_budget(self) -> int:
+        """`max_prefill_tokens` while a running request is decoding (its next tokens wait for the step), else the
+        whole step."""
+        if any(not self._is_prefill(request) for request in self.running):
+            return self.max_prefill_tokens
+        return self.max_num_batched_tokens
+
     def _is_prefill(self, request: Request) -> bool:
-        """Whether the request's pending commits are prefill (its prompt, or a recompute after preemption), not the
-        one block a decode step commits."""
+        """Whether the request has prefill commits pending (its prompt, or a recompute after preemption): commits
+        other than the one finished block a decode step commits. A request without is decoding."""
         pending = request.commit_target - request.num_computed_tokens
-        return pending > self.block_length or request.block_start <= request.num_prefill_positions
+        return pending > self.block_length or (pending > 0 and request.block_start <= request.num_prefill_positions)
 
     def _plan(self, request: Request, step_budget: StepBudget) -> ScheduledRequest | None:
         """The largest piece of work that fits the budget: pending commits (all, or a chunk of whole blocks, within

@@ -89,8 +89,8 @@ def test_budget_rotates_among_running_requests():
 
 def test_prefill_budget_bounds_each_steps_prompt_tokens_and_never_stalls_the_running_requests():
     """Under a prefill budget of 8, three 20-token prompts arrive beside a running request: no step prefills more
-    than 8 prompt tokens, and the running request's block is decoded in every step (its fused commit of the
-    block it finished is not prefill)."""
+    than 8 prompt tokens while it decodes, and its block is decoded in every step (its fused commit of the block it
+    finished is not prefill)."""
     scheduler = make_scheduler(budget=64, prefill_budget=8)
     running = make_request("run", prompt_len=4, max_tokens=24)
     scheduler.add(running)
@@ -101,8 +101,8 @@ def test_prefill_budget_bounds_each_steps_prompt_tokens_and_never_stalls_the_run
     while scheduler.has_unfinished:
         scheduled = run_step(scheduler)
         prefills.append(sum(w.commit_end - w.commit_start for w in scheduled if w.request is not running))
-        assert prefills[-1] <= 8
         if not running.status.is_finished:
+            assert prefills[-1] <= 8
             (own,) = [w for w in scheduled if w.request is running]
             assert own.has_block
             if own.commit_end > own.commit_start:
@@ -110,8 +110,23 @@ def test_prefill_budget_bounds_each_steps_prompt_tokens_and_never_stalls_the_run
     assert max(beside_a_commit) == 8 and sum(prefills) >= 3 * 20
 
 
-def test_prefill_budget_off_prefills_every_arrival_in_one_step():
-    scheduler = make_scheduler(budget=128)
+def test_a_request_still_denoising_its_first_block_counts_as_decoding():
+    """A block decoded over several steps (one token a step here): while the first one is open, nothing is left to
+    commit, and the request is decoding, so an arrival's prefill stays within the budget."""
+    scheduler = make_scheduler(budget=64, prefill_budget=8)
+    running = make_request("run", prompt_len=6, max_tokens=8)
+    scheduler.add(running)
+    out = scheduler.schedule()
+    scheduler.update_from_output(out, {"run": BlockWrite([(running.masked_indices()[0], 7)])})
+    assert running.block_start == 4 and running.num_computed_tokens == 4  # its first block is still open
+    scheduler.add(make_request("new", prompt_len=20, first_token=9))
+    new_work = [w for w in scheduler.schedule().scheduled if w.request.request_id == "new"]
+    assert [w.commit_end - w.commit_start for w in new_work] == [8]
+
+
+@pytest.mark.parametrize("prefill_budget", [None, 8])
+def test_with_no_request_decoding_prefill_takes_the_whole_step(prefill_budget):
+    scheduler = make_scheduler(budget=128, prefill_budget=prefill_budget)
     for i in range(3):
         scheduler.add(make_request(f"new{i}", prompt_len=20, max_tokens=4, first_token=10 * i + 5))
     assert sum(w.commit_end - w.commit_start for w in run_step(scheduler)) == 3 * 20

@@ -11,6 +11,7 @@ import torch
 from diffuserve import LLM, SamplingParams
 from diffuserve.bench.baselines.engines import baseline_llm
 from diffuserve.model.loader import load_model
+from diffuserve.reference.clover_dense import DenseClover
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_block_decode
 
@@ -54,7 +55,7 @@ def test_engine_equals_the_naive_reference(model_dirs, block):
     got = _generate(llm, prompts, _params(max_tokens, decoder="threshold"))
     _, model = load_model(model_dirs[block])
     settings = ReferenceSettings(max_new_tokens=max_tokens, threshold=0.5)
-    assert got == [reference_block_decode(model, p, settings) for p in prompts]
+    assert got == [reference_block_decode(DenseClover(model), p, settings) for p in prompts]
     assert llm.engine.stats().num_prefill_tokens > 0
 
 
@@ -92,12 +93,26 @@ def test_chunked_prefill_equals_unchunked(model_dirs):
     assert chunked.engine.stats().num_steps > whole.engine.stats().num_steps
 
 
+def _staggered(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    """The first prompt alone for two steps (it is decoding by then), then the others arrive."""
+    engine, tokens = llm.engine, {}
+    engine.add_request("0", prompts[0], params)
+    for _ in range(2):
+        engine.step()
+    for i, prompt in enumerate(prompts[1:], start=1):
+        engine.add_request(str(i), prompt, params)
+    while engine.has_unfinished_requests():
+        tokens |= {out.request_id: list(out.outputs[0].token_ids) for out in engine.step() if out.finished}
+    return [tokens[str(i)] for i in range(len(prompts))]
+
+
 def test_a_prefill_budget_spreads_prompts_over_steps_without_changing_a_token(model_dirs):
-    prompts = _prompts([33, 47, 5, 70], seed=6)
-    params = _params(8)
-    whole = _llm(model_dirs[4])
+    prompts = _prompts([9, 47, 5, 70], seed=6)
+    params = _params(12)
+    whole = _llm(model_dirs[4], max_prefill_tokens=4096)
     budgeted = _llm(model_dirs[4], max_prefill_tokens=8)
-    assert _generate(budgeted, prompts, params) == _generate(whole, prompts, params)
+    expected = _generate(_llm(model_dirs[4]), prompts, params)
+    assert _staggered(budgeted, prompts, params) == _staggered(whole, prompts, params) == expected
     assert budgeted.engine.stats().num_steps > whole.engine.stats().num_steps
 
 
