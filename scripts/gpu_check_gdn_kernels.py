@@ -28,6 +28,7 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.model.families.clover_moe import gdn_kernels
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.families.clover_moe.gated_deltanet import set_gdn_backend
 from diffuserve.model.loader import load_model
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
@@ -70,15 +71,16 @@ def _phase(run: Any) -> Any:
 
 def _logits(model_dir: Path, dtype: str, device: torch.device, kernels: str) -> dict[str, float]:
     _, model = load_model(model_dir, dtype, str(device))
+    dense = DenseClover(model)
     ids = torch.randint(1, 4000, (2, sum(SPLITS)), generator=torch.Generator().manual_seed(1)).to(device)
     runs = {}
     with torch.no_grad():
         for backend in ("torch", kernels):
             set_gdn_backend(model, backend, device)
-            whole = model.compute_logits(model.forward_causal(ids)[0]).float()
+            whole = model.compute_logits(dense.forward_causal(ids)[0]).float()
             state, pieces = None, []
             for piece in ids.split(SPLITS, dim=1):
-                hidden, state = model.forward_causal(piece, state)
+                hidden, state = dense.forward_causal(piece, state)
                 pieces.append(model.compute_logits(hidden).float())
             runs[backend] = (whole, torch.cat(pieces, dim=1))
     (torch_whole, torch_split), (kernel_whole, kernel_split) = runs["torch"], runs[kernels]

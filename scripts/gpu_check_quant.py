@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from diffuserve import LLM, SamplingParams
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.loader import load_model
 from diffuserve.model.quant.formats import FP8_MAX, QuantParts
 from diffuserve.model.quant.kernels import select_kernel
@@ -134,7 +135,7 @@ def check_written_checkpoint(model_dir: Path, method: str, device: str, tmp: Pat
     )
     ids = torch.arange(1, 33, device=device)[None]
     with torch.no_grad():
-        a, b = loaded.forward_causal(ids)[0], on_load.forward_causal(ids)[0]
+        a, b = DenseClover(loaded).forward_causal(ids)[0], DenseClover(on_load).forward_causal(ids)[0]
         difference = (loaded.compute_logits(a) - on_load.compute_logits(b)).abs().max().item()
     print(f"written {method} checkpoint vs quantized on load: max |logit difference| {difference:.3g}")
     return {"max_abs_difference": difference}

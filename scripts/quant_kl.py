@@ -18,6 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from diffuserve.model.families.clover_moe.dense import DenseClover
+from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
 from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.loader import load_model
 from diffuserve.model.quant.scheme import make_scheme
@@ -54,8 +56,9 @@ def write(root: Path, family: str) -> Path:
 
 def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        if hasattr(model, "forward_causal"):
-            return torch.cat([model.compute_logits(model.forward_causal(row[None])[0][0]) for row in ids])
+        if isinstance(model, CloverMoeForBlockDiffusion):  # recurrent layers: read whole by the dense oracle
+            dense = DenseClover(model)
+            return torch.cat([model.compute_logits(dense.forward_causal(row[None])[0][0]) for row in ids])
         t, block = ids.shape[1], model.args.block_length
         positions = torch.arange(t)
         mask = (positions[:, None] // block >= positions[None, :] // block)[None, None]

@@ -45,6 +45,22 @@ def test_importing_the_serving_path_loads_no_workshop_module():
     assert result.stdout.strip() == "[]", result.stdout
 
 
+def test_serving_clover_never_loads_its_dense_reading(tmp_path):
+    """Clover's whole-sequence reading (model/families/clover_moe/dense.py) is the oracles': an engine serving a
+    Clover checkpoint runs without it."""
+    code = (
+        "import sys\n"
+        "from diffuserve import LLM, SamplingParams\n"
+        "from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint\n"
+        f"path = write_clover_moe_checkpoint({str(tmp_path / 'm')!r}, make_clover_moe_config(), seed=0)\n"
+        "LLM(str(path), max_model_len=64).generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))\n"
+        "print('diffuserve.model.families.clover_moe.dense' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "False", result.stdout
+
+
 def test_the_reference_decode_never_imports_the_engine():
     """The oracle shares only the model's forward with the engine (docs/internals/testing.md). Its input type,
     SamplingParams, validates with diffuserve/errors.py's RequestError, outside the engine: no engine module loads."""

@@ -38,7 +38,7 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -56,7 +56,8 @@ from diffuserve.reference.reference_model import load_reference
 from diffuserve.sampling_params import RENOISE, SamplingParams
 
 if TYPE_CHECKING:
-    from diffuserve.model.families.clover_moe.model import HybridState
+    from diffuserve.model.families.clover_moe.dense import HybridState
+    from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
 
 VARIANT_ORDER = (
     "engine",
@@ -212,6 +213,7 @@ def hybrid_reference_variant(
     ctx: BenchContext, block: int, prompts: list[list[int]], params: SamplingParams
 ) -> dict[str, Any]:
     """The naive clover_moe decode (reference/reference_clover_moe.py): prefix recomputed every step; temperature 0."""
+    from diffuserve.model.families.clover_moe.dense import DenseClover
     from diffuserve.model.loader import load_model
     from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_block_decode
 
@@ -223,7 +225,7 @@ def hybrid_reference_variant(
         )
     args = ctx.args.replace(block_length=block)
     _, model = load_model(ctx.model_dir, ctx.dtype, str(ctx.device), args=args)
-    counted = _CountingModel(model)
+    counted = _CountingModel(DenseClover(cast("CloverMoeForBlockDiffusion", model)))
     settings = ReferenceSettings(max_new_tokens=resolved.max_tokens or 1, threshold=resolved.threshold)
     tokens = []
     started = time.perf_counter()

@@ -46,7 +46,9 @@ NO_WRITE = BlockWrite([])
 
 CPU_PREFILL_TOKENS = 256
 """`max_prefill_tokens`' default on a CPU, measured (docs/benchmarks/throughput.md, "Prefill budget"): on Clover's
-bench shape at 128 concurrent, realistic workload, ITL p99 / p50 fell from 7.5 to 2.5 with TTFT p50 1.2x."""
+bench shape at 128 concurrent, realistic workload, ITL p99 / p50 2.6x to 2.9x over three runs (1.3x to 5.4x
+without a budget) with a lower TTFT p50 (1.4 s against 1.9 s); 128 steadies the ITL no further, 512 lets it
+grow back to 4x to 5x."""
 
 
 def default_prefill_tokens(device_type: str, max_num_batched_tokens: int, block_length: int) -> int:

@@ -84,7 +84,9 @@ class Penalized(WrappedDecoder):
         self, request: Request, rows: torch.Tensor, positions: list[int], generators: RequestGenerators
     ) -> BlockDecode:
         counts = self.counts.of(request, rows.shape[-1], rows.device)
-        return self.inner.decode(request, apply_penalties(rows, counts, request.params), positions, generators)
+        # A copy: `rows` may be the step's logits themselves, which a verified request's head check reads again
+        # (and penalises once more, as its own causal row) after this decode.
+        return self.inner.decode(request, apply_penalties(rows.clone(), counts, request.params), positions, generators)
 
     def verify(
         self,
@@ -99,6 +101,7 @@ class Penalized(WrappedDecoder):
         counts = self.counts.of(request, rows.shape[-1], rows.device) + _bincount(
             request.draft.tokens[: positions[0] - first], rows.shape[-1], rows.device
         )
+        rows = rows.clone()  # the caller's rows stay the model's (see decode)
         for i, draft in enumerate(drafts):
             apply_penalties(rows[i : i + 1], counts, request.params)
             counts[draft] += 1

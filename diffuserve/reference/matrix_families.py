@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.loader import load_model
 from diffuserve.model.quant.scheme import make_scheme
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
@@ -160,10 +161,10 @@ def _decode(
         if kind == "transformers":
             return tuple(_transformers_tokens(model, list(prompt), params))
         if kind == "clover" and params.decoder != "verified":
-            return tuple(reference_hybrid_generate(model.model, model, list(prompt), params, generator))
+            return tuple(reference_hybrid_generate(DenseClover(model.model), model, list(prompt), params, generator))
         assert params.max_tokens is not None
         settings = ReferenceSettings(max_new_tokens=params.max_tokens, temperature=params.temperature or 0.0)
-        return tuple(reference_ar_decode(model.model, list(prompt), settings, generator))
+        return tuple(reference_ar_decode(DenseClover(model.model), list(prompt), settings, generator))
 
 
 def _transformers_tokens(model: Any, prompt: list[int], params: SamplingParams) -> list[int]:

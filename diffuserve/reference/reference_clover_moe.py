@@ -24,13 +24,13 @@ from torch import nn
 
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.families.clover_moe.config import hybrid_args
-from diffuserve.model.families.clover_moe.model import HybridState
+from diffuserve.model.families.clover_moe.dense import HybridState
 from diffuserve.reference.reference_coreset import block_coreset_routing
 
 
 class HybridLM(Protocol):
-    """What the oracle calls: a CloverMoeForBlockDiffusion, or a wrapper of one (bench compare counts its
-    forwards)."""
+    """What the oracle calls: a clover_moe model read whole (model/families/clover_moe/dense.py's DenseClover), or
+    a wrapper of one (bench compare counts its forwards)."""
 
     @property
     def args(self) -> ModelArgs: ...

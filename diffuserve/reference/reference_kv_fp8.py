@@ -14,7 +14,7 @@ from unittest import mock
 
 import torch
 
-from diffuserve.model.families.clover_moe import gated_attention
+from diffuserve.model.families.clover_moe import dense as clover_dense
 from diffuserve.model.layers import attention
 
 E4M3_MAX = 448.0
@@ -34,7 +34,8 @@ def e4m3_round(x: torch.Tensor) -> torch.Tensor:
 @contextmanager
 def fp8_kv_reference() -> Iterator[None]:
     """Within it, the models' dense (no-cache) attention sees e4m3-rounded K and V: what the reference decoders
-    and prompt scoring run on, for every family (attention.py's layer and clover's gated attention)."""
+    and prompt scoring run on, for every family (attention.py's layer, and clover's gated attention as
+    model/families/clover_moe/dense.py reads it)."""
     dense = attention.dense_attention
 
     def rounded(
@@ -44,6 +45,6 @@ def fp8_kv_reference() -> Iterator[None]:
 
     with (
         mock.patch.object(attention, "dense_attention", rounded),
-        mock.patch.object(gated_attention, "dense_attention", rounded),
+        mock.patch.object(clover_dense, "dense_attention", rounded),
     ):
         yield

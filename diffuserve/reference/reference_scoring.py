@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from diffuserve.model.families.clover_moe.config import hybrid_args
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
 from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.step_inputs import StepInputs
@@ -50,16 +51,17 @@ def reference_hybrid_prompt_log_probs(
 ) -> list[torch.Tensor | None]:
     """clover_moe: per prompt position, the log-distribution [V] fp32 its score reads; None at position 0."""
     hybrid, block, mask = hybrid_args(model.args), model.args.block_length, model.args.mask_token_id
+    dense = DenseClover(model)
     out: list[torch.Tensor | None] = [None]
     for p in range(1, len(prompt)):
         start = p // block * block
         if not hybrid.has_diffusion or (hybrid.prediction_shift and p == start):
-            hidden, _ = model.forward_causal(torch.tensor([prompt[:p]]))
+            hidden, _ = dense.forward_causal(torch.tensor([prompt[:p]]))
             row = hidden[0, -1]
         else:
-            state = model.forward_causal(torch.tensor([prompt[:start]]))[1] if start else None
+            state = dense.forward_causal(torch.tensor([prompt[:start]]))[1] if start else None
             tokens = prompt[start:p] + [mask] * (start + block - p)
-            preview = model.forward_preview(torch.tensor([tokens]), state)[0]  # [B, H]
+            preview = dense.forward_preview(torch.tensor([tokens]), state)[0]  # [B, H]
             row = preview[p - start - 1 if hybrid.prediction_shift else p - start]
         out.append(torch.log_softmax(model.compute_logits(row[None])[0], dim=-1))
     return out

@@ -1,7 +1,8 @@
 """One causal forward of either side of `diffuserve verify`, with every decoder layer's output kept.
 
-Both sides run the same prompt under the causal mask: the engine's model through its own entry point (Clover's
-`forward_causal`; the block-diffusion transformers with a dense causal mask) and the reference through its
+Both sides run the same prompt under the causal mask: the engine's model (Clover read whole,
+model/families/clover_moe/dense.py, whose per-layer modules the hooks see; the block-diffusion transformers through
+their own forward with a dense causal mask) and the reference through its
 `forward` with `use_cache=False` (with no mask for a model with recurrent layers, whose transformers code builds
 the causal one itself; otherwise an explicit 4-D causal mask, since some checkpoints' code, LLaDA2's, is
 bidirectional when given none). That mask is written in one of two conventions (MASK_CONVENTIONS): additive
@@ -21,6 +22,8 @@ from typing import cast
 import torch
 from torch import nn
 
+from diffuserve.model.families.clover_moe.dense import DenseClover
+from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
 from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.step_inputs import StepInputs
@@ -72,7 +75,11 @@ def causal_mask(length: int, device: torch.device) -> torch.Tensor:
 class OursRunner:
     def __init__(self, model: DiffusionModel, device: torch.device) -> None:
         self.model, self.device = model, device
-        self.layers = decoder_layers(model, len(cast(nn.ModuleList, model.get_submodule("model.layers"))))
+        # A model with recurrent layers is read whole over dense per-sequence state (its serving forward needs the
+        # engine's state pool); the hooks then sit on that reading's layers.
+        self.dense = DenseClover(model) if isinstance(model, CloverMoeForBlockDiffusion) else None
+        num_layers = len(cast(nn.ModuleList, model.get_submodule("model.layers")))
+        self.layers = decoder_layers(self.dense or model, num_layers)
 
     def logits(self, ids: list[int]) -> torch.Tensor:
         """[T, V] fp32 logits of the prompt `ids`."""
@@ -85,9 +92,8 @@ class OursRunner:
 
     def _hidden(self, ids: list[int]) -> torch.Tensor:
         tokens = torch.tensor([ids], device=self.device)
-        forward_causal = getattr(self.model, "forward_causal", None)
-        if forward_causal is not None:  # a model with recurrent layers: its own causal entry point
-            return forward_causal(tokens)[0]
+        if self.dense is not None:
+            return self.dense.forward_causal(tokens)[0]
         positions = torch.arange(len(ids), device=self.device)[None]
         return self.model(tokens, positions, StepInputs(DenseAttentionInputs(causal_mask(len(ids), self.device))))
 

@@ -171,39 +171,40 @@ def phases(load: Load) -> str:
 
 
 PREFILL_BUDGETS = (4096, 128, 256, 512)
-"""The results files sweep-prefill-<tokens>: one run of the same sweep row per --max-prefill-tokens (4096, the
+"""The results files sweep-prefill-<tokens>-r<run>: runs of the same sweep row per --max-prefill-tokens (4096, the
 step's whole budget, is the engine without a prefill budget of its own; 256 the CPU default)."""
+PREFILL_RUNS = 3
+
+
+def _median_range(values: list[float], fmt: str) -> str:
+    ordered = sorted(values)
+    return f"{fmt.format(ordered[len(ordered) // 2])} ({fmt.format(ordered[0])}–{fmt.format(ordered[-1])})"
 
 
 def prefill_budget(load: Load) -> str:
-    """Clover's autoregressive reading at 128 concurrent, realistic workload, per prefill budget: throughput, TTFT
-    and ITL (p50 / p99 and their ratio), each TTFT p50 also against the run without a prefill budget."""
-    runs = {tokens: load(f"sweep-prefill-{tokens}") for tokens in PREFILL_BUDGETS}
-    base_ttft = runs[PREFILL_BUDGETS[0]]["result"]["results"][0]["engine"]["ttft_s"]["p50"]
-    rows = []
-    for tokens, data in runs.items():
-        engine = data["result"]["results"][0]["engine"]
-        ttft, itl = engine["ttft_s"], engine["itl_s"]
+    """Clover's autoregressive reading at 128 concurrent, realistic workload, per prefill budget, over its runs:
+    throughput, TTFT p50 and the ITL p99 / p50 ratio (median, and the runs' range), and the steps."""
+    rows, first = [], None
+    for tokens in PREFILL_BUDGETS:
+        runs = [load(f"sweep-prefill-{tokens}-r{run}") for run in range(1, PREFILL_RUNS + 1)]
+        first = first or runs[0]
+        engines = [data["result"]["results"][0]["engine"] for data in runs]
         rows.append(
             [
                 f"{tokens} (no budget of its own)" if tokens == PREFILL_BUDGETS[0] else str(tokens),
-                sig3(engine["tokens_per_s"]),
-                _pair(ttft),
-                f"{ttft['p50'] / base_ttft:.2f}x",
-                _pair(itl),
-                f"{itl['p99'] / itl['p50']:.1f}x",
-                str(engine["num_steps"]),
+                _median_range([e["tokens_per_s"] for e in engines], "{:.0f}"),
+                _median_range([1000 * e["ttft_s"]["p50"] for e in engines], "{:,.0f}"),
+                _median_range([1000 * e["itl_s"]["p50"] for e in engines], "{:.0f}"),
+                _median_range([1000 * e["itl_s"]["p99"] for e in engines], "{:.0f}"),
+                _median_range([e["itl_s"]["p99"] / e["itl_s"]["p50"] for e in engines], "{:.1f}x"),
+                str(engines[0]["num_steps"]),
             ]
         )
-    first = runs[PREFILL_BUDGETS[0]]
-    head = f"`{first['command']}` (git {first['git']}; each row with its own --max-prefill-tokens)"
-    headers = [
-        "max_prefill_tokens",
-        "engine tok/s",
-        "TTFT p50 / p99 ms",
-        "TTFT p50 vs none",
-        "ITL p50 / p99 ms",
-        "ITL p99 / p50",
-        "steps",
-    ]
+    assert first is not None
+    head = (
+        f"`{first['command']}` (git {first['git']}; each row with its own --max-prefill-tokens, "
+        f"{PREFILL_RUNS} runs each: median (lowest–highest))"
+    )
+    headers = ["max_prefill_tokens", "engine tok/s", "TTFT p50 ms", "ITL p50 ms", "ITL p99 ms", "ITL p99 / p50"]
+    headers.append("steps")
     return f"{head}\n\n{table(headers, rows)}"

@@ -3,7 +3,7 @@ whole conversation, keeping the state at every block boundary (which the noisy b
 
 The delta rule is delta_rule.chunked_delta_rule's algebra with one chunk per block: every chunk's matrices are
 built at once and only the state recurrence runs block by block (a few matmuls each), so a 12-block row costs a
-dozen small steps rather than a dozen full calls. Exactness against the model's own `forward_causal` is tested
+dozen small steps rather than a dozen full calls. Exactness against `DenseClover.forward_causal` is tested
 (tests/eval/test_hybrid_forward.py). Knows nothing of batches or losses.
 """
 

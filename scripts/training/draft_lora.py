@@ -10,10 +10,10 @@ causal trunk (the rows that verify), so the served output stays the base model's
                  row's and never the adapter's)
     the loss     cross-entropy of those rows against the base model's reply tokens
 
-The preview is the model's own `forward_preview` (the engine's preview maths, against which the engine's block rows
-are tested), so what is trained is what is served. Saved in the PEFT format (`adapter_config.json` +
-`adapter_model.safetensors`, Hugging Face module names: for these projections the engine's own). Knows nothing of
-the engine.
+The preview is `DenseClover.forward_preview` (model/families/clover_moe/dense.py: the engine's preview maths,
+against which the engine's block rows are tested), so what is trained is what is served. Saved in the PEFT format
+(`adapter_config.json` + `adapter_model.safetensors`, Hugging Face module names: for these projections the
+engine's own). Knows nothing of the engine.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
 
 TARGETS = ("in_proj_qkv", "in_proj_z", "in_proj_a", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj")
@@ -103,14 +104,14 @@ def anchored_loss(
     """One conversation `ids` (its reply from `reply_start`) -> (the summed cross-entropy of the drafts of every
     block of `block` positions anchored in the reply, the number of drafted positions scored, how many of them
     the drafts' argmax got right)."""
-    tokens = torch.tensor([ids])
+    tokens, dense = torch.tensor([ids]), DenseClover(model)
     with torch.no_grad():
-        _, state = model.forward_causal(tokens[:, :reply_start])
+        _, state = dense.forward_causal(tokens[:, :reply_start])
     losses, count, right = [], 0, 0
     canvas = torch.full((1, block), mask_token_id, dtype=torch.long)
     for anchor in range(reply_start, len(ids) - 1):
         with lora.drafting():
-            rows = model.forward_preview(canvas, state)[0, : block - 1]  # row i predicts anchor + i + 1
+            rows = dense.forward_preview(canvas, state)[0, : block - 1]  # row i predicts anchor + i + 1
         targets = tokens[0, anchor + 1 : anchor + block]
         logits = model.compute_logits(rows[: len(targets)]).float()
         logits[:, mask_token_id] = float("-inf")  # the engine never drafts the mask token
@@ -118,5 +119,5 @@ def anchored_loss(
         count += len(targets)
         right += int((logits.argmax(-1) == targets).sum())
         with torch.no_grad():
-            _, state = model.forward_causal(tokens[:, anchor : anchor + 1], state)
+            _, state = dense.forward_causal(tokens[:, anchor : anchor + 1], state)
     return torch.stack(losses).sum(), count, right

@@ -1,12 +1,12 @@
 """The training forward of a hybrid (`clover_moe`) model over a `HybridBatch`, and its masked diffusion loss.
 
 One pass computes what the engine computes block by block:
-  - the clean stream runs the causal trunk (`forward_causal`'s maths) over each whole conversation and keeps
-    every layer's state at every block boundary: GDN layers run the delta rule in its chunked form, one chunk per
-    block (block_states), and keep S and the conv ring at each block start; attention layers keep K/V;
-  - each noisy block runs the preview (`forward_preview`'s maths) against its row's state at its block start:
-    GDN layers through gdn_preview (right conv taps, block softmax with the history slot), attention layers over
-    the clean prefix's K/V before the block plus the whole noisy block.
+  - the clean stream runs the causal trunk (`DenseClover.forward_causal`'s maths) over each whole conversation and
+    keeps every layer's state at every block boundary: GDN layers run the delta rule in its chunked form, one chunk
+    per block (block_states), and keep S and the conv ring at each block start; attention layers keep K/V;
+  - each noisy block runs the preview (`DenseClover.forward_preview`'s maths) against its row's state at its block
+    start: GDN layers through gdn_preview (right conv taps, block softmax with the history slot), attention layers
+    over the clean prefix's K/V before the block plus the whole noisy block.
 The layers' own projections, norms and MoE are used, so the weights trained are the weights served
 (tests/eval/test_hybrid_forward.py checks the noisy rows against the engine's reference decode). The clean
 stream's rows also give the next-token loss (reply token p from row p - 1), the reading of the engine's causal
@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from diffuserve.model.families.clover_moe.config import hybrid_args
+from diffuserve.model.families.clover_moe.dense import attention_causal, attention_project
 from diffuserve.model.families.clover_moe.gated_attention import GatedAttention
 from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet
 from diffuserve.model.families.clover_moe.gdn_preview import preview_mix
@@ -77,9 +78,9 @@ def _attention(
     """Clean: causal. Noisy block at block b: the clean row's K/V before b * T, then its own T positions."""
     length = clean.shape[1]
     positions = torch.arange(length)
-    clean_out, kv = layer(clean, positions)
+    clean_out, kv = attention_causal(layer, clean, positions)
     noisy_positions = batch.noisy_blocks[:, None] * block + torch.arange(block)  # [M, T]
-    q, gate, own = layer._project(noisy, noisy_positions, None)
+    q, gate, own = attention_project(layer, noisy, noisy_positions, None)
     keys = torch.cat([kv.k[batch.noisy_rows], own.k], dim=1)  # [M, L + T, Hkv, D]
     values = torch.cat([kv.v[batch.noisy_rows], own.v], dim=1)
     sees_clean = positions[None, :] < (batch.noisy_blocks * block)[:, None]  # [M, L]

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from diffuserve import LLM, SamplingParams
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.layers.moe.coreset import block_coreset, route_in_coreset
 from diffuserve.model.loader import load_model
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
@@ -102,6 +103,6 @@ def test_clover_coreset_routing_matches_its_reference_decoder(tmp_path):
     got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
     _, model = load_model(model_dir)
     settings = ReferenceSettings(max_new_tokens=9, threshold=0.5, block_expert_coreset=2)
-    assert got == [reference_block_decode(model, p, settings) for p in prompts]
+    assert got == [reference_block_decode(DenseClover(model), p, settings) for p in prompts]
     per_token = replace(settings, block_expert_coreset=0)
-    assert got != [reference_block_decode(model, p, per_token) for p in prompts]
+    assert got != [reference_block_decode(DenseClover(model), p, per_token) for p in prompts]

@@ -9,6 +9,7 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.bench.baselines.engines import baseline_llm
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_block_decode
 
@@ -63,7 +64,10 @@ def test_block_diffusion_matches_the_reference_decoder(tmp_path):
     params = SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True, decoder="threshold", threshold=0.5)
     got = [list(out.outputs[0].token_ids) for out in _llm(model_dir).generate(PROMPTS, params)]
     _, model = load_model(model_dir)
-    expected = [reference_block_decode(model, p, ReferenceSettings(max_new_tokens=9, threshold=0.5)) for p in PROMPTS]
+    expected = [
+        reference_block_decode(DenseClover(model), p, ReferenceSettings(max_new_tokens=9, threshold=0.5))
+        for p in PROMPTS
+    ]
     assert got == expected
 
 

@@ -20,6 +20,7 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.cli import plan as planner_cli
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.layers.attention import write_kv
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.reference.parity import check_parity
@@ -91,7 +92,7 @@ def test_fp8_kv_clover_block_diffusion_matches_the_rounded_reference_decoder(tmp
     model = llm.engine.runner.executor.model
     settings = ReferenceSettings(max_new_tokens=9, threshold=0.5)
     with fp8_kv_reference():
-        expected = [reference_block_decode(model, p, settings) for p in prompts]
+        expected = [reference_block_decode(DenseClover(model), p, settings) for p in prompts]
     assert got == expected
 
 

@@ -10,8 +10,8 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.bench.baselines.engines import baseline_llm
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.loader import load_model
-from diffuserve.reference.clover_dense import DenseClover
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_block_decode
 

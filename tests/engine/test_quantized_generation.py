@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from diffuserve import LLM, SamplingParams
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.loader import load_model
 from diffuserve.model.quant.scheme import make_scheme
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
@@ -41,5 +42,8 @@ def test_quantized_clover_block_diffusion_matches_the_reference_decoder(tmp_path
     llm = LLM(str(model_dir), device="cpu", max_model_len=256, quantization="int4", **OPTIONS)
     got = [list(out.outputs[0].token_ids) for out in llm.generate(prompts, params)]
     _, model = load_model(model_dir, quantization=make_scheme("int4", group_size=32))
-    expected = [reference_block_decode(model, p, ReferenceSettings(max_new_tokens=9, threshold=0.5)) for p in prompts]
+    expected = [
+        reference_block_decode(DenseClover(model), p, ReferenceSettings(max_new_tokens=9, threshold=0.5))
+        for p in prompts
+    ]
     assert got == expected

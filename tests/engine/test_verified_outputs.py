@@ -29,6 +29,7 @@ from diffuserve.decoding import constrained, verified
 from diffuserve.decoding.logprobs import logprob_rows, token_logprobs
 from diffuserve.decoding.protocol import BlockDecode
 from diffuserve.errors import GenerationFailed
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.families.clover_moe.gdn_preview import DIFFUSION_TENSORS
 from diffuserve.model.hub import resolve_model
 from diffuserve.model.loader import load_model
@@ -83,7 +84,7 @@ def _reference(
     by it, outside the top-k at 0."""
     _, model = _loaded(model_dir)
     with torch.no_grad():
-        hidden, _ = model.forward_causal(torch.tensor([prompt + tokens]))
+        hidden, _ = DenseClover(model).forward_causal(torch.tensor([prompt + tokens]))
         logits = model.compute_logits(hidden[0, len(prompt) - 1 : len(prompt) - 1 + len(tokens)]).float()
     logits[:, model.args.mask_token_id] = float("-inf")
     logits[: params.min_tokens, sorted(stop_ids)] = float("-inf")  # no stop below min_tokens

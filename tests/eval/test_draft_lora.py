@@ -9,6 +9,7 @@ import torch
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.model.default_model import DEFAULT_MODEL_DIR
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.loader import load_model
 from scripts.training.draft_lora import DraftLoRA, anchored_loss
 
@@ -26,10 +27,11 @@ def _random_adapter(model, seed: int) -> DraftLoRA:
 
 def _trainer_drafts(model, lora: DraftLoRA, prompt: list[int], mask_token_id: int) -> list[int]:
     """The head (the prompt's last causal row, base weights) and the drafts of the block anchored after it."""
+    dense = DenseClover(model)
     with torch.no_grad():
-        hidden, state = model.forward_causal(torch.tensor([prompt]))
+        hidden, state = dense.forward_causal(torch.tensor([prompt]))
         with lora.drafting():
-            rows = model.forward_preview(torch.full((1, BLOCK), mask_token_id), state)[0, : BLOCK - 1]
+            rows = dense.forward_preview(torch.full((1, BLOCK), mask_token_id), state)[0, : BLOCK - 1]
         logits = model.compute_logits(torch.cat([hidden[0, -1:], rows])).float()  # both before the final norm
     logits[:, mask_token_id] = float("-inf")
     return logits.argmax(-1).tolist()

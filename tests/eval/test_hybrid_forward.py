@@ -1,7 +1,7 @@
 """Training matches inference for the hybrid (`clover_moe`) default model: every noisy block of a training batch
 gets exactly the output rows the reference decode computes for that block (causal prefix, then a preview against
 its state), with and without the prediction shift, and only answer positions are ever masked; the next-token loss
-reads every reply token (of every turn) from the causal row before it, as `forward_causal` gives it."""
+reads every reply token (of every turn) from the causal row before it, as `DenseClover.forward_causal` gives it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from diffuserve.eval.tasks import Example
 from diffuserve.model.families.clover_moe.config import hybrid_args
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from scripts.training.clover_moe_model import clover_moe_config, init_clover_moe
 from scripts.training.diffusion_batch import IM_END, MASK, encode_conversation, encode_example, encode_prompt
 from scripts.training.hybrid_batch import build_hybrid_batch
@@ -70,12 +71,12 @@ def test_noisy_blocks_get_the_rows_the_reference_decode_reads(shift):
         for m, (row, index) in enumerate(zip(batch.noisy_rows.tolist(), batch.noisy_blocks.tolist())):
             ids, start = encoded[row][0], index * block
             # The engine's view (reference_clover_moe): the clean prefix causally, then the noisy block previewed.
-            hidden, state = model.forward_causal(torch.tensor([ids[:start]]))
-            preview = model.forward_preview(batch.noisy_ids[m : m + 1], state)[0]
+            hidden, state = DenseClover(model).forward_causal(torch.tensor([ids[:start]]))
+            preview = DenseClover(model).forward_preview(batch.noisy_ids[m : m + 1], state)[0]
             expected = torch.cat([hidden[0, -1:], preview[:-1]]) if shift else preview
             torch.testing.assert_close(noisy[m], preview, rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(rows[m], expected, rtol=1e-4, atol=1e-5)
-        full, _ = model.forward_causal(batch.clean_ids)
+        full, _ = DenseClover(model).forward_causal(batch.clean_ids)
         torch.testing.assert_close(clean, full, rtol=1e-4, atol=1e-5)
     assert len(batch.noisy_ids) == 2 * sum((len(ids) - n // block * block) // block for ids, n in encoded)
 
@@ -108,7 +109,7 @@ def test_next_token_loss_reads_every_reply_token_from_the_causal_row_before_it()
     with torch.no_grad():
         rows, tokens = next_token_rows(hybrid_training_forward(model, batch)[0], batch)
         for (ids, _), turns in zip(encoded, CONVERSATIONS):
-            hidden, _ = model.forward_causal(torch.tensor([ids]))
+            hidden, _ = DenseClover(model).forward_causal(torch.tensor([ids]))
             for i, turn in enumerate(turns):
                 start = len(encode_prompt(turn.prompt, turns[:i]))  # the turn's reply starts here
                 reply = [*turn.answer.encode(), IM_END]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from diffuserve import LLM, LoRARequest, SamplingParams
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.loader import load_args, load_model
 from diffuserve.model.lora.layer import lora_context
 from diffuserve.model.lora.slots import LoRASlots
@@ -88,7 +89,7 @@ def test_clover_logits_equal_transformers_peft_merged(tmp_path):
     with torch.no_grad():
         expected = merged(input_ids=ids).logits.float()
         with lora_context(torch.ones(ids.numel(), dtype=torch.long)):
-            got = ours.compute_logits(ours.forward_causal(ids)[0])
-        plain = ours.compute_logits(ours.forward_causal(ids)[0])
+            got = ours.compute_logits(DenseClover(ours).forward_causal(ids)[0])
+        plain = ours.compute_logits(DenseClover(ours).forward_causal(ids)[0])
     assert (got - expected).abs().max().item() <= 1e-4
     assert (plain - expected).abs().max().item() > 1e-2

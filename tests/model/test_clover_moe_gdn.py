@@ -13,6 +13,7 @@ from diffuserve.model.families.clover_moe.delta_rule import (
     chunked_delta_state,
     recurrent_delta_rule,
 )
+from diffuserve.model.families.clover_moe.dense import DenseClover, gdn_causal
 from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet, GdnState
 from diffuserve.model.loader import load_model
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
@@ -81,10 +82,10 @@ def test_state_carried_across_splits(splits):
     layer = random_gdn_layer()
     x = torch.randn(2, sum(splits), 64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        whole, final = layer(x)
+        whole, final = gdn_causal(layer, x)
         pieces, state = [], None
         for piece in x.split(splits, dim=1):
-            out, state = layer(piece, state)
+            out, state = gdn_causal(layer, piece, state)
             pieces.append(out)
     torch.testing.assert_close(torch.cat(pieces, dim=1), whole, atol=LAYER_ATOL, rtol=0)
     torch.testing.assert_close(state.recurrent, final.recurrent, atol=LAYER_ATOL, rtol=0)
@@ -95,10 +96,10 @@ def test_forward_never_modifies_its_input_state():
     layer = random_gdn_layer()
     x = torch.randn(1, 9, 64)
     with torch.no_grad():
-        _, state = layer(x)
+        _, state = gdn_causal(layer, x)
         conv, recurrent = state.conv.clone(), state.recurrent.clone()
-        layer(x[:, :1], state)
-        layer(x, state)
+        gdn_causal(layer, x[:, :1], state)
+        gdn_causal(layer, x, state)
     assert torch.equal(state.conv, conv) and torch.equal(state.recurrent, recurrent)
     assert isinstance(state, GdnState) and state.conv.shape == (1, layer.gdn.conv_dim, 3)
 
@@ -107,7 +108,7 @@ def test_model_prefix_split_equals_whole(tmp_path):
     model_dir = write_clover_moe_checkpoint(
         tmp_path / "m", make_clover_moe_config(num_hidden_layers=8), seed=2, init_std=0.1, diffusion=False
     )
-    _, model = load_model(model_dir)
+    model = DenseClover(load_model(model_dir)[1])
     ids = torch.randint(0, 300, (2, 90), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         whole, _ = model.forward_causal(ids)

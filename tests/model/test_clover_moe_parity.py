@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.families.clover_moe.gdn_preview import DIFFUSION_TENSORS
 from diffuserve.model.loader import load_model
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
@@ -40,7 +41,7 @@ def _max_diff(model_dir, length: int, batch: int = 2, dtype: str = "float32") ->
     ids = torch.randint(0, 300, (batch, length), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = hf(input_ids=ids).logits.float()
-        hidden, state = ours.forward_causal(ids)
+        hidden, state = DenseClover(ours).forward_causal(ids)
         got = ours.compute_logits(hidden)
     assert state.length == length
     return (got - expected).abs().max().item()
@@ -129,5 +130,10 @@ def test_directory_written_by_transformers(tmp_path):
     assert not ours.has_diffusion
     ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        diff = (ours.compute_logits(ours.forward_causal(ids)[0]) - hf(input_ids=ids).logits).abs().max().item()
+        diff = (
+            (ours.compute_logits(DenseClover(ours).forward_causal(ids)[0]) - hf(input_ids=ids).logits)
+            .abs()
+            .max()
+            .item()
+        )
     assert diff < ATOL

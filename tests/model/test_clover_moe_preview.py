@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from diffuserve.model.families.clover_moe.config import clover_moe_args_from_hf, hybrid_args
 from diffuserve.model.families.clover_moe.delta_rule import recurrent_delta_rule
+from diffuserve.model.families.clover_moe.dense import DenseClover, gdn_causal, gdn_preview
 from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet
 from diffuserve.model.families.clover_moe.gdn_preview import block_conv, preview_mix
 from diffuserve.model.loader import load_model
@@ -23,7 +24,7 @@ def model(tmp_path_factory):
     model_dir = write_clover_moe_checkpoint(tmp_path_factory.mktemp("preview") / "m", config, seed=1, init_std=0.1)
     _, model = load_model(model_dir)
     assert model.has_diffusion
-    return model
+    return DenseClover(model)
 
 
 def _tensors(state):
@@ -129,8 +130,8 @@ def test_neutral_layer_is_causal_conv_then_block_attention():
         layer.bd_softmax_history_bias.fill_(float("-inf"))
         layer.bd_softmax_logit_scale.copy_(torch.tensor([2.0, 3.0, 4.0, 5.0]))
         prefix, block = torch.randn(1, 7, 64, generator=gen), torch.randn(1, 5, 64, generator=gen)
-        _, state = layer(prefix)
-        got = layer.preview(block, state)
+        _, state = gdn_causal(layer, prefix)
+        got = gdn_preview(layer, block, state)
         window = torch.cat([state.conv, layer.in_proj_qkv(block).transpose(1, 2)], dim=-1)
         conv = F.silu(F.conv1d(window, layer.conv1d.weight, groups=gdn.conv_dim)).transpose(1, 2)
         q, k, v = conv.split([gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
@@ -152,7 +153,7 @@ def test_neutral_layer_is_causal_conv_then_block_attention():
 
 def test_checkpoint_without_diffusion_tensors_runs_autoregressively(tmp_path):
     model_dir = write_clover_moe_checkpoint(tmp_path / "m", make_clover_moe_config(), diffusion=False)
-    _, model = load_model(model_dir)
-    assert not model.has_diffusion
+    model = DenseClover(load_model(model_dir)[1])
+    assert not model.clover.has_diffusion
     with pytest.raises(ValueError, match="no block-diffusion tensors"):
         model.forward_preview(torch.zeros(1, 4, dtype=torch.long))

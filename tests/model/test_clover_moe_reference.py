@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from diffuserve.model.families.clover_moe.config import hybrid_args
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.loader import load_model
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
 from diffuserve.reference.reference_clover_moe import ReferenceSettings, reference_ar_decode, reference_block_decode
@@ -26,8 +27,9 @@ def model_dir(tmp_path_factory):
 
 
 def _with_shift(model, shift: bool) -> None:
-    hybrid = dataclasses.replace(hybrid_args(model.args), prediction_shift=shift)
-    model.args = model.args.replace(extra={**model.args.extra, "hybrid": hybrid})
+    clover = model.clover  # a DenseClover reads its served model's args
+    hybrid = dataclasses.replace(hybrid_args(clover.args), prediction_shift=shift)
+    clover.args = clover.args.replace(extra={**clover.args.extra, "hybrid": hybrid})
 
 
 def _count_previews(model):
@@ -39,7 +41,7 @@ def _count_previews(model):
 
 @pytest.mark.parametrize("shift", [True, False])
 def test_block_decode_is_deterministic(model_dir, shift):
-    _, model = load_model(model_dir)
+    model = DenseClover(load_model(model_dir)[1])
     _with_shift(model, shift)
     settings = ReferenceSettings(max_new_tokens=10, threshold=0.5)
     first = reference_block_decode(model, PROMPT, settings)
@@ -49,7 +51,7 @@ def test_block_decode_is_deterministic(model_dir, shift):
 
 
 def test_shift_switch_changes_which_row_predicts(model_dir):
-    _, model = load_model(model_dir)
+    model = DenseClover(load_model(model_dir)[1])
     settings = ReferenceSettings(max_new_tokens=10, threshold=0.5)
     shifted = reference_block_decode(model, PROMPT, settings)
     assert hybrid_args(model.args).prediction_shift  # the default
@@ -61,14 +63,14 @@ def test_shift_switch_changes_which_row_predicts(model_dir):
 def test_threshold_and_top1_fallback(model_dir, threshold, expected_steps):
     """Threshold 0 accepts a whole block per step (blocks: 2 masks, 4, 4); above 1 only the top-1 fallback
     accepts, one token per step."""
-    _, model = load_model(model_dir)
+    model = DenseClover(load_model(model_dir)[1])
     calls = _count_previews(model)
     out = reference_block_decode(model, PROMPT, ReferenceSettings(max_new_tokens=10, threshold=threshold))
     assert len(out) == 10 and len(calls) == expected_steps
 
 
 def test_eos_truncates(model_dir):
-    _, model = load_model(model_dir)
+    model = DenseClover(load_model(model_dir)[1])
     settings = ReferenceSettings(max_new_tokens=10, threshold=0.5)
     full = reference_block_decode(model, PROMPT, settings)
     eos = full[5]
@@ -77,7 +79,7 @@ def test_eos_truncates(model_dir):
 
 
 def test_sampling_is_reproducible_with_a_seed(model_dir):
-    _, model = load_model(model_dir)
+    model = DenseClover(load_model(model_dir)[1])
     settings = ReferenceSettings(max_new_tokens=8, threshold=0.5, temperature=1.0)
     runs = [reference_block_decode(model, PROMPT, settings, torch.Generator().manual_seed(s)) for s in (1, 1, 2)]
     assert runs[0] == runs[1] and len(runs[2]) == 8
@@ -87,7 +89,7 @@ def test_ar_decode_equals_transformers_greedy(model_dir):
     transformers = pytest.importorskip("transformers")
     from tests.model.test_clover_moe_parity import _hf_model
 
-    _, model = load_model(model_dir)
+    model = DenseClover(load_model(model_dir)[1])
     ours = reference_ar_decode(model, PROMPT, ReferenceSettings(max_new_tokens=12))
     assert ours == reference_ar_decode(model, PROMPT, ReferenceSettings(max_new_tokens=12))
     hf = _hf_model(model_dir)

@@ -28,6 +28,7 @@ from diffuserve import LLM
 from diffuserve.config import EngineConfig
 from diffuserve.model.families.clover_moe import gdn_kernels
 from diffuserve.model.families.clover_moe.config import hybrid_args
+from diffuserve.model.families.clover_moe.dense import DenseClover, gdn_causal
 from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet, GdnState, set_gdn_backend
 from diffuserve.model.loader import load_model
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
@@ -141,7 +142,7 @@ def _state(layer: GatedDeltaNet, batch: int, seed: int) -> GdnState:
 def _run(layer: GatedDeltaNet, backend: str, x: torch.Tensor, state: GdnState) -> tuple[torch.Tensor, GdnState]:
     layer.kernels = gdn_kernels.select(backend, torch.device("cpu"))
     with torch.no_grad():
-        return layer(x, state)
+        return gdn_causal(layer, x, state)
 
 
 def _assert_same(got: tuple[torch.Tensor, GdnState], expected: tuple[torch.Tensor, GdnState]) -> None:
@@ -192,9 +193,9 @@ def test_model_logits_through_the_kernels_equal_torch(calls, tmp_path):
     _, model = load_model(model_dir)
     ids = torch.randint(0, 300, (2, 67), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        expected = model.compute_logits(model.forward_causal(ids)[0])
+        expected = model.compute_logits(DenseClover(model).forward_causal(ids)[0])
         set_gdn_backend(model, "fla", torch.device("cpu"))
-        got = model.compute_logits(model.forward_causal(ids)[0])
+        got = model.compute_logits(DenseClover(model).forward_causal(ids)[0])
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
     assert calls.count("chunk") == hybrid_args(model.args).layer_types.count("linear_attention")
 

@@ -11,6 +11,7 @@ import torch
 
 from diffuserve.model.families.clover_moe.config import clover_moe_args_from_hf, hybrid_args
 from diffuserve.model.families.clover_moe.delta_rule import recurrent_delta_rule
+from diffuserve.model.families.clover_moe.dense import gdn_causal, gdn_preview
 from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet, GdnState
 from diffuserve.model.families.clover_moe.gdn_step import gdn_step
 from diffuserve.model.step_inputs import RecurrentStepInputs, RowGroup
@@ -60,20 +61,22 @@ def _step(layer, x, pool, commit_slots, commit_len, block_slots, block_len, prev
 
 
 def _expected(layer, x, pool, commit_slots, commit_len, block_slots, block_len, preview):
-    """The layer's own forward / preview, one sequence at a time from its slot's state."""
+    """The layer read whole (causal / preview), one sequence at a time from its slot's state."""
     conv, recurrent = (t.clone() for t in pool)
     out = torch.empty_like(x)
     with torch.no_grad():
         for i, slot in enumerate(commit_slots):
             rows = slice(i * commit_len, (i + 1) * commit_len)
             state = GdnState(conv[slot : slot + 1], recurrent[slot : slot + 1])
-            out[rows], after = layer(x[None, rows], state)
+            out[rows], after = gdn_causal(layer, x[None, rows], state)
             conv[slot], recurrent[slot] = after.conv[0], after.recurrent[0]
         first_block = len(commit_slots) * commit_len
         for i, slot in enumerate(block_slots):
             rows = slice(first_block + i * block_len, first_block + (i + 1) * block_len)
             state = GdnState(conv[slot : slot + 1], recurrent[slot : slot + 1])
-            out[rows] = layer.preview(x[None, rows], state) if preview else layer(x[None, rows], state)[0]
+            out[rows] = (
+                gdn_preview(layer, x[None, rows], state) if preview else gdn_causal(layer, x[None, rows], state)[0]
+            )
     return out, conv, recurrent
 
 

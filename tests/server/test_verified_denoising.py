@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from diffuserve.model.default_model import DEFAULT_MODEL_DIR
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.loader import load_model
 from diffuserve.server.config import ServerConfig
 from diffuserve.text.chat_template import chat_token_ids
@@ -73,7 +74,7 @@ def _greedy_causal(model_dir: Path, answer: list[int]) -> list[int]:
     the model itself (no engine code), its row before each position predicting it."""
     model = load_model(model_dir)[1]
     with torch.no_grad():
-        hidden, _ = model.forward_causal(torch.tensor([PROMPT + answer[:-1]]))
+        hidden, _ = DenseClover(model).forward_causal(torch.tensor([PROMPT + answer[:-1]]))
         rows = model.compute_logits(hidden[0, len(PROMPT) - 1 :])
     return rows.argmax(dim=-1).tolist()
 

@@ -14,12 +14,14 @@ scheduler hands out are no-ops here (nothing is read from the caches; the engine
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import cast
 
 import torch
 
 from diffuserve.core.step import ScheduledRequest, StepResult
 from diffuserve.core.writes import BlockWrite
+from diffuserve.model.families.clover_moe.dense import DenseClover
 from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
 from diffuserve.worker.model_runner import ModelRunner
 
@@ -29,10 +31,10 @@ class RecomputeRunner(ModelRunner):
 
     supports_prompt_scoring = False
 
-    @property
-    def clover(self) -> CloverMoeForBlockDiffusion:
-        # the baseline is built only for models with recurrent layers: clover_moe, whose model this is
-        return cast(CloverMoeForBlockDiffusion, self.executor.model)
+    @cached_property
+    def clover(self) -> DenseClover:
+        """The served model read whole (the baseline is built only for models with recurrent layers: clover_moe)."""
+        return DenseClover(cast(CloverMoeForBlockDiffusion, self.executor.model))
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> StepResult:

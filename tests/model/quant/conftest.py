@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from diffuserve.model.families.clover_moe.dense import DenseClover
+from diffuserve.model.families.clover_moe.model import CloverMoeForBlockDiffusion
 from diffuserve.model.layers.attention import DenseAttentionInputs
 from diffuserve.model.step_inputs import StepInputs
 from diffuserve.reference.clover_moe_checkpoint import make_clover_moe_config, write_clover_moe_checkpoint
@@ -39,8 +41,8 @@ def model_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """[1, T] -> fp32 logits [T, V] of one dense forward (block-causal for the attention families, the causal
     trunk for Clover)."""
     with torch.no_grad():
-        if hasattr(model, "forward_causal"):
-            hidden, _ = model.forward_causal(ids)
+        if isinstance(model, CloverMoeForBlockDiffusion):
+            hidden, _ = DenseClover(model).forward_causal(ids)
             return model.compute_logits(hidden[0])
         t = ids.shape[1]
         block = model.args.block_length

@@ -5,14 +5,14 @@
     q, k L2-normalised (q also * Dk^-0.5), each key head shared by Hv / Hk value heads
     delta rule over an fp32 state S (see delta_rule) -> GatedRMSNorm(o, z) -> out_proj
 
-A sequence's whole GDN state is a `GdnState`: the conv ring (its last k - 1 conv inputs) and S. `forward` takes
-the state before the tokens and returns the state after them (state=None: an empty prefix), never modifying the
-tensors it was given; `preview` (block diffusion) reads the state and writes none. `forward` is `project` (the
-per-position inputs of the scan, `GdnInputs`), `scan` (conv and delta rule from a state) and `output`: the engine
-step calls the three, so a baseline can keep the projections instead of the state and rebuild it with
-`scan_state` (gdn_rescan). Which delta-rule
-form runs is a speed choice: the results agree (tested). `scan` runs on the torch path unless
-`set_gdn_backend` gave the layer CUDA kernels (gdn_kernels); the preview and `scan_state` always run on torch.
+A sequence's whole GDN state is a `GdnState`: the conv ring (its last k - 1 conv inputs) and S. The layer is read
+in parts: `project` (the per-position inputs of the scan, `GdnInputs`), `scan` (conv and delta rule from a state,
+returning the state after the tokens and never modifying the tensors it was given), `preview_mix` (block
+diffusion: reads the state and writes none) and `output`. The engine step calls them over its state pool
+(gdn_step), the oracles over dense per-sequence state (model/families/clover_moe/dense.py), and a baseline keeps the
+projections instead of the state and rebuilds it with `scan_state` (gdn_rescan). Which delta-rule form runs is a
+speed choice: the results agree (tested). `scan` runs on the torch path unless `set_gdn_backend` gave the layer
+CUDA kernels (gdn_kernels); the preview and `scan_state` always run on torch.
 """
 
 from __future__ import annotations
@@ -128,12 +128,6 @@ class GatedDeltaNet(nn.Module):
         recurrent = torch.zeros(batch, gdn.num_value_heads, gdn.key_head_dim, gdn.value_head_dim, device=device)
         return GdnState(conv, recurrent)
 
-    def forward(self, x: torch.Tensor, state: GdnState | None = None) -> tuple[torch.Tensor, GdnState]:
-        """Causal: x [B, T, H] after `state` -> (out [B, T, H], the state after the T tokens)."""
-        state = state or self.empty_state(x.shape[0], x.dtype, x.device)
-        o, state = self.scan(self.project(x), state)
-        return self.output(x, o), state
-
     def project(self, x: torch.Tensor) -> GdnInputs:
         """x [B, T, H] -> the scan's inputs at those positions."""
         beta = self.in_proj_b(x).sigmoid().float()
@@ -156,17 +150,11 @@ class GatedDeltaNet(nn.Module):
         g, beta = inputs.g.transpose(1, 2), inputs.beta.transpose(1, 2)
         return GdnState(ring, chunked_delta_state(k, v, g, beta, state.recurrent))
 
-    def preview(self, x: torch.Tensor, state: GdnState | None = None) -> torch.Tensor:
-        """Block diffusion: x [B, T, H] is a whole block after `state`, which is read and not advanced; every
-        position may depend on every other position of the block (see gdn_preview)."""
-        state = state or self.empty_state(x.shape[0], x.dtype, x.device)
-        return self.output(x, self.preview_mix(self.project(x), state))
-
     def preview_mix(self, inputs: GdnInputs, state: GdnState) -> torch.Tensor:
         """The preview's conv and mixer over a block's projected inputs [B, T, ...] -> o [B, Hv, T, Dv] fp32."""
         if not self.has_diffusion:
             raise ValueError(
-                "GatedDeltaNet.preview: this checkpoint has no block-diffusion tensors "
+                "GatedDeltaNet.preview_mix: this checkpoint has no block-diffusion tensors "
                 "(conv_right_weight, bd_softmax_*); run it autoregressively"
             )
         conv = F.silu(block_conv(inputs.mixed.transpose(1, 2), state.conv, self.conv1d.weight, self.conv_right_weight))

@@ -3,47 +3,28 @@ attention layers, softmax top-k experts with a gated shared expert) trained furt
 
 Module tree (and so parameter names) as in the Hub checkpoints, without their `language_model` prefixes:
 `model.embed_tokens`, `model.layers.{i}.{input_layernorm, linear_attn | self_attn, post_attention_layernorm,
-mlp}`, `model.norm`, `lm_head`. Two entry points, both over a `HybridState` (every layer's state for B sequences
-of the same committed length):
-
-    forward_causal(ids, state)  -> hidden, state advanced by the tokens      (prefill, commit, autoregressive)
-    forward_preview(ids, state) -> hidden of a block, state unchanged         (block diffusion denoising step)
-
-The engine calls `forward(ids, positions, attn, recurrent)` instead: one flattened step batch of many sequences,
-the attention layers over the engine's paged K/V (layers/attention), the GDN layers over its state pool
-(gdn_step: each sequence advances its own slot over its commit tokens, then runs its block against it).
+mlp}`, `model.norm`, `lm_head`. One entry point, the engine's: `forward(ids, positions, step)` over one flattened
+step batch of many sequences, the attention layers over the engine's paged K/V (layers/attention), the GDN layers
+over its state pool (gdn_step: each sequence advances its own slot over its commit tokens, then runs its block
+against it). The oracles read the same modules whole, over dense per-sequence state (dense.py).
 Knows nothing of requests; the engine builds the step's inputs.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import cast
 
 import torch
 from torch import nn
 
 from diffuserve.model.config import ModelArgs
 from diffuserve.model.families.clover_moe.config import hybrid_args
-from diffuserve.model.families.clover_moe.gated_attention import GatedAttention, KVState
-from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet, GdnState, set_gdn_backend
+from diffuserve.model.families.clover_moe.gated_attention import GatedAttention
+from diffuserve.model.families.clover_moe.gated_deltanet import GatedDeltaNet, set_gdn_backend
 from diffuserve.model.families.clover_moe.gated_shared_moe import GatedSharedExpertMoe
 from diffuserve.model.families.clover_moe.gdn_step import gdn_step
 from diffuserve.model.families.clover_moe.hybrid_norm import ZeroCenteredRMSNorm
 from diffuserve.model.interface import DiffusionModel, StepRules
 from diffuserve.model.layers.attention import PagedAttentionInputs, RotaryEmbedding
 from diffuserve.model.step_inputs import StepInputs
-
-LayerState = GdnState | KVState | None
-
-
-@dataclass(frozen=True)
-class HybridState:
-    """The committed prefix of B sequences: `length` positions and each layer's state after them."""
-
-    length: int
-    layers: tuple[LayerState, ...]
 
 
 class HybridDecoderLayer(nn.Module):
@@ -69,21 +50,7 @@ class HybridDecoderLayer(nn.Module):
             args.shared_expert_intermediate_size,
         )
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, state: LayerState, preview: bool
-    ) -> tuple[torch.Tensor, LayerState]:
-        """-> (output, the layer's state after x; the unchanged `state` when previewing)."""
-        normed = self.input_layernorm(x)
-        mixer = self.linear_attn if self.is_gdn else self.self_attn
-        args = (normed, state) if self.is_gdn else (normed, positions, state)
-        if preview:
-            mixed, new_state = mixer.preview(*args), state
-        else:
-            mixed, new_state = mixer(*args)
-        h = x + mixed
-        return h + self.mlp(self.post_attention_layernorm(h)), new_state
-
-    def step(self, x: torch.Tensor, positions: torch.Tensor, step: StepInputs) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """Engine step: x [N, H] -> [N, H] (see the module docstring)."""
         normed = self.input_layernorm(x)
         if self.is_gdn:
@@ -91,7 +58,7 @@ class HybridDecoderLayer(nn.Module):
         else:
             attn = step.attention
             assert isinstance(attn, PagedAttentionInputs), "an engine step's attention is paged"
-            h = x + self.self_attn.forward_paged(normed, positions, attn, self.cache_index)
+            h = x + self.self_attn(normed, positions, attn, self.cache_index)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -123,19 +90,6 @@ class CloverMoeForBlockDiffusion(DiffusionModel):
         shift = hybrid_args(self.args).prediction_shift or not self.has_diffusion
         return StepRules(prediction_shift=shift, causal_commits=True, autoregressive=not self.has_diffusion)
 
-    def empty_state(self) -> HybridState:
-        return HybridState(0, (None,) * len(self.model.layers))
-
-    def forward_causal(
-        self, input_ids: torch.Tensor, state: HybridState | None = None
-    ) -> tuple[torch.Tensor, HybridState]:
-        """input_ids [B, T] after `state` -> (hidden [B, T, H] before the final norm, state after the T tokens)."""
-        return self._run(input_ids, state or self.empty_state(), preview=False)
-
-    def forward_preview(self, input_ids: torch.Tensor, state: HybridState | None = None) -> torch.Tensor:
-        """A block input_ids [B, T] right after `state` -> hidden [B, T, H]; `state` is read, never written."""
-        return self._run(input_ids, state or self.empty_state(), preview=True)[0]
-
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -144,9 +98,8 @@ class CloverMoeForBlockDiffusion(DiffusionModel):
     ) -> torch.Tensor:
         """Engine step: input_ids, positions [N] -> hidden [N, H] before the final norm."""
         x = self.model.embed_tokens(input_ids)
-        # nn.ModuleList is typed as holding plain nn.Modules; HybridModel fills it with HybridDecoderLayers only.
-        for layer in cast("Iterable[HybridDecoderLayer]", self.model.layers):
-            x = layer.step(x, positions, step)
+        for layer in self.model.layers:
+            x = layer(x, positions, step)
         return x
 
     def set_recurrent_backend(self, backend: str, device: torch.device) -> None:
@@ -155,13 +108,3 @@ class CloverMoeForBlockDiffusion(DiffusionModel):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] -> logits [..., V] fp32 (the head runs in the model dtype)."""
         return self.lm_head(self.model.norm(hidden)).float()
-
-    def _run(self, input_ids: torch.Tensor, state: HybridState, preview: bool) -> tuple[torch.Tensor, HybridState]:
-        positions = state.length + torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = self.model.embed_tokens(input_ids)
-        new_states = []
-        for layer, layer_state in zip(self.model.layers, state.layers):
-            x, layer_state = layer(x, positions, layer_state, preview)
-            new_states.append(layer_state)
-        length = state.length if preview else state.length + input_ids.shape[1]
-        return x, HybridState(length, tuple(new_states))
