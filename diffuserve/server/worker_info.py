@@ -82,6 +82,8 @@ class ServerInfo(ResponseModel):
     """Sequences in one step (`--max-num-seqs`)."""
     chunked_prefill_size: int
     """Tokens in one step (`--max-num-batched-tokens`)."""
+    max_prefill_tokens: int
+    """Prefill tokens in one step while requests are decoding (`--max-prefill-tokens`, its default resolved)."""
     tp_size: int
     ep_size: int
     dp_size: int = 1
@@ -167,6 +169,7 @@ def _server_fields(engine: LLMEngine, config: ServerConfig, info: ModelInfo) -> 
         "max_total_num_tokens": engine.pool.num_pages * info.page_size,
         "max_running_requests": engine_config.scheduler.max_num_seqs,
         "chunked_prefill_size": engine_config.scheduler.max_num_batched_tokens,
+        "max_prefill_tokens": engine.scheduler.max_prefill_tokens,
         "tp_size": engine_config.parallel.tensor_parallel_size,
         "ep_size": engine_config.parallel.tensor_parallel_size if engine_config.parallel.enable_expert_parallel else 1,
         "kv_cache_dtype": engine_config.cache.kv_cache_dtype,

@@ -232,3 +232,20 @@ def test_expert_offload_gives_the_same_tokens(model_dirs):
     assert _generate(offloaded, prompts, _params(24)) == expected
     stats = offloaded.engine.stats().offload
     assert stats is not None and stats.misses > 0 and stats.bytes_moved > 0
+
+
+@pytest.mark.parametrize(
+    "budget, message",
+    [
+        (
+            8,
+            "max_prefill_tokens: 8 is below the block length 32 (prefill runs in whole blocks); "
+            "raise it to at least 32",
+        ),
+        (0, "max_prefill_tokens: must be > 0, got 0"),
+    ],
+)
+def test_a_prefill_budget_below_one_block_is_refused_with_the_fix(model_dirs, budget, message):
+    with pytest.raises(ValueError) as refused:
+        _llm(model_dirs[32], max_prefill_tokens=budget)
+    assert str(refused.value) == message

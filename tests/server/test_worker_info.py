@@ -63,6 +63,7 @@ def test_server_info_is_the_started_configuration(live_server: LiveServer):
         info = _get(live_server, path).json()
         assert info["version"] == __version__ and info["served_model_name"] == "tiny"
         assert info["max_running_requests"] == 64 and info["context_length"] == 192
+        assert (info["chunked_prefill_size"], info["max_prefill_tokens"]) == (4096, 256)  # the CPU defaults
         assert info["max_total_num_tokens"] == 1024 * page_size  # the fixture's num_pages
         assert (info["tp_size"], info["ep_size"], info["dp_size"]) == (1, 1, 1)
         assert info["disable_radix_cache"] is False and info["num_state_slots"] == 0
