@@ -32,9 +32,12 @@ class DraftState:
     num_checked: int = 0
     """Drafted tokens checked against the causal path over the request's life, and of those, kept (`num_kept`)."""
     num_kept: int = 0
+    num_draft_forwards: int = 0
+    """Forwards its drafting took: one per draft checked, and one more after each rejection (the forward that
+    commits the kept tokens again and decides the next head). Each decides one token beside the kept drafts."""
     backoff: int = 0
-    """decoder=auto: how many steps the request decides only its head after its next draft that keeps nothing
-    (doubled by each such draft in a row, reset by one that keeps a token; core/draft_switch.py)."""
+    """decoder=auto: how many steps the request decides only its head after its next draft while its drafts do
+    not pay (doubled by each such draft in a row, reset once they do; core/draft_switch.py)."""
     skip: int = 0
     """decoder=auto: steps left in which the request decides only its head before it drafts again."""
 

@@ -12,13 +12,15 @@ The rule has two parts:
     the batch     the auto requests draft in a step while all of them drafting puts at most `max_draft_tokens`
                   tokens into it (`--auto-draft-tokens`): auto requests running or admissible (and not backing
                   off) x 2 x block_length <= max_draft_tokens
-    the request   a draft that keeps none of its checked tokens decided one token in a forward of a draft's width,
-                  which an autoregressive step decides in a forward of one token. When a request's draft keeps
-                  nothing and its drafts so far kept less than one token each on average, it decides only its head
-                  for `backoff` steps (1, doubled by each such draft in a row, at most MAX_BACKOFF) before it
-                  drafts again; a draft that keeps a token resets it. Drafts that are never right (random weights,
-                  a prompt far from the drafts' training) thus cost one drafting step in MAX_BACKOFF + 1, and one
-                  unlucky draft among good ones costs nothing
+    the request   its drafting decides 1 + kept / forwards tokens per forward (each of its drafting forwards
+                  decides one token beside the drafts it keeps: DraftState.num_draft_forwards), in forwards of a
+                  draft's width, each costing `draft_cost` autoregressive ones (about 1.9 on a CPU at batch 1,
+                  measured; about 1 on a GPU, whose forward hardly grows with its width: an estimate). While that
+                  yield is not above the cost, each checked draft makes the request decide only its head for
+                  `backoff` steps (1, doubled by each such draft in a row, at most MAX_BACKOFF) before it drafts
+                  again; once its drafts pay, the backoff resets. Drafts that never pay (random weights, prompts
+                  far from the drafts' training, a CPU's cost for drafts the model gets half right) thus cost one
+                  drafting step in MAX_BACKOFF + 1, and one unlucky draft among good ones costs nothing
 
 Either way every token is checked against the causal path, so the choice changes the speed, never the output.
 """
@@ -33,11 +35,22 @@ from diffuserve.core.request import Request
 from diffuserve.core.writes import Verification
 
 MAX_BACKOFF = 32
-"""The most steps an auto request decides only its head between two drafts that keep nothing."""
+"""The most steps an auto request decides only its head between two drafts that do not pay."""
+CPU_DRAFT_COST = 1.9
+"""A drafting forward's time over an autoregressive one's at batch 1 on a CPU: the bundled model's 208 against 112
+forwards/s (docs/results/compare-verified.json), a block's commit and preview against one token."""
+GPU_DRAFT_COST = 1.0
+"""The same on a GPU, below GPU_DRAFT_TOKENS a step's time barely grows with its width. An estimate: no GPU was
+lent to measure it."""
 GPU_DRAFT_TOKENS = 512
 """The default on a GPU: a step's tokens up to which a forward of a 3B-active MoE stays bound by reading its
 weights rather than by computing (an H100's 3.35 TB/s against its 990 TFLOP/s at about 6 GFLOP per token: some
 hundreds of tokens), so drafts cost little. An estimate: no GPU was lent to measure it."""
+
+
+def default_draft_cost(device_type: str) -> float:
+    """A drafting forward's cost in autoregressive forwards on `device_type` (a torch device type)."""
+    return GPU_DRAFT_COST if device_type == "cuda" else CPU_DRAFT_COST
 
 
 def default_draft_tokens(device_type: str, block_length: int) -> int:
@@ -51,6 +64,8 @@ def default_draft_tokens(device_type: str, block_length: int) -> int:
 class DraftSwitch:
     block_length: int
     max_draft_tokens: int
+    draft_cost: float = CPU_DRAFT_COST
+    """A drafting forward's cost in autoregressive forwards (`default_draft_cost`)."""
     drafting: bool = True
     """This step's choice."""
     num_drafting_steps: int = 0
@@ -74,11 +89,12 @@ class DraftSwitch:
         return self.drafting and not request.draft.skip
 
 
-def back_off(draft: DraftState, verdict: Verification) -> None:
-    """After a draft's check (counted in `draft` already): one that kept nothing, of a request whose drafts kept
-    less than one token each on average, doubles its backoff and starts it; one that kept a token resets it."""
-    poor = draft.num_kept * verdict.num_checked < draft.num_checked  # kept / drafts < 1, drafts of this size
-    if verdict.num_checked and not verdict.num_accepted and poor:
+def back_off(draft: DraftState, verdict: Verification, draft_cost: float) -> None:
+    """After a draft's check (counted in `draft` already): while the request's drafting decides no more tokens per
+    forward than `draft_cost` (1 + kept / forwards <= cost), the check doubles its backoff and starts it; once it
+    decides more, the backoff resets."""
+    pays = draft.num_kept > (draft_cost - 1) * draft.num_draft_forwards
+    if verdict.num_checked and not pays:
         draft.backoff = min(max(1, 2 * draft.backoff), MAX_BACKOFF)
         draft.skip = draft.backoff
     else:

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from diffuserve.core.cache.manager import CacheManager
-from diffuserve.core.draft_switch import DraftSwitch, back_off
+from diffuserve.core.draft_switch import CPU_DRAFT_COST, DraftSwitch, back_off
 from diffuserve.core.request import Request, RequestStatus
 from diffuserve.core.step import ScheduledRequest, SchedulerOutput, StepUpdate
 from diffuserve.core.verification import apply_head, apply_verification, end_at_head
@@ -84,12 +84,14 @@ class Scheduler:
         forward_blocks: bool = True,
         auto_draft_tokens: int = 0,
         max_prefill_tokens: int | None = None,
+        auto_draft_cost: float = CPU_DRAFT_COST,
     ) -> None:
         """`forward_blocks` False: no block's tokens are computed (`ScheduledRequest.forwards_block`);
         `auto_draft_tokens`: the step tokens up to which decoder=auto requests draft (core/draft_switch.py);
-        `max_prefill_tokens`: the prefill tokens of one step (None: only `max_num_batched_tokens` bounds them)."""
+        `max_prefill_tokens`: the prefill tokens of one step (None: only `max_num_batched_tokens` bounds them);
+        `auto_draft_cost`: a drafting forward's cost in autoregressive ones (core/draft_switch.py)."""
         self.cache = cache
-        self.drafts = DraftSwitch(block_length, auto_draft_tokens)
+        self.drafts = DraftSwitch(block_length, auto_draft_tokens, auto_draft_cost)
         self.num_auto = 0
         """Unfinished decoder=auto requests (the switch is consulted only while there are some)."""
         self.forward_blocks = forward_blocks
@@ -251,7 +253,7 @@ class Scheduler:
             record_check(request, verdict)
         rejected = apply_verification(request, verdict)
         if request.params.is_auto:  # drafts that keep nothing pause the next ones (core/draft_switch.py)
-            back_off(request.draft, verdict)
+            back_off(request.draft, verdict, self.drafts.draft_cost)
         if rejected:
             self.cache.rollback(request, block)
             update.num_discarded_steps += int(work.has_block)

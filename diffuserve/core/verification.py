@@ -68,6 +68,8 @@ def apply_verification(request: Request, verdict: Verification) -> bool:
     first = draft.start(request.block_start)  # the position of the draft's first token
     draft.num_checked += verdict.num_checked
     draft.num_kept += verdict.num_accepted
+    if verdict.num_checked:
+        draft.num_draft_forwards += 1 + (verdict.token is not None)
     if request.params.logprobs is not None:
         draft.logprobs.extend(verdict.logprobs or [])
     if verdict.token is None:

@@ -17,7 +17,7 @@ import torch
 
 from diffuserve.config import EngineConfig, SchedulerConfig
 from diffuserve.core.cache.manager import CacheManager
-from diffuserve.core.draft_switch import default_draft_tokens
+from diffuserve.core.draft_switch import default_draft_cost, default_draft_tokens
 from diffuserve.core.scheduler import Scheduler, default_prefill_tokens
 from diffuserve.decoding.block_decoding import BlockDecoding
 from diffuserve.decoding.grammar_walk import StructuredDecoding
@@ -124,28 +124,35 @@ def _check_step_budgets(sched: SchedulerConfig, block_length: int) -> None:
         )
 
 
+def _scheduler(sched: SchedulerConfig, cache: CacheManager, executor: ModelExecutor, block_length: int) -> Scheduler:
+    """The scheduler, its device-dependent defaults resolved (core/scheduler.py, core/draft_switch.py)."""
+    device = executor.device.type
+    # A one-token block of a model predicting position p from row p - 1 is read from the last committed row alone.
+    headless = executor.model.step_rules.prediction_shift and block_length == 1
+    draft_tokens = sched.auto_draft_tokens
+    prefill_tokens = sched.max_prefill_tokens
+    return Scheduler(
+        cache,
+        sched.max_num_seqs,
+        sched.max_num_batched_tokens,
+        block_length,
+        sched.fused_commit,
+        not headless,
+        default_draft_tokens(device, block_length) if draft_tokens is None else draft_tokens,
+        default_prefill_tokens(device, sched.max_num_batched_tokens, block_length)
+        if prefill_tokens is None
+        else prefill_tokens,
+        default_draft_cost(device),
+    )
+
+
 def build_components(config: EngineConfig, make_runner: RunnerFactory | None = None) -> EngineComponents:
     family, args, max_model_len = load_model_args(config)
     sched = config.scheduler
     _check_step_budgets(sched, args.block_length)
     executor = _build_executor(config, args, max_model_len)
     cache = CacheManager.build(executor.sizes, config.cache, sched.max_num_batched_tokens)
-    # A one-token block of a model predicting position p from row p - 1 is read from the last committed row alone.
-    headless = executor.model.step_rules.prediction_shift and args.block_length == 1
-    scheduler = Scheduler(
-        cache,
-        sched.max_num_seqs,
-        sched.max_num_batched_tokens,
-        args.block_length,
-        sched.fused_commit,
-        not headless,
-        default_draft_tokens(executor.device.type, args.block_length)
-        if sched.auto_draft_tokens is None
-        else sched.auto_draft_tokens,
-        default_prefill_tokens(executor.device.type, sched.max_num_batched_tokens, args.block_length)
-        if sched.max_prefill_tokens is None
-        else sched.max_prefill_tokens,
-    )
+    scheduler = _scheduler(sched, cache, executor, args.block_length)
     tokenizer = _tokenizer(config.model)
     structured = (
         StructuredDecoding(tokenizer, args.vocab_size, list(args.eos_token_ids)) if tokenizer is not None else None
