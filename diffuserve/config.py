@@ -94,7 +94,7 @@ class SchedulerConfig:
     any running request is decoding, a part of max_num_batched_tokens: a step that prefills arriving prompts beside
     them delays their next tokens by its own length, so a smaller share keeps their inter-token latency steady and
     spreads the prompts over more steps (with none decoding, prefill takes the whole step). Default: 256 on a CPU
-    (measured), max_num_batched_tokens on a GPU (core/scheduler.py default_prefill_tokens)."""
+    (measured), max_num_batched_tokens on a GPU (core/step_budget.py default_prefill_tokens)."""
     fused_commit: bool = True
     """Write a finished block's K/V in the same forward as the next block's first step (exact). Off: a separate
     commit forward per block, as other engines do (kept for comparison benchmarks)."""

@@ -30,47 +30,18 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from diffuserve.core.cache.manager import CacheManager
 from diffuserve.core.draft_switch import CPU_DRAFT_COST, DraftSwitch, back_off
 from diffuserve.core.request import Request, RequestStatus
 from diffuserve.core.step import ScheduledRequest, SchedulerOutput, StepUpdate
+from diffuserve.core.step_budget import StepBudget, is_prefill
 from diffuserve.core.verification import apply_head, apply_verification, end_at_head
 from diffuserve.core.verification_trace import record_check
 from diffuserve.core.writes import BlockWrite, Verification
 
 NO_WRITE = BlockWrite([])
 """A step that wrote nothing into a request's block (a grammar failure, or no result for it)."""
-
-
-CPU_PREFILL_TOKENS = 256
-"""`max_prefill_tokens`' default on a CPU, measured (docs/benchmarks/throughput.md, "Prefill budget"): on Clover's
-bench shape at 128 concurrent, realistic workload, ITL p99 / p50 2.6x to 2.9x over three runs (1.3x to 5.4x
-without a budget) with a lower TTFT p50 (1.4 s against 1.9 s); 128 steadies the ITL no further, 512 lets it
-grow back to 4x to 5x."""
-
-
-def default_prefill_tokens(device_type: str, max_num_batched_tokens: int, block_length: int) -> int:
-    """`max_prefill_tokens`' default on `device_type` (a torch device type): on a CPU a step's time grows with
-    every token from the first, so prefill gets a share of the step; on a GPU, where a step's time barely grows
-    until a few thousand tokens, the whole step budget (as vLLM's chunked prefill; an estimate, not measured)."""
-    if device_type == "cuda":
-        return max_num_batched_tokens
-    return max(CPU_PREFILL_TOKENS, block_length)
-
-
-@dataclass
-class StepBudget:
-    """What is left of one step's token budgets: all query tokens, and the prefill commits among them."""
-
-    tokens: int
-    prefill_tokens: int
-
-    def spend(self, work: ScheduledRequest, is_prefill: bool) -> None:
-        self.tokens -= work.num_tokens
-        if is_prefill:
-            self.prefill_tokens -= work.commit_end - work.commit_start
 
 
 class Scheduler:
@@ -140,7 +111,7 @@ class Scheduler:
             if work is None or not self._reserve(work, scheduled, preempted):
                 continue
             scheduled.append(self.cache.allocate(work))
-            budget.spend(work, self._is_prefill(request))
+            budget.spend(work, is_prefill(request))
         if not preempted:
             self._admit_waiting(budget, scheduled)
         for work in scheduled:
@@ -285,15 +256,9 @@ class Scheduler:
     def _prefill_budget(self) -> int:
         """`max_prefill_tokens` while a running request is decoding (its next tokens wait for the step), else the
         whole step."""
-        if any(not self._is_prefill(request) for request in self.running):
+        if any(not is_prefill(request) for request in self.running):
             return self.max_prefill_tokens
         return self.max_num_batched_tokens
-
-    def _is_prefill(self, request: Request) -> bool:
-        """Whether the request has prefill commits pending (its prompt, or a recompute after preemption): commits
-        other than the one finished block a decode step commits. A request without is decoding."""
-        pending = request.commit_target - request.num_computed_tokens
-        return pending > self.block_length or (pending > 0 and request.block_start <= request.num_prefill_positions)
 
     def _plan(self, request: Request, step_budget: StepBudget) -> ScheduledRequest | None:
         """The largest piece of work that fits the budget: pending commits (all, or a chunk of whole blocks, within
@@ -302,7 +267,7 @@ class Scheduler:
         finished block's commit runs as its own forward. A request with max_tokens 0 has no block: once scored it
         gets an empty piece of work, which finishes it."""
         budget = step_budget.tokens
-        commit_budget = min(budget, step_budget.prefill_tokens) if self._is_prefill(request) else budget
+        commit_budget = min(budget, step_budget.prefill_tokens) if is_prefill(request) else budget
         start = request.num_computed_tokens
         pending = max(0, request.commit_target - start)
         limit = self.cache.commit_limit(request) - start
@@ -373,7 +338,7 @@ class Scheduler:
             if request.num_forwards == 0:
                 request.num_cached_tokens = request.num_computed_tokens
             scheduled.append(work)
-            budget.spend(work, self._is_prefill(request))
+            budget.spend(work, is_prefill(request))
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

@@ -18,7 +18,8 @@ import torch
 from diffuserve.config import EngineConfig, SchedulerConfig
 from diffuserve.core.cache.manager import CacheManager
 from diffuserve.core.draft_switch import default_draft_cost, default_draft_tokens
-from diffuserve.core.scheduler import Scheduler, default_prefill_tokens
+from diffuserve.core.scheduler import Scheduler
+from diffuserve.core.step_budget import default_prefill_tokens
 from diffuserve.decoding.block_decoding import BlockDecoding
 from diffuserve.decoding.grammar_walk import StructuredDecoding
 from diffuserve.distributed.group import ParallelGroup, launched_by_torchrun, rank_device, torchrun_rank
