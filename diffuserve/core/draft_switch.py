@@ -37,8 +37,9 @@ from diffuserve.core.writes import Verification
 MAX_BACKOFF = 32
 """The most steps an auto request decides only its head between two drafts that do not pay."""
 CPU_DRAFT_COST = 1.9
-"""A drafting forward's time over an autoregressive one's at batch 1 on a CPU: the bundled model's 208 against 112
-forwards/s (docs/results/compare-verified.json), a block's commit and preview against one token."""
+"""A drafting forward's time over an autoregressive one's at batch 1 on a CPU, a block's commit and preview against
+one token: the bundled model's 208 against 112 forwards/s in the run it was taken from (git eef70bc), 259 against
+143 (1.8) in docs/results/compare-verified.json."""
 GPU_DRAFT_COST = 1.0
 """The same on a GPU, below GPU_DRAFT_TOKENS a step's time barely grows with its width. An estimate: no GPU was
 lent to measure it."""

@@ -107,11 +107,12 @@ class Scheduler:
         for request in sorted(self.running, key=lambda r: r.last_scheduled_step):
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            work = self._plan(request, budget)
+            prefill = is_prefill(request)
+            work = self._plan(request, budget, prefill)
             if work is None or not self._reserve(work, scheduled, preempted):
                 continue
             scheduled.append(self.cache.allocate(work))
-            budget.spend(work, is_prefill(request))
+            budget.spend(work, prefill)
         if not preempted:
             self._admit_waiting(budget, scheduled)
         for work in scheduled:
@@ -223,7 +224,7 @@ class Scheduler:
         if request.params.record_denoising:
             record_check(request, verdict)
         rejected = apply_verification(request, verdict)
-        if request.params.is_auto:  # drafts that keep nothing pause the next ones (core/draft_switch.py)
+        if request.params.is_auto:  # drafts that do not pay pause the next ones (core/draft_switch.py)
             back_off(request.draft, verdict, self.drafts.draft_cost)
         if rejected:
             self.cache.rollback(request, block)
@@ -260,14 +261,14 @@ class Scheduler:
             return self.max_prefill_tokens
         return self.max_num_batched_tokens
 
-    def _plan(self, request: Request, step_budget: StepBudget) -> ScheduledRequest | None:
+    def _plan(self, request: Request, step_budget: StepBudget, prefill: bool) -> ScheduledRequest | None:
         """The largest piece of work that fits the budget: pending commits (all, or a chunk of whole blocks, within
         the prefill budget if they are prefill), the prompt positions those commits let it score
         (prompt_logprobs), then the block once nothing is left to commit or score. With fused_commit off, a
         finished block's commit runs as its own forward. A request with max_tokens 0 has no block: once scored it
         gets an empty piece of work, which finishes it."""
         budget = step_budget.tokens
-        commit_budget = min(budget, step_budget.prefill_tokens) if is_prefill(request) else budget
+        commit_budget = min(budget, step_budget.prefill_tokens) if prefill else budget
         start = request.num_computed_tokens
         pending = max(0, request.commit_target - start)
         limit = self.cache.commit_limit(request) - start
@@ -324,7 +325,8 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             page_hits = self.cache.match_prefix(request)
-            work = self._plan(request, budget)
+            prefill = is_prefill(request)  # after the prefix match, which may have reused its prompt
+            work = self._plan(request, budget, prefill)
             if work is None or not self.cache.can_allocate(work):
                 self.cache.release(request)  # drop the prefix again; retry next step
                 break
@@ -338,7 +340,7 @@ class Scheduler:
             if request.num_forwards == 0:
                 request.num_cached_tokens = request.num_computed_tokens
             scheduled.append(work)
-            budget.spend(work, is_prefill(request))
+            budget.spend(work, prefill)
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
