@@ -19,6 +19,11 @@
 #        scripts/gpu_check.sh --compiled [--device cpu]
 #   --compiled  the engine compiled as CUDA runs it by default (CUDA graphs, bucketed steps) vs eager on a random
 #               sdar-moe-bench in bf16: compile time, recompiles, tokens, decode speed at 1 and 16 requests
+#        scripts/gpu_check.sh --graphs [--dry-run]
+#   --graphs    CUDA graphs over bucketed steps on random sdar-moe-bench and clover-moe-bench in bf16: graphs
+#               recorded per bucket in a warm-up, none recorded or traced in a second mixed workload whose
+#               forwards all have bucket shapes, its tokens vs eager, decode speed at 1 / 16 (--dry-run: the same
+#               code on the CPU at the tiny shapes, dynamo's capture only; CI runs it)
 #        scripts/gpu_check.sh --quantization fp8|int4 [--device cpu]
 #   --quantization  the quantized matmuls at Clover-35B-A3B shapes against the dequantize-then-matmul
 #               reference and bf16 (scaled_mm fp8 / tinygemm int4 on sm90), the engine quantized on load vs bf16 on
@@ -60,6 +65,9 @@ elif [[ "${1:-}" == "--gdn-kernels" ]]; then
     shift
 elif [[ "${1:-}" == "--compiled" ]]; then
     SCRIPT=gpu_check_compiled
+    shift
+elif [[ "${1:-}" == "--graphs" ]]; then
+    SCRIPT=gpu_check_graphs
     shift
 elif [[ "${1:-}" == "--quantization" ]]; then
     SCRIPT=gpu_check_quant

@@ -87,13 +87,15 @@ class CompiledForward:
     Default (`enforce_eager=None`): compiled on CUDA with `mode="reduce-overhead"` (CUDA graphs: the step's hundreds
     of small kernels replayed as one launch), eager on CPU, where inductor compiled the benchmark model for 105-144 s
     on a shared 2-core machine and ran fp32 at 0.63-0.69x eager (docs/benchmarks/latency.md, "Batch-1 speed");
-    `enforce_eager=False` compiles on CPU too. The graph breaks at attention and at the routed experts (whose
-    Python structure and data-dependent shapes change every step: `Attention.attend`, `SparseMoeBlock._routed`),
-    and the token count is dynamic, so no batch composition recompiles. CUDA graphs record one graph per shape,
-    so there (`bucketed`) the step's tokens are padded to `bucket_size`: a bounded set of shapes, recorded once
-    each. Padding rows are token 0 at position 0; attention writes no K/V for them and returns zeros, and the
-    caller reads the first N rows only. The first call pays the compile; its time is logged and kept in
-    `compile_s`.
+    `enforce_eager=False` compiles on CPU too. The graph breaks at attention, at the GDN step and at the routed
+    experts (whose Python structure and data-dependent shapes change every step: the families' `attend`,
+    `HybridDecoderLayer.recurrent_mix`, `SparseMoeBlock._routed`), and the token count is dynamic, so no batch
+    composition recompiles. The compiled pieces between the breaks see [N, ...] tensors only, so the number of
+    tokens is their one varying dimension (the number of sequences reaches only the eager breaks). CUDA graphs
+    record one graph per shape, so there (`bucketed`) the step's tokens are padded to `bucket_size`: a bounded
+    set of shapes, recorded once each. Padding rows are token 0 at position 0; attention writes no K/V for them
+    and returns zeros, the GDN step advances no state for them and returns zeros, and the caller reads the first
+    N rows only. The first call pays the compile; its time is logged and kept in `compile_s`.
     """
 
     def __init__(
@@ -237,11 +239,9 @@ class ModelExecutor:
             )
             if executor.lora.draft_slot is not None and lora.draft_adapter is not None:
                 executor.lora.load(executor.lora.draft_slot, "draft", lora.draft_adapter)
-        # Offload's hooks and coreset routing (their block rows) stay eager, and so does the recurrent step, whose
-        # row groups are not bucket-padded.
-        # Adapters too: their hooks read the step's token slots from a context variable.
-        compiled = should_compile(config.enforce_eager, device) and not offload and not coreset and caches.state is None
-        compiled = compiled and executor.lora is None
+        # Offload's hooks and coreset routing (their block rows) stay eager; adapters too: their hooks read the
+        # step's token slots from a context variable. The recurrent step is a graph break, as attention is.
+        compiled = should_compile(config.enforce_eager, device) and not (offload or coreset or executor.lora)
         executor.run_model = CompiledForward(model, compiled, device)
         return executor
 

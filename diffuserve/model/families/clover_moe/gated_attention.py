@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 class GatedAttention(nn.Module):
     """Parameter names are the checkpoint's (`self_attn.*`)."""
 
-    def __init__(self, args: ModelArgs, rotary: RotaryEmbedding) -> None:
+    def __init__(self, args: ModelArgs, rotary: RotaryEmbedding, cache_index: int = 0) -> None:
         super().__init__()
+        self.cache_index = cache_index
+        """This layer's K/V cache among the attention layers'."""
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
         bias = args.attention_bias
         self.q_proj = nn.Linear(args.hidden_size, 2 * self.num_heads * self.head_dim, bias=bias)
@@ -58,15 +60,18 @@ class GatedAttention(nn.Module):
         self.num_heads //= size
         self.num_kv_heads = max(1, self.num_kv_heads // size)
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, attn: PagedAttentionInputs, cache_index: int
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: PagedAttentionInputs) -> torch.Tensor:
         """Engine step: x [N, H] at `positions` [N] -> [N, H]; writes the tokens' K/V into cache `cache_index`
-        (this layer's among the attention layers) before attending, as every paged family does."""
+        before attending, as every paged family does."""
         length = x.shape[0]
         q, gate = self.q_proj(x).view(length, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         k = self.k_proj(x).view(length, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(length, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, self.q_norm(q), self.k_norm(k))
-        out = paged_attention(q, k, v, attn, cache_index, self.head_dim**-0.5, self.attention_backend)  # [N, Hq * D]
-        return self.o_proj(out * torch.sigmoid(gate.reshape(length, -1)))
+        return self.o_proj(self.attend(q, k, v, attn) * torch.sigmoid(gate.reshape(length, -1)))
+
+    @torch.compiler.disable
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: PagedAttentionInputs) -> torch.Tensor:
+        """q [N, Hq, D], k/v [N, Hkv, D] -> [N, Hq * D]. Where a compiled forward's graph breaks (as at
+        `Attention.attend`): the step's sequences change every step."""
+        return paged_attention(q, k, v, attn, self.cache_index, self.head_dim**-0.5, self.attention_backend)

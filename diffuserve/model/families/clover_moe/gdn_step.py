@@ -64,14 +64,15 @@ def gdn_step(layer: GatedDeltaNet, x: torch.Tensor, inputs: RecurrentStepInputs,
     """x [N, H] (the step batch, normed) -> the layer's output [N, H]; advances the commit sequences' slots.
 
     The projections (in and out) run once over all N rows: at batch 1 a step's commit and its block would
-    otherwise each read the layer's projection weights."""
+    otherwise each read the layer's projection weights. Rows in no group (a bucket-padded forward's padding) get
+    0: they advance no state, and their output stays finite."""
     conv_cache, recurrent_cache = inputs.conv_caches[gdn_index], inputs.recurrent_caches[gdn_index]
     observer = _OBSERVER.get()
     if observer is not None:
         observer.before_layer(layer, gdn_index, conv_cache, recurrent_cache)
     projected = layer.project(x)  # [N, ...]
     gdn = layer.gdn
-    o = x.new_empty(x.shape[0], gdn.num_value_heads, gdn.value_head_dim, dtype=torch.float32)
+    o = x.new_zeros(x.shape[0], gdn.num_value_heads, gdn.value_head_dim, dtype=torch.float32)
     for group in inputs.commits:
         group_inputs = GdnInputs(*(t[group.rows] for t in projected))  # [S, L, ...]
         if observer is not None:

@@ -40,7 +40,7 @@ class HybridDecoderLayer(nn.Module):
         if self.is_gdn:
             self.linear_attn = GatedDeltaNet(args.hidden_size, hybrid.gdn, args.rms_norm_eps, hybrid.has_diffusion)
         else:
-            self.self_attn = GatedAttention(args, rotary)
+            self.self_attn = GatedAttention(args, rotary, self.cache_index)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = GatedSharedExpertMoe(
             args.hidden_size,
@@ -54,12 +54,18 @@ class HybridDecoderLayer(nn.Module):
         """Engine step: x [N, H] -> [N, H] (see the module docstring)."""
         normed = self.input_layernorm(x)
         if self.is_gdn:
-            h = x + gdn_step(self.linear_attn, normed, step.require_recurrent(), self.cache_index)
+            h = x + self.recurrent_mix(normed, step)
         else:
             attn = step.attention
             assert isinstance(attn, PagedAttentionInputs), "an engine step's attention is paged"
-            h = x + self.self_attn(normed, positions, attn, self.cache_index)
+            h = x + self.self_attn(normed, positions, attn)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    @torch.compiler.disable
+    def recurrent_mix(self, normed: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """The GDN mixer over the step (gdn_step). Where a compiled forward's graph breaks, as at attention: which
+        rows commit into which state slot changes every step, and traced it would specialise the graph on it."""
+        return gdn_step(self.linear_attn, normed, step.require_recurrent(), self.cache_index)
 
 
 class HybridModel(nn.Module):
