@@ -1,7 +1,7 @@
 """MaskDecoder: a masked block decoded by one of the mask policies (threshold, fixed, entropy, edit): propose a
 token at each position read, let the policy decide which to write. `decode_blocks` decodes a logits chunk's blocks
-at once: those in the common case (greedy, no logprobs, no penalties or grammar, a batched policy) in one pass
-(mask_batch.py), the others one by one."""
+at once: those in the common case (greedy or sampled, no logprobs, no penalties or grammar, a batched policy) in
+one pass (mask_batch.py), the others one by one."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from diffuserve.core.request import Request
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
-from diffuserve.decoding.mask_batch import BATCHED_RULES, decode_greedy_blocks
+from diffuserve.decoding.mask_batch import BATCHED_RULES, decode_common_blocks
 from diffuserve.decoding.mask_policies import MaskPolicy, propose
 from diffuserve.decoding.protocol import BlockDecode, Decoder
 from diffuserve.sampling_params import ResolvedSamplingParams
@@ -61,6 +61,9 @@ class MaskDecoder(Decoder):
         for read in positions:
             starts.append(starts[-1] + len(read))
         params = [self.proposal_params(r) for r in requests]
+        for request, p in zip(requests, params, strict=True):
+            if not p.is_greedy:  # generators made in request order, as block-by-block decoding makes them
+                generators.of(request)
         batched: list[int] = []
         if requests and self._batches(rows.device):
             mask_token_id = requests[0].mask_token_id  # one pass decodes one mask token's blocks
@@ -73,7 +76,7 @@ class MaskDecoder(Decoder):
                 taken = rows.index_select(0, torch.tensor(index, dtype=torch.long, device=rows.device))
             chosen = [requests[i] for i in batched]
             reads = [positions[i] for i in batched]
-            writes = decode_greedy_blocks(self.policy, chosen, [params[i] for i in batched], taken, reads)
+            writes = decode_common_blocks(self.policy, chosen, [params[i] for i in batched], taken, reads, generators)
             for i, write in zip(batched, writes, strict=True):
                 decoded[i] = BlockDecode(write)
         for i, request in enumerate(requests):
@@ -90,13 +93,12 @@ class MaskDecoder(Decoder):
 
     @staticmethod
     def _batchable(request: Request, params: ResolvedSamplingParams, mask_token_id: int) -> bool:
-        """Whether the request's block decodes in the batched pass exactly as `decode` would: greedy, no logprobs,
+        """Whether the request's block decodes in the batched pass exactly as `decode` would: no logprobs,
         penalties or grammar (their wrappers never call decode_blocks; checked anyway), no stop ids forbidden
         below min_tokens, and the pass's mask token."""
         early = bool(params.stop_ids) and request.block_start - request.num_prompt_tokens < params.min_tokens
         return (
-            params.is_greedy
-            and params.logprobs is None
+            params.logprobs is None
             and not params.has_penalties
             and params.structured_outputs is None
             and not early

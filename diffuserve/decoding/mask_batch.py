@@ -1,6 +1,7 @@
-"""Greedy mask decoding of many blocks in one vectorised pass: the common case of the threshold, fixed and entropy
-policies (temperature 0, no logprobs), which `MaskDecoder.decode_blocks` hands here instead of decoding block by
-block. Knows the policies' rules, not which requests qualify (mask.py decides that).
+"""Mask decoding of many blocks in one vectorised pass: the common case of the threshold, fixed and entropy
+policies (greedy or sampled, no logprobs), which `MaskDecoder.decode_blocks` hands here instead of decoding block
+by block; the proposals themselves are propose_batch.py's. Knows the policies' rules, not which requests qualify
+(mask.py decides that).
 
 Every block's rows are its masked positions' logits, ascending, request after request; the blocks are laid out as
 canvases [R, B] (B the block length), -inf confidence and +inf entropy at positions not read, so each row holds
@@ -12,6 +13,7 @@ tests/decoding/test_mask_batch.py checks this module against it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,26 +21,23 @@ import torch
 
 from diffuserve.core.request import Request
 from diffuserve.core.writes import BlockWrite
-from diffuserve.decoding.mask_policies import (
-    EntropyBoundPolicy,
-    FixedStepsPolicy,
-    MaskPolicy,
-    ThresholdPolicy,
-    best_token,
-)
+from diffuserve.decoding.generators import RequestGenerators
+from diffuserve.decoding.mask_policies import EntropyBoundPolicy, FixedStepsPolicy, MaskPolicy, ThresholdPolicy
+from diffuserve.decoding.propose_batch import propose_rows
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 
-def decode_greedy_blocks(
+def decode_common_blocks(
     policy: MaskPolicy,
     requests: list[Request],
     params: list[ResolvedSamplingParams],
     rows: torch.Tensor,
     positions: list[list[int]],
+    generators: RequestGenerators,
 ) -> list[BlockWrite]:
     """rows [N, V] fp32: the blocks' logits at their read `positions` (masked canvas indices: all of them, or a
     verified block's head alone), request after request (the mask token's logit kept, as `propose` wants it) ->
-    each request's write, equal to the per-request decode's."""
+    each request's write, equal to the per-request decode's: greedy or sampled (propose_batch.py)."""
     block_length, device = requests[0].block_length, rows.device
     mask_token_id = requests[0].mask_token_id  # the caller passes one mask token's blocks
     num_masked = [len(read) for read in positions]
@@ -46,17 +45,18 @@ def decode_greedy_blocks(
     flat = [r * block_length + i for r, read in enumerate(positions) for i in read]
     read = torch.tensor(flat, dtype=torch.long, device=device)  # [N] flat canvas index of each row, in order
     never = mask_token_id if 0 <= mask_token_id < rows.shape[-1] else None
-    probs = torch.softmax(rows, dim=-1)  # [N, V], the mask token included (as `propose` at temperature 0)
-    tokens = best_token(rows, never)
+    ends = list(itertools.accumulate(num_masked))
+    spans = [(end - count, end) for end, count in zip(ends, num_masked, strict=True)]
+    proposals = propose_rows(rows, requests, params, spans, generators, never, policy.needs_entropy)
     shape = (len(requests), block_length)
     proposed = torch.zeros(shape, dtype=torch.long, device=device)
-    proposed.view(-1)[read] = tokens
+    proposed.view(-1)[read] = proposals.tokens
     confidence = torch.full(shape, float("-inf"), device=device)
-    confidence.view(-1)[read] = probs.gather(-1, tokens[:, None]).squeeze(-1)
+    confidence.view(-1)[read] = proposals.confidence
     entropy = None
-    if policy.needs_entropy:
+    if proposals.entropy is not None:
         entropy = torch.full(shape, float("inf"), device=device)
-        entropy.view(-1)[read] = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+        entropy.view(-1)[read] = proposals.entropy
     schedule = [policy.min_count(r.step_in_block, p, block_length) for r, p in zip(requests, params, strict=True)]
     write = BATCHED_RULES[type(policy)](policy, confidence, entropy, num_masked, schedule, params)  # [R, B] bool
     table = torch.where(write, proposed, -1).tolist()  # one transfer

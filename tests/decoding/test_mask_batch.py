@@ -1,7 +1,7 @@
 """MaskDecoder.decode_blocks (the batched pass of mask_batch.py for the common case, `decode` for the rest) against
-`decode` block by block, the oracle, on random logits and random canvases: every policy, ties in confidence and
-in a row's argmax, blocks where nothing passes the threshold, and requests outside the common case in the same
-call."""
+`decode` block by block, the oracle, on random logits and random canvases: every policy, greedy and sampled blocks
+(seeded or not, top-k, top-p) in one call, ties in confidence and in a row's argmax, blocks where nothing passes
+the threshold, and requests outside the common case in the same call."""
 
 from __future__ import annotations
 
@@ -32,16 +32,22 @@ def _request(index: int, rng: random.Random, decoder: str, common: bool) -> Requ
         steps=rng.choice([None, 1, 3, 5, 20]),  # 20 > BLOCK: steps whose schedule count is 0
         entropy_bound=rng.choice([0.0, 0.35, 1.5, 4.0]),
     )
-    if not common:  # each of these falls back to `decode` in the same call
-        knobs.update(
-            rng.choice(
-                [
-                    dict(temperature=0.8, seed=index),
-                    dict(logprobs=2),
-                    dict(min_tokens=30, max_tokens=64, stop_token_ids=[3]),
-                ]
-            )
+    # Sampled blocks are batched too (one pass per sampling setting, each drawing from its own generator): seeded
+    # and not, with top-k and top-p; greedy ones beside them.
+    knobs.update(
+        rng.choice(
+            [
+                {},
+                {},
+                dict(temperature=0.8, seed=index),
+                dict(temperature=1.3, top_k=3),
+                dict(temperature=0.6, top_p=0.7, seed=index + 100),
+                dict(temperature=0.8, seed=index, top_k=3, top_p=0.9),
+            ]
         )
+    )
+    if not common:  # each of these falls back to `decode` in the same call
+        knobs.update(rng.choice([dict(logprobs=2), dict(min_tokens=30, max_tokens=64, stop_token_ids=[3])]))
     params = SamplingParams(**knobs).with_defaults({})
     request = Request(f"r{index}", list(range(1, PROMPT + 1)), params, BLOCK, MASK)
     request.block_start = rng.choice([0, 8, 16])
@@ -101,7 +107,7 @@ def test_batched_blocks_equal_the_per_request_decode(name: str, seed: int, monke
     common = [_request(i, rng, name, common=True) for i in range(12)]
     assert _compare(decoder, common, rng, monkeypatch) == len(common)  # all of them in the one pass
     mixed = [_request(i, rng, name, common=rng.random() < 0.6) for i in range(12)]
-    num_common = sum(r.params.temperature == 0 and r.params.logprobs is None and not r.params.min_tokens for r in mixed)
+    num_common = sum(r.params.logprobs is None and not r.params.min_tokens for r in mixed)
     assert _compare(decoder, mixed, rng, monkeypatch) == num_common
 
 
@@ -138,7 +144,7 @@ def test_the_entropy_bound_is_inclusive(monkeypatch):
     decoder = MaskDecoder("entropy", MASK_POLICIES["entropy"], BLOCK)
     requests = [_request(i, rng, "entropy", common=True) for i in range(6)]
     for request in requests:
-        request.params = request.params.replace(entropy_bound=flat_entropy)
+        request.params = request.params.replace(entropy_bound=flat_entropy, temperature=0.0)
     rows = torch.ones(sum(len(decoder.read_positions(r)) for r in requests), VOCAB)
     masked = [decoder.read_positions(r) for r in requests]
     got = decoder.decode_blocks(requests, rows, masked, RequestGenerators(torch.device("cpu")))

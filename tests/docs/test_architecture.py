@@ -169,9 +169,10 @@ VERIFICATION_FILES = {
     "worker/verification.py",
     "engine/spec_decode_stats.py",
     "decoding/mask_batch.py",
+    "decoding/propose_batch.py",
 }
 """What verified decoding's path adds to the plain one: its bookkeeping and draft state, decoder, the step's
-checks, worker side and counters, and the batched greedy pass its one-forward drafts go through."""
+checks, worker side and counters, and the batched pass its one-forward drafts go through."""
 
 
 def test_the_verified_hop_list_is_the_plain_one_and_the_verification_files():
