@@ -74,6 +74,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "renoise-overhead": benchmarks_compare.renoise_overhead,
     "attention-backends": benchmarks_compare.attention_backends,
     "throughput": benchmarks_serving.throughput,
+    "ab-sampled-decoding": benchmarks_serving.ab_sampled_decoding,
     "calibration": benchmarks_serving.calibration,
     "compare-batch1": benchmarks_batch1.compare_batch1,
     "profiles": benchmarks_batch1.profiles,

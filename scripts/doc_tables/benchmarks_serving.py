@@ -204,3 +204,19 @@ def adapters(load: Load) -> str:
         for r in run["results"]
     ]
     return table(["variant", "tokens/s", "wall s (best)", "vs the base model alone"], rows)
+
+
+def ab_sampled_decoding(load: Load) -> str:
+    """`scripts/ab_commits.py` over `bench throughput` at temperature > 0: tokens/s per row at both revisions."""
+    run = load("ab-sampled-decoding")
+    result = run["result"]
+    revisions = result["revisions"]
+    return table(
+        [
+            "row (block length, mode, concurrency)",
+            f"before ({revisions['old']}) tok/s",
+            f"after ({revisions['new']}) tok/s",
+            "after / before",
+        ],
+        [[r["row"], f"{r['old']:.0f}", f"{r['new']:.0f}", f"**{r['ratio']:.2f}x**"] for r in result["rows"]],
+    )
