@@ -68,14 +68,25 @@ def token_logprobs(rows: LogprobRows, tokens: torch.Tensor, indices: torch.Tenso
     written token first, then the alternatives by rank (those outside the distribution's support left out)."""
     if not indices.numel():
         return []
-    ids = torch.cat([tokens[indices, None], rows.rank[indices, None], rows.top_ids[indices]], dim=1).tolist()
-    values = torch.cat([rows.chosen[indices, None], rows.top_values[indices]], dim=1).tolist()
+    return host_logprobs(
+        tokens[indices], rows.chosen[indices], rows.rank[indices], rows.top_ids[indices], rows.top_values[indices]
+    )
+
+
+def host_logprobs(
+    tokens: torch.Tensor, chosen: torch.Tensor, rank: torch.Tensor, top_ids: torch.Tensor, top_values: torch.Tensor
+) -> list[TokenLogprobs]:
+    """Written tokens [W] with their logprob [W], rank [W] and top alternatives [W, k] (ids, logprobs) -> host
+    TokenLogprobs, one per token (two transfers): the token first, then the alternatives by rank (those outside
+    the distribution's support left out)."""
+    ids = torch.cat([tokens[:, None], rank[:, None], top_ids], dim=1).tolist()
+    values = torch.cat([chosen[:, None], top_values], dim=1).tolist()
     out = []
-    for (token, rank, *top_ids), (logprob, *top_values) in zip(ids, values):
-        entry = {token: Logprob(logprob, rank)}
-        for top_id, value in zip(top_ids, top_values):
+    for (token, token_rank, *alternatives), (logprob, *alternative_values) in zip(ids, values):
+        entry = {token: Logprob(logprob, token_rank)}
+        for top_id, value in zip(alternatives, alternative_values):
             if value != float("-inf"):
                 # Ties share a rank, as the written token's rank counts only strictly more probable tokens.
-                entry.setdefault(top_id, Logprob(value, 1 + sum(v > value for v in top_values)))
+                entry.setdefault(top_id, Logprob(value, 1 + sum(v > value for v in alternative_values)))
         out.append(entry)
     return out

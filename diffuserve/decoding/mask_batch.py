@@ -1,7 +1,7 @@
 """Mask decoding of many blocks in one vectorised pass: the common case of the threshold, fixed and entropy
-policies (greedy or sampled, no logprobs), which `MaskDecoder.decode_blocks` hands here instead of decoding block
-by block; the proposals themselves are propose_batch.py's. Knows the policies' rules, not which requests qualify
-(mask.py decides that).
+policies (greedy or sampled, with or without logprobs), which `MaskDecoder.decode_blocks` hands here instead of
+decoding block by block; the proposals themselves are propose_batch.py's. Knows the policies' rules, not which
+requests qualify (mask.py decides that).
 
 Every block's rows are its masked positions' logits, ascending, request after request; the blocks are laid out as
 canvases [R, B] (B the block length), -inf confidence and +inf entropy at positions not read, so each row holds
@@ -23,7 +23,7 @@ from diffuserve.core.request import Request
 from diffuserve.core.writes import BlockWrite
 from diffuserve.decoding.generators import RequestGenerators
 from diffuserve.decoding.mask_policies import EntropyBoundPolicy, FixedStepsPolicy, MaskPolicy, ThresholdPolicy
-from diffuserve.decoding.propose_batch import propose_rows
+from diffuserve.decoding.propose_batch import propose_rows, written_logprobs
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 
@@ -37,7 +37,8 @@ def decode_common_blocks(
 ) -> list[BlockWrite]:
     """rows [N, V] fp32: the blocks' logits at their read `positions` (masked canvas indices: all of them, or a
     verified block's head alone), request after request (the mask token's logit kept, as `propose` wants it) ->
-    each request's write, equal to the per-request decode's: greedy or sampled (propose_batch.py)."""
+    each request's write, equal to the per-request decode's: greedy or sampled, with their logprobs where asked
+    (propose_batch.py)."""
     block_length, device = requests[0].block_length, rows.device
     mask_token_id = requests[0].mask_token_id  # the caller passes one mask token's blocks
     num_masked = [len(read) for read in positions]
@@ -60,7 +61,10 @@ def decode_common_blocks(
     schedule = [policy.min_count(r.step_in_block, p, block_length) for r, p in zip(requests, params, strict=True)]
     write = BATCHED_RULES[type(policy)](policy, confidence, entropy, num_masked, schedule, params)  # [R, B] bool
     table = torch.where(write, proposed, -1).tolist()  # one transfer
-    return [BlockWrite([(i, t) for i, t in enumerate(row) if t >= 0]) for row in table]
+    accepted = [[(i, t) for i, t in enumerate(row) if t >= 0] for row in table]
+    logprobs = written_logprobs(proposals, accepted, positions) if proposals.logprobs else {}
+    # A block that writes nothing carries no logprobs list, as `Proposal.write` gives it.
+    return [BlockWrite(pairs, logprobs.get(r) if pairs else None) for r, pairs in enumerate(accepted)]
 
 
 @dataclass(frozen=True)

@@ -1,32 +1,53 @@
-"""`propose`'s tokens and confidences for many blocks' rows at once (mask_batch.py's batched pass): the greedy
-blocks in one pass, the sampled ones in one pass per distinct (temperature, top_k, top_p), each sampled block
-drawing its tokens with one `multinomial` call on its own rows from its own generator, as `propose` does.
+"""`propose` for many blocks' rows at once (mask_batch.py's batched pass): tokens, confidences, entropies and, for
+blocks that ask, logprobs. Blocks are grouped by how their distribution is made, (temperature, top_k, top_p) or
+greedy, and by their number of logprobs; each group is one pass, and each sampled block draws its tokens with one
+`multinomial` call on its own rows from its own generator, as `propose` does.
 
-Exactly `propose`'s numbers, not close to them: every operation here is `propose`'s own (mask_policies.py), run on
-more rows, and each is row-wise (an elementwise op, a softmax, a `topk` or `sort` or `cumsum` along a row, a
-draw from a block's own rows and generator), so a row's result does not depend on the rows beside it. The
-entropy's row sum is the one reduction whose order a GPU may change with the row count; mask.py batches the
-entropy policy on the CPU only. Knows nothing of policies or requests' canvases.
+Exactly `propose`'s numbers, not close to them: every operation here is `propose`'s own (mask_policies.py,
+logprobs.py), run on more rows, and each is row-wise (an elementwise op, a softmax, a `topk` or `sort` or `cumsum`
+along a row, a count of a row's larger values, a draw from a block's own rows and generator), so a row's result does
+not depend on the rows beside it. The entropy's row sum is the one reduction whose order a GPU may change with the
+row count; mask.py batches the entropy policy on the CPU only. Knows nothing of policies or requests' canvases.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from diffuserve.core.outputs import TokenLogprobs
 from diffuserve.core.request import Request
 from diffuserve.decoding.generators import RequestGenerators
+from diffuserve.decoding.logprobs import host_logprobs
 from diffuserve.decoding.mask_policies import best_token, filter_logits
 from diffuserve.sampling_params import ResolvedSamplingParams
 
-SamplingKey = tuple[float, int, float] | None
-"""What a block's distribution is made with: (temperature, top_k, top_p), None when greedy."""
+GroupKey = tuple[tuple[float, int, float] | None, int | None]
+"""How a block's rows are proposed: ((temperature, top_k, top_p), or None when greedy; logprobs asked, or None)."""
+
+
+@dataclass(frozen=True)
+class LogprobColumns:
+    """One group's logprobs, per row of its blocks (in block order): the proposed token's and the top k."""
+
+    rows: torch.Tensor
+    """[n] long: each row's index in the rows proposed over."""
+    chosen: torch.Tensor
+    """[n] fp32: the proposed token's logprob."""
+    rank: torch.Tensor
+    """[n] long: its 1-based rank (1 + the tokens strictly more probable)."""
+    top_ids: torch.Tensor
+    """[n, k] long: the k most probable tokens."""
+    top_values: torch.Tensor
+    """[n, k] fp32: their logprobs."""
+    first_row: dict[int, int]
+    """Block -> the group row of its first row."""
 
 
 @dataclass(frozen=True)
 class RowProposals:
-    """Per row of the rows proposed over, [N] each."""
+    """Per row of the rows proposed over, [N] each, and the logprobs of the blocks that ask for them."""
 
     tokens: torch.Tensor
     """long: the proposed token (never the mask token)."""
@@ -34,6 +55,7 @@ class RowProposals:
     """fp32: its probability under the proposing distribution."""
     entropy: torch.Tensor | None
     """fp32: that distribution's entropy (nats); None unless asked for."""
+    logprobs: list[LogprobColumns] = field(default_factory=list)
 
 
 def propose_rows(
@@ -51,44 +73,70 @@ def propose_rows(
     tokens = torch.empty(rows.shape[0], dtype=torch.long, device=device)
     confidence = torch.empty(rows.shape[0], device=device)
     entropy = torch.empty(rows.shape[0], device=device) if need_entropy else None
-    for key, members in _by_sampling(params).items():
+    logprobs: list[LogprobColumns] = []
+    for (sampling, num_logprobs), members in _groups(params).items():
         index = [row for b in members for row in range(*spans[b])]
-        whole = len(index) == rows.shape[0]
-        where = None if whole else torch.tensor(index, dtype=torch.long, device=device)
-        taken = rows if where is None else rows.index_select(0, where)
-        if key is None:
+        where = torch.tensor(index, dtype=torch.long, device=device)
+        taken = rows if len(index) == rows.shape[0] else rows.index_select(0, where)
+        if sampling is None:
+            scores = taken
             probs = torch.softmax(taken, dim=-1)  # [n, V], the mask token included (as `propose` at temperature 0)
             chosen = best_token(taken, never)
         else:
-            probs = _sampling_distribution(taken, key, never)
+            scores = _sampling_scores(taken, sampling, never)
+            probs = torch.softmax(scores, dim=-1)
             chosen = _draws(probs, [requests[b] for b in members], [spans[b] for b in members], generators)
-        picked = probs.gather(-1, chosen[:, None]).squeeze(-1)
-        spread = None if entropy is None else -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
-        if where is None:
-            tokens, confidence, entropy = chosen, picked, spread
-            break
-        tokens[where], confidence[where] = chosen, picked
-        if entropy is not None and spread is not None:
-            entropy[where] = spread
-    return RowProposals(tokens, confidence, entropy)
+        tokens[where], confidence[where] = chosen, probs.gather(-1, chosen[:, None]).squeeze(-1)
+        if entropy is not None:
+            entropy[where] = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+        if num_logprobs is not None:
+            if sampling is None and never is not None:  # logprobs: the mask token at probability 0
+                scores = scores.index_fill(-1, torch.tensor([never], device=device), float("-inf"))
+            logprobs.append(_columns(torch.log_softmax(scores, dim=-1), chosen, where, num_logprobs, members, spans))
+    return RowProposals(tokens, confidence, entropy, logprobs)
 
 
-def _by_sampling(params: list[ResolvedSamplingParams]) -> dict[SamplingKey, list[int]]:
-    """The blocks (indices into `params`) of each distinct sampling setting, in order."""
-    groups: dict[SamplingKey, list[int]] = {}
+def written_logprobs(
+    proposals: RowProposals, accepted: list[list[tuple[int, int]]], positions: list[list[int]]
+) -> dict[int, list[TokenLogprobs]]:
+    """Block -> the TokenLogprobs of its `accepted` (canvas index, token) pairs, in order, for every block that
+    asks for logprobs; block b's rows read canvas `positions[b]`. One host transfer per group."""
+    found: dict[int, list[TokenLogprobs]] = {}
+    for group in proposals.logprobs:
+        local: list[int] = []
+        blocks = list(group.first_row)
+        for b in blocks:
+            row_of = {canvas: i for i, canvas in enumerate(positions[b])}
+            local += [group.first_row[b] + row_of[i] for i, _ in accepted[b]]
+        pick = torch.tensor(local, dtype=torch.long, device=group.rows.device)
+        entries = host_logprobs(
+            proposals.tokens[group.rows[pick]],
+            group.chosen[pick],
+            group.rank[pick],
+            group.top_ids[pick],
+            group.top_values[pick],
+        )
+        for b in blocks:
+            found[b], entries = entries[: len(accepted[b])], entries[len(accepted[b]) :]
+    return found
+
+
+def _groups(params: list[ResolvedSamplingParams]) -> dict[GroupKey, list[int]]:
+    """The blocks (indices into `params`) of each distinct (sampling setting, logprobs), in order."""
+    groups: dict[GroupKey, list[int]] = {}
     for b, p in enumerate(params):
-        key = None if p.is_greedy else (p.temperature, p.top_k, p.top_p)
-        groups.setdefault(key, []).append(b)
+        sampling = None if p.is_greedy else (p.temperature, p.top_k, p.top_p)
+        groups.setdefault((sampling, p.logprobs), []).append(b)
     return groups
 
 
-def _sampling_distribution(logits: torch.Tensor, key: tuple[float, int, float], never: int | None) -> torch.Tensor:
-    """logits [n, V] -> the tempered, filtered distribution [n, V] `propose` draws from (the mask token at 0)."""
+def _sampling_scores(logits: torch.Tensor, key: tuple[float, int, float], never: int | None) -> torch.Tensor:
+    """logits [n, V] -> the tempered, filtered logits [n, V] `propose` draws from (the mask token at -inf)."""
     temperature, top_k, top_p = key
     tempered = logits / temperature  # a new tensor: the caller's rows are not touched
     if never is not None:
         tempered[:, never] = float("-inf")
-    return torch.softmax(filter_logits(tempered, top_k, top_p), dim=-1)
+    return filter_logits(tempered, top_k, top_p)
 
 
 def _draws(
@@ -104,3 +152,23 @@ def _draws(
             draws.append(torch.multinomial(block, 1, generator=generators.of(request)).squeeze(-1))
         start += count
     return torch.cat(draws) if draws else probs.new_empty(0, dtype=torch.long)
+
+
+def _columns(
+    log_probs: torch.Tensor,
+    tokens: torch.Tensor,
+    rows: torch.Tensor,
+    k: int,
+    members: list[int],
+    spans: list[tuple[int, int]],
+) -> LogprobColumns:
+    """log_probs [n, V] of a group's rows, their proposed tokens [n] -> the group's LogprobColumns (logprob_rows'
+    operations, without the canvas)."""
+    chosen = log_probs.gather(-1, tokens[:, None])  # [n, 1]
+    rank = (log_probs > chosen).sum(-1) + 1
+    top_values, top_ids = torch.topk(log_probs, min(k, log_probs.shape[-1]), dim=-1)
+    first_row, start = {}, 0
+    for b in members:
+        first_row[b] = start
+        start += spans[b][1] - spans[b][0]
+    return LogprobColumns(rows, chosen.squeeze(-1), rank, top_ids, top_values, first_row)

@@ -1,7 +1,7 @@
 """MaskDecoder.decode_blocks (the batched pass of mask_batch.py for the common case, `decode` for the rest) against
 `decode` block by block, the oracle, on random logits and random canvases: every policy, greedy and sampled blocks
-(seeded or not, top-k, top-p) in one call, ties in confidence and in a row's argmax, blocks where nothing passes
-the threshold, and requests outside the common case in the same call."""
+(seeded or not, top-k, top-p), with and without logprobs, in one call, ties in confidence and in a row's argmax,
+blocks where nothing passes the threshold, and requests outside the common case in the same call."""
 
 from __future__ import annotations
 
@@ -46,8 +46,9 @@ def _request(index: int, rng: random.Random, decoder: str, common: bool) -> Requ
             ]
         )
     )
-    if not common:  # each of these falls back to `decode` in the same call
-        knobs.update(rng.choice([dict(logprobs=2), dict(min_tokens=30, max_tokens=64, stop_token_ids=[3])]))
+    knobs["logprobs"] = rng.choice([None, None, 0, 2, 5])  # batched too, grouped by how many
+    if not common:  # falls back to `decode` in the same call
+        knobs.update(min_tokens=30, max_tokens=64, stop_token_ids=[3])
     params = SamplingParams(**knobs).with_defaults({})
     request = Request(f"r{index}", list(range(1, PROMPT + 1)), params, BLOCK, MASK)
     request.block_start = rng.choice([0, 8, 16])
@@ -107,7 +108,7 @@ def test_batched_blocks_equal_the_per_request_decode(name: str, seed: int, monke
     common = [_request(i, rng, name, common=True) for i in range(12)]
     assert _compare(decoder, common, rng, monkeypatch) == len(common)  # all of them in the one pass
     mixed = [_request(i, rng, name, common=rng.random() < 0.6) for i in range(12)]
-    num_common = sum(r.params.logprobs is None and not r.params.min_tokens for r in mixed)
+    num_common = sum(not r.params.min_tokens for r in mixed)
     assert _compare(decoder, mixed, rng, monkeypatch) == num_common
 
 
