@@ -1,4 +1,5 @@
-"""One `diffuserve bench` command at two git revisions, interleaved, as ratios (new / old).
+"""One `diffuserve bench` command (or a script of this checkout, `--script`) at two git revisions, interleaved, as
+ratios (new / old).
 
     python scripts/ab_commits.py --old e5e42ab --new HEAD --rounds 2 -- compare --threads 1 --block-lengths 32
 
@@ -34,17 +35,21 @@ def checkout(rev: str, work_dir: Path) -> Path:
     return path
 
 
-def run_bench(tree: Path, bench_args: list[str]) -> dict:
-    """The bench's final JSON, run from `tree`'s code."""
+def run_bench(tree: Path, bench_args: list[str], script: Path | None = None) -> dict:
+    """The bench's final JSON, run from `tree`'s code (`script`: this checkout's script instead of `diffuserve
+    bench`, with `tree`'s package on the path)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         env = {**os.environ, "PYTHONPATH": str(tree)}
-        command = [sys.executable, "-m", "diffuserve", "bench", *bench_args, "--json-out", out.name]
+        runner = [str(script.resolve())] if script is not None else ["-m", "diffuserve", "bench"]
+        command = [sys.executable, *runner, *bench_args, "--json-out", out.name]
         subprocess.run(command, cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
         return json.loads(Path(out.name).read_text())
 
 
 def rows(result: dict) -> dict[str, float]:
-    """tokens/s per row of a `bench compare` or `bench throughput` result."""
+    """tokens/s per row of a `bench compare` or `bench throughput` result, or of a script's `rows`."""
+    if "rows" in result:
+        return {row["row"]: row["tokens_per_s"] for row in result["rows"]}
     found = {}
     for row in result["results"]:
         if "variants" in row:
@@ -61,6 +66,9 @@ def main() -> int:
     parser.add_argument("--new", default="HEAD")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "diffuserve-ab")
+    parser.add_argument(
+        "--script", type=Path, default=None, help="run this script (e.g. scripts/decode_cases.py) instead of the bench"
+    )
     parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="-- then the `diffuserve bench` arguments")
     args = parser.parse_args()
     bench_args = [a for a in args.bench_args if a != "--"]
@@ -69,7 +77,7 @@ def main() -> int:
     samples: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
     for i in range(args.rounds):
         for side in ("old", "new") if i % 2 == 0 else ("new", "old"):
-            for name, value in rows(run_bench(trees[side], bench_args)).items():
+            for name, value in rows(run_bench(trees[side], bench_args, args.script)).items():
                 samples[side].setdefault(name, []).append(value)
     table = []
     print(f"{'row':32} {'old tok/s':>10} {'new tok/s':>10} {'new/old':>8}")

@@ -1,6 +1,6 @@
 """MaskDecoder: a masked block decoded by one of the mask policies (threshold, fixed, entropy, edit): propose a
 token at each position read, let the policy decide which to write. `decode_blocks` decodes a logits chunk's blocks
-at once: those in the common case (greedy or sampled, with or without logprobs, no penalties or grammar, a batched
+at once: those in the common case (greedy or sampled, with or without logprobs and penalties, no grammar, a batched
 policy) in one pass (mask_batch.py), the others one by one."""
 
 from __future__ import annotations
@@ -93,16 +93,12 @@ class MaskDecoder(Decoder):
 
     @staticmethod
     def _batchable(request: Request, params: ResolvedSamplingParams, mask_token_id: int) -> bool:
-        """Whether the request's block decodes in the batched pass exactly as `decode` would: no penalties or
-        grammar (their wrappers never call decode_blocks; checked anyway), no stop ids forbidden below
-        min_tokens, and the pass's mask token."""
+        """Whether the request's block decodes in the batched pass exactly as `decode` would: no grammar (its
+        wrapper never calls decode_blocks; checked anyway), no stop ids forbidden below min_tokens, and the pass's
+        mask token. Penalties are their wrapper's, which hands this decoder rows already penalised, to `decode`
+        and `decode_blocks` alike."""
         early = bool(params.stop_ids) and request.block_start - request.num_prompt_tokens < params.min_tokens
-        return (
-            not params.has_penalties
-            and params.structured_outputs is None
-            and not early
-            and request.mask_token_id == mask_token_id
-        )
+        return params.structured_outputs is None and not early and request.mask_token_id == mask_token_id
 
     @property
     def walk_policy(self) -> MaskPolicy:

@@ -88,6 +88,22 @@ class Penalized(WrappedDecoder):
         # (and penalises once more, as its own causal row) after this decode.
         return self.inner.decode(request, apply_penalties(rows.clone(), counts, request.params), positions, generators)
 
+    def decode_blocks(
+        self,
+        requests: list[Request],
+        rows: torch.Tensor,
+        positions: list[list[int]],
+        generators: RequestGenerators,
+    ) -> list[BlockDecode]:
+        """Each block's rows penalised as `decode` penalises them (on one copy of `rows`), then the inner decoder
+        decodes them all at once (its batched pass, where it has one)."""
+        rows, start = rows.clone(), 0  # a copy, as in `decode`
+        for request, read in zip(requests, positions, strict=True):
+            counts = self.counts.of(request, rows.shape[-1], rows.device)
+            apply_penalties(rows[start : start + len(read)], counts, request.params)  # a view: edits the copy
+            start += len(read)
+        return self.inner.decode_blocks(requests, rows, positions, generators)
+
     def verify(
         self,
         request: Request,

@@ -61,6 +61,12 @@ class DecoderRegistry:
             for name, decoder in self._plain.items()
             if structured is not None and name != "renoise"
         }
+        # One penalty wrapper per decoder, shared by its penalised requests (the counts are per request): the
+        # step decodes them together (Penalized.decode_blocks).
+        self._penalized = {
+            id(decoder): Penalized(decoder, self.penalty_counts)
+            for decoder in (*self._plain.values(), *self._constrained.values())
+        }
 
     def resolve(self, params: ResolvedSamplingParams) -> Decoder:
         """The decoder of a request with `params`; a RequestError naming the field if it cannot be decoded."""
@@ -75,11 +81,11 @@ class DecoderRegistry:
         else:
             self._check_structured(params)
             decoder = self._constrained[name]
-        return Penalized(decoder, self.penalty_counts) if params.has_penalties else decoder
+        return self._penalized[id(decoder)] if params.has_penalties else decoder
 
     def decoders(self) -> list[Decoder]:
         """Every decoder instance (to release a request from whichever holds state for it)."""
-        return [*self._plain.values(), *self._constrained.values()]
+        return [*self._plain.values(), *self._constrained.values(), *self._penalized.values()]
 
     def _check_fits(self, params: ResolvedSamplingParams) -> None:
         """Renoise canvases take the renoise decoder only, masked blocks every other; renoise samples each position

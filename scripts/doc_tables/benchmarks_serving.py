@@ -4,6 +4,8 @@ docs/serving/adapters.md from `bench throughput`, the planner's calibration, `be
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from scripts.doc_tables.cells import Load, ms, pct, table
 
 
@@ -206,17 +208,15 @@ def adapters(load: Load) -> str:
     return table(["variant", "tokens/s", "wall s (best)", "vs the base model alone"], rows)
 
 
-def ab_sampled_decoding(load: Load) -> str:
-    """`scripts/ab_commits.py` over `bench throughput` at temperature > 0: tokens/s per row at both revisions."""
-    run = load("ab-sampled-decoding")
-    result = run["result"]
-    revisions = result["revisions"]
-    return table(
-        [
-            "row (block length, mode, concurrency)",
-            f"before ({revisions['old']}) tok/s",
-            f"after ({revisions['new']}) tok/s",
-            "after / before",
-        ],
-        [[r["row"], f"{r['old']:.0f}", f"{r['new']:.0f}", f"**{r['ratio']:.2f}x**"] for r in result["rows"]],
-    )
+def ab_commits(name: str) -> Callable[[Load], str]:
+    """The table of a recorded `scripts/ab_commits.py` run `name`: tokens/s per row at both revisions."""
+
+    def render(load: Load) -> str:
+        result = load(name)["result"]
+        revisions = result["revisions"]
+        return table(
+            ["row", f"before ({revisions['old']}) tok/s", f"after ({revisions['new']}) tok/s", "after / before"],
+            [[r["row"], f"{r['old']:.0f}", f"{r['new']:.0f}", f"**{r['ratio']:.2f}x**"] for r in result["rows"]],
+        )
+
+    return render

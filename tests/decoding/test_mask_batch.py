@@ -14,6 +14,7 @@ from diffuserve.core.request import Request
 from diffuserve.decoding.generators import RequestGenerators
 from diffuserve.decoding.mask import MaskDecoder
 from diffuserve.decoding.mask_policies import MASK_POLICIES
+from diffuserve.decoding.penalties import Penalized, PenaltyCounts
 from diffuserve.decoding.protocol import BlockDecode
 from diffuserve.decoding.verified import VerifiedDecoder
 from diffuserve.sampling_params import MASK_DECODER_NAMES, SamplingParams
@@ -155,3 +156,21 @@ def test_the_entropy_bound_is_inclusive(monkeypatch):
     ]
     assert [d.write for d in got] == [d.write for d in oracle]
     assert [len(d.write.accepted) for d in got] == [min(2, len(m)) for m in masked]
+
+
+@pytest.mark.parametrize("name", ["threshold", "entropy"])
+def test_penalised_blocks_are_batched_with_the_per_request_penalties(name: str, monkeypatch):
+    """One penalty wrapper decodes its requests' blocks together: each block's rows penalised by its own counts
+    (repetition, frequency, presence; with and without the prompt), then the inner decoder's batched pass."""
+    rng = random.Random(f"penalties-{name}")
+    decoder = Penalized(MaskDecoder(name, MASK_POLICIES[name], BLOCK), PenaltyCounts())
+    requests = [_request(i, rng, name, common=True) for i in range(10)]
+    for request in requests:
+        request.output_token_ids = [rng.randrange(VOCAB - 1) for _ in range(rng.randrange(0, 12))]
+        request.params = request.params.replace(
+            repetition_penalty=rng.choice([1.0, 1.3]),
+            frequency_penalty=rng.choice([0.0, 0.5]),
+            presence_penalty=rng.choice([0.0, 0.7, -0.4]),
+            penalize_prompt=rng.random() < 0.3,
+        )
+    assert _compare(decoder, requests, rng, monkeypatch) == len(requests)
