@@ -1,5 +1,5 @@
 """The engine's tokens/s and step phases on one concurrent workload, decoded several ways: greedy, sampled, with
-logprobs, sampled with logprobs (the cases a user's requests take through the decoders).
+logprobs, sampled with logprobs, with penalties (the cases a user's requests take through the decoders).
 
     python scripts/decode_cases.py --model clover-moe-tiny --concurrency 128 --block-length 1
 
@@ -29,6 +29,7 @@ CASES: dict[str, dict[str, Any]] = {
     "sampled": dict(temperature=0.8),
     "logprobs": dict(temperature=0.0, logprobs=2),
     "sampled+logprobs": dict(temperature=0.8, logprobs=2),
+    "penalties": dict(temperature=0.0, frequency_penalty=0.3, repetition_penalty=1.1),
 }
 
 

@@ -220,3 +220,27 @@ def ab_commits(name: str) -> Callable[[Load], str]:
         )
 
     return render
+
+
+def decode_cases(load: Load) -> str:
+    """`scripts/decode_cases.py` before and after: per case, the decode and outputs phases (microseconds per
+    request-step) and tokens/s."""
+    before, after = ({r["row"]: r for r in load(name)["result"]["rows"]} for name in DECODE_CASES)
+    rows = []
+    for case, new in after.items():
+        old = before[case]
+        old_phases, new_phases = old["phases_us_per_request_step"], new["phases_us_per_request_step"]
+        rows.append(
+            [
+                case,
+                f"{old_phases['decode']:.0f} -> **{new_phases['decode']:.0f}**",
+                f"{old_phases['outputs']:.0f} -> {new_phases['outputs']:.0f}",
+                f"{old_phases['forward']:.0f} -> {new_phases['forward']:.0f}",
+                f"{old['tokens_per_s']:.0f} -> {new['tokens_per_s']:.0f}",
+            ]
+        )
+    return table(["case", "decode µs", "outputs µs", "forward µs", "tokens/s"], rows)
+
+
+DECODE_CASES = ("decode-cases-before", "decode-cases-after")
+"""scripts/decode_cases.py at the revision before the batched sampled / logprobs / penalised pass and after it."""
