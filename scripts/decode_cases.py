@@ -1,5 +1,6 @@
 """The engine's tokens/s and step phases on one concurrent workload, decoded several ways: greedy, sampled, with
-logprobs, sampled with logprobs, with penalties (the cases a user's requests take through the decoders).
+logprobs, sampled with logprobs, with penalties, and the edit decoder (the cases a user's requests take through the
+decoders; edit wants a block length above 1).
 
     python scripts/decode_cases.py --model clover-moe-tiny --concurrency 128 --block-length 1
 
@@ -30,6 +31,7 @@ CASES: dict[str, dict[str, Any]] = {
     "logprobs": dict(temperature=0.0, logprobs=2),
     "sampled+logprobs": dict(temperature=0.8, logprobs=2),
     "penalties": dict(temperature=0.0, frequency_penalty=0.3, repetition_penalty=1.1),
+    "edit": dict(temperature=0.0, decoder="edit"),
 }
 
 
@@ -67,7 +69,7 @@ def main() -> int:
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--cases", nargs="+", default=list(CASES)[:-1], choices=list(CASES), help="default: all but edit")
     parser.add_argument("--json-out", type=Path, default=None, help="also write the JSON line here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -1,9 +1,10 @@
-"""Mask decoding of many blocks in one vectorised pass: the common case of the threshold, fixed and entropy
+"""Mask decoding of many blocks in one vectorised pass: the common case of the threshold, fixed, entropy and edit
 policies (greedy or sampled, with or without logprobs), which `MaskDecoder.decode_blocks` hands here instead of
 decoding block by block; the proposals themselves are propose_batch.py's. Knows the policies' rules, not which
 requests qualify (mask.py decides that).
 
-Every block's rows are its masked positions' logits, ascending, request after request; the blocks are laid out as
+Every block's rows are its read positions' logits (the masked ones; with the edit policy also the generated ones),
+ascending, request after request; the blocks are laid out as
 canvases [R, B] (B the block length), -inf confidence and +inf entropy at positions not read, so each row holds
 exactly the tensor a per-request `propose` builds for that block. Each policy's rule is then applied to all rows
 at once with the per-request path's own operations, row-wise (`topk` on each row with that row's k, a stable sort,
@@ -22,7 +23,13 @@ import torch
 from diffuserve.core.request import Request
 from diffuserve.core.writes import BlockWrite
 from diffuserve.decoding.generators import RequestGenerators
-from diffuserve.decoding.mask_policies import EntropyBoundPolicy, FixedStepsPolicy, MaskPolicy, ThresholdPolicy
+from diffuserve.decoding.mask_policies import (
+    EditPolicy,
+    EntropyBoundPolicy,
+    FixedStepsPolicy,
+    MaskPolicy,
+    ThresholdPolicy,
+)
 from diffuserve.decoding.propose_batch import propose_rows, written_logprobs
 from diffuserve.sampling_params import ResolvedSamplingParams
 
@@ -58,8 +65,9 @@ def decode_common_blocks(
     if proposals.entropy is not None:
         entropy = torch.full(shape, float("inf"), device=device)
         entropy.view(-1)[read] = proposals.entropy
+    canvases = Canvases(proposed, confidence, entropy, num_masked, requests if policy.edits else None)
     schedule = [policy.min_count(r.step_in_block, p, block_length) for r, p in zip(requests, params, strict=True)]
-    write = BATCHED_RULES[type(policy)](policy, confidence, entropy, num_masked, schedule, params)  # [R, B] bool
+    write = BATCHED_RULES[type(policy)](policy, canvases, schedule, params)  # [R, B] bool
     table = torch.where(write, proposed, -1).tolist()  # one transfer
     accepted = [[(i, t) for i, t in enumerate(row) if t >= 0] for row in table]
     logprobs = written_logprobs(proposals, accepted, positions) if proposals.logprobs else {}
@@ -87,64 +95,89 @@ def top_k_rows(confidence: torch.Tensor, ks: list[int]) -> torch.Tensor:
     return accept
 
 
+@dataclass(frozen=True)
+class Canvases:
+    """The blocks' proposals as canvases [R, B] (R blocks of B positions; positions not read: -inf confidence,
+    +inf entropy), what each policy's batched rule reads."""
+
+    proposed: torch.Tensor
+    """[R, B] long: the proposed tokens (0 where not read)."""
+    confidence: torch.Tensor
+    """[R, B] fp32."""
+    entropy: torch.Tensor | None
+    """[R, B] fp32, for the entropy rule; else None."""
+    num_read: list[int]
+    """Positions read per block (with the mask policies but edit's: its masked ones)."""
+    requests: list[Request] | None = None
+    """For the edit rule: the blocks' requests, whose canvases hold the tokens before the step."""
+
+
 def _fixed(
-    policy: MaskPolicy,
-    confidence: torch.Tensor,
-    entropy: torch.Tensor | None,
-    num_masked: list[int],
-    schedule: list[int],
-    params: list[ResolvedSamplingParams],
+    policy: MaskPolicy, canvases: Canvases, schedule: list[int], params: list[ResolvedSamplingParams]
 ) -> torch.Tensor:
     """FixedStepsPolicy: the schedule's count of most confident, clamped to the masked count (top_k_mask)."""
-    return top_k_rows(confidence, [min(c, m) for c, m in zip(schedule, num_masked, strict=True)])
+    counts = [min(c, m) for c, m in zip(schedule, canvases.num_read, strict=True)]
+    return top_k_rows(canvases.confidence, counts)
 
 
 def _threshold(
-    policy: MaskPolicy,
-    confidence: torch.Tensor,
-    entropy: torch.Tensor | None,
-    num_masked: list[int],
-    schedule: list[int],
-    params: list[ResolvedSamplingParams],
+    policy: MaskPolicy, canvases: Canvases, schedule: list[int], params: list[ResolvedSamplingParams]
 ) -> torch.Tensor:
     """ThresholdPolicy: every proposal that `passes` (above the threshold, strictly, in the confidence's dtype),
     unless fewer than the schedule's count pass: then that count of most confident."""
     assert isinstance(policy, ThresholdPolicy)
+    confidence = canvases.confidence
     threshold = torch.tensor([p.threshold for p in params], dtype=confidence.dtype, device=confidence.device)
     above = policy.passes(confidence, _Thresholds(threshold[:, None]))  # the rule's one statement
     enough = above.sum(dim=1) >= torch.tensor(schedule, device=confidence.device)
-    return torch.where(enough[:, None], above, _fixed(policy, confidence, entropy, num_masked, schedule, params))
+    return torch.where(enough[:, None], above, _fixed(policy, canvases, schedule, params))
 
 
 def _entropy(
-    policy: MaskPolicy,
-    confidence: torch.Tensor,
-    entropy: torch.Tensor | None,
-    num_masked: list[int],
-    schedule: list[int],
-    params: list[ResolvedSamplingParams],
+    policy: MaskPolicy, canvases: Canvases, schedule: list[int], params: list[ResolvedSamplingParams]
 ) -> torch.Tensor:
     """EntropyBoundPolicy: the longest prefix of the masked positions by ascending entropy (stable) whose sum
     less its largest member stays within the bound; at least one."""
+    entropy = canvases.entropy
     assert entropy is not None, "the entropy rule needs the proposals' entropies"
     order = torch.sort(entropy, dim=1, stable=True).indices  # [R, B]: the masked first (the rest are +inf)
     ranked = entropy.gather(1, order)
     excess = torch.cumsum(ranked, dim=1) - ranked  # a row's masked prefix holds the per-request cumsum's values
     bound = torch.tensor([p.entropy_bound for p in params], dtype=entropy.dtype, device=entropy.device)
     rank = torch.arange(entropy.shape[1], device=entropy.device)[None, :]
-    valid = rank < torch.tensor(num_masked, device=entropy.device)[:, None]
+    valid = rank < torch.tensor(canvases.num_read, device=entropy.device)[:, None]
     count = ((excess <= bound[:, None]) & valid).sum(dim=1).clamp_min(1)
     return torch.zeros_like(valid).scatter_(1, order, valid & (rank < count[:, None]))
 
 
-BatchedRule = Callable[
-    [MaskPolicy, torch.Tensor, torch.Tensor | None, list[int], list[int], list[ResolvedSamplingParams]], torch.Tensor
-]
+def _edit(
+    policy: MaskPolicy, canvases: Canvases, schedule: list[int], params: list[ResolvedSamplingParams]
+) -> torch.Tensor:
+    """EditPolicy: the threshold rule over the masked positions (mask-to-token), and every read generated
+    position whose proposal differs from its token with confidence above `edit_threshold` (token-to-token)."""
+    assert canvases.requests is not None, "the edit rule reads the canvases"
+    confidence, device = canvases.confidence, canvases.confidence.device
+    mask_token_id = canvases.requests[0].mask_token_id  # one mask token's blocks
+    canvas = torch.tensor([r.canvas for r in canvases.requests], dtype=torch.long, device=device)  # [R, B]
+    masked = canvas == mask_token_id
+    only_masked = Canvases(
+        canvases.proposed,
+        confidence.masked_fill(~masked, float("-inf")),  # Proposal.only(masked)
+        None,
+        [r.canvas.count(mask_token_id) for r in canvases.requests],
+    )
+    fill = _threshold(policy, only_masked, schedule, params)
+    edit_threshold = torch.tensor([p.edit_threshold for p in params], dtype=confidence.dtype, device=device)
+    edit = ~masked & (canvases.proposed != canvas) & (confidence > edit_threshold[:, None])
+    return fill | edit
+
+
+BatchedRule = Callable[[MaskPolicy, Canvases, list[int], list[ResolvedSamplingParams]], torch.Tensor]
 BATCHED_RULES: dict[type[MaskPolicy], BatchedRule] = {
     ThresholdPolicy: _threshold,
     FixedStepsPolicy: _fixed,
     EntropyBoundPolicy: _entropy,
+    EditPolicy: _edit,
 }
-"""The policies decoded here, by exact type, with (the policy, confidence [R, B], entropy [R, B] or None, masked
-count per row, the schedule's count per row, params) -> [R, B] bool written. Not the edit policy (a ThresholdPolicy
-subclass): it reads and rewrites decided positions too."""
+"""The policies decoded here, by exact type, with (the policy, the proposals as canvases, the schedule's count
+per block, params) -> [R, B] bool written."""

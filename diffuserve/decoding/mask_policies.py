@@ -171,6 +171,8 @@ class MaskPolicy(ABC):
     `decide` the positions written this step (by default the same: accepted tokens never change)."""
 
     needs_entropy = False
+    edits = False
+    """Whether the policy rewrites decided tokens (it reads the block's canvas, not only its masked positions)."""
 
     @abstractmethod
     def select(
@@ -249,6 +251,8 @@ class EditPolicy(ThresholdPolicy):
     When the block is final (no masks, and a step that changed nothing or `max_post_edit_steps` spent) is the
     request's business (`Request.apply_step`); until then the engine keeps the block open and uncommitted.
     """
+
+    edits = True
 
     def logit_positions(self, masked: list[int], first_generated: int, block_length: int) -> list[int]:
         return list(range(first_generated, block_length))

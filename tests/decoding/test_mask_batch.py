@@ -102,7 +102,7 @@ def _compare(decoder: MaskDecoder, requests: list[Request], rng: random.Random, 
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("name", [n for n in MASK_DECODER_NAMES if n != "edit"])
+@pytest.mark.parametrize("name", MASK_DECODER_NAMES)
 def test_batched_blocks_equal_the_per_request_decode(name: str, seed: int, monkeypatch):
     rng = random.Random(f"{name}-{seed}")
     decoder = MaskDecoder(name, MASK_POLICIES[name], BLOCK)
@@ -122,11 +122,16 @@ def test_blocks_where_nothing_passes_take_the_schedules_most_confident(monkeypat
     assert _compare(decoder, requests, rng, monkeypatch) == len(requests)
 
 
-def test_the_edit_policy_decodes_block_by_block(monkeypatch):
-    rng = random.Random(3)
+@pytest.mark.parametrize("seed", range(4))
+def test_the_edit_policy_rewrites_generated_tokens_in_the_batched_pass(seed: int, monkeypatch):
+    """Edit reads every generated position: masked ones are filled by the threshold rule, decided ones rewritten
+    where a differing proposal is confident enough (low edit thresholds, so some are)."""
+    rng = random.Random(f"edit-{seed}")
     decoder = MaskDecoder("edit", MASK_POLICIES["edit"], BLOCK)
-    requests = [_request(i, rng, "edit", common=True) for i in range(8)]
-    assert _compare(decoder, requests, rng, monkeypatch) == 0
+    requests = [_request(i, rng, "edit", common=True) for i in range(10)]
+    for request in requests:
+        request.params = request.params.replace(edit_threshold=rng.choice([0.05, 0.2, 0.5, FLAT]))
+    assert _compare(decoder, requests, rng, monkeypatch) == len(requests)
 
 
 def test_verified_drafts_are_batched_whatever_the_temperature(monkeypatch):
