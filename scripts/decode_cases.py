@@ -69,7 +69,9 @@ def main() -> int:
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--cases", nargs="+", default=list(CASES)[:-1], choices=list(CASES), help="default: all but edit")
+    parser.add_argument(
+        "--cases", nargs="+", default=list(CASES)[:-1], choices=list(CASES), help="default: all but edit"
+    )
     parser.add_argument("--json-out", type=Path, default=None, help="also write the JSON line here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
