@@ -76,6 +76,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "throughput": benchmarks_serving.throughput,
     "ab-sampled-decoding": benchmarks_serving.ab_commits("ab-sampled-decoding"),
     "ab-decode-cases": benchmarks_serving.ab_commits("ab-decode-cases"),
+    "ab-decode-cases-block4": benchmarks_serving.ab_commits("ab-decode-cases-block4"),
     "decode-cases": benchmarks_serving.decode_cases,
     "calibration": benchmarks_serving.calibration,
     "compare-batch1": benchmarks_batch1.compare_batch1,
