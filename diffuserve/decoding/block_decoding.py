@@ -66,6 +66,7 @@ class BlockDecoding:
         """Before the forward: each request's block (what its decoder reads and feeds) and the draft its commit
         verifies."""
         plan = DecodingPlan()
+        fed = self._block_tokens([work.request for work in scheduled if work.has_block and work.forwards_block])
         for work in scheduled:
             request = work.request
             positions = checked_positions(work) if request.draft.tokens else []  # only verified requests draft
@@ -76,11 +77,23 @@ class BlockDecoding:
             if work.has_block:
                 decoder = self.decoder_of(request)
                 read = decoder.read_positions(request)
-                tokens = decoder.block_tokens(request, self.generators) if work.forwards_block else []
+                tokens = fed.get(request.request_id, [])  # none for a block the forward does not run
                 plan.blocks[request.request_id] = PlannedBlock(
                     request, decoder, read[:1] if work.head_only else read, tokens
                 )
         return plan
+
+    def _block_tokens(self, requests: list[Request]) -> dict[str, list[int]]:
+        """Request id -> the tokens its block feeds the forward, asked of each decoder for all its requests at once
+        (in the step's order)."""
+        groups: dict[int, tuple[Decoder, list[Request]]] = {}
+        for request in requests:
+            decoder = self.decoder_of(request)
+            groups.setdefault(id(decoder), (decoder, []))[1].append(request)
+        fed: dict[str, list[int]] = {}
+        for decoder, members in groups.values():
+            fed |= {r.request_id: tokens for r, tokens in zip(members, decoder.block_tokens(members, self.generators))}
+        return fed
 
     def decode(self, plan: DecodingPlan, logits: StepLogits, keep: SelfConditioningSink) -> DecodedStep:
         """After the forward: the drafts checked, then the blocks decoded (but those fused with a rejected draft),

@@ -2,7 +2,8 @@
 (decoding/step_decoding.py) asks of it:
 
     read_positions   which canvas indices' logits the rule reads this step (the LM head runs only there)
-    block_tokens     the tokens the block feeds the forward (its canvas; a renoise canvas's first step draws it)
+    block_tokens     the tokens the step's blocks of this decoder feed the forward (their canvases; renoise canvases
+                     at their first step are drawn, all at once)
     decode_blocks    the logit rows of a chunk's blocks of this decoder -> what each writes (and, for a
                      self-conditioned canvas that goes on, the logits its next step is conditioned on); by default
                      one `decode` per block, batched where the rule has a batched pass
@@ -51,9 +52,9 @@ class Decoder(ABC):
     def read_positions(self, request: Request) -> list[int]:
         """Canvas indices of the request's block whose logits this step reads, ascending."""
 
-    def block_tokens(self, request: Request, generators: RequestGenerators) -> list[int]:
-        """The tokens the request's block reads this step: its canvas."""
-        return request.canvas
+    def block_tokens(self, requests: list[Request], generators: RequestGenerators) -> list[list[int]]:
+        """The tokens each request's block feeds this step's forward, in order: its canvas."""
+        return [request.canvas for request in requests]
 
     @abstractmethod
     def decode(

@@ -72,14 +72,22 @@ class RenoiseDecoder(Decoder):
     def read_positions(self, request: Request) -> list[int]:
         return list(range(self.block_length))
 
-    def block_tokens(self, request: Request, generators: RequestGenerators) -> list[int]:
-        """The tokens the request's canvas reads this step; at its first step, drawn (and its stop rule reset)."""
-        if request.step_in_block:
-            return request.canvas
-        keys = DrawKeys.of([generators.seed_of(request)], [request.block_start], [0], self.device)
-        previous = torch.full((self.block_length,), -1, dtype=torch.long, device=self.device)
-        self._canvases[request.request_id] = _Canvas(request.block_start, previous)
-        return initial_canvas(keys, self.block_length, self.vocab_size)[0].tolist()
+    def block_tokens(self, requests: list[Request], generators: RequestGenerators) -> list[list[int]]:
+        """The tokens each request's canvas reads this step; the canvases at their first step drawn in one batch
+        (counter-based draws: each canvas's tokens are its own whatever it is drawn with), their stop rules
+        reset."""
+        first = [request for request in requests if not request.step_in_block]
+        drawn: dict[str, list[int]] = {}
+        if first:
+            seeds = [generators.seed_of(request) for request in first]
+            keys = DrawKeys.of(seeds, [r.block_start for r in first], [0] * len(first), self.device)
+            # Shared by the new canvases: a canvas's previous argmax is replaced after its step, never edited.
+            previous = torch.full((self.block_length,), -1, dtype=torch.long, device=self.device)
+            canvases = initial_canvas(keys, self.block_length, self.vocab_size).tolist()  # [F, C], one transfer
+            for request, canvas in zip(first, canvases, strict=True):
+                self._canvases[request.request_id] = _Canvas(request.block_start, previous)
+                drawn[request.request_id] = canvas
+        return [drawn.get(request.request_id, request.canvas) for request in requests]
 
     def decode(
         self, request: Request, rows: torch.Tensor, positions: list[int], generators: RequestGenerators

@@ -22,8 +22,8 @@ class WrappedDecoder(Decoder):
     def read_positions(self, request: Request) -> list[int]:
         return self.inner.read_positions(request)
 
-    def block_tokens(self, request: Request, generators: RequestGenerators) -> list[int]:
-        return self.inner.block_tokens(request, generators)
+    def block_tokens(self, requests: list[Request], generators: RequestGenerators) -> list[list[int]]:
+        return self.inner.block_tokens(requests, generators)
 
     def proposal_params(self, request: Request) -> ResolvedSamplingParams:
         return self.inner.proposal_params(request)

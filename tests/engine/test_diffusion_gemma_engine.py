@@ -91,9 +91,10 @@ def run_engine(
     step, decode_blocks, block_tokens = decoding.denoise_step, decoder.decode_blocks, decoder.block_tokens
     results, inputs = [], {}
 
-    def recording_tokens(request, generators):
-        inputs[request.request_id] = block_tokens(request, generators)
-        return inputs[request.request_id]
+    def recording_tokens(batch, generators):
+        tokens = block_tokens(batch, generators)
+        inputs.update((request.request_id, canvas) for request, canvas in zip(batch, tokens))
+        return tokens
 
     def recording_step(logits, knobs, keys):
         results.append(step(logits, knobs, keys))
