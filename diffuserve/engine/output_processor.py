@@ -21,12 +21,11 @@ What it hands back to callers (`RequestOutput`, `CompletionOutput`, ...) is defi
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from diffuserve.core.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
+from diffuserve.core.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
 from diffuserve.core.request import Request
 from diffuserve.engine.detokenizer import REPLACEMENT_CHAR, Decoding, IncrementalDetokenizer, TokenTexts
 from diffuserve.sampling_params import ResolvedSamplingParams
@@ -108,7 +107,8 @@ class Completion:
         `decoded_token` set by `token_text`."""
         for entry in logprobs[len(self._logprobs) : self.num_shown_tokens]:
             self._logprobs.append(
-                {token: dataclasses.replace(lp, decoded_token=token_text(token)) for token, lp in entry.items()}
+                # Built, not `dataclasses.replace`d: this runs for every alternative of every token shown.
+                {token: Logprob(lp.logprob, lp.rank, token_text(token)) for token, lp in entry.items()}
             )
         self.output.logprobs = self._logprobs[: self.num_shown_tokens]
 
@@ -218,7 +218,7 @@ class OutputProcessor:
             assert parent.prompt_logprobs is not None, "scores for a request that does not score its prompt"
             for position, entry in entries:
                 parent.prompt_logprobs[position] = {
-                    token: dataclasses.replace(logprob, decoded_token=self._token_text(token))
+                    token: Logprob(logprob.logprob, logprob.rank, self._token_text(token))
                     for token, logprob in entry.items()
                 }
             parent.num_scored += len(entries)
