@@ -32,6 +32,8 @@ CASES: dict[str, dict[str, Any]] = {
     "sampled+logprobs": dict(temperature=0.8, logprobs=2),
     "penalties": dict(temperature=0.0, frequency_penalty=0.3, repetition_penalty=1.1),
     "edit": dict(temperature=0.0, decoder="edit"),
+    "auto": dict(temperature=0.0, decoder="auto"),
+    "auto-sampled": dict(temperature=0.8, decoder="auto"),
 }
 
 
@@ -70,7 +72,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
-        "--cases", nargs="+", default=list(CASES)[:-1], choices=list(CASES), help="default: all but edit"
+        "--cases", nargs="+", default=list(CASES)[:5], choices=list(CASES), help="default: the first five"
     )
     parser.add_argument("--json-out", type=Path, default=None, help="also write the JSON line here")
     args = parser.parse_args()

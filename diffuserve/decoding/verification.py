@@ -2,25 +2,21 @@
 (`Decoder.verify`: its penalty and grammar wrappers process the causal rows as they processed its drafts):
 
     drafts   each draft the step commits, against the causal rows of the commit (`check_drafts`)
-    heads    each block head the step writes, against the causal row it was read from (`check_heads`): greedy
-             plain heads (no logprobs, penalties or grammar) in one argmax over their rows, the others one by one
+    heads    each block head the step writes, against the causal row it was read from (`check_heads`): plain
+             heads (no logprobs, penalties or grammar) all at once (head_checks.py), the others one by one
 
 What the verdicts do to a request is core/verification.py's; which rows hold the predictions, the runner's.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from diffuserve.core.request import Request
 from diffuserve.core.writes import BlockWrite, Verification
-from diffuserve.decoding.generators import RequestGenerators, forbid_in_canvases
+from diffuserve.decoding.generators import RequestGenerators
+from diffuserve.decoding.head_checks import PlainHead, check_plain_heads, with_head
 from diffuserve.decoding.step_decoding import PlannedBlock, PlannedDraft
-
-KEPT_HEAD = Verification(1, 1, None)
-"""A head the check keeps, with no logprobs asked for."""
 
 
 def check_drafts(
@@ -44,35 +40,28 @@ def check_heads(
     was read from: the last committed position's causal row) -> each write with its head checked where the step
     wrote the block's first position (and, where the check drew another token, that token written there
     instead). The mask token and, below min_tokens, the stop ids are forbidden, as for any causal check."""
+    for block, _, _ in heads:  # generators made in the heads' order, as checking them one by one makes them
+        if not block.request.params.is_greedy:
+            generators.of(block.request)
     checked: dict[str, BlockWrite] = {}
-    plain: list[tuple[Request, BlockWrite, int, int]] = []  # (request, write, row, its head)
+    plain: list[PlainHead] = []
     for block, write, row in heads:
         request = block.request
         head = next((token for index, token in write.accepted if index == 0), None)
         if head is None:  # a grammar failure wrote nothing
             continue
         if _is_plain(request):
-            plain.append((request, write, row, head))
+            plain.append(PlainHead(request, write, row, head))
             continue
         verdict = block.decoder.verify(request, logits[row : row + 1], [request.block_start], [head], generators)
-        checked[request.request_id] = _with_head(write, verdict)
+        checked[request.request_id] = with_head(write, verdict)
     if plain:
-        index = torch.tensor([row for _, _, row, _ in plain], dtype=torch.long, device=logits.device)
-        rows = forbid_in_canvases([r for r, _, _, _ in plain], logits.index_select(0, index)[:, None, :])
-        for (request, write, _, head), best in zip(plain, rows[:, 0].argmax(dim=-1).tolist(), strict=True):
-            checked[request.request_id] = _with_head(write, KEPT_HEAD if best == head else Verification(1, 0, best))
+        checked |= check_plain_heads(plain, logits, generators)
     return checked
 
 
 def _is_plain(request: Request) -> bool:
-    """Whether the head's check is the row's argmax alone (its decoder's `verify` would compute just that)."""
+    """Whether the head's check is its row's alone, with no logprobs, penalties or grammar: the argmax (greedy) or
+    the speculative-sampling check (sampled), which `check_plain_heads` runs for all such heads at once."""
     params = request.params
-    return params.is_greedy and params.logprobs is None and not params.has_penalties and not params.structured_outputs
-
-
-def _with_head(write: BlockWrite, verdict: Verification) -> BlockWrite:
-    """`write` carrying its head's check, the token the check wrote (if another) in place of the draft's."""
-    if verdict.token is None:
-        return replace(write, head=verdict)
-    accepted = [(index, verdict.token if index == 0 else token) for index, token in write.accepted]
-    return replace(write, accepted=accepted, head=verdict)
+    return params.logprobs is None and not params.has_penalties and not params.structured_outputs

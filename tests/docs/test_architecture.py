@@ -166,6 +166,7 @@ VERIFICATION_FILES = {
     "core/draft_state.py",
     "decoding/verified.py",
     "decoding/verification.py",
+    "decoding/head_checks.py",
     "worker/verification.py",
     "engine/spec_decode_stats.py",
     "decoding/mask_batch.py",
