@@ -18,7 +18,7 @@ import torch
 from diffuserve.core.request import Request
 from diffuserve.core.writes import BlockWrite, Verification
 from diffuserve.decoding.generators import RequestGenerators, forbid_in_canvases
-from diffuserve.decoding.mask_policies import filter_logits
+from diffuserve.decoding.propose_batch import SamplingKey, sampling_key, sampling_scores
 
 KEPT_HEAD = Verification(1, 1, None)
 """A head the check keeps, with no logprobs asked for."""
@@ -42,10 +42,9 @@ def check_plain_heads(
     written in its place)."""
     index = torch.tensor([head.row for head in heads], dtype=torch.long, device=logits.device)
     rows = forbid_in_canvases([h.request for h in heads], logits.index_select(0, index)[:, None, :])[:, 0]  # [H, V]
-    groups: dict[tuple[float, int, float] | None, list[int]] = {}
+    groups: dict[SamplingKey, list[int]] = {}
     for i, head in enumerate(heads):
-        params = head.request.params
-        groups.setdefault(None if params.is_greedy else (params.temperature, params.top_k, params.top_p), []).append(i)
+        groups.setdefault(sampling_key(head.request.params), []).append(i)
     verdicts: list[Verification | None] = [None] * len(heads)
     for key, members in groups.items():
         taken = rows[torch.tensor(members, dtype=torch.long, device=rows.device)]
@@ -74,8 +73,7 @@ def _sampled(
 ) -> list[Verification]:
     """rows [n, V] of heads sampled alike -> each kept with probability p(draft), else a draw from p without it;
     p the tempered, filtered distribution `_check` makes for one row."""
-    temperature, top_k, top_p = key
-    probs = torch.softmax(filter_logits(rows / temperature, top_k, top_p), dim=-1)  # [n, V]
+    probs = torch.softmax(sampling_scores(rows, key, None), dim=-1)  # [n, V]; the mask token is already forbidden
     draft = torch.tensor(drafts, dtype=torch.long, device=rows.device)
     uniforms = torch.stack([torch.rand((), generator=generators.of(r), device=rows.device) for r in requests])
     kept = (uniforms < probs.gather(-1, draft[:, None]).squeeze(-1)).tolist()  # one transfer

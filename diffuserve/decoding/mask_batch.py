@@ -48,13 +48,13 @@ def decode_common_blocks(
     (propose_batch.py)."""
     block_length, device = requests[0].block_length, rows.device
     mask_token_id = requests[0].mask_token_id  # the caller passes one mask token's blocks
-    num_masked = [len(read) for read in positions]
-    assert sum(num_masked) == rows.shape[0], "one logits row per read position"
+    num_read = [len(read) for read in positions]
+    assert sum(num_read) == rows.shape[0], "one logits row per read position"
     flat = [r * block_length + i for r, read in enumerate(positions) for i in read]
     read = torch.tensor(flat, dtype=torch.long, device=device)  # [N] flat canvas index of each row, in order
     never = mask_token_id if 0 <= mask_token_id < rows.shape[-1] else None
-    ends = list(itertools.accumulate(num_masked))
-    spans = [(end - count, end) for end, count in zip(ends, num_masked, strict=True)]
+    ends = list(itertools.accumulate(num_read))
+    spans = [(end - count, end) for end, count in zip(ends, num_read, strict=True)]
     proposals = propose_rows(rows, requests, params, spans, generators, never, policy.needs_entropy)
     shape = (len(requests), block_length)
     proposed = torch.zeros(shape, dtype=torch.long, device=device)
@@ -65,7 +65,7 @@ def decode_common_blocks(
     if proposals.entropy is not None:
         entropy = torch.full(shape, float("inf"), device=device)
         entropy.view(-1)[read] = proposals.entropy
-    canvases = Canvases(proposed, confidence, entropy, num_masked, requests if policy.edits else None)
+    canvases = Canvases(proposed, confidence, entropy, num_read, requests if policy.edits else None)
     schedule = [policy.min_count(r.step_in_block, p, block_length) for r, p in zip(requests, params, strict=True)]
     write = BATCHED_RULES[type(policy)](policy, canvases, schedule, params)  # [R, B] bool
     table = torch.where(write, proposed, -1).tolist()  # one transfer
@@ -107,7 +107,8 @@ class Canvases:
     entropy: torch.Tensor | None
     """[R, B] fp32, for the entropy rule; else None."""
     num_read: list[int]
-    """Positions read per block (with the mask policies but edit's: its masked ones)."""
+    """Positions read per block: its masked ones (the edit policy's rule, which also reads generated ones, counts
+    the masked ones itself)."""
     requests: list[Request] | None = None
     """For the edit rule: the blocks' requests, whose canvases hold the tokens before the step."""
 

@@ -23,16 +23,18 @@ from diffuserve.decoding.logprobs import host_logprobs
 from diffuserve.decoding.mask_policies import best_token, filter_logits
 from diffuserve.sampling_params import ResolvedSamplingParams
 
-GroupKey = tuple[tuple[float, int, float] | None, int | None]
-"""How a block's rows are proposed: ((temperature, top_k, top_p), or None when greedy; logprobs asked, or None)."""
+SamplingKey = tuple[float, int, float] | None
+"""How a row's distribution is made: (temperature, top_k, top_p), None when greedy."""
+GroupKey = tuple[SamplingKey, int | None]
+"""How a block's rows are proposed: its sampling key, and the logprobs it asks for (None: none)."""
 
 
 @dataclass(frozen=True)
 class LogprobColumns:
     """One group's logprobs, per row of its blocks (in block order): the proposed token's and the top k."""
 
-    rows: torch.Tensor
-    """[n] long: each row's index in the rows proposed over."""
+    tokens: torch.Tensor
+    """[n] long: the proposed token."""
     chosen: torch.Tensor
     """[n] fp32: the proposed token's logprob."""
     rank: torch.Tensor
@@ -69,31 +71,54 @@ def propose_rows(
 ) -> RowProposals:
     """rows [N, V] fp32 (the mask token's logit kept), block b's rows at spans[b] = (first, end) -> what
     `propose` gives every row. `never`: the mask token, when it is a vocabulary id."""
+    groups = _groups(params)
+    if len(groups) == 1:  # one setting for every block (the common case): the group's rows are all, in order
+        ((key, members),) = groups.items()
+        return _propose_group(rows, key, members, requests, spans, generators, never, need_entropy)
     device = rows.device
     tokens = torch.empty(rows.shape[0], dtype=torch.long, device=device)
     confidence = torch.empty(rows.shape[0], device=device)
     entropy = torch.empty(rows.shape[0], device=device) if need_entropy else None
     logprobs: list[LogprobColumns] = []
-    for (sampling, num_logprobs), members in _groups(params).items():
-        index = [row for b in members for row in range(*spans[b])]
-        where = torch.tensor(index, dtype=torch.long, device=device)
-        taken = rows if len(index) == rows.shape[0] else rows.index_select(0, where)
-        if sampling is None:
-            scores = taken
-            probs = torch.softmax(taken, dim=-1)  # [n, V], the mask token included (as `propose` at temperature 0)
-            chosen = best_token(taken, never)
-        else:
-            scores = _sampling_scores(taken, sampling, never)
-            probs = torch.softmax(scores, dim=-1)
-            chosen = _draws(probs, [requests[b] for b in members], [spans[b] for b in members], generators)
-        tokens[where], confidence[where] = chosen, probs.gather(-1, chosen[:, None]).squeeze(-1)
-        if entropy is not None:
-            entropy[where] = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
-        if num_logprobs is not None:
-            if sampling is None and never is not None:  # logprobs: the mask token at probability 0
-                scores = scores.index_fill(-1, torch.tensor([never], device=device), float("-inf"))
-            logprobs.append(_columns(torch.log_softmax(scores, dim=-1), chosen, where, num_logprobs, members, spans))
+    for key, members in groups.items():
+        where = torch.tensor([row for b in members for row in range(*spans[b])], dtype=torch.long, device=device)
+        taken = rows.index_select(0, where)
+        group = _propose_group(taken, key, members, requests, spans, generators, never, need_entropy)
+        tokens[where], confidence[where] = group.tokens, group.confidence
+        if entropy is not None and group.entropy is not None:
+            entropy[where] = group.entropy
+        logprobs += group.logprobs
     return RowProposals(tokens, confidence, entropy, logprobs)
+
+
+def _propose_group(
+    rows: torch.Tensor,
+    key: GroupKey,
+    members: list[int],
+    requests: list[Request],
+    spans: list[tuple[int, int]],
+    generators: RequestGenerators,
+    never: int | None,
+    need_entropy: bool,
+) -> RowProposals:
+    """rows [n, V]: the rows of the blocks `members` (one group), one block after another -> their proposals."""
+    sampling, num_logprobs = key
+    if sampling is None:
+        scores = rows
+        probs = torch.softmax(rows, dim=-1)  # [n, V], the mask token included (as `propose` at temperature 0)
+        chosen = best_token(rows, never)
+    else:
+        scores = sampling_scores(rows, sampling, never)
+        probs = torch.softmax(scores, dim=-1)
+        chosen = _draws(probs, [requests[b] for b in members], [spans[b] for b in members], generators)
+    confidence = probs.gather(-1, chosen[:, None]).squeeze(-1)
+    entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1) if need_entropy else None
+    if num_logprobs is None:
+        return RowProposals(chosen, confidence, entropy)
+    if sampling is None and never is not None:  # logprobs: the mask token at probability 0
+        scores = scores.index_fill(-1, torch.tensor([never], device=rows.device), float("-inf"))
+    columns = _columns(torch.log_softmax(scores, dim=-1), chosen, num_logprobs, members, spans)
+    return RowProposals(chosen, confidence, entropy, [columns])
 
 
 def written_logprobs(
@@ -108,9 +133,9 @@ def written_logprobs(
         for b in blocks:
             row_of = {canvas: i for i, canvas in enumerate(positions[b])}
             local += [group.first_row[b] + row_of[i] for i, _ in accepted[b]]
-        pick = torch.tensor(local, dtype=torch.long, device=group.rows.device)
+        pick = torch.tensor(local, dtype=torch.long, device=group.tokens.device)
         entries = host_logprobs(
-            proposals.tokens[group.rows[pick]],
+            group.tokens[pick],
             group.chosen[pick],
             group.rank[pick],
             group.top_ids[pick],
@@ -121,17 +146,22 @@ def written_logprobs(
     return found
 
 
+def sampling_key(params: ResolvedSamplingParams) -> SamplingKey:
+    """How a row's distribution is made: (temperature, top_k, top_p), or None when greedy."""
+    return None if params.is_greedy else (params.temperature, params.top_k, params.top_p)
+
+
 def _groups(params: list[ResolvedSamplingParams]) -> dict[GroupKey, list[int]]:
     """The blocks (indices into `params`) of each distinct (sampling setting, logprobs), in order."""
     groups: dict[GroupKey, list[int]] = {}
     for b, p in enumerate(params):
-        sampling = None if p.is_greedy else (p.temperature, p.top_k, p.top_p)
-        groups.setdefault((sampling, p.logprobs), []).append(b)
+        groups.setdefault((sampling_key(p), p.logprobs), []).append(b)
     return groups
 
 
-def _sampling_scores(logits: torch.Tensor, key: tuple[float, int, float], never: int | None) -> torch.Tensor:
-    """logits [n, V] -> the tempered, filtered logits [n, V] `propose` draws from (the mask token at -inf)."""
+def sampling_scores(logits: torch.Tensor, key: tuple[float, int, float], never: int | None) -> torch.Tensor:
+    """logits [n, V] -> the tempered, filtered logits [n, V] sampled rows are drawn from (the mask token `never`,
+    if any, at -inf)."""
     temperature, top_k, top_p = key
     tempered = logits / temperature  # a new tensor: the caller's rows are not touched
     if never is not None:
@@ -155,12 +185,7 @@ def _draws(
 
 
 def _columns(
-    log_probs: torch.Tensor,
-    tokens: torch.Tensor,
-    rows: torch.Tensor,
-    k: int,
-    members: list[int],
-    spans: list[tuple[int, int]],
+    log_probs: torch.Tensor, tokens: torch.Tensor, k: int, members: list[int], spans: list[tuple[int, int]]
 ) -> LogprobColumns:
     """log_probs [n, V] of a group's rows, their proposed tokens [n] -> the group's LogprobColumns (logprob_rows'
     operations, without the canvas)."""
@@ -171,4 +196,4 @@ def _columns(
     for b in members:
         first_row[b] = start
         start += spans[b][1] - spans[b][0]
-    return LogprobColumns(rows, chosen.squeeze(-1), rank, top_ids, top_values, first_row)
+    return LogprobColumns(tokens, chosen.squeeze(-1), rank, top_ids, top_values, first_row)
