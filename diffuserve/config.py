@@ -213,6 +213,10 @@ class EngineConfig:
     """Keep MoE routing statistics (experts touched per step and per block, load imbalance: /metrics and
     `bench`). Each step copies every MoE layer's routing to the host, so the default is on where they are
     reported (`diffuserve serve`, `bench`) and off in the offline `LLM`."""
+    overlap_outputs: bool = False
+    """Make a step's outputs (detokenization, stop strings, logprob text) on a second thread while the next step's
+    forward runs (engine/output_overlap.py): the same outputs, each one step later. Measured in
+    docs/benchmarks/throughput.md."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)

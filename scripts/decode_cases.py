@@ -3,10 +3,13 @@ logprobs, sampled with logprobs, with penalties, and the edit decoder (the cases
 decoders; edit wants a block length above 1).
 
     python scripts/decode_cases.py --model clover-moe-tiny --concurrency 128 --block-length 1
+    python scripts/decode_cases.py --engines plain overlapped --cases greedy logprobs --repeats 6
 
 Each case: `--concurrency` requests of `--prompt-tokens` random tokens, `--output-tokens` each (the stop token
 ignored), added at once to one engine and stepped to the end; a warm-up round, then `--repeats` rounds, the
-fastest kept. Prints a table, then a JSON line (`rows`: per case, tokens/s and each step phase in microseconds per
+fastest kept. With several `--engines` (engine options: `overlapped` makes outputs beside the next forward), each
+case runs on every engine, their rounds interleaved, and the rows carry the median and spread of the rounds too.
+Prints a table, then a JSON line (`rows`: per case and engine, tokens/s and each step phase in microseconds per
 request-step, engine/step_phases.py). Imports the engine from the Python path, so `scripts/ab_commits.py
 --script scripts/decode_cases.py` runs it on two revisions.
 """
@@ -38,28 +41,44 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def run_case(llm: LLM, prompts: list[list[int]], knobs: dict[str, Any], output_tokens: int, repeats: int) -> dict:
-    """The case's fastest of `repeats` rounds (after a warm-up): tokens/s and phases per request-step."""
+ENGINES: dict[str, dict[str, Any]] = {"plain": {}, "overlapped": dict(overlap_outputs=True)}
+"""Engine options a case can be compared across."""
+
+
+def run_round(llm: LLM, prompts: list[list[int]], params: SamplingParams, tag: str) -> dict[str, Any]:
+    """One round: every prompt added at once, stepped to the end -> tokens/s and phases per request-step."""
     engine = llm.engine
+    engine.counters.phases = StepPhases()  # this round's only
+    started = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"{tag}-{i}", prompt, params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    wall = time.perf_counter() - started
+    phases = engine.counters.phases.per_request_step_us()
+    return {
+        "tokens_per_s": round(len(prompts) * (params.max_tokens or 0) / wall, 1),
+        "phases_us_per_request_step": {name: round(value, 1) for name, value in phases.items()},
+    }
+
+
+def run_case(llms: dict[str, LLM], prompts: list[list[int]], knobs: dict[str, Any], output_tokens: int, repeats: int):
+    """The case on every engine, rounds interleaved (after a warm-up round each) -> per engine: the fastest round,
+    with the median and the range of the rounds' tokens/s."""
     params = SamplingParams(max_tokens=output_tokens, ignore_eos=True, **knobs)
-    best: dict[str, Any] | None = None
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in llms}
     for round_index in range(repeats + 1):
-        engine.counters.phases = StepPhases()  # this round's only
-        started = time.perf_counter()
-        for i, prompt in enumerate(prompts):
-            engine.add_request(f"{round_index}-{i}", prompt, params)
-        while engine.has_unfinished_requests():
-            engine.step()
-        wall = time.perf_counter() - started
-        found = {
-            "tokens_per_s": round(len(prompts) * output_tokens / wall, 1),
-            "phases_us_per_request_step": {
-                name: round(value, 1) for name, value in engine.counters.phases.per_request_step_us().items()
-            },
+        for name, llm in llms.items():
+            found = run_round(llm, prompts, params, str(round_index))
+            if round_index:
+                rounds[name].append(found)
+    best = {}
+    for name, found in rounds.items():
+        speeds = sorted(r["tokens_per_s"] for r in found)
+        best[name] = max(found, key=lambda r: r["tokens_per_s"]) | {
+            "median_tokens_per_s": speeds[len(speeds) // 2],
+            "range_tokens_per_s": [speeds[0], speeds[-1]],
         }
-        if round_index and (best is None or found["tokens_per_s"] > best["tokens_per_s"]):
-            best = found
-    assert best is not None
     return best
 
 
@@ -75,21 +94,26 @@ def main() -> int:
     parser.add_argument(
         "--cases", nargs="+", default=list(CASES)[:5], choices=list(CASES), help="default: the first five"
     )
+    parser.add_argument("--engines", nargs="+", default=["plain"], choices=list(ENGINES))
     parser.add_argument("--json-out", type=Path, default=None, help="also write the JSON line here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = prepare_model(args.model)
-    llm = LLM(str(model), max_num_seqs=args.concurrency, block_length=args.block_length, seed=0)
-    vocab = llm.engine.args.vocab_size
+    model = str(prepare_model(args.model))
+    llms = {
+        name: LLM(model, max_num_seqs=args.concurrency, block_length=args.block_length, seed=0, **ENGINES[name])
+        for name in args.engines
+    }
+    vocab = next(iter(llms.values())).engine.args.vocab_size
     rng = random.Random(0)
     prompts = [[rng.randrange(10, min(250, vocab)) for _ in range(args.prompt_tokens)] for _ in range(args.concurrency)]
     rows = []
-    print(f"{'case':18} {'tokens/s':>9}  phases (us per request-step)")
-    for name in args.cases:
-        result = run_case(llm, prompts, CASES[name], args.output_tokens, args.repeats)
-        rows.append({"row": name, **result})
-        print(f"{name:18} {result['tokens_per_s']:9.1f}  {result['phases_us_per_request_step']}")
+    print(f"{'case':18} {'engine':11} {'tokens/s':>9}  phases (us per request-step)")
+    for case in args.cases:
+        for engine, result in run_case(llms, prompts, CASES[case], args.output_tokens, args.repeats).items():
+            row = case if len(llms) == 1 else f"{case}, {engine}"
+            rows.append({"row": row, **result})
+            print(f"{case:18} {engine:11} {result['tokens_per_s']:9.1f}  {result['phases_us_per_request_step']}")
     line = json.dumps({"script": "decode_cases", "args": vars(args) | {"json_out": None}, "rows": rows})
     if args.json_out is not None:
         args.json_out.write_text(line + "\n")

@@ -79,6 +79,8 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "ab-decode-cases-block4": benchmarks_serving.ab_commits("ab-decode-cases-block4"),
     "ab-auto-heads": benchmarks_serving.ab_commits("ab-auto-heads"),
     "decode-cases": benchmarks_serving.decode_cases,
+    "overlap-outputs": benchmarks_serving.decode_engines("overlap-outputs"),
+    "overlap-outputs-2threads": benchmarks_serving.decode_engines("overlap-outputs-2threads"),
     "calibration": benchmarks_serving.calibration,
     "compare-batch1": benchmarks_batch1.compare_batch1,
     "profiles": benchmarks_batch1.profiles,

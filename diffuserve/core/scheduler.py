@@ -137,6 +137,8 @@ class Scheduler:
         update = StepUpdate()
         for work in output.scheduled:
             request = work.request
+            if request.status.is_finished:  # a stop string the previous step's text reached (output overlap)
+                continue
             self.cache.apply(work)
             self._end_scoring(work, update)
             update.num_prefill_tokens += max(0, min(work.commit_end, request.num_prefill_positions) - work.commit_start)

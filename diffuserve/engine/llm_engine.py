@@ -1,8 +1,9 @@
 """LLMEngine: add_request / step / abort over the scheduler, the model runner and the output processor.
 
-A step reads `schedule -> execute -> scheduler.update_from_output -> output_processor.find_stop_strings ->
-scheduler.finish_requests -> output_processor.snapshot`. Who
-decides what:
+A step reads `schedule -> execute -> scheduler.update_from_output -> output_processor.update_completions ->
+scheduler.finish_requests -> output_processor.snapshot` (with overlap_outputs, the previous step's
+`update_completions` runs on a second thread beside `execute`, and its finishes and snapshot follow `execute`:
+engine/output_overlap.py). Who decides what:
 
 - `add_request` is the single authority on a request's validity (request id, prompt token ids, context
   length, stop token ids; the scheduler adds whether it can ever fit the KV cache) and raises the typed errors
@@ -11,23 +12,22 @@ decides what:
 - The scheduler applies a step's results (commits, counts, tokens, block completion) and finishes requests on
   a stop id or on length. Every finish goes through `Scheduler.finish_requests` (or its own on stop ids and
   length): that is where a status becomes a finished one.
-- The output processor detokenizes and finds stop strings (`find_stop_strings`); the engine finishes those
+- The output processor detokenizes and finds stop strings (`update_completions`); the engine finishes those
   requests through the scheduler, as it does aborts, grammar failures and the requests of a failed step, and only
   then has the processor snapshot the outputs: the scheduler is the one owner of "finished".
 
 One failed step fails only the requests in it; the engine keeps serving the rest.
 
-Also owns the engine's cumulative counters and their point-in-time snapshot (`EngineStats`: what /metrics and
-`bench` report).
+The engine's cumulative counters and their snapshot (what /metrics and `bench` report) are engine/engine_stats.py's.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,9 +37,10 @@ from diffuserve.core.outputs import RequestOutput
 from diffuserve.core.request import Request, RequestStatus
 from diffuserve.core.step import SchedulerOutput, StepUpdate
 from diffuserve.engine.engine_setup import RunnerFactory, build_components
+from diffuserve.engine.engine_stats import EngineCounters, EngineStats
 from diffuserve.engine.lora_adapters import LoRAAdapters
+from diffuserve.engine.output_overlap import HeldStep, OutputOverlap
 from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest
-from diffuserve.engine.spec_decode_stats import SpecDecodeStats
 from diffuserve.engine.step_phases import StepPhases
 from diffuserve.errors import (
     ContextLengthExceeded,
@@ -52,11 +53,8 @@ from diffuserve.lora_request import LoRARequest
 from diffuserve.sampling_params import ResolvedSamplingParams, SamplingParams
 
 if TYPE_CHECKING:
-    from diffuserve.core.cache.manager import CacheManager
     from diffuserve.core.cache.paged import PagePool
-    from diffuserve.core.cache.recurrent import SlotPool, StateStats
-    from diffuserve.core.scheduler import Scheduler
-    from diffuserve.worker.experts import ExpertStatsSnapshot, OffloadStatsSnapshot
+    from diffuserve.core.cache.recurrent import SlotPool
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +71,8 @@ class LLMEngine:
         self.max_model_len, self.generation_defaults = parts.max_model_len, parts.generation_defaults
         self.counters = EngineCounters()
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.overlap = OutputOverlap(self.output_processor) if config.overlap_outputs else None
+        """With overlap_outputs: the outputs thread and the step whose outputs the next step makes."""
         self.last_step_phases = StepPhases()
         """The wall time of each phase of the last step (engine/step_phases.py); zeros for a step that scheduled
         nothing or failed."""
@@ -190,20 +190,24 @@ class LLMEngine:
         self._finish_requests(self.output_processor.abort_request(request_id), RequestStatus.FINISHED_ABORTED)
 
     def step(self) -> list[RequestOutput]:
-        """Runs one scheduling step and one forward; returns the outputs of requests that progressed. Its phases'
-        wall times are `last_step_phases` afterwards (engine/step_phases.py)."""
+        """Runs one scheduling step and one forward; returns the outputs of requests that progressed (with
+        `overlap_outputs`, those of the previous step: engine/output_overlap.py). Its phases' wall times are
+        `last_step_phases` afterwards (engine/step_phases.py)."""
         started = time.perf_counter()
         self.last_step_phases = StepPhases()  # zeros unless this step runs to its outputs
         output = self.scheduler.schedule()
-        if output.is_empty:
-            return []
+        held = self.overlap.take() if self.overlap is not None else None
+        if output.is_empty:  # nothing to run: the outputs still held are made now
+            return self._held_outputs(held)
         scheduled = time.perf_counter()
-        try:
-            result = self.runner.execute(output.scheduled)
+        try:  # the held step's completions are updated beside the forward
+            result = self.runner.execute(output.scheduled, self._beside(held))
         except Exception as e:
             logger.exception("engine step failed; failing its %d requests", len(output.scheduled))
-            return self._fail_step(output, f"{type(e).__name__}: {e}")
+            return self._held_outputs(held) + self._fail_step(output, f"{type(e).__name__}: {e}")
         executed = time.perf_counter()
+        outputs = self._held_outputs(held)  # before the update: a stop-string hit drops its request's step
+        joined = time.perf_counter()
         update = self.scheduler.update_from_output(output, result.writes, result.verifications)
         if output.num_batched_tokens:  # a step of requests with nothing left to compute ran no forward
             self.counters.record_step(output.num_batched_tokens, executed - scheduled, update)
@@ -212,19 +216,22 @@ class LLMEngine:
         self.output_processor.add_prompt_scores(result.prompt_scores)
         for request_id, error in result.failures.items():  # a grammar failure fails its request only
             self._finish_requests([request_id], RequestStatus.FINISHED_ERROR, error)
-        stopped = self.output_processor.find_stop_strings(update.requests)
-        self._finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
-        outputs = self.output_processor.snapshot(update.requests, update.new_token_counts)
+        this_step = HeldStep(update.requests, update.new_token_counts)
+        if self.overlap is not None:
+            self.overlap.held = this_step
+        else:
+            outputs = self._held_outputs(this_step)
         batch, forward, decode = result.phase_seconds or (0.0, executed - scheduled, 0.0)
+        outputs_seconds = joined - executed + time.perf_counter() - updated
         self.last_step_phases = StepPhases(
-            scheduled - started, batch, forward, decode, updated - executed, time.perf_counter() - updated,
-            len(output.scheduled),
-        )  # fmt: skip
+            scheduled - started, batch, forward, decode, updated - joined, outputs_seconds, len(output.scheduled)
+        )
         self.counters.phases += self.last_step_phases
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished
+        """Whether a step has work: requests to run, or (with overlap_outputs) outputs still to make."""
+        return self.scheduler.has_unfinished or (self.overlap is not None and self.overlap.held is not None)
 
     def stats(self) -> EngineStats:
         tracker = self.runner.experts
@@ -237,8 +244,11 @@ class LLMEngine:
         return self.runner.executor.ranks_failure()
 
     def shutdown(self) -> None:
-        """Stops the worker processes of a multi-process engine (also done at interpreter exit)."""
+        """Stops the worker processes of a multi-process engine (also done at interpreter exit) and the outputs
+        thread."""
         self.runner.shutdown()
+        if self.overlap is not None:
+            self.overlap.shutdown()
 
     # ---- helpers -------------------------------------------------------------------------------------------
     def _finish_requests(self, request_ids: list[str], status: RequestStatus, error: str | None = None) -> None:
@@ -246,11 +256,26 @@ class LLMEngine:
         for request in self.scheduler.finish_requests(request_ids, status, error):
             self.runner.release(request.request_id)
 
+    def _beside(self, held: HeldStep | None) -> Callable[[], None] | None:
+        if held is None or self.overlap is None:
+            return None
+        return functools.partial(self.overlap.launch, held)
+
+    def _held_outputs(self, held: HeldStep | None) -> list[RequestOutput]:
+        """The outputs of `held`'s requests: their completions brought up to their tokens (already, or being, by
+        the outputs thread when it was started there), the stop-string hits finished, then the snapshot."""
+        if held is None:
+            return []
+        processor = self.output_processor
+        hits = held.stop_hits.result() if held.stop_hits is not None else processor.update_completions(held.requests)
+        self._finish_requests(hits, RequestStatus.FINISHED_STOPPED)
+        return processor.snapshot(held.requests, held.new_token_counts)
+
     def _fail_step(self, output: SchedulerOutput, error: str) -> list[RequestOutput]:
-        requests = [work.request for work in output.scheduled]
+        """Fails the step's requests (but those a stop string finished meanwhile: engine/output_overlap.py)."""
+        requests = [work.request for work in output.scheduled if not work.request.status.is_finished]
         self._finish_requests([r.request_id for r in requests], RequestStatus.FINISHED_ERROR, error)
-        self.output_processor.find_stop_strings(requests)
-        return self.output_processor.snapshot(requests, {})
+        return self._held_outputs(HeldStep(requests, {}))
 
     def _release(self, update: StepUpdate) -> None:
         """The runner's per-request state the step ended: generators of finished requests, expert unions of
@@ -276,102 +301,3 @@ class LLMEngine:
                 param, f"contains the mask token (id {self.args.mask_token_id}), which no prompt may hold; remove it"
             )
         return token_ids
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_usage: float
-    """Fraction of KV pages referenced by requests."""
-    prefix_hit_rate: float
-    num_preemptions: int
-    num_steps: int
-    """Forwards the engine ran (each step is one forward over the whole batch)."""
-    num_batched_tokens: int
-    """Query tokens over all steps (blocks, commits, prefill chunks)."""
-    num_generated_tokens: int
-    num_prefill_tokens: int
-    """Prompt tokens whose K/V the engine computed (prefix-cache hits are not computed)."""
-    step_time_s: float
-    """Wall time spent inside model forwards and decoders."""
-    num_prefix_hit_tokens: int
-    num_prefix_queried_tokens: int
-    experts: ExpertStatsSnapshot | None = None
-    """Routing statistics (MoE models only)."""
-    offload: OffloadStatsSnapshot | None = None
-    """Expert-cache statistics (with --expert-offload only; rank 0's experts under expert parallelism)."""
-    page_hit_rate: float = 0.0
-    """Share of the looked-up prompt tokens whose KV pages the prefix cache held (for models without
-    recurrent state, the same as prefix_hit_rate)."""
-    state: StateStats | None = None
-    """Hybrid models (GDN layers): the recurrent-state pool."""
-    spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)
-    """Verified decoding's drafts and accepted tokens (all zero when no request verifies)."""
-    phases: StepPhases = field(default_factory=StepPhases)
-    """Wall seconds of every step's phases since start (engine/step_phases.py)."""
-
-    @property
-    def tokens_per_step(self) -> float:
-        return self.num_batched_tokens / self.num_steps if self.num_steps else 0.0
-
-    @property
-    def expert_bytes_per_generated_token(self) -> float:
-        """Bytes the expert offload moved (weights and activations) per generated token, since start."""
-        if self.offload is None or not self.num_generated_tokens:
-            return 0.0
-        return self.offload.bytes_moved / self.num_generated_tokens
-
-
-@dataclass
-class EngineCounters:
-    num_steps: int = 0
-    num_batched_tokens: int = 0
-    num_generated_tokens: int = 0
-    num_prefill_tokens: int = 0
-    step_time_s: float = 0.0
-    spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)
-    phases: StepPhases = field(default_factory=StepPhases)
-
-    def record_step(self, num_tokens: int, seconds: float, update: StepUpdate) -> None:
-        """A completed step: `num_tokens` query tokens, `seconds` in the forward and decoders, and the tokens its
-        `update` computed (prompt) and made final (generated)."""
-        self.num_steps += 1
-        self.num_batched_tokens += num_tokens
-        self.step_time_s += seconds
-        self.num_prefill_tokens += update.num_prefill_tokens
-        self.num_generated_tokens += update.num_generated_tokens
-        if update.num_verified_blocks:
-            self.spec_decode = self.spec_decode.add(update)
-
-    def snapshot(
-        self,
-        scheduler: Scheduler,
-        cache: CacheManager,
-        experts: ExpertStatsSnapshot | None = None,
-        offload: OffloadStatsSnapshot | None = None,
-    ) -> EngineStats:
-        return EngineStats(
-            num_running=len(scheduler.running),
-            num_waiting=len(scheduler.waiting),
-            kv_usage=cache.pool.usage,
-            prefix_hit_rate=scheduler.prefix_hit_rate,
-            num_preemptions=scheduler.num_preemptions,
-            num_steps=self.num_steps,
-            num_batched_tokens=self.num_batched_tokens,
-            num_generated_tokens=self.num_generated_tokens,
-            num_prefill_tokens=self.num_prefill_tokens,
-            step_time_s=self.step_time_s,
-            num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
-            num_prefix_queried_tokens=scheduler.num_prefix_queried_tokens,
-            experts=experts,
-            offload=offload,
-            page_hit_rate=scheduler.page_hit_rate,
-            state=cache.state_stats(scheduler.prefix_hit_rate),
-            spec_decode=dataclasses.replace(
-                self.spec_decode,
-                num_auto_drafting_steps=scheduler.drafts.num_drafting_steps,
-                num_auto_autoregressive_steps=scheduler.drafts.num_autoregressive_steps,
-            ),
-            phases=dataclasses.replace(self.phases),  # a copy: the counters' own adds up in place
-        )

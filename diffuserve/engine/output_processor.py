@@ -8,10 +8,11 @@ until the next block decides it, so a stream never shows text past a stop. A com
 text: while it runs, only those of the tokens whose text is shown (`CompletionOutput.logprobs`).
 
 `OutputProcessor` owns the user requests (a prompt and its n completions, each an engine request). After each
-step it brings the completions of the step's requests up to their tokens and returns the requests whose text
-reached a stop string (`find_stop_strings`); the engine finishes those through the scheduler, the one owner of
-"finished", and only then does the processor snapshot the user requests (`snapshot`), from the statuses the
-scheduler set. It never decides a status.
+step it brings the completions of the step's requests up to their tokens (text and logprob text) and returns the
+requests whose text reached a stop string (`update_completions`, which may run on another thread beside the next
+forward: engine/output_overlap.py); the engine finishes those through the scheduler, the one owner of "finished",
+and only then does the processor snapshot the user requests (`snapshot`), from the statuses the scheduler set. It
+never decides a status.
 
 It also names the prompt scores the engine computes (`prompt_logprobs`, filled position by position; a
 request's output carries them once every prompt position is scored, which is before its first token).
@@ -203,6 +204,10 @@ class OutputProcessor:
     def has_request(self, request_id: str) -> bool:
         return request_id in self._parents
 
+    def has_completion(self, engine_request_id: str) -> bool:
+        """Whether the engine request is a completion of a user request still here (not aborted or done)."""
+        return engine_request_id in self._children
+
     def abort_request(self, request_id: str) -> list[str]:
         """Forgets a user request; returns its engine request ids (empty if unknown)."""
         parent = self._parents.get(request_id)
@@ -223,14 +228,17 @@ class OutputProcessor:
                 }
             parent.num_scored += len(entries)
 
-    def find_stop_strings(self, requests: list[Request]) -> list[str]:
-        """Brings the completions of `requests` (a step's) up to their tokens; returns the ids of the unfinished
-        ones whose text reached a stop string. The processor decides no status: the engine finishes those
-        through the scheduler, then calls `snapshot`."""
+    def update_completions(self, requests: list[Request]) -> list[str]:
+        """Brings the completions of `requests` (a step's) up to their tokens, text and logprobs; returns the ids
+        of the unfinished ones whose text reached a stop string. The processor decides no status: the engine
+        finishes those through the scheduler, then calls `snapshot`. Reads the requests, writes only the
+        completions: it may run beside the next step's forward (engine/output_overlap.py)."""
         hits = []
         for request in requests:
             _, completion = self._children[request.request_id]
             stop_hit = completion.update(self.tokenizer, request.output_token_ids, request.status.is_finished)
+            if request.params.logprobs is not None:  # as far as the text is shown, which a stop ends
+                completion.show_logprobs(request.output_logprobs, self._token_text)
             if stop_hit and not request.status.is_finished:
                 hits.append(request.request_id)
         return hits
@@ -254,9 +262,7 @@ class OutputProcessor:
         return outputs
 
     def _fill(self, parent: ParentRequest, completion: Completion, request: Request, now: float) -> None:
-        """Copies a request's counters, logprobs, trace and finish into its completion's output."""
-        if request.params.logprobs is not None:
-            completion.show_logprobs(request.output_logprobs, self._token_text)
+        """Copies a request's counters, trace and finish into its completion's output."""
         out = completion.output
         out.num_forwards, out.error = request.num_forwards, request.error
         out.num_draft_tokens, out.num_accepted_tokens = request.draft.num_checked, request.draft.num_kept

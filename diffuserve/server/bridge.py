@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from diffuserve.core.outputs import RequestOutput
-from diffuserve.engine.llm_engine import EngineStats
+from diffuserve.engine.engine_stats import EngineStats
 from diffuserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diffuserve.core.outputs import RequestOutput
-from diffuserve.engine.llm_engine import EngineStats
+from diffuserve.engine.engine_stats import EngineStats
 from diffuserve.engine.step_phases import PHASES
 from diffuserve.server.bridge import EngineRequest
 from diffuserve.server.metric_series import MetricSeries

@@ -21,6 +21,7 @@ Batch layout for a step (N query tokens, requests one after another, then prompt
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -102,11 +103,14 @@ class ModelRunner:
         return self.executor.offload
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest]) -> StepResult:
-        """Runs the step (see the module docstring)."""
+    def execute(self, scheduled: list[ScheduledRequest], beside: Callable[[], object] | None = None) -> StepResult:
+        """Runs the step (see the module docstring). `beside` is called once the batch is built, just before the
+        forward: the caller's work that overlaps the forward (engine/output_overlap.py)."""
         started = time.perf_counter()
         batch = self.build_batch(scheduled)
         built = time.perf_counter()
+        if beside is not None:
+            beside()
         carried = self.executor.carried_rows()  # [slots, H]: the last committed row of each state slot, or [0, H]
         if batch.forward.input_ids.numel():
             hidden = self.executor.execute(batch.forward)  # [N, H]

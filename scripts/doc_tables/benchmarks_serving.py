@@ -244,3 +244,36 @@ def decode_cases(load: Load) -> str:
 
 DECODE_CASES = ("decode-cases-before", "decode-cases-after")
 """scripts/decode_cases.py at the revision before the batched sampled / logprobs / penalised pass and after it."""
+
+
+def decode_engines(name: str) -> Callable[[Load], str]:
+    """A recorded `scripts/decode_cases.py --engines plain overlapped` run `name`: per case, each engine's median
+    tokens/s over the interleaved rounds (their range) and the ratio of the medians; the outputs and forward phases
+    of each engine's fastest round (microseconds per request-step)."""
+
+    def render(load: Load) -> str:
+        rows: dict[str, dict[str, dict]] = {}
+        for r in load(name)["result"]["rows"]:
+            case, engine = r["row"].split(", ")
+            rows.setdefault(case, {})[engine] = r
+        cells = []
+        for case, engines in rows.items():
+            plain, overlapped = engines["plain"], engines["overlapped"]
+            ratio = overlapped["median_tokens_per_s"] / plain["median_tokens_per_s"]
+            cells.append(
+                [case, _median_and_range(plain), _median_and_range(overlapped), f"**{ratio:.2f}x**"]
+                + [
+                    f"{plain['phases_us_per_request_step'][phase]:.0f} -> "
+                    f"{overlapped['phases_us_per_request_step'][phase]:.0f}"
+                    for phase in ("outputs", "forward")
+                ]
+            )
+        headers = ["case", "plain tok/s", "overlapped tok/s", "overlapped / plain", "outputs µs", "forward µs"]
+        return table(headers, cells)
+
+    return render
+
+
+def _median_and_range(row: dict) -> str:
+    low, high = row["range_tokens_per_s"]
+    return f"{row['median_tokens_per_s']:.0f} ({low:.0f}-{high:.0f})"

@@ -70,7 +70,7 @@ def test_random_operations_keep_the_invariants():
 
 def test_metrics_show_state_slots_and_both_hit_rates():
     from diffuserve.core.cache.recurrent import StateStats
-    from diffuserve.engine.llm_engine import EngineStats
+    from diffuserve.engine.engine_stats import EngineStats
     from diffuserve.server.metrics import ServerMetrics
 
     metrics = ServerMetrics("m")

@@ -77,9 +77,9 @@ def write_mixed_checkpoint(root: Path) -> Path:
     return write_clover_moe_checkpoint(root / "m", config, seed=12, init_std=0.1, logit_scale=10.0)
 
 
-def tight_llm(checkpoint: Path) -> LLM:
+def tight_llm(checkpoint: Path, **options: object) -> LLM:
     """An engine too small for the workload at once: 9 pages, 6 state slots, a prefill budget of 2 blocks, so
-    requests are preempted and prompts spread over steps."""
+    requests are preempted and prompts spread over steps (`options`: more engine options)."""
     slot = LLM(str(checkpoint), max_model_len=64).engine.state_pool.slot_bytes
     return LLM(
         str(checkpoint),
@@ -89,4 +89,5 @@ def tight_llm(checkpoint: Path) -> LLM:
         max_num_seqs=8,
         max_prefill_tokens=8,
         auto_draft_tokens=16,
+        **options,
     )

@@ -18,16 +18,17 @@ GOOD = {"prompt_token_ids": [9, 8, 7, 6, 5]}
 BAD = {"prompt_token_ids": [POISON, 3, 4]}
 
 
-@pytest.fixture()
-def llm(tiny_model_dir, monkeypatch):
-    """One sequence a step, so that a poisoned request fails its own steps only."""
-    llm = LLM(str(tiny_model_dir), num_pages=64, max_num_seqs=1)
+@pytest.fixture(params=[False, True], ids=["plain", "overlapped-outputs"])
+def llm(tiny_model_dir, monkeypatch, request):
+    """One sequence a step, so that a poisoned request fails its own steps only; with and without the outputs
+    made beside the next forward (engine/output_overlap.py), whose held outputs a failed step must not lose."""
+    llm = LLM(str(tiny_model_dir), num_pages=64, max_num_seqs=1, overlap_outputs=request.param)
     execute = llm.engine.runner.execute
 
-    def execute_or_fail(scheduled):
+    def execute_or_fail(scheduled, beside=None):
         if any(w.request.prompt_token_ids[0] == POISON for w in scheduled):
             raise RuntimeError("injected forward fault")
-        return execute(scheduled)
+        return execute(scheduled, beside)
 
     monkeypatch.setattr(llm.engine.runner, "execute", execute_or_fail)
     return llm

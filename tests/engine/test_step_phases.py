@@ -71,7 +71,7 @@ def test_a_failed_step_leaves_no_phases_of_the_step_before(tiny_model_dir, monke
     engine.step()
     assert engine.last_step_phases.num_request_steps == 1
 
-    def fail(scheduled):
+    def fail(scheduled, beside=None):
         raise RuntimeError("injected forward fault")
 
     monkeypatch.setattr(engine.runner, "execute", fail)

@@ -74,11 +74,11 @@ def test_step_failure_fails_its_requests_and_the_server_keeps_serving(live_serve
     execute = runner.execute
     faults = {"left": 0}
 
-    def execute_or_fail(scheduled):
+    def execute_or_fail(scheduled, beside=None):
         if faults["left"]:
             faults["left"] -= 1
             raise RuntimeError("injected fault")
-        return execute(scheduled)
+        return execute(scheduled, beside)
 
     monkeypatch.setattr(runner, "execute", execute_or_fail)
     client = live_server.client()

@@ -14,6 +14,7 @@ scheduler hands out are no-ops here (nothing is read from the caches; the engine
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
 from typing import cast
 
@@ -37,7 +38,10 @@ class RecomputeRunner(ModelRunner):
         return DenseClover(cast(CloverMoeForBlockDiffusion, self.executor.model))
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest]) -> StepResult:
+    def execute(self, scheduled: list[ScheduledRequest], beside: Callable[[], object] | None = None) -> StepResult:
+        """Each block from its whole prefix, recomputed (`beside`, the engine's overlapped outputs, runs first)."""
+        if beside is not None:
+            beside()
         writes = {work.request.request_id: self._step(work) for work in scheduled if work.has_block}
         return StepResult(writes, {}, self.decoding.take_failures())
 

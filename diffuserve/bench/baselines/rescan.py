@@ -16,6 +16,7 @@ beta fp32), sized for the longest sequence and its last block.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 
@@ -67,10 +68,10 @@ class RescanRunner(ModelRunner):
         self.rescan = GdnRescan(self.history, self._prefixes(scheduled), self._write_rows(scheduled))
         return plan
 
-    def execute(self, scheduled: list[ScheduledRequest]) -> StepResult:
+    def execute(self, scheduled: list[ScheduledRequest], beside: Callable[[], object] | None = None) -> StepResult:
         """The serving step, its GDN layers observed by this step's rescan (set while its batch is planned)."""
         with observing(self):
-            return super().execute(scheduled)
+            return super().execute(scheduled, beside)
 
     def before_layer(
         self, layer: GatedDeltaNet, gdn_index: int, conv_cache: torch.Tensor, recurrent_cache: torch.Tensor
