@@ -28,6 +28,7 @@ import torch
 from diffuserve import LLM, SamplingParams
 from diffuserve.bench.workload import prepare_model
 from diffuserve.engine.step_phases import StepPhases
+from diffuserve.structured_outputs import StructuredOutputsParams
 
 CASES: dict[str, dict[str, Any]] = {
     "greedy": dict(temperature=0.0),
@@ -38,6 +39,7 @@ CASES: dict[str, dict[str, Any]] = {
     "edit": dict(temperature=0.0, decoder="edit"),
     "auto": dict(temperature=0.0, decoder="auto"),
     "auto-sampled": dict(temperature=0.8, decoder="auto"),
+    "grammar": dict(temperature=0.0, structured_outputs=StructuredOutputsParams(regex="[a-z ]{1,400}")),
 }
 
 

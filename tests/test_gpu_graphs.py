@@ -1,7 +1,8 @@
 """`scripts/gpu_check.sh --graphs --dry-run` on the CPU: the CUDA-graph check's own code runs end to end on both
 engine shapes (attention only, and GDN state beside attention) at the tiny sizes, with dynamo's capture only. Its
 steps needed padding, the model saw bucket shapes only (the script asserts it), nothing was traced again after the
-warm-up, and the padded compiled engine's tokens equal eager's (on the CPU the same kernels run)."""
+warm-up, the padded compiled engine's tokens equal eager's (on the CPU the same kernels run), and its decode speed
+is read eager, compiled and compiled with overlapped outputs."""
 
 from __future__ import annotations
 
@@ -27,3 +28,5 @@ def test_graphs_dry_run(tmp_path):
         assert replay["steps_padded"] > 0 and replay["graphs_traced"] == 0, family
         assert replay["same_tokens_as_eager"] and all(replay["same_tokens_as_eager"]), family
         assert summary[family]["warm_up"]["buckets"], family
+        speeds = summary[family]["decode_tokens_per_s"]["batch_16"]
+        assert speeds.keys() == {"eager", "compiled", "compiled_overlapped"}, family

@@ -13,8 +13,10 @@ import torch
 from diffuserve.core.request import Request
 from diffuserve.core.writes import BlockWrite, Verification
 from diffuserve.decoding.generators import RequestGenerators, forbid_tokens
+from diffuserve.decoding.grammar_batch import walk_blocks
 from diffuserve.decoding.grammar_state import GrammarState
 from diffuserve.decoding.grammar_walk import StructuredDecoding
+from diffuserve.decoding.mask_policies import Proposal
 from diffuserve.decoding.protocol import BlockDecode, Decoder
 from diffuserve.decoding.wrapped import WrappedDecoder
 
@@ -33,9 +35,50 @@ class GrammarConstrained(WrappedDecoder):
         proposal, written = self.structured.decode(
             request, rows, positions, generator, self.block_length, params, self.inner.walk_policy
         )
+        return self._written(proposal, written, rows.device)
+
+    @staticmethod
+    def _written(proposal: Proposal | None, written: list[int], device: torch.device) -> BlockDecode:
         if proposal is None:  # the matcher failed: nothing written, the failure reported (take_failures)
             return BlockDecode(BlockWrite([]))
-        return BlockDecode(proposal.write(torch.tensor(written, dtype=torch.long, device=rows.device)))
+        return BlockDecode(proposal.write(torch.tensor(written, dtype=torch.long, device=device)))
+
+    def decode_blocks(
+        self,
+        requests: list[Request],
+        rows: torch.Tensor,
+        positions: list[list[int]],
+        generators: RequestGenerators,
+    ) -> list[BlockDecode]:
+        """Each block's rows forbidden as `decode` forbids them, then the walks of the blocks without logprobs in
+        lockstep (grammar_batch.py; the entropy policy's on the CPU only), the others one by one by `decode`."""
+        params = [self.inner.proposal_params(r) for r in requests]
+        for request, p in zip(requests, params, strict=True):
+            if not p.is_greedy:  # generators made in request order, as block-by-block decoding makes them
+                generators.of(request)
+        spans, start = [], 0
+        for request, read in zip(requests, positions, strict=True):
+            spans.append((start, start + len(read)))
+            forbid_tokens(request, read, rows[start : start + len(read)])  # a view: edits the block's own rows
+            start += len(read)
+        together = not self.inner.walk_policy.needs_entropy or rows.device.type == "cpu"
+        batched = [i for i, p in enumerate(params) if together and p.logprobs is None]
+        index = torch.tensor([r for i in batched for r in range(*spans[i])], dtype=torch.long, device=rows.device)
+        walked = walk_blocks(
+            self.structured,
+            [requests[i] for i in batched],
+            rows.index_select(0, index),
+            [positions[i] for i in batched],
+            [params[i] for i in batched],
+            self.inner.walk_policy,
+            generators,
+            self.block_length,
+        )
+        decoded = {i: self._written(*found, rows.device) for i, found in zip(batched, walked, strict=True)}
+        return [
+            decoded[i] if i in decoded else self.decode(request, rows[slice(*spans[i])], positions[i], generators)
+            for i, request in enumerate(requests)
+        ]
 
     def verify(
         self,

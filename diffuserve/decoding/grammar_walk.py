@@ -25,6 +25,7 @@ Owns the grammar compiler (built on first use) and each request's `GrammarState`
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -113,6 +114,23 @@ class StructuredDecoding:
         params: ResolvedSamplingParams,
         decoder: MaskPolicy,
     ) -> tuple[Proposal, list[int]]:
+        start = self.begin(request, positions, block_length, params, decoder)
+        proposal, confidences = self._walk(
+            start.state, rows, start.positions, params, generator, block_length, decoder.needs_entropy, start.stop
+        )
+        return proposal, self.end(start, request, proposal, confidences, params, decoder, block_length)
+
+    def begin(
+        self,
+        request: Request,
+        positions: list[int],
+        block_length: int,
+        params: ResolvedSamplingParams,
+        decoder: MaskPolicy,
+    ) -> WalkStart:
+        """A block's walk before its first position: the matcher synced to the decided tokens, the run of masked
+        positions it may walk, the decoder's count from the left and when the walk may stop. Raises RuntimeError
+        if the matcher fails."""
         state = self.state_of(request)
         first = request.generation_start_in_block()
         undecided = positions[0]
@@ -126,12 +144,23 @@ class StructuredDecoding:
         floor = (
             1 if type(decoder) is EntropyBoundPolicy else decoder.min_count(request.step_in_block, params, block_length)
         )
-        stop = _early_stop(decoder, floor, params.threshold)
-        proposal, confidences = self._walk(
-            state, rows, positions, params, generator, block_length, decoder.needs_entropy, stop
-        )
-        state.truncate(len(decided))
-        if stop is not None:
+        return WalkStart(state, positions, len(decided), floor, _early_stop(decoder, floor, params.threshold))
+
+    def end(
+        self,
+        start: WalkStart,
+        request: Request,
+        proposal: Proposal,
+        confidences: list[float],
+        params: ResolvedSamplingParams,
+        decoder: MaskPolicy,
+        block_length: int,
+    ) -> list[int]:
+        """After the walk (`confidences`: of the positions walked): the matcher rolled back to the decided
+        tokens, and the canvas indices whose proposed token is written."""
+        start.state.truncate(start.num_decided)
+        positions, floor = start.positions, start.floor
+        if start.stop is not None:
             run = (
                 floor
                 if type(decoder) is FixedStepsPolicy
@@ -146,12 +175,12 @@ class StructuredDecoding:
             taken = torch.zeros_like(proposal.confidence, dtype=torch.bool)
             taken[positions[:floor]] = True
             ranked = Proposal(proposal.tokens, proposal.confidence.masked_fill(taken, 2.0), proposal.entropy)
-            canvas = torch.tensor(request.canvas, device=rows.device)  # [B]
+            canvas = torch.tensor(request.canvas, device=proposal.tokens.device)  # [B]
             selected = decoder.decide(
                 ranked, canvas, canvas == request.mask_token_id, request.step_in_block, params, block_length
             ).tolist()
             run = next((k for k in range(floor, len(positions)) if not selected[positions[k]]), len(positions))
-        return proposal, positions[: min(run, len(confidences))]
+        return positions[: min(run, len(confidences))]
 
     def _walk(
         self,
@@ -206,6 +235,21 @@ class StructuredDecoding:
             )
             self.states[request.request_id] = state
         return state
+
+
+@dataclass(frozen=True)
+class WalkStart:
+    """A block's walk as `StructuredDecoding.begin` set it up."""
+
+    state: GrammarState
+    positions: list[int]
+    """The canvas indices the walk may propose, left to right: the run of masks from the first undecided one."""
+    num_decided: int
+    """Generated tokens the matcher was synced to (it is rolled back to them after the walk)."""
+    floor: int
+    """The decoder's count taken from the left."""
+    stop: Callable[[int, float], bool] | None
+    """When the walk may stop (`_early_stop`); None: every position is walked."""
 
 
 def grammar_masked(row: torch.Tensor, allowed: np.ndarray | None) -> torch.Tensor:
