@@ -40,6 +40,7 @@ CASES: dict[str, dict[str, Any]] = {
     "auto": dict(temperature=0.0, decoder="auto"),
     "auto-sampled": dict(temperature=0.8, decoder="auto"),
     "grammar": dict(temperature=0.0, structured_outputs=StructuredOutputsParams(regex="[a-z ]{1,400}")),
+    "grammar-sampled": dict(temperature=0.8, structured_outputs=StructuredOutputsParams(regex="[a-z ]{1,400}")),
 }
 
 
