@@ -79,6 +79,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "ab-decode-cases-block4": benchmarks_serving.ab_commits("ab-decode-cases-block4"),
     "ab-auto-heads": benchmarks_serving.ab_commits("ab-auto-heads"),
     "decode-cases": benchmarks_serving.decode_cases,
+    "ab-grammar-walks": benchmarks_serving.ab_commits("ab-grammar-walks"),
     "overlap-outputs": benchmarks_serving.decode_engines("overlap-outputs"),
     "overlap-outputs-2threads": benchmarks_serving.decode_engines("overlap-outputs-2threads"),
     "calibration": benchmarks_serving.calibration,
