@@ -50,8 +50,8 @@ class GrammarConstrained(WrappedDecoder):
         positions: list[list[int]],
         generators: RequestGenerators,
     ) -> list[BlockDecode]:
-        """Each block's rows forbidden as `decode` forbids them, then the walks of the blocks without logprobs in
-        lockstep (grammar_batch.py; the entropy policy's on the CPU only), the others one by one by `decode`."""
+        """Each block's rows forbidden as `decode` forbids them, then their walks in lockstep (grammar_batch.py;
+        the entropy policy's on the CPU only, else one by one by `decode`)."""
         params = [self.inner.proposal_params(r) for r in requests]
         for request, p in zip(requests, params, strict=True):
             if not p.is_greedy:  # generators made in request order, as block-by-block decoding makes them
@@ -62,7 +62,7 @@ class GrammarConstrained(WrappedDecoder):
             forbid_tokens(request, read, rows[start : start + len(read)])  # a view: edits the block's own rows
             start += len(read)
         together = not self.inner.walk_policy.needs_entropy or rows.device.type == "cpu"
-        batched = [i for i, p in enumerate(params) if together and p.logprobs is None]
+        batched = list(range(len(requests))) if together else []
         index = torch.tensor([r for i in batched for r in range(*spans[i])], dtype=torch.long, device=rows.device)
         walked = walk_blocks(
             self.structured,

@@ -6,9 +6,9 @@ Exactly the one-by-one walk's numbers: each block's setup and end are `Structure
 rows are masked as `grammar_masked` masks them (elementwise, with the same fallback for a row the grammar and the
 early stop ids leave empty); `propose_rows` gives each row what `propose` gives it alone (row-wise operations, a
 sampled block drawing its one row per position from its own generator, in the same order); confidences go through
-the host as the walk's `float()` takes them. The matchers are fed per block, as before: a matcher that fails
-fails its own block only. Blocks whose proposal asks for logprobs are walked one by one (their canvas-shaped
-logprob rows are the walk's own); the entropy policy is batched on the CPU only, as mask.py batches it.
+the host as the walk's `float()` takes them, and so do the logprob columns of blocks that ask for them. The
+matchers are fed per block, as before: a matcher that fails fails its own block only. The entropy policy is
+batched on the CPU only, as mask.py batches it.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import torch
 from diffuserve.core.request import Request
 from diffuserve.decoding.generators import RequestGenerators
 from diffuserve.decoding.grammar_walk import StructuredDecoding, WalkStart
+from diffuserve.decoding.logprobs import LogprobRows
 from diffuserve.decoding.mask_policies import MaskPolicy, Proposal
-from diffuserve.decoding.propose_batch import propose_rows
+from diffuserve.decoding.propose_batch import LogprobColumns, propose_rows
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 
@@ -37,6 +38,8 @@ class _Walk:
     tokens: list[int] = field(default_factory=list)
     confidences: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
+    logprobs: list[tuple[float, int, list[int], list[float]]] = field(default_factory=list)
+    """With logprobs: per position walked, the proposed token's logprob and rank, the top ids and their logprobs."""
     going: bool = True
 
 
@@ -72,7 +75,9 @@ def walk_blocks(
         request = requests[walk.block]
         if request.request_id not in structured.states:  # its matcher failed during the walk
             continue
-        proposal = _proposal(walk, block_length, policy.needs_entropy, rows.device)
+        block_params = params[walk.block]
+        num_top = None if block_params.logprobs is None else min(block_params.logprobs, rows.shape[-1])
+        proposal = _proposal(walk, block_length, policy.needs_entropy, num_top, rows.device)
         written = structured.end(
             walk.start, request, proposal, walk.confidences, params[walk.block], policy, block_length
         )
@@ -111,12 +116,15 @@ def _walk_position(
     )  # fmt: skip
     tokens, confidences = proposals.tokens.tolist(), proposals.confidence.tolist()
     entropies = proposals.entropy.tolist() if proposals.entropy is not None else None
+    logprobs = _host_columns(proposals.logprobs)
     for i, walk in enumerate(going):
         walk.indices.append(walk.start.positions[k])
         walk.tokens.append(tokens[i])
         walk.confidences.append(confidences[i])
         if entropies is not None:
             walk.entropies.append(entropies[i])
+        if i in logprobs:
+            walk.logprobs.append(logprobs[i])
         try:
             walk.start.state.push(tokens[i])
         except RuntimeError as e:
@@ -125,6 +133,18 @@ def _walk_position(
             continue
         stop = walk.start.stop
         walk.going = not (stop is not None and stop(k, confidences[i]))
+
+
+def _host_columns(groups: list[LogprobColumns]) -> dict[int, tuple[float, int, list[int], list[float]]]:
+    """The logprob columns of a position's proposals on the host (one transfer per column of each group) -> per
+    walk (its index among the position's) that asks for them: (logprob, rank, top ids, top logprobs)."""
+    found = {}
+    for group in groups:
+        chosen, rank = group.chosen.tolist(), group.rank.tolist()
+        top_ids, top_values = group.top_ids.tolist(), group.top_values.tolist()
+        for walk, row in group.first_row.items():
+            found[walk] = (chosen[row], rank[row], top_ids[row], top_values[row])
+    return found
 
 
 def _grammar_masked(rows: torch.Tensor, allowed: list[np.ndarray | None]) -> torch.Tensor:
@@ -146,7 +166,9 @@ def _grammar_masked(rows: torch.Tensor, allowed: list[np.ndarray | None]) -> tor
     return masked
 
 
-def _proposal(walk: _Walk, block_length: int, need_entropy: bool, device: torch.device) -> Proposal:
+def _proposal(
+    walk: _Walk, block_length: int, need_entropy: bool, num_top: int | None, device: torch.device
+) -> Proposal:
     """The canvas-shaped proposal of a walk's positions ([B]: the walked ones set, as the one-by-one walk sets them)."""
     index = torch.tensor(walk.indices, dtype=torch.long, device=device)
     tokens = torch.zeros(block_length, dtype=torch.long, device=device)
@@ -157,4 +179,20 @@ def _proposal(walk: _Walk, block_length: int, need_entropy: bool, device: torch.
     if need_entropy:
         entropy = torch.full((block_length,), float("inf"), device=device)
         entropy[index] = torch.tensor(walk.entropies, device=device)
-    return Proposal(tokens, confidence, entropy)
+    return Proposal(tokens, confidence, entropy, _logprob_rows(walk, index, block_length, num_top, device))
+
+
+def _logprob_rows(
+    walk: _Walk, index: torch.Tensor, block_length: int, num_top: int | None, device: torch.device
+) -> LogprobRows | None:
+    """The walk's logprobs as the one-by-one walk's canvas-shaped rows (None unless its block asks for them)."""
+    if num_top is None:
+        return None
+    rows = LogprobRows.empty(block_length, num_top, device)
+    if walk.logprobs:
+        chosen, rank, top_ids, top_values = zip(*walk.logprobs, strict=True)
+        rows.chosen[index] = torch.tensor(chosen, device=device)
+        rows.rank[index] = torch.tensor(rank, dtype=torch.long, device=device)
+        rows.top_ids[index] = torch.tensor(top_ids, dtype=torch.long, device=device)
+        rows.top_values[index] = torch.tensor(top_values, device=device)
+    return rows
