@@ -82,6 +82,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "ab-grammar-walks": benchmarks_serving.ab_commits("ab-grammar-walks"),
     "overlap-outputs": benchmarks_serving.decode_engines("overlap-outputs"),
     "overlap-outputs-2threads": benchmarks_serving.decode_engines("overlap-outputs-2threads"),
+    "overlap-outputs-bench": benchmarks_serving.decode_engines("overlap-outputs-bench"),
     "calibration": benchmarks_serving.calibration,
     "compare-batch1": benchmarks_batch1.compare_batch1,
     "profiles": benchmarks_batch1.profiles,

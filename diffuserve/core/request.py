@@ -135,9 +135,17 @@ class Request:
     rule: MaskedBlocks = field(init=False, repr=False)
     """How the request's blocks live for its decoder kind (core/block_rules.py): the request delegates every
     decoder-specific choice to it."""
+    num_prompt_tokens: int = field(init=False)
+    num_prefill_positions: int = field(init=False)
+    """The prompt's complete blocks: the positions prefill computes (the tail is denoised with the block); the
+    whole prompt before an anchored block. (Both fixed at creation, as the prompt and the rule are: the step reads
+    them many times per request.)"""
 
     def __post_init__(self) -> None:
         self.rule = rule_for(self.params)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        whole_blocks = self.num_prompt_tokens // self.block_length * self.block_length
+        self.num_prefill_positions = self.num_prompt_tokens if self.rule.anchored else whole_blocks
         self.draft.end = self.num_prompt_tokens
         self.open_block(self.num_prefill_positions)
 
@@ -152,21 +160,9 @@ class Request:
         return self.score_pages.get("kv", [])
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
     def is_anchored(self) -> bool:
         """Whether blocks start at the committed length (renoise canvases, verified drafts), not on the grid."""
         return self.rule.anchored
-
-    @property
-    def num_prefill_positions(self) -> int:
-        """The prompt's complete blocks: the positions prefill computes (the tail is denoised with the block); the
-        whole prompt before an anchored block."""
-        if self.is_anchored:
-            return self.num_prompt_tokens
-        return self.num_prompt_tokens // self.block_length * self.block_length
 
     @property
     def block_end(self) -> int:
