@@ -50,35 +50,22 @@ class GrammarConstrained(WrappedDecoder):
         positions: list[list[int]],
         generators: RequestGenerators,
     ) -> list[BlockDecode]:
-        """Each block's rows forbidden as `decode` forbids them, then their walks in lockstep (grammar_batch.py;
-        the entropy policy's on the CPU only, else one by one by `decode`)."""
+        """Each block's rows forbidden as `decode` forbids them, then their walks in lockstep (grammar_batch.py);
+        the entropy policy's one by one on a GPU (mask.py batches it on the CPU only, for the same reason)."""
+        if self.inner.walk_policy.needs_entropy and rows.device.type != "cpu":
+            return super().decode_blocks(requests, rows, positions, generators)
         params = [self.inner.proposal_params(r) for r in requests]
         for request, p in zip(requests, params, strict=True):
             if not p.is_greedy:  # generators made in request order, as block-by-block decoding makes them
                 generators.of(request)
-        spans, start = [], 0
+        start = 0
         for request, read in zip(requests, positions, strict=True):
-            spans.append((start, start + len(read)))
             forbid_tokens(request, read, rows[start : start + len(read)])  # a view: edits the block's own rows
             start += len(read)
-        together = not self.inner.walk_policy.needs_entropy or rows.device.type == "cpu"
-        batched = list(range(len(requests))) if together else []
-        index = torch.tensor([r for i in batched for r in range(*spans[i])], dtype=torch.long, device=rows.device)
         walked = walk_blocks(
-            self.structured,
-            [requests[i] for i in batched],
-            rows.index_select(0, index),
-            [positions[i] for i in batched],
-            [params[i] for i in batched],
-            self.inner.walk_policy,
-            generators,
-            self.block_length,
+            self.structured, requests, rows, positions, params, self.inner.walk_policy, generators, self.block_length
         )
-        decoded = {i: self._written(*found, rows.device) for i, found in zip(batched, walked, strict=True)}
-        return [
-            decoded[i] if i in decoded else self.decode(request, rows[slice(*spans[i])], positions[i], generators)
-            for i, request in enumerate(requests)
-        ]
+        return [self._written(proposal, written, rows.device) for proposal, written in walked]
 
     def verify(
         self,

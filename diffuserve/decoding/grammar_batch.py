@@ -97,16 +97,17 @@ def _walk_position(
 ) -> None:
     """Position k of every walk in `going`: masked, proposed in one pass, fed to each matcher; a walk stops where
     its early stop says so, or where its matcher fails."""
-    allowed = []
-    for walk in list(going):
+    ready, allowed = [], []
+    for walk in going:
         try:
             allowed.append(walk.start.state.allowed())
+            ready.append(walk)
         except RuntimeError as e:
             structured.fail(requests[walk.block], e)
             walk.going = False
-            going.remove(walk)
-    if not going:
+    if not ready:
         return
+    going = ready
     index = torch.tensor([w.first_row + k for w in going], dtype=torch.long, device=rows.device)
     masked = _grammar_masked(rows.index_select(0, index), allowed)
     chosen = [requests[w.block] for w in going]
