@@ -8,8 +8,10 @@ How the pairs were chosen: two options form a pair when both change the same cod
 prefix hits, chunked prefill, preemption, quantized weights, tensor parallelism, the compiled step), the weights
 and the expert dispatch (quantization with tensor / expert parallelism and expert offload, offload under expert
 parallelism), and the per-request decoding state that must survive the engine's scheduling (structured output,
-seeds and logprobs with preemption, prefix hits, n > 1 and tensor parallelism). Verified decoding is paired with
-every option that is not another decoder: its drafts, rollbacks and causal checks meet all of them.
+seeds and logprobs with preemption, prefix hits, n > 1 and tensor parallelism), and the outputs made beside the
+next forward with what ends a request or changes a step's requests (stop strings, preemption, n > 1, worker
+processes). Verified decoding is paired with every option that is not another decoder: its drafts, rollbacks and
+causal checks meet all of them.
 
 Outcomes: "exact" (the reference's tokens, and what the option adds: logprobs, prompt scores, hits,
 preemptions, the grammar), "refused: <the one-line error>", or "ran: no reference" where the family's
@@ -88,6 +90,7 @@ OPTIONS = {
         Option("moe bmm", {"moe_backend": "bmm"}, field="moe_backend"),
         Option("moe grouped_mm", {"moe_backend": "grouped_mm"}, field="moe_backend"),
         Option("compiled", {"enforce_eager": False}, field="enforce_eager", slow=True),
+        Option("overlap outputs", {"overlap_outputs": True}, field="overlap_outputs"),
     ]
 }
 PAIRS = [
@@ -108,6 +111,11 @@ PAIRS = [
     ("logprobs", "prefix hit"),
     ("logprobs", "chunked prefill"),
     ("prefix hit", "preemption"),
+    # Outputs made beside the next forward, with what ends a request a step late or changes who is in a step.
+    ("overlap outputs", "stop string"),
+    ("overlap outputs", "preemption"),
+    ("overlap outputs", "n=2"),
+    ("overlap outputs", "tp2"),
     # Verified decoding with every option that is not another decoder: each works or is refused in one line.
     *[("decoder verified", name) for name in OPTIONS if not name.startswith("decoder ")],
 ]
