@@ -41,6 +41,8 @@ class _Walk:
     logprobs: list[tuple[float, int, list[int], list[float]]] = field(default_factory=list)
     """With logprobs: per position walked, the proposed token's logprob and rank, the top ids and their logprobs."""
     going: bool = True
+    failed: bool = False
+    """Its matcher failed (reported by `take_failures`): nothing is written."""
 
 
 def walk_blocks(
@@ -70,10 +72,10 @@ def walk_blocks(
         if not going:
             break
         _walk_position(structured, going, k, requests, rows, params, generators, policy.needs_entropy)
-    found: list[tuple[Proposal | None, list[int]]] = [(None, [])] * len(requests)
+    found: list[tuple[Proposal | None, list[int]]] = [(None, []) for _ in requests]
     for walk in walks:
         request = requests[walk.block]
-        if request.request_id not in structured.states:  # its matcher failed during the walk
+        if walk.failed:
             continue
         block_params = params[walk.block]
         num_top = None if block_params.logprobs is None else min(block_params.logprobs, rows.shape[-1])
@@ -104,7 +106,7 @@ def _walk_position(
             ready.append(walk)
         except RuntimeError as e:
             structured.fail(requests[walk.block], e)
-            walk.going = False
+            walk.going, walk.failed = False, True
     if not ready:
         return
     going = ready
@@ -130,7 +132,7 @@ def _walk_position(
             walk.start.state.push(tokens[i])
         except RuntimeError as e:
             structured.fail(chosen[i], e)
-            walk.going = False
+            walk.going, walk.failed = False, True
             continue
         stop = walk.start.stop
         walk.going = not (stop is not None and stop(k, confidences[i]))

@@ -15,6 +15,7 @@ from diffuserve import SamplingParams
 from diffuserve.core.request import Request
 from diffuserve.decoding.constrained import GrammarConstrained
 from diffuserve.decoding.generators import RequestGenerators
+from diffuserve.decoding.grammar_state import GrammarState
 from diffuserve.decoding.grammar_walk import StructuredDecoding
 from diffuserve.decoding.mask import MaskDecoder
 from diffuserve.decoding.mask_policies import MASK_POLICIES
@@ -156,3 +157,34 @@ def test_a_failing_matcher_fails_its_own_block_only(tokenizer: Tokenizer, monkey
         requests, _rows(sum(map(len, positions)), rng), positions, RequestGenerators(torch.device("cpu"))
     )
     assert got[2].write.accepted == [] and "r2" in decoder.structured.take_failures()
+
+
+def test_a_matcher_failing_mid_walk_fails_its_own_block_only(tokenizer: Tokenizer, monkeypatch):
+    """A matcher that refuses the walk's second token (as a matcher error would): on both sides the block fails
+    alone, with nothing written, and the walks beside it go on."""
+    rng = random.Random(13)
+    requests = [_request(i, rng, "threshold") for i in range(6)]
+    requests[2].params = requests[2].params.replace(threshold=0.0)  # nothing stops its walk early
+    begin, push, fail = StructuredDecoding.begin, GrammarState.push, StructuredDecoding.fail
+    failed: list[str] = []
+
+    def poisoned_begin(self, request, *args):
+        start = begin(self, request, *args)
+        if request.request_id == "r2":
+            start.state.poison_at = len(start.state.fed) + 1
+        return start
+
+    def refusing_push(self, token):
+        if len(self.fed) >= getattr(self, "poison_at", len(self.fed) + 1):
+            raise RuntimeError("refused")
+        push(self, token)
+
+    def recorded_fail(self, request, error):
+        failed.append(request.request_id)
+        fail(self, request, error)
+
+    monkeypatch.setattr(StructuredDecoding, "begin", poisoned_begin)
+    monkeypatch.setattr(GrammarState, "push", refusing_push)
+    monkeypatch.setattr(StructuredDecoding, "fail", recorded_fail)
+    _compare(MaskDecoder("threshold", MASK_POLICIES["threshold"], BLOCK), requests, rng, tokenizer, monkeypatch)
+    assert failed == ["r2", "r2"]  # the oracle's, then the lockstep walk's
