@@ -187,7 +187,8 @@ class Request:
         whose state verification can roll back to); with max_tokens 0 (no block) only the blocks that prompt
         scoring reads, those before the last prompt position's block."""
         if self.params.max_tokens > 0:
-            return self.settled_end if self.num_computed_tokens < self.settled_end else self.block_start
+            settled = self.settled_end  # read once: this runs several times per request-step
+            return settled if self.num_computed_tokens < settled else self.block_start
         return (self.num_prompt_tokens - 1) // self.block_length * self.block_length if self.num_unscored else 0
 
     def known_tokens(self, start: int, end: int) -> list[int]:

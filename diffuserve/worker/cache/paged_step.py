@@ -54,7 +54,7 @@ class PagedStepMetadata:
         return PagedStepMetadata(self.slot_mapping.to(device), sequences)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per request per step: not frozen, whose __init__ is three times slower
 class _OwnSequence:
     """A request's own queries, laid out in `build`: its page table is pages [first_page, first_page + num_pages)
     of the step's concatenated tables; its key slots are positions [first_key, key_end) of that table."""
