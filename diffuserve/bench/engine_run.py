@@ -150,8 +150,8 @@ class ForwardProbe:
         if isinstance(attention, PagedAttentionInputs):
             self.num_seqs += len(attention.sequences)
             for seq in attention.sequences:
-                self.attention_pairs += seq.query_len * len(seq.key_slots)
-                self.kv_tokens_read += len(seq.key_slots)
+                self.attention_pairs += seq.query_len * seq.num_keys
+                self.kv_tokens_read += seq.num_keys
         self._started = self._now()
 
     def _timed(self, method: Callable[[torch.Tensor], torch.Tensor], counts_rows: bool) -> Callable:

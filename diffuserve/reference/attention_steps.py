@@ -118,17 +118,35 @@ def _variants(causal: bool, b: int, B: int, rng: random.Random, pages: _Pages) -
     return _Sequence(keys, positions, None if count == 1 and not causal else mask, scratch)
 
 
+def _slices(laid: list[tuple[str, int, _Sequence]]) -> list[SequenceSlice]:
+    """Each (kind, first row, sequence) as the model runner lays a step out: the requests' own sequences read
+    their key slots from one shared tensor, one run after another; scoring variants each from a tensor of their
+    own."""
+    own = [seq.key_slots for kind, _, seq in laid if "variants" not in kind]
+    shared = torch.cat(own) if own else torch.zeros(0, dtype=torch.long)
+    sequences, start = [], 0
+    for kind, row, seq in laid:
+        length = len(seq.positions)
+        if "variants" in kind:
+            sequences.append(SequenceSlice.of(row, length, seq.key_slots, seq.mask))
+            continue
+        sequences.append(SequenceSlice(row, length, shared, start, len(seq.key_slots), seq.mask))
+        start += len(seq.key_slots)
+    return sequences
+
+
 def random_step(kinds: list[str], shape: StepShape, seed: int) -> AttentionStep:
     """A step of one sequence per entry of `kinds` (in that row order), random K/V and pages from `seed`."""
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
     pages_per_sequence = -(-2 * (shape.max_blocks + 1) * shape.block_length // shape.page_size) + 1
     pages = _Pages(len(kinds) * pages_per_sequence, shape.page_size, rng)
-    sequences, writes, row = [], [], 0
+    laid, writes, row = [], [], 0
     for kind in kinds:
         seq = _sequence(kind, shape, rng, pages)
-        sequences.append(SequenceSlice(row, len(seq.positions), seq.key_slots, seq.mask))
+        laid.append((kind, row, seq))
         writes.append(seq.written)
         row += len(seq.positions)
+    sequences = _slices(laid)
     H, Hkv, D = shape.num_heads, shape.num_kv_heads, shape.head_dim
 
     def randn(*size: int) -> torch.Tensor:

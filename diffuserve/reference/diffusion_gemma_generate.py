@@ -116,7 +116,7 @@ def _attention(caches: _Caches, batch: list[tuple[int, torch.Tensor, bool]]) -> 
             first = key_start(kind, caches.window, int(positions[0]))
             keys = torch.arange(first, int(positions[-1]) + 1, device=positions.device)
             mask = rows_mask(kind, caches.window, positions, keys, is_canvas)
-            slices.append(SequenceSlice(start, len(positions), caches.slots(kind, index, keys), mask))
+            slices.append(SequenceSlice.of(start, len(positions), caches.slots(kind, index, keys), mask))
             mappings.append(caches.slots(kind, index, positions))
             start += len(positions)
         inputs[kind] = PagedAttentionInputs(torch.cat(mappings), tuple(slices), caches.k[kind], caches.v[kind])

@@ -110,7 +110,7 @@ class ScoringRows:
             self.slot_mapping.append(slots)
             keys = torch.cat([key_slots(request.page_ids, b * block), slots])
             mask = variant_mask(len(group), block, b, keys.device, self.causal)
-            self.sequences.append(SequenceSlice(rows, len(group) * block, keys, mask))
+            self.sequences.append(SequenceSlice.of(rows, len(group) * block, keys, mask))
         tokens = [request.prompt_token_ids[p] for p in positions]
         num_top = request.params.prompt_logprobs or 0  # set: the scheduler scores only requests that ask
         self.requests.append(ScoredPositions(request.request_id, positions, tokens, num_top))

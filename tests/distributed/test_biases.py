@@ -50,7 +50,7 @@ def _prefill(block_length: int, num_tokens: int) -> ForwardInputs:
     """One sequence of `num_tokens` prompt tokens at positions 0.., its K/V in slots 0.. (block-causal mask)."""
     positions = torch.arange(num_tokens)
     ids = (positions * 37 + 11) % 250 + 1
-    sequence = SequenceSlice(0, num_tokens, positions, block_causal_mask(positions, num_tokens, block_length))
+    sequence = SequenceSlice.of(0, num_tokens, positions, block_causal_mask(positions, num_tokens, block_length))
     return ForwardInputs(ids, positions, StepMetadata({"kv": PagedStepMetadata(positions, (sequence,))}))
 
 

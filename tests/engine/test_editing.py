@@ -136,7 +136,7 @@ def _single_pass_kv(engine, tokens: list[int]) -> tuple[list[torch.Tensor], list
     v_caches = [torch.zeros_like(c) for c in engine.runner.executor.caches.paged["kv"].v_caches]
     positions = torch.arange(length)
     mask = block_causal_mask(positions, length, engine.args.block_length)
-    inputs = PagedAttentionInputs(positions, (SequenceSlice(0, length, positions, mask),), k_caches, v_caches)
+    inputs = PagedAttentionInputs(positions, (SequenceSlice.of(0, length, positions, mask),), k_caches, v_caches)
     with torch.inference_mode():
         engine.runner.model(torch.tensor(tokens), positions, StepInputs(inputs))
     return [k[:length] for k in k_caches], [v[:length] for v in v_caches]

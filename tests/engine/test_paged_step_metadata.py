@@ -71,7 +71,7 @@ def _variant(rng: random.Random, first_row: int) -> tuple[torch.Tensor, Sequence
     """A scoring variant as prompt scoring lays it out: its own slot mapping and sequence."""
     slots = torch.tensor(rng.sample(range(1000, 2000), BLOCK))
     keys = torch.tensor(rng.sample(range(1000, 2000), 2 * BLOCK))
-    return slots, SequenceSlice(first_row, BLOCK, keys, torch.ones(BLOCK, 2 * BLOCK, dtype=torch.bool))
+    return slots, SequenceSlice.of(first_row, BLOCK, keys, torch.ones(BLOCK, 2 * BLOCK, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("window", [None, 6], ids=["full", "window"])
@@ -130,15 +130,19 @@ def test_an_empty_step_has_no_slots():
     assert meta.slot_mapping.dtype == torch.long and meta.slot_mapping.numel() == 0 and meta.sequences == ()
 
 
-def test_moved_metadata_holds_each_sequences_key_slots_alone():
-    """The step travels to the other ranks pickled: a sequence's key slots must not drag the step's whole key
-    tensor (of which `build` makes them views) along."""
+def test_moved_metadata_pickles_every_key_slot_once():
+    """The step travels to the other ranks pickled: its own sequences share one key tensor, which moves once and
+    holds exactly their key slots (no larger tensor it would be a view of); a scoring variant's keys move alone."""
     builder = PagedMetadataBuilder("g", 4, BLOCK, StepRules(), torch.device("cpu"))
     rng = random.Random(0)
     for i in range(8):
         builder.add(_work(rng, i, 4, None), first_row=0)
+    builder.add_sequence(*_variant(rng, first_row=0))
     built = builder.build()
-    assert built.sequences[1].key_slots.untyped_storage().nbytes() > built.sequences[1].key_slots.nbytes
-    for moved, sequence in zip(built.to("cpu").sequences, built.sequences, strict=True):
-        assert torch.equal(moved.key_slots, sequence.key_slots)
-        assert moved.key_slots.untyped_storage().nbytes() == moved.key_slots.nbytes
+    moved = built.to("cpu")
+    own = moved.sequences[:8]
+    assert all(s.keys is own[0].keys for s in own)
+    assert own[0].keys.untyped_storage().nbytes() == own[0].keys.nbytes == 8 * sum(s.num_keys for s in own)
+    assert moved.sequences[8].keys is not own[0].keys
+    for after, before in zip(moved.sequences, built.sequences, strict=True):
+        assert torch.equal(after.key_slots, before.key_slots) and after.keys is not before.keys

@@ -169,8 +169,9 @@ def test_small_cpu_groups_match_the_oracle(monkeypatch, group_bytes):
     [
         ("< lengths[:, None, None]", "<= lengths[:, None, None]"),  # one padded key made visible
         ("mask.repeat(1, heads_per_kv, 1)", "mask.repeat_interleave(heads_per_kv, dim=1)"),  # folded rows mis-ordered
+        ("index = starts[:, None] + ", "index = "),  # every sequence reads the first one's keys from the shared run
     ],
-    ids=["padding-off-by-one", "folded-mask-rows"],
+    ids=["padding-off-by-one", "folded-mask-rows", "shared-keys-offset"],
 )
 def test_mutations_of_the_batched_backend_fail(monkeypatch, old, new):
     apply_source_mutation(monkeypatch, batched, old, new)

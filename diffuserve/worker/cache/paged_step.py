@@ -43,12 +43,17 @@ class PagedStepMetadata:
     sequences: tuple[SequenceSlice, ...]
 
     def to(self, device: torch.device | str) -> PagedStepMetadata:
-        """On `device`, each sequence's key slots in a tensor of its own: built as views of the step's key tensor,
-        they would each pickle that whole tensor when the step is broadcast to the other ranks."""
+        """On `device`: each distinct key tensor copied once (the own sequences share one), whole, so that the
+        step broadcast to the other ranks pickles every key slot once."""
+        moved: dict[int, torch.Tensor] = {}
+
+        def keys(s: SequenceSlice) -> torch.Tensor:
+            if id(s.keys) not in moved:
+                moved[id(s.keys)] = s.keys.to(device, copy=True)
+            return moved[id(s.keys)]
+
         sequences = tuple(
-            dataclasses.replace(
-                s, key_slots=s.key_slots.to(device, copy=True), mask=None if s.mask is None else s.mask.to(device)
-            )
+            dataclasses.replace(s, keys=keys(s), mask=None if s.mask is None else s.mask.to(device))
             for s in self.sequences
         )
         return PagedStepMetadata(self.slot_mapping.to(device), sequences)
@@ -101,15 +106,18 @@ class PagedMetadataBuilder:
         return (pages[:, None] * self.page_size + offsets).flatten()[:end]
 
     def build(self) -> PagedStepMetadata:
-        key_slots, own_mapping = self._lay_out([s for s in self._order if isinstance(s, _OwnSequence)])
-        own_keys = iter(key_slots)
+        own_keys, own_mapping = self._lay_out([s for s in self._order if isinstance(s, _OwnSequence)])
         pieces: list[torch.Tensor] = []
         sequences: list[SequenceSlice] = []
-        laid = flushed = 0  # own query tokens seen so far, and those whose slots are in pieces already
+        laid = flushed = key_start = 0  # own query tokens and keys seen so far, and query tokens in pieces already
         for entry in self._order:
             if isinstance(entry, _OwnSequence):
-                sequences.append(SequenceSlice(entry.first_row, entry.num_tokens, next(own_keys), entry.mask))
+                num_keys = entry.key_end - entry.first_key
+                sequences.append(
+                    SequenceSlice(entry.first_row, entry.num_tokens, own_keys, key_start, num_keys, entry.mask)
+                )
                 laid += entry.num_tokens
+                key_start += num_keys
                 continue
             pieces += [own_mapping[flushed:laid], entry[0]]
             sequences.append(entry[1])
@@ -132,14 +140,15 @@ class PagedMetadataBuilder:
         )  # fmt: skip
         self._pages += pages[:num_pages]
 
-    def _lay_out(self, own: list[_OwnSequence]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """Per own sequence its key slots [L] (views of one tensor), and their slot mapping, concatenated [N].
+    def _lay_out(self, own: list[_OwnSequence]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The own sequences' key slots, one sequence's run [L] after another, and their slot mapping [N].
 
         slots [P * page_size] = every concatenated page expanded to its slots; sequence s's position p is
         slots[first_page * page_size + p]: its keys are the run [first_key, key_end), its queries
         [query_start, key_end), each gathered for the whole step at once."""
         if not own:
-            return [], torch.zeros(0, dtype=torch.long, device=self.device)
+            empty = torch.zeros(0, dtype=torch.long, device=self.device)
+            return empty, empty
         size = self.page_size
         pages = torch.tensor(self._pages, dtype=torch.long, device=self.device)
         slots = (pages[:, None] * size + torch.arange(size, device=self.device)).flatten()
@@ -147,7 +156,7 @@ class PagedMetadataBuilder:
         keys = self._runs(slots, [s.first_page * size + s.first_key for s in own], key_lens)
         query_lens = [s.key_end - s.query_start for s in own]
         queries = self._runs(slots, [s.first_page * size + s.query_start for s in own], query_lens)
-        return list(keys.split(key_lens)), queries
+        return keys, queries
 
     def _runs(self, values: torch.Tensor, starts: list[int], lengths: list[int]) -> torch.Tensor:
         """values[starts[i] : starts[i] + lengths[i]] for every i, concatenated, in one gather: the index of the

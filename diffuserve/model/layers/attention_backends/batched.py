@@ -42,7 +42,7 @@ class QueryGroup:
     rows: torch.Tensor
     """[S * Lq] long: the batch rows of the group's queries, sequence after sequence."""
     key_slots: torch.Tensor
-    """[S, L] long; a padding key reads slot 0 and is masked out."""
+    """[S, L] long; a padding key reads one of its sequence's own slots and is masked out."""
     mask: torch.Tensor | None
     """[S, 1, G * Lq, L] bool (rows repeated per folded head); None when every query sees all L keys."""
 
@@ -85,13 +85,13 @@ def query_groups(
         by_length[seq.query_len].append(seq)
     groups = []
     for members in by_length.values():
-        members.sort(key=lambda s: -s.key_slots.shape[0])
+        members.sort(key=lambda s: -s.num_keys)
         start = 0
         for i in range(1, len(members) + 1):
-            longest = members[start].key_slots.shape[0]
+            longest = members[start].num_keys
             if (
                 i == len(members)
-                or members[i].key_slots.shape[0] * MAX_KEY_PADDING < longest
+                or members[i].num_keys * MAX_KEY_PADDING < longest
                 or (max_keys is not None and (i + 1 - start) * longest > max_keys)
             ):
                 groups.append(_group(members[start:i], heads_per_kv))
@@ -101,9 +101,9 @@ def query_groups(
 
 def _group(members: list[SequenceSlice], heads_per_kv: int) -> QueryGroup:
     q_len = members[0].query_len
-    device = members[0].key_slots.device
-    key_lens = [s.key_slots.shape[0] for s in members]
-    slots = pad_sequence([s.key_slots for s in members], batch_first=True)  # [S, L], padded with slot 0
+    device = members[0].keys.device
+    key_lens = [s.num_keys for s in members]
+    slots = _slot_table(members, key_lens)  # [S, L]
     starts = torch.tensor([s.query_start for s in members], device=device)
     rows = (starts[:, None] + torch.arange(q_len, device=device)).flatten()  # [S * Lq]: one build, not S aranges
     if all(s.mask is None for s in members) and min(key_lens) == max(key_lens):
@@ -115,3 +115,18 @@ def _group(members: list[SequenceSlice], heads_per_kv: int) -> QueryGroup:
         if seq.mask is not None:
             mask[i, :, : key_lens[i]] = seq.mask
     return QueryGroup(q_len, rows, slots, mask.repeat(1, heads_per_kv, 1)[:, None])
+
+
+def _slot_table(members: list[SequenceSlice], key_lens: list[int]) -> torch.Tensor:
+    """[S, L] long: each member's key slots, padded to the longest. Members that share one key tensor (a step's own
+    sequences) are gathered from it in one index, a padding position reading its row's first slot (masked out);
+    others are padded one by one."""
+    keys = members[0].keys
+    if any(s.keys is not keys for s in members):
+        return pad_sequence([s.key_slots for s in members], batch_first=True)
+    device = keys.device
+    lengths = torch.tensor(key_lens, device=device)
+    starts = torch.tensor([s.key_start for s in members], device=device)
+    offsets = torch.arange(max(key_lens), device=device)[None, :]  # [1, L]
+    index = starts[:, None] + torch.where(offsets < lengths[:, None], offsets, 0)  # [S, L]
+    return keys[index]

@@ -67,7 +67,7 @@ class FlashInferBackend(AttentionBackend):
     def _plan(self, sequences: tuple[SequenceSlice, ...], shape: tuple[Any, ...], device: torch.device) -> PlannedStep:
         num_heads, num_kv_heads, head_dim, q_dtype, kv_dtype, scale = shape
         q_lens = [s.query_len for s in sequences]
-        kv_lens = [s.key_slots.shape[0] for s in sequences]
+        kv_lens = [s.num_keys for s in sequences]
         masked = any(s.mask is not None for s in sequences)
         wrapper = self._wrapper((*shape, masked), device)
         wrapper.plan(
@@ -108,6 +108,6 @@ def custom_mask(sequences: tuple[SequenceSlice, ...]) -> torch.Tensor:
     for s in sequences:
         mask = s.mask
         if mask is None:
-            mask = torch.ones(s.query_len, s.key_slots.shape[0], dtype=torch.bool, device=s.key_slots.device)
+            mask = torch.ones(s.query_len, s.num_keys, dtype=torch.bool, device=s.keys.device)
         flat.append(mask.reshape(-1))
     return torch.cat(flat)

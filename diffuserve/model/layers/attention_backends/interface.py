@@ -36,14 +36,29 @@ T = TypeVar("T")
 
 @dataclass(slots=True)  # one per request per step: not frozen, whose __init__ is three times slower
 class SequenceSlice:
-    """One sequence's queries in the flattened step batch."""
+    """One sequence's queries in the flattened step batch, and where its key slots are: a run of `keys`, a tensor
+    the step's own sequences share (every sequence's key slots one after another), so that a step builds no tensor
+    per sequence and a backend gathers a group's padded slot table from it in one index (`key_slots` is the run)."""
 
     query_start: int
     query_len: int
-    key_slots: torch.Tensor
-    """[L] long: cache slot of each key position 0..L-1 (L = last query position + 1)."""
+    keys: torch.Tensor
+    """[K] long: cache slots, this sequence's at [key_start, key_start + num_keys)."""
+    key_start: int
+    num_keys: int
+    """L = last query position + 1: key position i is at cache slot keys[key_start + i]."""
     mask: torch.Tensor | None
     """[Lq, L] bool, True = may attend; None when every query may see every key (one block of queries)."""
+
+    @classmethod
+    def of(cls, query_start: int, query_len: int, key_slots: torch.Tensor, mask: torch.Tensor | None) -> SequenceSlice:
+        """A sequence whose key slots are a tensor of their own ([L] long)."""
+        return cls(query_start, query_len, key_slots, 0, key_slots.shape[0], mask)
+
+    @property
+    def key_slots(self) -> torch.Tensor:
+        """[L] long: cache slot of each key position 0..L-1 (a view of `keys`)."""
+        return self.keys[self.key_start : self.key_start + self.num_keys]
 
 
 @dataclass(frozen=True)
