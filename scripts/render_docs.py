@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.doc_tables import (
     benchmarks_batch1,
     benchmarks_compare,
+    benchmarks_phases,
     benchmarks_quant,
     benchmarks_serving,
     benchmarks_sweep,
@@ -113,6 +114,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "fuzz-http": testing.fuzz_http,
     "sweep": benchmarks_sweep.sweep,
     "sweep-phases": benchmarks_sweep.phases,
+    "sweep-phases-change": benchmarks_phases.phases_change,
     "sweep-prefill": benchmarks_sweep.prefill_budget,
 }
 """Region name -> the renderer that fills it (tests/docs checks that each has exactly one region)."""
