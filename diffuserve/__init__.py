@@ -13,19 +13,20 @@ if TYPE_CHECKING:
     from diffuserve.config import EngineConfig
     from diffuserve.llm import LLM
     from diffuserve.lora_request import LoRARequest
-    from diffuserve.sampling_params import SamplingParams
+    from diffuserve.sampling_params import RequestOutputKind, SamplingParams
 
 try:  # the installed distribution's version: pyproject.toml's `version` is the one source
     __version__ = importlib.metadata.version("diffuserve")
 except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, never installed
     __version__ = "0+unknown"
-__all__ = ["LLM", "EngineConfig", "LoRARequest", "SamplingParams", "__version__"]
+__all__ = ["LLM", "EngineConfig", "LoRARequest", "RequestOutputKind", "SamplingParams", "__version__"]
 
 _LAZY = {
     "LLM": "diffuserve.llm",
     "EngineConfig": "diffuserve.config",
     "LoRARequest": "diffuserve.lora_request",
     "SamplingParams": "diffuserve.sampling_params",
+    "RequestOutputKind": "diffuserve.sampling_params",
 }
 
 

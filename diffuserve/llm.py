@@ -30,7 +30,7 @@ from diffuserve.engine.llm_engine import LLMEngine
 from diffuserve.errors import GenerationFailed
 from diffuserve.lora_request import LoRARequest
 from diffuserve.model.hub import resolve_model
-from diffuserve.sampling_params import SamplingParams
+from diffuserve.sampling_params import RequestOutputKind, SamplingParams
 from diffuserve.text.chat_template import chat_token_ids
 
 if TYPE_CHECKING:
@@ -115,7 +115,9 @@ class LLM:
         for prompt, params, adapter in zip(batch, params_list, adapters):
             request_id = f"llm-{self._counter}"
             self._counter += 1
-            self.engine.add_request(request_id, _unwrap(prompt), params, adapter)
+            # Only finished outputs are returned: the engine makes no text or output while a request runs.
+            final_only = (params or SamplingParams()).replace(output_kind=RequestOutputKind.FINAL_ONLY)
+            self.engine.add_request(request_id, _unwrap(prompt), final_only, adapter)
             ids.append(request_id)
         return self._run(ids, use_tqdm)
 

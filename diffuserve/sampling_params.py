@@ -10,6 +10,7 @@ field, the value and the allowed range. Owns the list of decoder names; knows no
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,18 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     **PENALTY_DEFAULTS,
 }
 """Values of the knobs below that neither the request nor the model's generation config set."""
+
+
+class RequestOutputKind(enum.IntEnum):
+    """Which outputs a request's caller gets from the engine's steps (vLLM's names and values)."""
+
+    CUMULATIVE = 0
+    """After every step that ran it, its whole output so far (what a stream shows)."""
+    FINAL_ONLY = 2
+    """Its finished output only: no text is made while it runs (but where a stop string may end it) and no
+    intermediate output is built. `LLM.generate` asks for it."""
+
+
 MODEL_DEFAULTED = (
     "temperature",
     "decoder",
@@ -142,6 +155,8 @@ class SamplingParams:
     """Score the prompt: each prompt token's log-probability under the block chain rule
     (docs/serving/logprobs.md; the first token has none) with this many top alternatives (0 .. MAX_LOGPROBS);
     None = not scored."""
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    """CUMULATIVE: an output after every step that ran the request; FINAL_ONLY: its finished output only."""
     record_denoising: bool = False
     """Keep every denoising step's writes (which output positions it decided, and their tokens), for the
     outputs to carry (`CompletionOutput.denoising_steps`; the server's `stream_options.include_denoising`)."""
@@ -219,6 +234,8 @@ class SamplingParams:
             self.prompt_logprobs,
             f"an integer in [0, {MAX_LOGPROBS}] (the top alternatives returned per prompt token), or None",
         )
+        kinds = {kind.value for kind in RequestOutputKind}
+        _check(self.output_kind in kinds, "output_kind", self.output_kind, f"a RequestOutputKind ({sorted(kinds)})")
         _check(
             self.structured_outputs is None or self.decoder != "edit",
             "decoder",
@@ -297,6 +314,7 @@ class SamplingParams:
             prompt_logprobs=self.prompt_logprobs,
             record_denoising=self.record_denoising,
             penalize_prompt=self.penalize_prompt,
+            output_kind=RequestOutputKind(self.output_kind),
             **knobs,
         )
 
@@ -347,6 +365,7 @@ class ResolvedSamplingParams:
     frequency_penalty: float = PENALTY_DEFAULTS["frequency_penalty"]
     repetition_penalty: float = PENALTY_DEFAULTS["repetition_penalty"]
     penalize_prompt: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     @property
     def has_penalties(self) -> bool:

@@ -63,6 +63,7 @@ def test_prompt_longer_than_max_model_len(tiny_model_dir):
         ("decoder", "beam", "decoder: got 'beam'"),
         ("threshold", 1.5, "threshold: got 1.5"),
         ("n", 0, "n: got 0"),
+        ("output_kind", 1, r"output_kind: got 1, must be a RequestOutputKind \(\[0, 2\]\)"),
     ],
 )
 def test_invalid_sampling_values(field, value, message):

@@ -116,6 +116,8 @@ class Request:
     canvas_slot: int | None = None
     """The canvas slot the request holds while running (models with a CanvasState: renoise canvases)."""
     num_forwards: int = 0
+    first_token_time: float | None = None
+    """time.monotonic() when the step that decided its first output token was applied."""
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache at the request's first admission."""
     last_scheduled_step: int = -1

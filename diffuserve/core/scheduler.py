@@ -28,6 +28,7 @@ the output processor finds, for aborts and for failed steps. Knows nothing of te
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from collections.abc import Mapping
 
@@ -134,7 +135,7 @@ class Scheduler:
         NOTE: a block is finished (and so committed by the next forward, fused) only once it is final: for an
         editing decoder that is after a step that changed nothing or once the post-edit budget is spent, so the
         committed K/V are always those of the block's final tokens."""
-        update = StepUpdate()
+        update, now = StepUpdate(), time.monotonic()
         for work in output.scheduled:
             request = work.request
             if request.status.is_finished:  # a stop string the previous step's text reached (output overlap)
@@ -151,6 +152,8 @@ class Scheduler:
                 request.num_forwards += 1  # a separate commit forward (fused_commit off), or a discarded step
             update.requests.append(request)
             new = len(request.output_token_ids) - before
+            if new > 0 and request.first_token_time is None:
+                request.first_token_time = now
             update.new_token_counts[request.request_id] = new
             update.num_generated_tokens += max(new, 0)
         return update

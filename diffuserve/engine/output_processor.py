@@ -14,6 +14,10 @@ forward: engine/output_overlap.py); the engine finishes those through the schedu
 and only then does the processor snapshot the user requests (`snapshot`), from the statuses the scheduler set. It
 never decides a status.
 
+A request whose caller wants its finished output only (`RequestOutputKind.FINAL_ONLY`, as `LLM.generate` asks)
+costs nothing here while it runs: its text is made once, when it finishes (or step by step where a stop string may
+end it), and it is snapshot only then.
+
 It also names the prompt scores the engine computes (`prompt_logprobs`, filled position by position; a
 request's output carries them once every prompt position is scored, which is before its first token).
 
@@ -27,9 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from diffuserve.core.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
-from diffuserve.core.request import Request
+from diffuserve.core.request import Request, RequestStatus
 from diffuserve.engine.detokenizer import REPLACEMENT_CHAR, Decoding, IncrementalDetokenizer, TokenTexts
-from diffuserve.sampling_params import ResolvedSamplingParams
+from diffuserve.sampling_params import RequestOutputKind, ResolvedSamplingParams
 
 MAX_UTF8_CONTINUATION = 3
 """A UTF-8 character is at most 4 bytes: the last 3 byte tokens may still be waiting for the rest."""
@@ -65,6 +69,9 @@ class Completion:
     _logprobs: list[TokenLogprobs] = field(init=False, default_factory=list)
     """The logprobs of the tokens shown so far, `decoded_token` filled (tokens once shown never change)."""
     _detokenizer: IncrementalDetokenizer | None = field(init=False, default=None)
+    stopped_as_it_finished: bool = field(init=False, default=False)
+    """A stop string first appeared in the update that saw the request finished (its last tokens reached both
+    max_tokens and the stop string): it ended on the stop string, where its text is cut."""
     _num_seen: int = field(init=False, default=-1)
     """How many tokens the last update saw: a step that added none to an unfinished completion changes nothing
     (most steps of a canvas still being denoised), so it is skipped."""
@@ -89,6 +96,7 @@ class Completion:
         hit = self._find_stop(text, detokenizer.num_stable_chars)
         if hit is not None:
             index, stop = hit
+            self.stopped_as_it_finished = finished and self.output.stop_reason is None
             self.output.text = text[: index + (len(stop) if self.params.include_stop_str_in_output else 0)]
             self.output.token_ids = token_ids[: self._num_tokens_through(index, stop, len(token_ids))]
             self.num_shown_tokens = len(self.output.token_ids)
@@ -171,6 +179,15 @@ class ParentRequest:
     """With prompt_logprobs: one entry per prompt position, filled as the engine scores them."""
     num_scored: int = 0
 
+    @property
+    def final_only(self) -> bool:
+        """Whether the caller gets its finished output only (`RequestOutputKind.FINAL_ONLY`)."""
+        return self.completions[0].params.output_kind == RequestOutputKind.FINAL_ONLY
+
+    @property
+    def is_finished(self) -> bool:
+        return all(c.output.finish_reason is not None for c in self.completions)
+
     def child_id(self, index: int) -> str:
         """The engine request id of completion `index`."""
         return self.request_id if len(self.completions) == 1 else f"{self.request_id}#{index}"
@@ -235,6 +252,8 @@ class OutputProcessor:
         completions: it may run beside the next step's forward (engine/output_overlap.py)."""
         hits = []
         for request in requests:
+            if _waits_for_final(request) and not request.params.stop:
+                continue  # its text is made once, when it finishes: only a stop string needs it sooner
             _, completion = self._children[request.request_id]
             stop_hit = completion.update(self.tokenizer, request.output_token_ids, request.status.is_finished)
             if request.params.logprobs is not None:  # as far as the text is shown, which a stop ends
@@ -249,9 +268,12 @@ class OutputProcessor:
         now = time.monotonic()
         touched: dict[int, ParentRequest] = {}
         for request in requests:
+            if _waits_for_final(request):
+                continue
             parent, completion = self._children[request.request_id]
-            self._fill(parent, completion, request, now)
-            touched.setdefault(id(parent), parent)
+            self._fill(parent, completion, request)
+            if not parent.final_only or parent.is_finished:
+                touched.setdefault(id(parent), parent)
         outputs = []
         for parent in touched.values():
             out = parent.snapshot([new_token_counts.get(parent.child_id(c.index), 0) for c in parent.completions])
@@ -261,7 +283,7 @@ class OutputProcessor:
             outputs.append(out)
         return outputs
 
-    def _fill(self, parent: ParentRequest, completion: Completion, request: Request, now: float) -> None:
+    def _fill(self, parent: ParentRequest, completion: Completion, request: Request) -> None:
         """Copies a request's counters, trace and finish into its completion's output."""
         out = completion.output
         out.num_forwards, out.error = request.num_forwards, request.error
@@ -270,13 +292,21 @@ class OutputProcessor:
             out.denoising_steps = list(request.denoising_steps)
         if request.status.is_finished:
             out.finish_reason = request.status.finish_reason
+            if completion.stopped_as_it_finished and request.status == RequestStatus.FINISHED_LENGTH:
+                out.finish_reason = "stop"  # as vLLM's output processor says it
             if out.stop_reason is None:  # a stop string's is already there
                 out.stop_reason = request.stop_reason
-        if out.token_ids and parent.metrics.first_token_time is None:
-            parent.metrics.first_token_time = now
+        first = request.first_token_time  # the earliest of its completions' first tokens
+        if first is not None and (parent.metrics.first_token_time is None or first < parent.metrics.first_token_time):
+            parent.metrics.first_token_time = first
         parent.num_cached_tokens = request.num_cached_tokens
 
     def _forget(self, parent: ParentRequest) -> None:
         self._parents.pop(parent.request_id, None)
         for completion in parent.completions:
             self._children.pop(parent.child_id(completion.index), None)
+
+
+def _waits_for_final(request: Request) -> bool:
+    """A running request whose caller wants its finished output only: nothing of it is shown yet."""
+    return request.params.output_kind == RequestOutputKind.FINAL_ONLY and not request.status.is_finished
