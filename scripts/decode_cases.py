@@ -7,7 +7,8 @@ decoders; edit wants a block length above 1).
 
 Each case: `--concurrency` requests of `--prompt-tokens` random tokens, `--output-tokens` each (the stop token
 ignored), added at once to one engine and stepped to the end; a warm-up round, then `--repeats` rounds, the
-fastest kept. With several `--engines` (engine options: `overlapped` makes outputs beside the next forward), each
+fastest kept. With several `--engines` (engine options: `overlapped` makes outputs beside the next forward;
+`final-only` is the plain engine with every request asking for its finished output only, as LLM.generate's), each
 case runs on every engine, their rounds interleaved, and the rows carry the median and spread of the rounds too.
 Prints a table, then a JSON line (`rows`: per case and engine, tokens/s and each step phase in microseconds per
 request-step, engine/step_phases.py). Imports the engine from the Python path, so `scripts/ab_commits.py
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-from diffuserve import LLM, SamplingParams
+from diffuserve import LLM, RequestOutputKind, SamplingParams
 from diffuserve.bench.workload import prepare_model
 from diffuserve.engine.step_phases import StepPhases
 from diffuserve.structured_outputs import StructuredOutputsParams
@@ -44,8 +45,10 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-ENGINES: dict[str, dict[str, Any]] = {"plain": {}, "overlapped": dict(overlap_outputs=True)}
+ENGINES: dict[str, dict[str, Any]] = {"plain": {}, "overlapped": dict(overlap_outputs=True), "final-only": {}}
 """Engine options a case can be compared across."""
+REQUEST_OPTIONS: dict[str, dict[str, Any]] = {"final-only": dict(output_kind=RequestOutputKind.FINAL_ONLY)}
+"""What an engine variant changes in every request instead: final-only asks for finished outputs only."""
 
 
 def run_round(llm: LLM, prompts: list[list[int]], params: SamplingParams, tag: str) -> dict[str, Any]:
@@ -72,7 +75,7 @@ def run_case(llms: dict[str, LLM], prompts: list[list[int]], knobs: dict[str, An
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in llms}
     for round_index in range(repeats + 1):
         for name, llm in llms.items():
-            found = run_round(llm, prompts, params, str(round_index))
+            found = run_round(llm, prompts, params.replace(**REQUEST_OPTIONS.get(name, {})), str(round_index))
             if round_index:
                 rounds[name].append(found)
     best = {}
