@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from diffuserve import LLM, RequestOutputKind, SamplingParams
+from diffuserve import LLM, SamplingParams
 from diffuserve.bench.workload import prepare_model
 from diffuserve.engine.step_phases import StepPhases
 from diffuserve.structured_outputs import StructuredOutputsParams
@@ -47,8 +47,16 @@ CASES: dict[str, dict[str, Any]] = {
 
 ENGINES: dict[str, dict[str, Any]] = {"plain": {}, "overlapped": dict(overlap_outputs=True), "final-only": {}}
 """Engine options a case can be compared across."""
-REQUEST_OPTIONS: dict[str, dict[str, Any]] = {"final-only": dict(output_kind=RequestOutputKind.FINAL_ONLY)}
-"""What an engine variant changes in every request instead: final-only asks for finished outputs only."""
+
+
+def request_options(engine: str) -> dict[str, Any]:
+    """What an engine variant changes in every request instead: final-only asks for finished outputs only
+    (imported here: `ab_commits.py --script` runs this script on revisions older than output kinds)."""
+    if engine != "final-only":
+        return {}
+    from diffuserve.sampling_params import RequestOutputKind
+
+    return dict(output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def run_round(llm: LLM, prompts: list[list[int]], params: SamplingParams, tag: str) -> dict[str, Any]:
@@ -75,7 +83,7 @@ def run_case(llms: dict[str, LLM], prompts: list[list[int]], knobs: dict[str, An
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in llms}
     for round_index in range(repeats + 1):
         for name, llm in llms.items():
-            found = run_round(llm, prompts, params.replace(**REQUEST_OPTIONS.get(name, {})), str(round_index))
+            found = run_round(llm, prompts, params.replace(**request_options(name)), str(round_index))
             if round_index:
                 rounds[name].append(found)
     best = {}

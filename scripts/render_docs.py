@@ -115,6 +115,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "sweep": benchmarks_sweep.sweep,
     "sweep-phases": benchmarks_sweep.phases,
     "sweep-phases-change": benchmarks_phases.phases_change,
+    "output-kinds": benchmarks_serving.decode_engines("output-kinds", "final-only"),
     "sweep-prefill": benchmarks_sweep.prefill_budget,
 }
 """Region name -> the renderer that fills it (tests/docs checks that each has exactly one region)."""

@@ -246,8 +246,8 @@ DECODE_CASES = ("decode-cases-before", "decode-cases-after")
 """scripts/decode_cases.py at the revision before the batched sampled / logprobs / penalised pass and after it."""
 
 
-def decode_engines(name: str) -> Callable[[Load], str]:
-    """A recorded `scripts/decode_cases.py --engines plain overlapped` run `name`: per case, each engine's median
+def decode_engines(name: str, other: str = "overlapped") -> Callable[[Load], str]:
+    """A recorded `scripts/decode_cases.py --engines plain <other>` run `name`: per case, each engine's median
     tokens/s over the interleaved rounds (their range) and the ratio of the medians; the outputs and forward phases
     of each engine's fastest round (microseconds per request-step)."""
 
@@ -258,17 +258,17 @@ def decode_engines(name: str) -> Callable[[Load], str]:
             rows.setdefault(case, {})[engine] = r
         cells = []
         for case, engines in rows.items():
-            plain, overlapped = engines["plain"], engines["overlapped"]
-            ratio = overlapped["median_tokens_per_s"] / plain["median_tokens_per_s"]
+            plain, variant = engines["plain"], engines[other]
+            ratio = variant["median_tokens_per_s"] / plain["median_tokens_per_s"]
             cells.append(
-                [case, _median_and_range(plain), _median_and_range(overlapped), f"**{ratio:.2f}x**"]
+                [case, _median_and_range(plain), _median_and_range(variant), f"**{ratio:.2f}x**"]
                 + [
                     f"{plain['phases_us_per_request_step'][phase]:.0f} -> "
-                    f"{overlapped['phases_us_per_request_step'][phase]:.0f}"
+                    f"{variant['phases_us_per_request_step'][phase]:.0f}"
                     for phase in ("outputs", "forward")
                 ]
             )
-        headers = ["case", "plain tok/s", "overlapped tok/s", "overlapped / plain", "outputs µs", "forward µs"]
+        headers = ["case", "plain tok/s", f"{other} tok/s", f"{other} / plain", "outputs µs", "forward µs"]
         return table(headers, cells)
 
     return render
