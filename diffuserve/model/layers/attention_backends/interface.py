@@ -8,7 +8,8 @@ once per step; every paged attention layer reads the same object, whatever backe
     batch rows  [ seq 0 queries | seq 1 queries | ... | padding rows (bucketed forwards) ]     N (+ pad)
     sequence s  query rows query_start .. query_start + Lq - 1
                 keys       key_slots[s] = [L] cache slots (a page table expanded to slots: slot = page * page_size
-                           + offset; prompt scoring's variants read a prefix's pages, then scratch slots)
+                           + offset; prompt scoring's variants read a prefix's pages, then scratch slots), a run
+                           of a key tensor the step's own sequences share
                 mask       [Lq, L] bool, True = may attend; None = every query sees every key
 
 A mask is explicit so that every rule the runners use is expressed exactly: the block-causal rule
