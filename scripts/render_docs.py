@@ -77,6 +77,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "throughput": benchmarks_serving.throughput,
     "ab-sampled-decoding": benchmarks_serving.ab_commits("ab-sampled-decoding"),
     "ab-decode-cases": benchmarks_serving.ab_commits("ab-decode-cases"),
+    "ab-step-records": benchmarks_serving.ab_commits("ab-step-records"),
     "ab-decode-cases-block4": benchmarks_serving.ab_commits("ab-decode-cases-block4"),
     "ab-auto-heads": benchmarks_serving.ab_commits("ab-auto-heads"),
     "decode-cases": benchmarks_serving.decode_cases,

@@ -1,6 +1,7 @@
 """The engine's step phases at 128 concurrent requests, before and now (docs/benchmarks/throughput.md): per family,
-reading and workload, the `bench sweep` run of the main table (results sweep-<family>) beside a later run of the same
-rows at 128 only (results sweep-128-<family>), with the engine's targets at that concurrency."""
+reading and workload, a run of the same `bench sweep` rows at 128 only on today's code (results sweep-128-<family>)
+beside one on the main table's code (the tiny shapes: sweep-128-<family>-05cc80c, run just before it in the same
+session; the bench shapes: the main table's own run, sweep-<family>), with the engine's targets there."""
 
 from __future__ import annotations
 
@@ -14,6 +15,15 @@ RECORDED = ("sdar", "llada2", "clover", "diffusiongemma", "sdar-bench", "llada2-
 ENGINE_US_TARGET = 15.0
 """Engine time (every phase but the forward) per request-step at 128 concurrent, on every tiny shape."""
 OVERHEAD_TARGETS = {"tiny": 0.15, "bench": 0.05}
+BEFORE_COMMIT = "05cc80c"
+"""The code of the main table's runs."""
+
+
+def _before(family: str) -> str:
+    """The results name of the family's run on the main table's code."""
+    return f"sweep-{family}" if family.endswith("-bench") else f"sweep-128-{family}-{BEFORE_COMMIT}"
+
+
 """Time outside the model's forward, as a share of the wall time, at 128 concurrent."""
 
 
@@ -26,7 +36,7 @@ def _mark(text: str, met: bool) -> str:
 
 
 def _rows(family: str, load: Load) -> list[list[str]]:
-    before, now = load(f"sweep-{family}"), load(f"sweep-128-{family}")
+    before, now = load(_before(family)), load(f"sweep-128-{family}")
     old_rows = {(r["reading"], r["workload"]): r for r in before["result"]["results"] if r["concurrency"] == 128}
     shape = "bench" if family.endswith("-bench") else "tiny"
     rows = []
