@@ -47,7 +47,7 @@ def _rows(family: str, load: Load) -> list[list[str]]:
         was, new = old["engine"]["phases_us_per_request_step"], row["engine"]["phases_us_per_request_step"]
         engine = f"{_engine_us(was):.1f} → {_engine_us(new):.1f}"
         share_was, share = old["engine"]["overhead_fraction"], row["engine"]["overhead_fraction"]
-        overhead = f"{100 * share_was:.0f} % → {100 * share:.0f} %"
+        overhead = f"{100 * share_was:.1f} % → {100 * share:.1f} %"
         rows.append(
             [
                 f"{now['result']['model']['name']}: {row['reading']}",
@@ -67,7 +67,7 @@ def phases_change(load: Load) -> str:
     headers = [
         "model: reading",
         "workload",
-        f"engine µs (target ≤ {ENGINE_US_TARGET:.0f} on tiny shapes)",
+        f"engine µs: all but the forward (target ≤ {ENGINE_US_TARGET:.0f} on tiny shapes)",
         "overhead (target < 15 % tiny, < 5 % bench)",
         *(f"{name} µs" for name in PHASE_NAMES),
         "git",
