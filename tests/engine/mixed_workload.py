@@ -1,10 +1,11 @@
 """The long mixed workload of the engine tests: requests on a tiny Clover at block 4 that arrive over a run's
 steps, share a prompt prefix longer than a page, stop on ids and strings, and use every decoder the family has
-with the options each combines with; the run itself (`run_mixed`) and how two runs' outputs are compared
+with the options each combines with; the run itself (`step_outputs`, `run_mixed`) and how two runs' outputs are compared
 (`summary`, `assert_same`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from diffuserve import LLM, SamplingParams
@@ -58,17 +59,21 @@ def assert_same(got: tuple, want: tuple, what: str) -> None:
         assert all(abs(got_step[t] - want_step[t]) <= 1e-4 for t in want_step), what
 
 
-def run_mixed(engine: LLMEngine, requests: list[tuple[int, list[int], SamplingParams]]) -> dict[str, tuple]:
-    """Adds each request at its arrival step and steps until all are done -> request id -> its summary."""
-    finished: dict[str, tuple] = {}
+def step_outputs(engine: LLMEngine, requests: list[tuple[int, list[int], SamplingParams]]) -> Iterator[RequestOutput]:
+    """Adds each request (id: its index) at its arrival step and steps until all are done, yielding every output the
+    steps return, in order."""
     step = 0
     while step <= max(arrival for arrival, _, _ in requests) or engine.has_unfinished_requests():
         for i, (arrival, prompt, params) in enumerate(requests):
             if arrival == step:
                 engine.add_request(str(i), prompt, params)
-        finished |= {out.request_id: summary(out) for out in engine.step() if out.finished}
+        yield from engine.step()
         step += 1
-    return finished
+
+
+def run_mixed(engine: LLMEngine, requests: list[tuple[int, list[int], SamplingParams]]) -> dict[str, tuple]:
+    """The requests run to the end (`step_outputs`) -> request id -> its final output's summary."""
+    return {out.request_id: summary(out) for out in step_outputs(engine, requests) if out.finished}
 
 
 def write_mixed_checkpoint(root: Path) -> Path:

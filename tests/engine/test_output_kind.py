@@ -12,7 +12,14 @@ import pytest
 from diffuserve import LLM, RequestOutputKind, SamplingParams
 from diffuserve.core.outputs import RequestOutput
 from diffuserve.engine.llm_engine import LLMEngine
-from tests.engine.mixed_workload import assert_same, mixed_requests, summary, tight_llm, write_mixed_checkpoint
+from tests.engine.mixed_workload import (
+    assert_same,
+    mixed_requests,
+    step_outputs,
+    summary,
+    tight_llm,
+    write_mixed_checkpoint,
+)
 
 FINAL_ONLY = RequestOutputKind.FINAL_ONLY
 
@@ -28,16 +35,10 @@ def workload() -> list[tuple[int, list[int], SamplingParams]]:
 
 
 def run_all(engine: LLMEngine, requests: list[tuple[int, list[int], SamplingParams]]) -> dict[str, list[RequestOutput]]:
-    """Adds each request at its arrival step, steps to the end -> request id -> every output the steps returned."""
+    """The requests run to the end (`step_outputs`) -> request id -> every output the steps returned for it."""
     outputs: dict[str, list[RequestOutput]] = {}
-    step = 0
-    while step <= max(arrival for arrival, _, _ in requests) or engine.has_unfinished_requests():
-        for i, (arrival, prompt, params) in enumerate(requests):
-            if arrival == step:
-                engine.add_request(str(i), prompt, params)
-        for out in engine.step():
-            outputs.setdefault(out.request_id, []).append(out)
-        step += 1
+    for out in step_outputs(engine, requests):
+        outputs.setdefault(out.request_id, []).append(out)
     return outputs
 
 

@@ -13,26 +13,27 @@ import pytest
 from diffuserve import LLM, SamplingParams
 from diffuserve.core.outputs import RequestOutput
 from diffuserve.engine.llm_engine import LLMEngine
-from tests.engine.mixed_workload import assert_same, mixed_requests, summary, tight_llm, write_mixed_checkpoint
+from tests.engine.mixed_workload import (
+    assert_same,
+    mixed_requests,
+    step_outputs,
+    summary,
+    tight_llm,
+    write_mixed_checkpoint,
+)
 
 Stream = list[tuple]
 """A request's outputs as a user sees them, each distinct state once: (token ids, text, finish reason)."""
 
 
 def run_streams(engine: LLMEngine, requests: list[tuple[int, list[int], SamplingParams]]) -> dict[str, Stream]:
-    """Adds each request at its arrival step and steps until all are done -> request id -> its stream."""
+    """The requests run to the end (`step_outputs`) -> request id -> its stream."""
     streams: dict[str, Stream] = {}
-    step = 0
-    while step <= max(arrival for arrival, _, _ in requests) or engine.has_unfinished_requests():
-        for i, (arrival, prompt, params) in enumerate(requests):
-            if arrival == step:
-                engine.add_request(str(i), prompt, params)
-        for out in engine.step():
-            state = state_of(out)
-            stream = streams.setdefault(out.request_id, [])
-            if not stream or stream[-1] != state:
-                stream.append(state)
-        step += 1
+    for out in step_outputs(engine, requests):
+        state = state_of(out)
+        stream = streams.setdefault(out.request_id, [])
+        if not stream or stream[-1] != state:
+            stream.append(state)
     return streams
 
 
