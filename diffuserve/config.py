@@ -20,7 +20,7 @@ from typing import Any
 
 from diffuserve.model.layers.moe.coreset_rule import parse_coreset_rule
 from diffuserve.model.quant.scheme import DEFAULT_TARGETS, QuantScheme, make_scheme
-from diffuserve.sampling_params import DECODER_NAMES
+from diffuserve.sampling_defaults import DECODER_NAMES
 
 
 def _positive(name: str, value: int | float | None, allow_none: bool = True) -> None:

@@ -53,7 +53,8 @@ from diffuserve.model.layers.attention import DenseAttentionInputs, block_causal
 from diffuserve.model.step_inputs import StepInputs
 from diffuserve.reference.reference_decode import reference_generate
 from diffuserve.reference.reference_model import load_reference
-from diffuserve.sampling_params import RENOISE, SamplingParams
+from diffuserve.sampling_defaults import RENOISE
+from diffuserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from diffuserve.model.families.clover_moe.dense import HybridState

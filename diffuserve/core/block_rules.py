@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from diffuserve.core.draft_state import DraftState
-from diffuserve.sampling_params import AUTO, RENOISE, VERIFIED, ResolvedSamplingParams
+from diffuserve.sampling_defaults import AUTO, RENOISE, VERIFIED
+from diffuserve.sampling_params import ResolvedSamplingParams
 
 if TYPE_CHECKING:
     from diffuserve.core.outputs import TokenLogprobs

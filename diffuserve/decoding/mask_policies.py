@@ -23,7 +23,8 @@ import torch
 
 from diffuserve.core.writes import BlockWrite
 from diffuserve.decoding.logprobs import LogprobRows, logprob_rows, token_logprobs
-from diffuserve.sampling_params import MASK_DECODER_NAMES, ResolvedSamplingParams
+from diffuserve.sampling_defaults import MASK_DECODER_NAMES
+from diffuserve.sampling_params import ResolvedSamplingParams
 
 
 @dataclass(frozen=True)
@@ -279,5 +280,5 @@ MASK_POLICIES: dict[str, MaskPolicy] = dict(
         strict=True,
     )
 )
-"""The policy of each mask decoder (sampling_params.MASK_DECODER_NAMES), in its order; the renoise decoder's
+"""The policy of each mask decoder (sampling_defaults.MASK_DECODER_NAMES), in its order; the renoise decoder's
 canvases are decoding/renoise.py's."""

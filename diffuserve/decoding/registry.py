@@ -31,7 +31,8 @@ from diffuserve.decoding.renoise import RenoiseDecoder
 from diffuserve.decoding.verified import VerifiedDecoder
 from diffuserve.errors import RequestError, UnsupportedParameter
 from diffuserve.model.interface import StepRules
-from diffuserve.sampling_params import AUTO, RENOISE, ResolvedSamplingParams
+from diffuserve.sampling_defaults import AUTO, RENOISE
+from diffuserve.sampling_params import ResolvedSamplingParams
 
 MULTI_STEP_VERIFIED = "verified, multi-step drafts"
 """The key of the verified decoder that drafts by the threshold policy over `steps` > 1 forwards."""

@@ -44,7 +44,8 @@ from diffuserve.decoding.grammar_walk import grammar_masked
 from diffuserve.decoding.logprobs import logprob_rows, token_logprobs
 from diffuserve.decoding.mask import MaskDecoder
 from diffuserve.decoding.mask_policies import FixedStepsPolicy, ThresholdPolicy, filter_logits
-from diffuserve.sampling_params import VERIFIED, ResolvedSamplingParams
+from diffuserve.sampling_defaults import VERIFIED
+from diffuserve.sampling_params import ResolvedSamplingParams
 
 
 class VerifiedDecoder(MaskDecoder):

@@ -42,7 +42,7 @@ class ModelFamily:
     special_tokens: Mapping[str, str] = field(default_factory=dict)
     """config field -> token text, for ids the family's Hub config.json leaves out (looked up in tokenizer.json)."""
     decoding_defaults: Mapping[str, Any] = field(default_factory=dict)
-    """The family's reference decoding knobs (SamplingParams names, and sampling_params.STEPS_CAPPED_BY_MAX_TOKENS);
+    """The family's reference decoding knobs (SamplingParams names, and sampling_defaults.STEPS_CAPPED_BY_MAX_TOKENS);
     generation_config.json overrides them."""
     checkpoint_args: Callable[[ModelArgs, Path], ModelArgs] | None = None
     """(args, model directory) -> args refined by the checkpoint itself (e.g. which optional tensors it has)."""

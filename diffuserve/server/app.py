@@ -19,7 +19,8 @@ from fastapi.security import HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from diffuserve import __version__
-from diffuserve.sampling_params import DECODERS, SamplingParams
+from diffuserve.sampling_defaults import DECODERS
+from diffuserve.sampling_params import SamplingParams
 from diffuserve.server.adapter_routes import adapter_routes
 from diffuserve.server.bridge import AsyncEngine
 from diffuserve.server.config import ServerConfig

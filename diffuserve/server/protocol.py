@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from diffuserve.sampling_params import DECODERS, MAX_LOGPROBS
+from diffuserve.sampling_defaults import DECODERS
+from diffuserve.sampling_params import MAX_LOGPROBS
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 

@@ -17,7 +17,8 @@ from diffuserve.decoding.mask_policies import MASK_POLICIES
 from diffuserve.decoding.penalties import Penalized, PenaltyCounts
 from diffuserve.decoding.protocol import BlockDecode
 from diffuserve.decoding.verified import VerifiedDecoder
-from diffuserve.sampling_params import MASK_DECODER_NAMES, SamplingParams
+from diffuserve.sampling_defaults import MASK_DECODER_NAMES
+from diffuserve.sampling_params import SamplingParams
 
 VOCAB, BLOCK, PROMPT = 12, 8, 5
 MASK = VOCAB - 1  # a vocabulary id: its logit is kept and can rank first

@@ -8,7 +8,8 @@ import torch
 
 from diffuserve.decoding.mask_policies import MASK_POLICIES, Proposal, filter_logits, num_transfer_tokens, propose
 from diffuserve.reference import reference_decoders
-from diffuserve.sampling_params import MASK_DECODER_NAMES, SamplingParams
+from diffuserve.sampling_defaults import MASK_DECODER_NAMES
+from diffuserve.sampling_params import SamplingParams
 
 NEG = float("-inf")
 

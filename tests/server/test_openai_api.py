@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from diffuserve.sampling_params import MASK_DECODER_NAMES
+from diffuserve.sampling_defaults import MASK_DECODER_NAMES
 from tests.server.conftest import API_KEY, MODEL_NAME, LiveServer
 
 BLOCK_LENGTH = 4

@@ -6,7 +6,7 @@ from diffuserve.model.families.llada2.model import LLaDA2ForBlockDiffusion
 from diffuserve.model.families.llada2.settings import SETTINGS
 from diffuserve.model.families.llada2.weights import llada2_checkpoint_tensors, llada2_weight_target
 from diffuserve.model.family import ModelFamily
-from diffuserve.sampling_params import STEPS_CAPPED_BY_MAX_TOKENS
+from diffuserve.sampling_defaults import STEPS_CAPPED_BY_MAX_TOKENS
 
 FAMILY = ModelFamily(
     "llada2",
