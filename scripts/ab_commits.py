@@ -7,7 +7,9 @@ Each revision is checked out once (a detached `git worktree` under --work-dir) a
 that checkout first on PYTHONPATH, in a fresh process, in the order old, new, new, old, old, ... so that a drift
 in the machine's load falls on both sides alike. Every run's final JSON line is read back; each row's tokens/s
 (`bench compare`: per block length and variant; `bench throughput`: per block length, mode and concurrency) is
-reduced to the median over rounds, and the table prints old, new and new / old. The last line is JSON.
+reduced to the median over rounds, and the table prints old, new and new / old. The last line is JSON. A script
+may rate its rows by another rate than tokens/s: its JSON names the rows' key (`"rate": "request_steps_per_s"`),
+and the result carries it on.
 
 Knows nothing of the engine: it only runs the CLI and reads its JSON.
 """
@@ -47,9 +49,9 @@ def run_bench(tree: Path, bench_args: list[str], script: Path | None = None) -> 
 
 
 def rows(result: dict) -> dict[str, float]:
-    """tokens/s per row of a `bench compare` or `bench throughput` result, or of a script's `rows`."""
+    """tokens/s per row of a `bench compare` or `bench throughput` result, or a script's rate of its `rows`."""
     if "rows" in result:
-        return {row["row"]: row["tokens_per_s"] for row in result["rows"]}
+        return {row["row"]: row[rate(result)] for row in result["rows"]}
     found = {}
     for row in result["results"]:
         if "variants" in row:
@@ -58,6 +60,11 @@ def rows(result: dict) -> dict[str, float]:
         else:
             found[f"block {row['block_length']} {row['mode']} x{row['concurrency']}"] = row["tokens_per_s"]
     return found
+
+
+def rate(result: dict) -> str:
+    """The key of the rate a result's rows carry (tokens/s unless a script says otherwise)."""
+    return result.get("rate", "tokens_per_s")
 
 
 def main() -> int:
@@ -75,18 +82,21 @@ def main() -> int:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     trees = {"old": checkout(args.old, args.work_dir), "new": checkout(args.new, args.work_dir)}
     samples: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
+    rated = "tokens_per_s"
     for i in range(args.rounds):
         for side in ("old", "new") if i % 2 == 0 else ("new", "old"):
-            for name, value in rows(run_bench(trees[side], bench_args, args.script)).items():
+            result = run_bench(trees[side], bench_args, args.script)
+            rated = rate(result)
+            for name, value in rows(result).items():
                 samples[side].setdefault(name, []).append(value)
     table = []
-    print(f"{'row':32} {'old tok/s':>10} {'new tok/s':>10} {'new/old':>8}")
+    print(f"{'row':32} {'old':>10} {'new':>10} {'new/old':>8}  ({rated})")
     for name in samples["old"]:
         old, new = (statistics.median(samples[s][name]) for s in ("old", "new"))
         table.append({"row": name, "old": old, "new": new, "ratio": round(new / old, 3)})
         print(f"{name:32} {old:10.2f} {new:10.2f} {new / old:8.3f}")
     revs = {side: tree.name for side, tree in trees.items()}
-    print(json.dumps({"bench": bench_args, "revisions": revs, "rounds": args.rounds, "rows": table}))
+    print(json.dumps({"bench": bench_args, "revisions": revs, "rounds": args.rounds, "rate": rated, "rows": table}))
     return 0
 
 

@@ -34,6 +34,7 @@ from diffuserve.model.interface import DiffusionModel
 from diffuserve.model.layers.moe.offload_context import BlockRef, OffloadContext
 from diffuserve.model.layers.moe.window_coreset import forward_windows
 from diffuserve.model.step_inputs import CanvasInputs
+from diffuserve.worker.cache.page_table import PageTableRows
 from diffuserve.worker.cache.paged_step import PagedMetadataBuilder, WindowMetadataBuilder
 from diffuserve.worker.cache.state_step import StateMetadataBuilder, StatePlan, state_slot
 from diffuserve.worker.cache.step_metadata import StepMetadata
@@ -89,6 +90,8 @@ class ModelRunner:
         self.state = StateMetadataBuilder(self.block_length, not self.rules.autoregressive, self.device)
         self.experts = ExpertTracker(executor.model) if expert_stats else None
         """Routing statistics (`EngineConfig.expert_stats`); None when off."""
+        self.page_tables = {name: PageTableRows(self.device) for name in ["kv", *executor.sizes.windows]}
+        """Each page group's page tables, kept across steps (worker/cache/page_table.py)."""
         self.rollback: list[int] = []
         """State slots whose draft the last forward rejected: the next forward puts them back first."""
         self.logits_budget_bytes = LOGITS_BUDGET_BYTES
@@ -136,6 +139,8 @@ class ModelRunner:
         """Forgets a finished request's decoding state; its last block's experts still count in the statistics."""
         self.decoding.release(request_id)
         self.finish_block(request_id)
+        for tables in self.page_tables.values():
+            tables.release(request_id)
 
     def finish_block(self, request_id: str) -> None:
         """The request's block is final: the union of experts it touched counts in the statistics."""
@@ -217,8 +222,9 @@ class ModelRunner:
         sliding-window group."""
         args = (self.executor.page_size, self.block_length, self.rules, self.device)
         windows = self.executor.sizes.windows
-        return [PagedMetadataBuilder("kv", *args)] + [
-            WindowMetadataBuilder(name, window, *args) for name, (window, _) in windows.items()
+        tables = self.page_tables
+        return [PagedMetadataBuilder("kv", *args, tables["kv"])] + [
+            WindowMetadataBuilder(name, window, *args, tables[name]) for name, (window, _) in windows.items()
         ]
 
     def plan_state(self, scheduled: list[ScheduledRequest], variants: list[tuple[int, Request]]) -> StatePlan:

@@ -208,14 +208,20 @@ def adapters(load: Load) -> str:
     return table(["variant", "tokens/s", "wall s (best)", "vs the base model alone"], rows)
 
 
+RATE_UNITS = {"tokens_per_s": "tok/s", "request_steps_per_s": "request-steps/s"}
+"""How a recorded A/B's rate (its JSON's `rate`) is labelled."""
+
+
 def ab_commits(name: str) -> Callable[[Load], str]:
-    """The table of a recorded `scripts/ab_commits.py` run `name`: tokens/s per row at both revisions."""
+    """The table of a recorded `scripts/ab_commits.py` run `name`: its rate (tokens/s unless it names another) per
+    row at both revisions."""
 
     def render(load: Load) -> str:
         result = load(name)["result"]
         revisions = result["revisions"]
+        unit = RATE_UNITS[result.get("rate", "tokens_per_s")]
         return table(
-            ["row", f"before ({revisions['old']}) tok/s", f"after ({revisions['new']}) tok/s", "after / before"],
+            ["row", f"before ({revisions['old']}) {unit}", f"after ({revisions['new']}) {unit}", "after / before"],
             [[r["row"], f"{r['old']:.0f}", f"{r['new']:.0f}", f"**{r['ratio']:.2f}x**"] for r in result["rows"]],
         )
 

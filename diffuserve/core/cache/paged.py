@@ -14,6 +14,10 @@ indexed by position:
 Committed full pages are registered under their chain hash (in every group), so a prefix shared with a later
 request is reused; a window group reuses a prefix only if it still holds the window behind it.
 
+A page table changes in three ways only, which the worker's kept copy of it relies on (worker/cache/page_table.py):
+pages appended in place (allocation), leading entries set FREED in place (a window), or a new list assigned
+(a prefix match, a trim, a release). FREED entries are always a leading run.
+
 The page pool (`PagePool`) holds page ids and reference counts. When its last user lets go, a registered page
 stays cached ("evictable") until the free list runs dry; then the least recently used one is evicted. Invariant:
 every page is in exactly one of {free, evictable, used}; used pages have ref_count >= 1, free and evictable pages
@@ -25,6 +29,7 @@ NOTE: a page's K/V depend on every token of the diffusion blocks it holds, so a 
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
@@ -38,6 +43,12 @@ FREED = -1
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def first_kept_page(pages: list[int]) -> int:
+    """The index of the table's first page not FREED (its length when every one is): a binary search, as the
+    FREED entries are a leading run, so a step's work does not grow with a long context's freed pages."""
+    return bisect.bisect_left(pages, True, key=lambda page: page != FREED)
 
 
 class OutOfPages(RuntimeError):
@@ -255,7 +266,6 @@ class PagedKind(CacheKind):
         if request.num_unscored:
             next_query = min(next_query, request.score_cursor // request.block_length * request.block_length)
         pages = request.pages[self.name]
-        for i in range(min(self._first_needed(next_query), len(pages))):
-            if pages[i] != FREED:
-                self.pool.free([pages[i]])
-                pages[i] = FREED
+        for i in range(first_kept_page(pages), min(self._first_needed(next_query), len(pages))):
+            self.pool.free([pages[i]])
+            pages[i] = FREED

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
-from diffuserve.core.cache.paged import FREED
+from diffuserve.core.cache.paged import first_kept_page
 from diffuserve.core.step import ScheduledRequest
 from diffuserve.model.interface import StepRules
 from diffuserve.model.layers.attention import PagedAttentionInputs, SequenceSlice, block_causal_mask
 from diffuserve.model.shapes import PagedKV
+from diffuserve.worker.cache.page_table import PageTableRows
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
 """The torch dtype of each cache dtype name (model/shapes.py)."""
@@ -61,13 +62,12 @@ class PagedStepMetadata:
 
 @dataclass(slots=True)  # one per request per step: not frozen, whose __init__ is three times slower
 class _OwnSequence:
-    """A request's own queries, laid out in `build`: its page table is pages [first_page, first_page + num_pages)
-    of the step's concatenated tables; its key slots are positions [first_key, key_end) of that table."""
+    """A request's own queries, laid out in `build`: its page table is row `row` of the group's `PageTableRows`;
+    its key slots are positions [first_key, key_end) of that table."""
 
     first_row: int
     num_tokens: int
-    first_page: int
-    num_pages: int
+    row: int
     first_key: int
     key_end: int
     query_start: int
@@ -77,16 +77,25 @@ class _OwnSequence:
 class PagedMetadataBuilder:
     """Key slots, slot mapping and masks of one page group (its page tables are `Request.pages[group]`).
 
-    `add` only records Python ints; `build` turns every added request's page table into slots in a few tensor
-    ops for the whole step (one `torch.tensor` of the concatenated tables, one gather of the key slots split into
-    per-sequence views, one gather of the slot mapping) instead of a tensor build per request. Masks are shared
-    by the sequences of a step with the same query and key ranges (a batch of equal blocks builds one)."""
+    `add` only records Python ints (and queues the pages a request's table gained since its row was last written,
+    worker/cache/page_table.py); `build` gathers every added request's key slots from the kept page tables in a
+    few tensor ops for the whole step (one gather of the key runs, one of the slot mapping), never copying a whole
+    page table: the step's Python work does not grow with the requests' context. Masks are shared by the
+    sequences of a step with the same query and key ranges (a batch of equal blocks builds one)."""
 
-    def __init__(self, group: str, page_size: int, block_length: int, rules: StepRules, device: torch.device):
+    def __init__(
+        self,
+        group: str,
+        page_size: int,
+        block_length: int,
+        rules: StepRules,
+        device: torch.device,
+        tables: PageTableRows | None = None,
+    ):
+        """`tables`: the group's page tables kept across steps (the runner's); a fresh one when not given."""
         self.group, self.page_size, self.block_length = group, page_size, block_length
         self.rules, self.device = rules, device
-        self._pages: list[int] = []
-        """The own sequences' page tables (cut at their last query's page), concatenated."""
+        self.tables = tables if tables is not None else PageTableRows(device)
         self._order: list[_OwnSequence | tuple[torch.Tensor, SequenceSlice]] = []
         """Every sequence in row order: a request's own (laid out in `build`) or one given by `add_sequence`."""
         self._masks: dict[tuple[int, ...], torch.Tensor | None] = {}
@@ -132,40 +141,44 @@ class PagedMetadataBuilder:
         key_end = work.query_end
         num_pages = -(-key_end // self.page_size)
         assert len(pages) >= num_pages, f"{self.group}: {len(pages)} pages hold fewer than {key_end} positions"
+        row = self.tables.row(work.request.request_id, pages, num_pages)
         self._order.append(
-            _OwnSequence(
-                first_row, key_end - work.commit_start, len(self._pages), num_pages, first_key, key_end,
-                work.commit_start, mask,
-            )
-        )  # fmt: skip
-        self._pages += pages[:num_pages]
+            _OwnSequence(first_row, key_end - work.commit_start, row, first_key, key_end, work.commit_start, mask)
+        )
 
     def _lay_out(self, own: list[_OwnSequence]) -> tuple[torch.Tensor, torch.Tensor]:
         """The own sequences' key slots, one sequence's run [L] after another, and their slot mapping [N].
 
-        slots [P * page_size] = every concatenated page expanded to its slots; sequence s's position p is
-        slots[first_page * page_size + p]: its keys are the run [first_key, key_end), its queries
-        [query_start, key_end), each gathered for the whole step at once."""
+        pages [P] = each sequence's pages [first_key // page_size, last query's page] gathered from its table row,
+        one run after another; slots [P * page_size] = every such page expanded to its slots. Sequence s's
+        position p is then slots[(its first page in `pages`) * page_size + p - first_key // page_size * page_size]:
+        its keys are the run [first_key, key_end), its queries [query_start, key_end), each gathered for the whole
+        step at once."""
         if not own:
             empty = torch.zeros(0, dtype=torch.long, device=self.device)
             return empty, empty
         size = self.page_size
-        pages = torch.tensor(self._pages, dtype=torch.long, device=self.device)
+        firsts = [s.first_key // size for s in own]
+        counts = [-(-s.key_end // size) - first for s, first in zip(own, firsts)]
+        columns, page_counts = self._runs(firsts, counts)
+        rows = torch.tensor([s.row for s in own], dtype=torch.long, device=self.device)
+        pages = self.tables.flush()[rows.repeat_interleave(page_counts, output_size=columns.numel()), columns]
         slots = (pages[:, None] * size + torch.arange(size, device=self.device)).flatten()
-        key_lens = [s.key_end - s.first_key for s in own]
-        keys = self._runs(slots, [s.first_page * size + s.first_key for s in own], key_lens)
-        query_lens = [s.key_end - s.query_start for s in own]
-        queries = self._runs(slots, [s.first_page * size + s.query_start for s in own], query_lens)
-        return keys, queries
+        bases, base = [], 0  # where each sequence's position 0 would sit in `slots`
+        for first, count in zip(firsts, counts):
+            bases.append(base - first * size)
+            base += count * size
+        keys, _ = self._runs([b + s.first_key for b, s in zip(bases, own)], [s.key_end - s.first_key for s in own])
+        queries, _ = self._runs([b + s.query_start for b, s in zip(bases, own)], [s.num_tokens for s in own])
+        return slots.index_select(0, keys), slots.index_select(0, queries)
 
-    def _runs(self, values: torch.Tensor, starts: list[int], lengths: list[int]) -> torch.Tensor:
-        """values[starts[i] : starts[i] + lengths[i]] for every i, concatenated, in one gather: the index of the
-        j-th element of run i is (starts[i] - the lengths before run i) + its place in the whole."""
+    def _runs(self, starts: list[int], lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """[starts[i], starts[i] + lengths[i]) for every i, concatenated, in one arange (the j-th element of run i
+        is (starts[i] - the lengths before run i) + its place in the whole), with the lengths as a tensor."""
         counts = torch.tensor(lengths, dtype=torch.long, device=self.device)
         offsets = torch.tensor(starts, dtype=torch.long, device=self.device) - (counts.cumsum(0) - counts)
         total = sum(lengths)  # given as output_size: no device sync on CUDA
-        index = torch.arange(total, device=self.device) + offsets.repeat_interleave(counts, output_size=total)
-        return values.index_select(0, index)
+        return torch.arange(total, device=self.device) + offsets.repeat_interleave(counts, output_size=total), counts
 
     def _mask(self, work: ScheduledRequest) -> torch.Tensor | None:
         """[Lq, L] bool, or None when every query sees every key (shared by equal ranges within the step)."""
@@ -196,15 +209,22 @@ class WindowMetadataBuilder(PagedMetadataBuilder):
     each row's own position; block rows from the block's first with StepRules.block_window_from_start)."""
 
     def __init__(
-        self, group: str, window: int, page_size: int, block_length: int, rules: StepRules, device: torch.device
+        self,
+        group: str,
+        window: int,
+        page_size: int,
+        block_length: int,
+        rules: StepRules,
+        device: torch.device,
+        tables: PageTableRows | None = None,
     ) -> None:
-        super().__init__(group, page_size, block_length, rules, device)
+        super().__init__(group, page_size, block_length, rules, device, tables)
         self.window = window
         self._windows: dict[tuple[int, ...], torch.Tensor] = {}
 
     def add(self, work: ScheduledRequest, first_row: int) -> None:
         pages = work.request.pages[self.group]
-        first = next((i for i, p in enumerate(pages) if p != FREED), len(pages)) * self.page_size
+        first = first_kept_page(pages) * self.page_size
         block_start = work.request.block_start if self.rules.block_window_from_start else first - 1
         # The mask over keys [first, query_end) depends only on positions relative to `first` (the window, and the
         # rule when it is causal or `first` keeps the block alignment): requests at different positions share it.
@@ -213,7 +233,7 @@ class WindowMetadataBuilder(PagedMetadataBuilder):
         key = (first - shift, work.query_start - shift, work.query_end - shift, num_commit, block_start - shift)
         if key not in self._windows:
             self._windows[key] = self._window_mask(*key)
-        self._add_own(work, first_row, [p if p != FREED else 0 for p in pages], first, self._windows[key])
+        self._add_own(work, first_row, pages, first, self._windows[key])  # keys from `first`: no FREED page read
 
     def _window_mask(self, first: int, query_start: int, query_end: int, num_commit: int, block_start: int):
         """[Lq, query_end - first] bool: the window, and the rule, over the kept keys (block rows anchored at
