@@ -132,7 +132,8 @@ def test_an_empty_step_has_no_slots():
 
 def test_moved_metadata_pickles_every_key_slot_once():
     """The step travels to the other ranks pickled: its own sequences share one key tensor, which moves once and
-    holds exactly their key slots (no larger tensor it would be a view of); a scoring variant's keys move alone."""
+    holds exactly their pages' key slots (no larger tensor it would be a view of); a scoring variant's keys move
+    alone."""
     builder = PagedMetadataBuilder("g", 4, BLOCK, StepRules(), torch.device("cpu"))
     rng = random.Random(0)
     for i in range(8):
@@ -142,7 +143,8 @@ def test_moved_metadata_pickles_every_key_slot_once():
     moved = built.to("cpu")
     own = moved.sequences[:8]
     assert all(s.keys is own[0].keys for s in own)
-    assert own[0].keys.untyped_storage().nbytes() == own[0].keys.nbytes == 8 * sum(s.num_keys for s in own)
+    pages_slots = sum(-(-s.num_keys // 4) * 4 for s in own)  # page size 4: each sequence's whole pages
+    assert own[0].keys.untyped_storage().nbytes() == own[0].keys.nbytes == 8 * pages_slots
     assert moved.sequences[8].keys is not own[0].keys
     for after, before in zip(moved.sequences, built.sequences, strict=True):
         assert torch.equal(after.key_slots, before.key_slots) and after.keys is not before.keys

@@ -63,12 +63,13 @@ class PagedStepMetadata:
 @dataclass(slots=True)  # one per request per step: not frozen, whose __init__ is three times slower
 class _OwnSequence:
     """A request's own queries, laid out in `build`: its page table is row `row` of the group's `PageTableRows`;
-    its key slots are positions [first_key, key_end) of that table."""
+    its keys are positions [first_page * page_size, key_end) of that table (a window group's start at its first
+    kept page)."""
 
     first_row: int
     num_tokens: int
     row: int
-    first_key: int
+    first_page: int
     key_end: int
     query_start: int
     mask: torch.Tensor | None
@@ -78,10 +79,12 @@ class PagedMetadataBuilder:
     """Key slots, slot mapping and masks of one page group (its page tables are `Request.pages[group]`).
 
     `add` only records Python ints (and queues the pages a request's table gained since its row was last written,
-    worker/cache/page_table.py); `build` gathers every added request's key slots from the kept page tables in a
-    few tensor ops for the whole step (one gather of the key runs, one of the slot mapping), never copying a whole
-    page table: the step's Python work does not grow with the requests' context. Masks are shared by the
-    sequences of a step with the same query and key ranges (a batch of equal blocks builds one)."""
+    worker/cache/page_table.py); `build` gathers every added request's pages from the kept page tables and
+    expands them to key slots in a few tensor ops for the whole step (one gather of pages, one expansion, one
+    gather of the slot mapping), never copying a whole page table out of Python: the step's Python work does not
+    grow with the requests' context. The step's own sequences share that expansion as their key tensor, each
+    reading its run of whole pages (its last page's slots past its last query are unused). Masks are shared by
+    the sequences of a step with the same query and key ranges (a batch of equal blocks builds one)."""
 
     def __init__(
         self,
@@ -115,18 +118,19 @@ class PagedMetadataBuilder:
         return (pages[:, None] * self.page_size + offsets).flatten()[:end]
 
     def build(self) -> PagedStepMetadata:
-        own_keys, own_mapping = self._lay_out([s for s in self._order if isinstance(s, _OwnSequence)])
+        own = [s for s in self._order if isinstance(s, _OwnSequence)]
+        own_keys, key_starts, own_mapping = self._lay_out(own)
         pieces: list[torch.Tensor] = []
         sequences: list[SequenceSlice] = []
-        laid = flushed = key_start = 0  # own query tokens and keys seen so far, and query tokens in pieces already
+        laid = flushed = 0  # own query tokens seen so far, and those in pieces already
+        starts = iter(key_starts)
         for entry in self._order:
             if isinstance(entry, _OwnSequence):
-                num_keys = entry.key_end - entry.first_key
+                num_keys = entry.key_end - entry.first_page * self.page_size
                 sequences.append(
-                    SequenceSlice(entry.first_row, entry.num_tokens, own_keys, key_start, num_keys, entry.mask)
+                    SequenceSlice(entry.first_row, entry.num_tokens, own_keys, next(starts), num_keys, entry.mask)
                 )
                 laid += entry.num_tokens
-                key_start += num_keys
                 continue
             pieces += [own_mapping[flushed:laid], entry[0]]
             sequences.append(entry[1])
@@ -135,42 +139,41 @@ class PagedMetadataBuilder:
         return PagedStepMetadata(torch.cat(pieces), tuple(sequences))
 
     def _add_own(
-        self, work: ScheduledRequest, first_row: int, pages: list[int], first_key: int, mask: torch.Tensor | None
+        self, work: ScheduledRequest, first_row: int, pages: list[int], first_page: int, mask: torch.Tensor | None
     ) -> None:
-        """Records a request's own sequence: keys [first_key, query_end) of its page table `pages`."""
+        """Records a request's own sequence: keys [first_page * page_size, query_end) of its page table `pages`."""
         key_end = work.query_end
         num_pages = -(-key_end // self.page_size)
         assert len(pages) >= num_pages, f"{self.group}: {len(pages)} pages hold fewer than {key_end} positions"
         row = self.tables.row(work.request.request_id, pages, num_pages)
         self._order.append(
-            _OwnSequence(first_row, key_end - work.commit_start, row, first_key, key_end, work.commit_start, mask)
+            _OwnSequence(first_row, key_end - work.commit_start, row, first_page, key_end, work.commit_start, mask)
         )
 
-    def _lay_out(self, own: list[_OwnSequence]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The own sequences' key slots, one sequence's run [L] after another, and their slot mapping [N].
+    def _lay_out(self, own: list[_OwnSequence]) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+        """The own sequences' key slots [K] (each one's pages expanded, one after another), where each sequence's
+        run starts in them, and their slot mapping [N].
 
-        pages [P] = each sequence's pages [first_key // page_size, last query's page] gathered from its table row,
-        one run after another; slots [P * page_size] = every such page expanded to its slots. Sequence s's
-        position p is then slots[(its first page in `pages`) * page_size + p - first_key // page_size * page_size]:
-        its keys are the run [first_key, key_end), its queries [query_start, key_end), each gathered for the whole
-        step at once."""
+        pages [P] = each sequence's pages [first_page, its last query's page] gathered from its table row, one
+        run after another; slots [P * page_size] = those pages expanded. Sequence s's position p is
+        slots[its run's start + p - first_page * page_size]: its queries [query_start, key_end) are gathered from
+        there for the whole step at once."""
         if not own:
             empty = torch.zeros(0, dtype=torch.long, device=self.device)
-            return empty, empty
+            return empty, [], empty
         size = self.page_size
-        firsts = [s.first_key // size for s in own]
-        counts = [-(-s.key_end // size) - first for s, first in zip(own, firsts)]
-        columns, page_counts = self._runs(firsts, counts)
+        counts = [-(-s.key_end // size) - s.first_page for s in own]
+        columns, page_counts = self._runs([s.first_page for s in own], counts)
         rows = torch.tensor([s.row for s in own], dtype=torch.long, device=self.device)
         pages = self.tables.flush()[rows.repeat_interleave(page_counts, output_size=columns.numel()), columns]
-        slots = (pages[:, None] * size + torch.arange(size, device=self.device)).flatten()
-        bases, base = [], 0  # where each sequence's position 0 would sit in `slots`
-        for first, count in zip(firsts, counts):
-            bases.append(base - first * size)
-            base += count * size
-        keys, _ = self._runs([b + s.first_key for b, s in zip(bases, own)], [s.key_end - s.first_key for s in own])
-        queries, _ = self._runs([b + s.query_start for b, s in zip(bases, own)], [s.num_tokens for s in own])
-        return slots.index_select(0, keys), slots.index_select(0, queries)
+        slots = (pages[:, None] * size + torch.arange(size, device=self.device)).flatten()  # [P * page_size]
+        key_starts, start = [], 0
+        for count in counts:
+            key_starts.append(start)
+            start += count * size
+        query_starts = [k + s.query_start - s.first_page * size for k, s in zip(key_starts, own)]
+        queries, _ = self._runs(query_starts, [s.num_tokens for s in own])
+        return slots, key_starts, slots.index_select(0, queries)
 
     def _runs(self, starts: list[int], lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """[starts[i], starts[i] + lengths[i]) for every i, concatenated, in one arange (the j-th element of run i
@@ -224,7 +227,8 @@ class WindowMetadataBuilder(PagedMetadataBuilder):
 
     def add(self, work: ScheduledRequest, first_row: int) -> None:
         pages = work.request.pages[self.group]
-        first = first_kept_page(pages) * self.page_size
+        first_page = first_kept_page(pages)
+        first = first_page * self.page_size
         block_start = work.request.block_start if self.rules.block_window_from_start else first - 1
         # The mask over keys [first, query_end) depends only on positions relative to `first` (the window, and the
         # rule when it is causal or `first` keeps the block alignment): requests at different positions share it.
@@ -233,7 +237,7 @@ class WindowMetadataBuilder(PagedMetadataBuilder):
         key = (first - shift, work.query_start - shift, work.query_end - shift, num_commit, block_start - shift)
         if key not in self._windows:
             self._windows[key] = self._window_mask(*key)
-        self._add_own(work, first_row, pages, first, self._windows[key])  # keys from `first`: no FREED page read
+        self._add_own(work, first_row, pages, first_page, self._windows[key])  # no FREED page is read
 
     def _window_mask(self, first: int, query_start: int, query_end: int, num_commit: int, block_start: int):
         """[Lq, query_end - first] bool: the window, and the rule, over the kept keys (block rows anchored at
