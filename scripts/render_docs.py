@@ -79,6 +79,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "ab-decode-cases": benchmarks_serving.ab_commits("ab-decode-cases"),
     "ab-step-records": benchmarks_serving.ab_commits("ab-step-records"),
     "ab-page-tables": benchmarks_serving.ab_commits("ab-page-tables"),
+    "ab-page-tables-short": benchmarks_serving.ab_commits("ab-page-tables-short"),
     "ab-decode-cases-block4": benchmarks_serving.ab_commits("ab-decode-cases-block4"),
     "ab-auto-heads": benchmarks_serving.ab_commits("ab-auto-heads"),
     "decode-cases": benchmarks_serving.decode_cases,

@@ -26,6 +26,8 @@ from diffuserve.core.cache.paged import FREED
 
 @dataclass(slots=True)
 class _Row:
+    """One request's row of the table and what it mirrors."""
+
     index: int
     pages: list[int]
     """The page list the row mirrors (the request's own object, compared by identity)."""
