@@ -2,9 +2,10 @@
 
 One engine-loop thread owns the `LLMEngine` (`AsyncEngine`): it takes add/abort commands from a queue, steps
 while work remains, and hands every request's outputs to the event loop (as copies: the engine keeps updating its
-own output objects in place). A handler submits the engine requests of one HTTP request and reads them back from
-one `OutputStream`, which keeps only the latest (cumulative) output per request; closing the stream early (client
-gone) aborts whatever is unfinished, which frees its pages.
+own output objects in place; a whole, non-streamed response's only its first and finished ones). A handler submits
+the engine requests of one HTTP request and reads them back from one `OutputStream` (output_stream.py), which keeps
+only the latest (cumulative) output per request; closing the stream early (client gone) aborts whatever is
+unfinished, which frees its pages. The observer (the server's metrics) sees every output.
 
 Owns backpressure too: the sequences (a request with n completions is n sequences) accepted but not yet
 scheduled for their first step are counted, and past `max_waiting_requests` a submission is refused
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 from diffuserve.core.outputs import RequestOutput
 from diffuserve.engine.engine_stats import EngineStats
 from diffuserve.sampling_params import SamplingParams
+from diffuserve.server.output_stream import OutputStream
 
 if TYPE_CHECKING:
     from diffuserve.engine.llm_engine import LLMEngine
@@ -105,6 +107,9 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[_Add | _Abort | _Call | None] = queue.SimpleQueue()
         self._held: list[_Add | _Call] = []  # behind a call waiting for idle (engine-loop thread only)
         self._routes: dict[str, OutputStream] = {}  # engine-loop thread only
+        self._started_whole: set[str] = set()
+        """Requests of whole-response streams whose first output was handed over: the next one they take is their
+        finished one (engine-loop thread only)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -129,15 +134,16 @@ class AsyncEngine:
     def is_alive(self) -> bool:
         return self.dead_reason is None and self._thread is not None and self._thread.is_alive()
 
-    async def submit(self, requests: list[EngineRequest]) -> OutputStream:
+    async def submit(self, requests: list[EngineRequest], every_step: bool = True) -> OutputStream:
         """Queues the requests; returns once the engine accepted them all (ValueError if it rejected one,
-        in which case none is kept). Raises QueueFullError or EngineDeadError without queueing anything."""
+        in which case none is kept). Raises QueueFullError or EngineDeadError without queueing anything.
+        `every_step` False: the reader takes finished outputs only (a whole response; OutputStream)."""
         if not self.is_alive:
             raise EngineDeadError(self.dead_reason or "the engine loop is not running")
         sequences = {r.request_id: r.params.n for r in requests}
         if self.num_unstarted + sum(sequences.values()) > self.max_waiting_requests:
             raise QueueFullError(f"{self.num_unstarted} sequences are waiting")
-        stream = OutputStream(self, sequences)
+        stream = OutputStream(self, sequences, every_step)
         self.num_unstarted += sum(sequences.values())
         self._commands.put(_Add(requests, stream, time.monotonic()))
         if self.dead_reason is not None:  # died between the check and the put: nobody will read the command
@@ -255,6 +261,7 @@ class AsyncEngine:
         self._to_loop(command.stream.set_accepted, None)
 
     def _abort(self, request_id: str) -> None:
+        self._started_whole.discard(request_id)
         if self._routes.pop(request_id, None) is not None:
             self.engine.abort_request(request_id)
             if self.observer is not None:
@@ -268,12 +275,26 @@ class AsyncEngine:
             del self._routes[output.request_id]
         if self.observer is not None:
             self.observer.request_output(output, now)
+        if not (stream.every_step or self._first_or_finished(output)):
+            return
         self._to_loop(stream.put, _copy(output))
+
+    def _first_or_finished(self, output: RequestOutput) -> bool:
+        """Whether a whole response's stream takes `output`: its request's first (it marks the request started,
+        the backpressure count) or its finished one."""
+        if output.finished:
+            self._started_whole.discard(output.request_id)
+            return True
+        if output.request_id in self._started_whole:
+            return False
+        self._started_whole.add(output.request_id)
+        return True
 
     def _fail_all(self, reason: str) -> None:
         self.dead_reason = reason
         streams = set(self._routes.values())
         self._routes.clear()
+        self._started_whole.clear()
         for command in [*self._held, *self._drain(block=False)]:
             if isinstance(command, _Add):
                 streams.add(command.stream)
@@ -289,88 +310,6 @@ class AsyncEngine:
             self._loop.call_soon_threadsafe(callback, *args)
         except RuntimeError:
             logger.debug("event loop closed; dropping a message for %s", callback)
-
-
-class OutputStream:
-    """The outputs of one HTTP request's engine requests, as the engine produced them; ends when all finished.
-
-    Outputs are cumulative, so only the latest one per request is kept until it is read: a slow reader gets
-    several blocks in one output rather than an ever-growing backlog of snapshots.
-
-    Lives on the event loop; the engine-loop thread only ever calls `put` / `set_accepted` through
-    `call_soon_threadsafe`. `close()` (always call it, e.g. in `finally`) aborts the unfinished requests. It also
-    keeps the owner's count of sequences not yet scheduled for their first step (the backpressure bound).
-    """
-
-    def __init__(self, owner: AsyncEngine, sequences: dict[str, int]) -> None:
-        """`sequences`: {engine request id: its number of sequences (n)}."""
-        self._owner = owner
-        self._sequences = sequences
-        request_ids = list(sequences)
-        self.request_ids = request_ids
-        self._latest: dict[str, RequestOutput] = {}  # unread, oldest first
-        self._error: Exception | None = None
-        self._ready = asyncio.Event()
-        self._accept: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._unstarted = set(request_ids)  # counted as waiting by the owner
-        self._open = set(request_ids)  # no finished output delivered yet
-        self._num_finished_read = 0
-
-    def __aiter__(self) -> OutputStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        while not self._latest:
-            if self._error is not None:
-                raise self._error
-            if self._num_finished_read == len(self.request_ids):
-                raise StopAsyncIteration
-            self._ready.clear()
-            await self._ready.wait()
-        output = self._latest.pop(next(iter(self._latest)))
-        self._num_finished_read += output.finished
-        return output
-
-    def close(self) -> None:
-        """Aborts what is unfinished (idempotent)."""
-        for request_id in self._open:
-            self._owner.abort(request_id)
-        self._open.clear()
-        self._mark_started(set(self._unstarted))
-
-    # ---- the bridge's side -----------------------------------------------------------------------------------
-    async def wait_accepted(self) -> None:
-        """Returns once the engine took every request; raises what it refused them with."""
-        await self._accept
-
-    def set_accepted(self, error: Exception | None) -> None:
-        """The engine took the requests (None) or refused them (error). Only the first call counts."""
-        if self._accept.done():
-            return
-        if error is None:
-            self._accept.set_result(None)
-        else:
-            self._accept.set_exception(error)
-            self.close()
-
-    def put(self, item: RequestOutput | Exception) -> None:
-        """A new output of one of the requests, or the exception the engine died with."""
-        if isinstance(item, RequestOutput):
-            self._mark_started({item.request_id})
-            if item.finished:
-                self._open.discard(item.request_id)
-            self._latest.pop(item.request_id, None)
-            self._latest[item.request_id] = item
-        else:  # the engine died: nothing more will come
-            self._error = item
-            self.set_accepted(item)
-            self.close()
-        self._ready.set()
-
-    def _mark_started(self, request_ids: set[str]) -> None:
-        started = self._unstarted & request_ids
-        self._unstarted -= started
-        self._owner.num_unstarted -= sum(self._sequences[r] for r in started)
 
 
 def _copy(output: RequestOutput) -> RequestOutput:

@@ -29,11 +29,12 @@ from pydantic import BaseModel
 
 from diffuserve.core.outputs import CompletionOutput, RequestOutput
 from diffuserve.engine.detokenizer import TokenTexts
-from diffuserve.server.bridge import EngineDeadError, OutputStream
+from diffuserve.server.bridge import EngineDeadError
 from diffuserve.server.chat_output import ChatDeltas, ChatOutputFormat
 from diffuserve.server.denoising import DenoisingTrace
 from diffuserve.server.errors import APIError, engine_failed, engine_unavailable
 from diffuserve.server.logprobs import chat_logprobs, completion_logprobs, text_length
+from diffuserve.server.output_stream import OutputStream
 from diffuserve.server.prompt_logprobs import PromptScoring, concat_logprobs, end_offset
 from diffuserve.server.prompts import Prompt
 from diffuserve.server.protocol import StreamOptions

@@ -29,11 +29,12 @@ from fastapi.responses import StreamingResponse
 from diffuserve.core.outputs import RequestOutput
 from diffuserve.engine.detokenizer import TokenTexts
 from diffuserve.sampling_params import SamplingParams
-from diffuserve.server.bridge import AsyncEngine, EngineDeadError, EngineRequest, OutputStream, QueueFullError
+from diffuserve.server.bridge import AsyncEngine, EngineDeadError, EngineRequest, QueueFullError
 from diffuserve.server.chat_output import ChatOutputFormat
 from diffuserve.server.config import ServerConfig
 from diffuserve.server.errors import APIError, bad_request, engine_unavailable, from_value_error, queue_full
 from diffuserve.server.metrics import ServerMetrics
+from diffuserve.server.output_stream import OutputStream
 from diffuserve.server.parsing import chat_params, completion_params
 from diffuserve.server.prompt_logprobs import PromptScoring
 from diffuserve.server.prompts import (
@@ -157,7 +158,7 @@ class OpenAIServing:
             for prompt in prompts:
                 check_max_tokens_fit(prompt, params.max_tokens, self.max_model_len)
         scoring = self._prompt_scoring(body, prompts)
-        stream, ctx = await self._submit("cmpl", prompts, params, scoring=scoring, adapter=adapter)
+        stream, ctx = await self._submit("cmpl", prompts, params, bool(body.stream), scoring=scoring, adapter=adapter)
         if body.stream:
             return _sse_response(sse(stream, completion_events(stream, ctx, body.echo, body.stream_options)))
         return completion_response(ctx, await _collect(stream, request), body.echo)
@@ -174,7 +175,7 @@ class OpenAIServing:
             bool(body.tools) and body.tool_choice != "none",
             body.parallel_tool_calls,
         )
-        stream, ctx = await self._submit("chatcmpl", [prompt], params, chat_format, adapter=adapter)
+        stream, ctx = await self._submit("chatcmpl", [prompt], params, bool(body.stream), chat_format, adapter=adapter)
         if body.stream:
             return _sse_response(sse(stream, chat_events(stream, ctx, body.stream_options)))
         return chat_response(ctx, await _collect(stream, request))
@@ -197,6 +198,7 @@ class OpenAIServing:
         prefix: str,
         prompts: list[Prompt],
         params: SamplingParams,
+        streamed: bool,
         chat_format: ChatOutputFormat | None = None,
         scoring: PromptScoring | None = None,
         adapter: str | None = None,
@@ -205,7 +207,7 @@ class OpenAIServing:
         request_ids = [f"{response_id}-{i}" for i in range(len(prompts))]
         requests = [EngineRequest(rid, p.token_ids, params, adapter) for rid, p in zip(request_ids, prompts)]
         try:
-            stream = await self.bridge.submit(requests)
+            stream = await self.bridge.submit(requests, every_step=streamed)
         except QueueFullError as e:
             self.metrics.rejected.labels(reason="queue_full").inc()
             raise queue_full(self.config.max_waiting_requests) from e

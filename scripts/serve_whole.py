@@ -1,0 +1,112 @@
+"""`diffuserve serve`'s tokens/s for many concurrent completions answered whole (non-streamed) and streamed, over
+loopback HTTP: what the server spends around the engine per request-step (handing outputs to the event loop).
+
+    python scripts/serve_whole.py --concurrency 64 --output-tokens 64 --repeats 3
+
+Starts `python -m diffuserve serve MODEL` (the bundled default model unless `--model`) on a free port, with the
+package from the Python path (so `scripts/ab_commits.py --script scripts/serve_whole.py` runs it on two revisions),
+then per mode: a warm-up round and `--repeats` rounds of `--concurrency` requests sent at once (temperature 0, the
+stop token ignored), the fastest kept. Prints a table, then a JSON line (`rows`: per mode, tokens/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+PROMPT = "Write a short story about a lighthouse keeper."
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(model: str | None, port: int, threads: int) -> subprocess.Popen:
+    command = [sys.executable, "-m", "diffuserve", "serve", *([model] if model else []), "--port", str(port)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return server
+        except httpx.TransportError:
+            time.sleep(0.5)
+    server.kill()
+    raise RuntimeError("the server did not become healthy within 180 s")
+
+
+async def one_request(client: httpx.AsyncClient, body: dict) -> int:
+    """Sends one completion, read to its end -> its completion tokens."""
+    if not body["stream"]:
+        response = await client.post("/v1/completions", json=body)
+        response.raise_for_status()
+        return response.json()["usage"]["completion_tokens"]
+    tokens = 0
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                usage = json.loads(line[6:]).get("usage")
+                tokens = usage["completion_tokens"] if usage else tokens
+    return tokens
+
+
+async def one_round(url: str, concurrency: int, body: dict) -> float:
+    """Every request sent at once -> tokens/s of the round."""
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=concurrency)) as client:
+        started = time.perf_counter()
+        tokens = await asyncio.gather(*(one_request(client, body) for _ in range(concurrency)))
+        return sum(tokens) / (time.perf_counter() - started)
+
+
+def fastest_round(url: str, concurrency: int, body: dict, repeats: int) -> float:
+    """A warm-up round, then `repeats` rounds -> the fastest one's tokens/s."""
+    asyncio.run(one_round(url, concurrency, body))
+    return max(asyncio.run(one_round(url, concurrency, body)) for _ in range(repeats))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="default: the bundled default model")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json-out", type=Path, default=None, help="also write the JSON line here")
+    args = parser.parse_args()
+    port = free_port()
+    server = start_server(args.model, port, args.threads)
+    rows = []
+    try:
+        for mode, stream in (("whole", False), ("streamed", True)):
+            body = {"model": "default-model", "prompt": PROMPT, "max_tokens": args.output_tokens, "stream": stream}
+            body |= {"temperature": 0.0, "ignore_eos": True}
+            if stream:
+                body["stream_options"] = {"include_usage": True}
+            best = fastest_round(f"http://127.0.0.1:{port}", args.concurrency, body, args.repeats)
+            rows.append({"row": mode, "tokens_per_s": round(best, 1)})
+            print(f"{mode:9} {best:9.1f} tokens/s")
+    finally:
+        server.terminate()
+        server.wait(30)
+    line = json.dumps({"script": "serve_whole", "args": vars(args) | {"json_out": None}, "rows": rows})
+    if args.json_out is not None:
+        args.json_out.write_text(line + "\n")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
