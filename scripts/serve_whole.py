@@ -23,7 +23,10 @@ from pathlib import Path
 
 import httpx
 
-PROMPT = "Write a short story about a lighthouse keeper."
+from diffuserve.bench.workload import prepare_model
+
+PROMPT = [(7 * i) % 200 + 10 for i in range(32)]
+"""32 token ids: a model without a tokenizer (a random shape) is served too."""
 
 
 def free_port() -> int:
@@ -79,7 +82,7 @@ def fastest_round(url: str, concurrency: int, body: dict, repeats: int) -> float
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="default: the bundled default model")
+    parser.add_argument("--model", default=None, help="a model directory or a random shape's name (default: bundled)")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
@@ -87,11 +90,12 @@ def main() -> int:
     parser.add_argument("--json-out", type=Path, default=None, help="also write the JSON line here")
     args = parser.parse_args()
     port = free_port()
-    server = start_server(args.model, port, args.threads)
+    server = start_server(str(prepare_model(args.model)) if args.model else None, port, args.threads)
     rows = []
     try:
         for mode, stream in (("whole", False), ("streamed", True)):
-            body = {"model": "default-model", "prompt": PROMPT, "max_tokens": args.output_tokens, "stream": stream}
+            name = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()["data"][0]["id"]
+            body = {"model": name, "prompt": PROMPT, "max_tokens": args.output_tokens, "stream": stream}
             body |= {"temperature": 0.0, "ignore_eos": True}
             if stream:
                 body["stream_options"] = {"include_usage": True}
