@@ -80,6 +80,8 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "ab-step-records": benchmarks_serving.ab_commits("ab-step-records"),
     "ab-page-tables": benchmarks_serving.ab_commits("ab-page-tables"),
     "ab-page-tables-short": benchmarks_serving.ab_commits("ab-page-tables-short"),
+    "ab-whole-responses": benchmarks_serving.ab_commits("ab-whole-responses"),
+    "ab-whole-responses-default": benchmarks_serving.ab_commits("ab-whole-responses-default"),
     "ab-decode-cases-block4": benchmarks_serving.ab_commits("ab-decode-cases-block4"),
     "ab-auto-heads": benchmarks_serving.ab_commits("ab-auto-heads"),
     "decode-cases": benchmarks_serving.decode_cases,
