@@ -31,6 +31,7 @@ from diffuserve.model.config import ModelArgs
 from diffuserve.model.family import ModelFamily
 from diffuserve.model.loader import load_args, read_model_config
 from diffuserve.model.tensor_parallel import check_parallel_sizes
+from diffuserve.sampling_defaults import PENALTY_DEFAULTS
 from diffuserve.text.tokenizer import Tokenizer
 from diffuserve.worker.executor import ModelExecutor
 from diffuserve.worker.model_runner import ModelRunner
@@ -49,8 +50,6 @@ GENERATION_KEYS = (
 )
 """generation_config.json keys read as request defaults under their own names (unless the family reads its file
 itself: ModelFamily.generation_defaults)."""
-PENALTY_KEYS = ("presence_penalty", "frequency_penalty", "repetition_penalty")
-"""generation_config.json keys read as request defaults for every family (decoding/penalties.py)."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +106,7 @@ def generation_defaults(family: ModelFamily, generation: dict) -> dict[str, Any]
         from_file = family.generation_defaults(generation)
     else:
         from_file = {k: generation[k] for k in GENERATION_KEYS if generation.get(k) is not None}
-    penalties = {k: generation[k] for k in PENALTY_KEYS if generation.get(k) is not None}
+    penalties = {k: generation[k] for k in PENALTY_DEFAULTS if generation.get(k) is not None}  # every family's
     return {**family.decoding_defaults, **from_file, **penalties}
 
 
