@@ -130,3 +130,15 @@ class RequestOutput:
     def tokens_per_forward(self) -> float:
         nfe = self.num_forwards
         return sum(len(o.token_ids) for o in self.outputs) / nfe if nfe else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestProgress:
+    """How far a user request whose caller takes its finished output only (`RequestOutputKind.FINAL_ONLY`) has
+    come, as of the last step that ran it: what its metrics need while it produces no output."""
+
+    request_id: str
+    num_tokens: int
+    """Output tokens of all its completions so far."""
+    finish_reasons: list[str | None]
+    """Per completion: its finish reason if it finished (a sibling may finish before the others), else None."""

@@ -33,14 +33,15 @@ from typing import TYPE_CHECKING
 
 from diffuserve.config import EngineConfig
 from diffuserve.core.adapter_ref import AdapterRef
-from diffuserve.core.outputs import RequestOutput
+from diffuserve.core.outputs import RequestOutput, RequestProgress
 from diffuserve.core.request import Request, RequestStatus
 from diffuserve.core.step import SchedulerOutput, StepUpdate
+from diffuserve.engine.completion import Completion
 from diffuserve.engine.engine_setup import RunnerFactory, build_components
 from diffuserve.engine.engine_stats import EngineCounters, EngineStats
 from diffuserve.engine.lora_adapters import LoRAAdapters
 from diffuserve.engine.output_overlap import HeldStep, OutputOverlap
-from diffuserve.engine.output_processor import Completion, OutputProcessor, ParentRequest
+from diffuserve.engine.output_processor import OutputProcessor, ParentRequest
 from diffuserve.engine.step_phases import StepPhases
 from diffuserve.errors import (
     ContextLengthExceeded,
@@ -188,6 +189,11 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         """Finishes a request (all its completions) at once and frees its pages. Unknown ids are ignored."""
         self._finish_requests(self.output_processor.abort_request(request_id), RequestStatus.FINISHED_ABORTED)
+
+    def take_progress(self) -> list[RequestProgress]:
+        """How far the final-only requests that steps ran since the last call have come (they produce no output
+        until they finish): what the server's metrics read of them."""
+        return self.output_processor.take_progress()
 
     def step(self) -> list[RequestOutput]:
         """Runs one scheduling step and one forward; returns the outputs of requests that progressed (with

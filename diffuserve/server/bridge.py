@@ -2,10 +2,12 @@
 
 One engine-loop thread owns the `LLMEngine` (`AsyncEngine`): it takes add/abort commands from a queue, steps
 while work remains, and hands every request's outputs to the event loop (as copies: the engine keeps updating its
-own output objects in place; a whole, non-streamed response's only its first and finished ones). A handler submits
-the engine requests of one HTTP request and reads them back from one `OutputStream` (output_stream.py), which keeps
-only the latest (cumulative) output per request; closing the stream early (client gone) aborts whatever is
-unfinished, which frees its pages. The observer (the server's metrics) sees every output.
+own output objects in place). A whole (non-streamed) response's requests ask the engine for their finished output
+only (`RequestOutputKind.FINAL_ONLY`): the engine neither detokenizes nor snapshots them while they run, and the
+loop hands over nothing but the news that each started. A handler submits the engine requests of one HTTP request
+and reads them back from one `OutputStream` (output_stream.py), which keeps only the latest (cumulative) output per
+request; closing the stream early (client gone) aborts whatever is unfinished, which frees its pages. The observer
+(the server's metrics) sees every output, and every step's progress of the final-only requests.
 
 Owns backpressure too: the sequences (a request with n completions is n sequences) accepted but not yet
 scheduled for their first step are counted, and past `max_waiting_requests` a submission is refused
@@ -27,9 +29,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from diffuserve.core.outputs import RequestOutput
+from diffuserve.core.outputs import RequestOutput, RequestProgress
 from diffuserve.engine.engine_stats import EngineStats
-from diffuserve.sampling_params import SamplingParams
+from diffuserve.sampling_params import RequestOutputKind, SamplingParams
 from diffuserve.server.output_stream import OutputStream
 
 if TYPE_CHECKING:
@@ -63,6 +65,9 @@ class EngineObserver(Protocol):
     def request_added(self, request: EngineRequest, arrival_time: float) -> None: ...
 
     def request_output(self, output: RequestOutput, now: float) -> None: ...
+
+    def request_progress(self, progress: RequestProgress, now: float) -> None:
+        """A step ran a request that takes its finished output only, without an output."""
 
     def request_aborted(self, request_id: str) -> None: ...
 
@@ -107,9 +112,9 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[_Add | _Abort | _Call | None] = queue.SimpleQueue()
         self._held: list[_Add | _Call] = []  # behind a call waiting for idle (engine-loop thread only)
         self._routes: dict[str, OutputStream] = {}  # engine-loop thread only
-        self._started_whole: set[str] = set()
-        """Requests of whole-response streams whose first output was handed over: the next one they take is their
-        finished one (engine-loop thread only)."""
+        self._unstarted_final: set[str] = set()
+        """Final-only requests no step has run yet: their first progress marks them started (engine-loop thread
+        only)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -134,16 +139,16 @@ class AsyncEngine:
     def is_alive(self) -> bool:
         return self.dead_reason is None and self._thread is not None and self._thread.is_alive()
 
-    async def submit(self, requests: list[EngineRequest], every_step: bool = True) -> OutputStream:
+    async def submit(self, requests: list[EngineRequest]) -> OutputStream:
         """Queues the requests; returns once the engine accepted them all (ValueError if it rejected one,
-        in which case none is kept). Raises QueueFullError or EngineDeadError without queueing anything.
-        `every_step` False: the reader takes finished outputs only (a whole response; OutputStream)."""
+        in which case none is kept). Raises QueueFullError or EngineDeadError without queueing anything. Requests
+        whose params ask for finished outputs only (a whole response) get nothing else."""
         if not self.is_alive:
             raise EngineDeadError(self.dead_reason or "the engine loop is not running")
         sequences = {r.request_id: r.params.n for r in requests}
         if self.num_unstarted + sum(sequences.values()) > self.max_waiting_requests:
             raise QueueFullError(f"{self.num_unstarted} sequences are waiting")
-        stream = OutputStream(self, sequences, every_step)
+        stream = OutputStream(self, sequences)
         self.num_unstarted += sum(sequences.values())
         self._commands.put(_Add(requests, stream, time.monotonic()))
         if self.dead_reason is not None:  # died between the check and the put: nobody will read the command
@@ -195,6 +200,8 @@ class AsyncEngine:
             now = time.monotonic()
             for output in outputs:
                 self._deliver(output, now)
+            for progress in self.engine.take_progress():
+                self._progress(progress, now)
             self._replay_held()  # the step may have finished the last request a held call waits for
         if self.observer is not None:
             self.observer.engine_stats(self.engine.stats())
@@ -256,12 +263,14 @@ class AsyncEngine:
             return
         for request in command.requests:
             self._routes[request.request_id] = command.stream
+            if request.params.output_kind == RequestOutputKind.FINAL_ONLY:
+                self._unstarted_final.add(request.request_id)
             if self.observer is not None:
                 self.observer.request_added(request, command.arrival_time)
         self._to_loop(command.stream.set_accepted, None)
 
     def _abort(self, request_id: str) -> None:
-        self._started_whole.discard(request_id)
+        self._unstarted_final.discard(request_id)
         if self._routes.pop(request_id, None) is not None:
             self.engine.abort_request(request_id)
             if self.observer is not None:
@@ -273,28 +282,27 @@ class AsyncEngine:
             return  # aborted while the step ran
         if output.finished:
             del self._routes[output.request_id]
+            self._unstarted_final.discard(output.request_id)
         if self.observer is not None:
             self.observer.request_output(output, now)
-        if not (stream.every_step or self._first_or_finished(output)):
-            return
         self._to_loop(stream.put, _copy(output))
 
-    def _first_or_finished(self, output: RequestOutput) -> bool:
-        """Whether a whole response's stream takes `output`: its request's first (it marks the request started,
-        the backpressure count) or its finished one."""
-        if output.finished:
-            self._started_whole.discard(output.request_id)
-            return True
-        if output.request_id in self._started_whole:
-            return False
-        self._started_whole.add(output.request_id)
-        return True
+    def _progress(self, progress: RequestProgress, now: float) -> None:
+        """A final-only request ran a step: the metrics see it, and its stream learns once that it started."""
+        stream = self._routes.get(progress.request_id)
+        if stream is None:
+            return  # aborted while the step ran
+        if self.observer is not None:
+            self.observer.request_progress(progress, now)
+        if progress.request_id in self._unstarted_final:
+            self._unstarted_final.discard(progress.request_id)
+            self._to_loop(stream.mark_started, progress.request_id)
 
     def _fail_all(self, reason: str) -> None:
         self.dead_reason = reason
         streams = set(self._routes.values())
         self._routes.clear()
-        self._started_whole.clear()
+        self._unstarted_final.clear()
         for command in [*self._held, *self._drain(block=False)]:
             if isinstance(command, _Add):
                 streams.add(command.stream)

@@ -1,9 +1,10 @@
 """Prometheus metrics under vLLM's names with a `diffuserve:` prefix, plus the block-diffusion ones (NFE, TPF).
 
-`ServerMetrics` is the engine observer: the engine-loop thread reports requests added, outputs, aborts and a
-stats snapshot after every step, and this module turns them into gauges, counters and per-request histograms,
-and for MoE models the expert routing statistics and the expert-offload cache's hit rate and bytes moved. The
-series themselves (names, buckets, vLLM naming) are metric_series.py's.
+`ServerMetrics` is the engine observer: the engine-loop thread reports requests added, outputs (and, for requests
+that take their finished output only, each step's progress), aborts and a stats snapshot after every step, and
+this module turns them into gauges, counters and per-request histograms, and for MoE models the expert routing
+statistics and the expert-offload cache's hit rate and bytes moved. The series themselves (names, buckets, vLLM
+naming) are metric_series.py's.
 
 Latencies in block-diffusion terms (tokens become final a block at a time): TTFT is arrival to the first
 committed block; inter-token latency the gap between a request's successive committed blocks, and
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diffuserve.core.outputs import RequestOutput
+from diffuserve.core.outputs import RequestOutput, RequestProgress
 from diffuserve.engine.engine_stats import EngineStats
 from diffuserve.engine.step_phases import PHASES
 from diffuserve.server.bridge import EngineRequest
@@ -62,11 +63,24 @@ class ServerMetrics(MetricSeries):
         tracker = self._trackers.get(output.request_id)
         if tracker is None:
             return
+        reasons = [o.finish_reason for o in output.outputs]
+        self._advance(tracker, sum(len(o.token_ids) for o in output.outputs), reasons, now)
+        if output.finished:
+            del self._trackers[output.request_id]
+            self._finished(output, tracker, now)
+
+    def request_progress(self, progress: RequestProgress, now: float) -> None:
+        """A step of a request that takes its finished output only: counted as an output with its tokens."""
+        tracker = self._trackers.get(progress.request_id)
+        if tracker is not None:
+            self._advance(tracker, progress.num_tokens, progress.finish_reasons, now)
+
+    def _advance(self, tracker: _Tracker, num_tokens: int, finish_reasons: list[str | None], now: float) -> None:
+        """A step that ran the request: its first marks it scheduled; new tokens are a TTFT or an ITL."""
         if tracker.scheduled_time is None:
             tracker.scheduled_time = now
             self.queue_time.observe(now - tracker.arrival_time)
-        tracker.finish_reasons = [o.finish_reason for o in output.outputs]
-        num_tokens = sum(len(o.token_ids) for o in output.outputs)
+        tracker.finish_reasons = finish_reasons
         if num_tokens > tracker.num_tokens:
             if tracker.last_token_time is None:
                 tracker.first_token_time = now
@@ -76,9 +90,6 @@ class ServerMetrics(MetricSeries):
                 self.itl.observe(now - tracker.last_token_time)
                 self.tpot.observe((now - tracker.last_token_time) / (num_tokens - tracker.num_tokens))
             tracker.last_token_time, tracker.num_tokens = now, num_tokens
-        if output.finished:
-            del self._trackers[output.request_id]
-            self._finished(output, tracker, now)
 
     def _finished(self, output: RequestOutput, tracker: _Tracker, now: float) -> None:
         self.e2e.observe(now - tracker.arrival_time)

@@ -24,21 +24,18 @@ class OutputStream:
     """The outputs of one HTTP request's engine requests, as the engine produced them; ends when all finished.
 
     Outputs are cumulative, so only the latest one per request is kept until it is read: a slow reader gets
-    several blocks in one output rather than an ever-growing backlog of snapshots. A whole (non-streamed) response
-    reads only finished outputs: its stream is handed each request's first output (which marks it started) and
-    its finished one, not the steps between (`every_step` False), which the engine loop then neither copies nor
-    sends across threads.
+    several blocks in one output rather than an ever-growing backlog of snapshots. A whole (non-streamed) response's
+    requests take their finished outputs only (`RequestOutputKind.FINAL_ONLY`): the stream is told when each
+    started (`mark_started`) and handed its finished output.
 
     Lives on the event loop; the engine-loop thread only ever calls `put` / `set_accepted` through
     `call_soon_threadsafe`. `close()` (always call it, e.g. in `finally`) aborts the unfinished requests. It also
     keeps the owner's count of sequences not yet scheduled for their first step (the backpressure bound).
     """
 
-    def __init__(self, owner: StreamOwner, sequences: dict[str, int], every_step: bool = True) -> None:
-        """`sequences`: {engine request id: its number of sequences (n)}; `every_step`: whether the reader takes
-        every step's output (a streamed response) or only the finished ones."""
+    def __init__(self, owner: StreamOwner, sequences: dict[str, int]) -> None:
+        """`sequences`: {engine request id: its number of sequences (n)}."""
         self._owner = owner
-        self.every_step = every_step
         self._sequences = sequences
         request_ids = list(sequences)
         self.request_ids = request_ids
@@ -100,6 +97,10 @@ class OutputStream:
             self.set_accepted(item)
             self.close()
         self._ready.set()
+
+    def mark_started(self, request_id: str) -> None:
+        """A step ran the request (one that produces no output before it finishes)."""
+        self._mark_started({request_id})
 
     def _mark_started(self, request_ids: set[str]) -> None:
         started = self._unstarted & request_ids

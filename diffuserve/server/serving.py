@@ -1,8 +1,9 @@
 """What each OpenAI endpoint does, between the parsed request and the response: the server's request lifecycle.
 
 Resolves the model name, builds sampling params and prompts, checks the context, submits one engine request
-per prompt through the async bridge, then either streams SSE or waits for the final outputs. A non-streamed
-request whose client disconnects is aborted like a streamed one. Maps the bridge's refusals to HTTP errors
+per prompt through the async bridge, then either streams SSE or waits for the final outputs (a non-streamed
+request's engine requests ask for their finished outputs only, so the engine makes no text while they run). A
+non-streamed request whose client disconnects is aborted like a streamed one. Maps the bridge's refusals to HTTP errors
 (429 with Retry-After, 503) and the engine's (a 400 naming the field, with the code of its `RequestError`). A
 request that could never be queued (more sequences, prompts x n, than --max-waiting-requests) is a 400, not a
 429 that a client would retry forever.
@@ -28,7 +29,7 @@ from fastapi.responses import StreamingResponse
 
 from diffuserve.core.outputs import RequestOutput
 from diffuserve.engine.detokenizer import TokenTexts
-from diffuserve.sampling_params import SamplingParams
+from diffuserve.sampling_params import RequestOutputKind, SamplingParams
 from diffuserve.server.bridge import AsyncEngine, EngineDeadError, EngineRequest, QueueFullError
 from diffuserve.server.chat_output import ChatOutputFormat
 from diffuserve.server.config import ServerConfig
@@ -205,9 +206,10 @@ class OpenAIServing:
     ) -> tuple[OutputStream, ResponseContext]:
         response_id = f"{prefix}-{uuid.uuid4().hex}"
         request_ids = [f"{response_id}-{i}" for i in range(len(prompts))]
-        requests = [EngineRequest(rid, p.token_ids, params, adapter) for rid, p in zip(request_ids, prompts)]
+        engine_params = params if streamed else params.replace(output_kind=RequestOutputKind.FINAL_ONLY)
+        requests = [EngineRequest(rid, p.token_ids, engine_params, adapter) for rid, p in zip(request_ids, prompts)]
         try:
-            stream = await self.bridge.submit(requests, every_step=streamed)
+            stream = await self.bridge.submit(requests)
         except QueueFullError as e:
             self.metrics.rejected.labels(reason="queue_full").inc()
             raise queue_full(self.config.max_waiting_requests) from e

@@ -190,6 +190,7 @@ TOKEN_STAGES = (  # (file prefix under diffuserve/, the stage a block's tokens a
     ("core/scheduler.py", "applied"),
     ("core/cache/", "applied"),
     ("engine/output_processor.py", "output"),
+    ("engine/completion.py", "output"),
     ("engine/detokenizer.py", "output"),
     ("text/", "output"),
     ("core/outputs.py", "output"),

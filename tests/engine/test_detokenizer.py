@@ -16,7 +16,7 @@ from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import decoders, models
 
 from diffuserve.core.outputs import Logprob
-from diffuserve.engine.output_processor import Completion
+from diffuserve.engine.completion import Completion
 from diffuserve.reference.byte_tokenizer import special_token_ids, write_byte_tokenizer
 from diffuserve.sampling_params import ResolvedSamplingParams, SamplingParams
 from diffuserve.text.tokenizer import Tokenizer

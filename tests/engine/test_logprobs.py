@@ -17,7 +17,7 @@ from diffuserve import LLM, SamplingParams
 from diffuserve.bench.baselines.engines import baseline_llm
 from diffuserve.core.outputs import CompletionOutput, Logprob
 from diffuserve.core.request import Request
-from diffuserve.engine.output_processor import Completion
+from diffuserve.engine.completion import Completion
 from diffuserve.errors import RequestError
 from diffuserve.reference.llada2_checkpoint import write_llada2_checkpoint
 from diffuserve.reference.reference_decode import reference_generate

@@ -1,7 +1,8 @@
 """A request that asks for its finished output only (`RequestOutputKind.FINAL_ONLY`, what `LLM.generate` asks)
 ends exactly as a cumulative one (tokens, text, finish reason, logprobs, every completion of n = 2, stop strings
 and stop ids, with and without outputs made beside the next forward), returns nothing before it finishes, makes no
-text while it runs unless a stop string may end it, and keeps its time to first token."""
+text while it runs unless a stop string may end it, keeps its time to first token, and reports its progress each
+step (what the server's metrics read) as a cumulative request's outputs show it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from diffuserve import LLM, RequestOutputKind, SamplingParams
-from diffuserve.core.outputs import RequestOutput
+from diffuserve.core.outputs import RequestOutput, RequestProgress
+from diffuserve.core.request import RequestStatus
 from diffuserve.engine.llm_engine import LLMEngine
 from tests.engine.mixed_workload import (
     assert_same,
@@ -73,6 +75,54 @@ def test_final_only_requests_end_as_cumulative_ones(checkpoint: Path, overlap: b
     for out in [outputs[-1] for outputs in (*final.values(), *cumulative.values())]:
         assert all(c.finish_reason == "stop" for c in out.outputs if isinstance(c.stop_reason, str))
     assert final_llm.engine.pool.usage == 0
+
+
+def test_final_only_progress_is_what_cumulative_outputs_show_step_by_step(checkpoint: Path):
+    """Both engines run the workload in lockstep: each step, the final-only engine reports the progress (token count,
+    finished completions) of exactly the unfinished requests the cumulative engine returned an output for."""
+    requests = workload()
+    cumulative, final = tight_llm(checkpoint).engine, tight_llm(checkpoint).engine
+    steps = zip(
+        _steps(cumulative, requests),
+        _steps(final, [(t, p, s.replace(output_kind=FINAL_ONLY)) for t, p, s in requests]),
+        strict=True,
+    )
+    num_progress = 0
+    for (cumulative_outputs, _), (final_outputs, progress) in steps:
+        want = {
+            out.request_id: RequestProgress(
+                out.request_id, sum(len(c.token_ids) for c in out.outputs), [c.finish_reason for c in out.outputs]
+            )
+            for out in cumulative_outputs
+            if not out.finished
+        }
+        assert {p.request_id: p for p in progress} == want
+        assert [o.request_id for o in final_outputs] == [o.request_id for o in cumulative_outputs if o.finished]
+        num_progress += len(progress)
+    assert num_progress > 50
+    assert final.take_progress() == []  # finished requests are forgotten
+
+
+def test_a_completion_that_finishes_before_its_siblings_shows_in_the_progress(checkpoint: Path):
+    """Even in a step that ran it alone (its sibling was not scheduled)."""
+    engine = LLM(str(checkpoint), max_model_len=64).engine
+    engine.add_request("two", [5, 6, 7], SamplingParams(n=2, max_tokens=8, ignore_eos=True, output_kind=FINAL_ONLY))
+    engine.step()
+    assert [(p.request_id, p.finish_reasons) for p in engine.take_progress()] == [("two", [None, None])]
+    (first,) = engine.scheduler.finish_requests(["two#0"], RequestStatus.FINISHED_ABORTED)
+    assert engine.output_processor.snapshot([first], {}) == []  # its sibling runs on: no output yet
+    assert [(p.request_id, p.finish_reasons) for p in engine.take_progress()] == [("two", ["abort", None])]
+
+
+def _steps(engine: LLMEngine, requests: list[tuple[int, list[int], SamplingParams]]):
+    """Like `step_outputs`, step by step: each step's outputs and the progress taken after it."""
+    step = 0
+    while step <= max(arrival for arrival, _, _ in requests) or engine.has_unfinished_requests():
+        for i, (arrival, prompt, params) in enumerate(requests):
+            if arrival == step:
+                engine.add_request(str(i), prompt, params)
+        yield engine.step(), engine.take_progress()
+        step += 1
 
 
 class CountingTokenizer:

@@ -68,7 +68,7 @@ def test_disconnect_while_waiting_for_a_whole_answer_aborts(live_server: LiveSer
         live_server.wait_for(lambda: live_server.metric("num_requests_running") == 1)
     _assert_aborted_and_freed(live_server, aborted, generated)
     bridge = live_server.serving.bridge  # it forgot the request (a whole answer's: first output handed over)
-    live_server.wait_for(lambda: not bridge._started_whole and not bridge._routes)
+    live_server.wait_for(lambda: not bridge._unstarted_final and not bridge._routes)
 
 
 def test_step_failure_fails_its_requests_and_the_server_keeps_serving(live_server: LiveServer, monkeypatch):

@@ -1,13 +1,13 @@
-"""A whole (non-streamed) response's stream is handed each engine request's first and finished outputs only, not the
-steps between (server/bridge.py, server/output_stream.py): the answer is the streamed one's, and the metrics, which
-see every step's output, count the same inter-token latencies for both."""
+"""A whole (non-streamed) response's engine requests ask for their finished outputs only (server/serving.py,
+server/bridge.py): the engine makes no text while they run and the stream is told once that each started, then
+handed its finished output. The answer is the streamed one's, and the metrics, which read the final-only
+requests' progress step by step, count the same latencies for both."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 
+from diffuserve.engine.completion import Completion
 from diffuserve.server.output_stream import OutputStream
 from tests.server.conftest import MODEL_NAME, LiveServer
 
@@ -22,18 +22,29 @@ REQUEST = dict(
 
 
 @pytest.fixture
-def handed_over(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[str, bool]]:
-    """(engine request id, finished) of every output handed to a stream."""
-    counts: Counter[tuple[str, bool]] = Counter()
-    put = OutputStream.put
+def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """What the streams were given, in order: ("started", False) for each `mark_started`, ("output", finished)
+    for each output, ("text", False) for each completion update the engine made."""
+    seen: list[tuple[str, bool]] = []
+    put, mark_started, update = OutputStream.put, OutputStream.mark_started, Completion.update
 
     def counting_put(self: OutputStream, item: object) -> None:
         if not isinstance(item, Exception):
-            counts[(item.request_id, item.finished)] += 1
+            seen.append(("output", item.finished))
         put(self, item)
 
+    def counting_mark_started(self: OutputStream, request_id: str) -> None:
+        seen.append(("started", False))
+        mark_started(self, request_id)
+
+    def counting_update(self: Completion, *args: object) -> bool:
+        seen.append(("text", False))
+        return update(self, *args)
+
     monkeypatch.setattr(OutputStream, "put", counting_put)
-    return counts
+    monkeypatch.setattr(OutputStream, "mark_started", counting_mark_started)
+    monkeypatch.setattr(Completion, "update", counting_update)
+    return seen
 
 
 def _streamed_texts(live_server: LiveServer) -> list[str]:
@@ -44,15 +55,22 @@ def _streamed_texts(live_server: LiveServer) -> list[str]:
     return texts
 
 
-def test_a_whole_response_takes_the_first_and_finished_outputs_only(live_server, handed_over):
-    itl = live_server.metric("inter_token_latency_seconds_count")
+def _counts(live_server: LiveServer) -> tuple[float, ...]:
+    names = ["inter_token_latency_seconds", "time_to_first_token_seconds", "request_queue_time_seconds"]
+    return tuple(live_server.metric(f"{name}_count") for name in names)
+
+
+def test_a_whole_response_is_made_once_and_counted_step_by_step(live_server, events):
+    before = _counts(live_server)
     whole = live_server.client().completions.create(**REQUEST)
-    whole_itl = live_server.metric("inter_token_latency_seconds_count") - itl
-    assert sorted(handed_over.values()) == [1, 1], handed_over  # one engine request: its first, its finished output
-    assert {finished for _, finished in handed_over} == {False, True}
-    handed_over.clear()
-    itl = live_server.metric("inter_token_latency_seconds_count")
+    whole_counts = [after - b for after, b in zip(_counts(live_server), before)]
+    # started once, no text until the finish (one update per completion), then the one finished output
+    assert events == [("started", False), ("text", False), ("text", False), ("output", True)], events
+    assert live_server.serving.bridge.num_unstarted == 0
+    events.clear()
+    before = _counts(live_server)
     streamed = _streamed_texts(live_server)
-    assert live_server.metric("inter_token_latency_seconds_count") - itl == whole_itl > 2
-    assert sum(count for (_, finished), count in handed_over.items() if not finished) > 2  # every step
+    assert [after - b for after, b in zip(_counts(live_server), before)] == whole_counts
+    assert whole_counts[0] > 2 and whole_counts[1:] == [1, 1]
+    assert sum(1 for kind, finished in events if kind == "output" and not finished) > 2  # every step
     assert [choice.text for choice in sorted(whole.choices, key=lambda c: c.index)] == streamed
