@@ -6,7 +6,10 @@ loopback HTTP: what the server spends around the engine per request-step (handin
 Starts `python -m diffuserve serve MODEL` (the bundled default model unless `--model`) on a free port, with the
 package from the Python path (so `scripts/ab_commits.py --script scripts/serve_whole.py` runs it on two revisions),
 then per mode: a warm-up round and `--repeats` rounds of `--concurrency` requests sent at once (temperature 0, the
-stop token ignored), the fastest kept. Prints a table, then a JSON line (`rows`: per mode, tokens/s).
+stop token ignored), the fastest kept. Each mode's rows also carry the engine's outputs phase over its rounds, in
+microseconds per generated token, from the server's /metrics (`engine_step_phase_seconds`, `generation_tokens`):
+the engine's own work for the mode's outputs, without the noise of the wall clock. Prints a table, then a JSON
+line (`rows`: per mode, tokens/s and outputs_us_per_token).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -74,6 +78,18 @@ async def one_round(url: str, concurrency: int, body: dict) -> float:
         return sum(tokens) / (time.perf_counter() - started)
 
 
+def counter(url: str, name: str, labels: str = "") -> float:
+    """A `diffuserve:` counter's total from /metrics (summed over its series that carry `labels`)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    pattern = rf"diffuserve:{name}_total\{{([^}}]*)\}} (\S+)$"
+    return sum(float(m.group(2)) for m in re.finditer(pattern, text, re.M) if labels in m.group(1))
+
+
+def outputs_phase(url: str) -> tuple[float, float]:
+    """(seconds of the engine's outputs phase, tokens generated) so far."""
+    return counter(url, "engine_step_phase_seconds", 'phase="outputs"'), counter(url, "generation_tokens")
+
+
 def fastest_round(url: str, concurrency: int, body: dict, repeats: int) -> float:
     """A warm-up round, then `repeats` rounds -> the fastest one's tokens/s."""
     asyncio.run(one_round(url, concurrency, body))
@@ -99,9 +115,13 @@ def main() -> int:
             body |= {"temperature": 0.0, "ignore_eos": True}
             if stream:
                 body["stream_options"] = {"include_usage": True}
-            best = fastest_round(f"http://127.0.0.1:{port}", args.concurrency, body, args.repeats)
-            rows.append({"row": mode, "tokens_per_s": round(best, 1)})
-            print(f"{mode:9} {best:9.1f} tokens/s")
+            url = f"http://127.0.0.1:{port}"
+            before = outputs_phase(url)
+            best = fastest_round(url, args.concurrency, body, args.repeats)
+            (seconds, tokens), (seconds_before, tokens_before) = outputs_phase(url), before
+            per_token = round(1e6 * (seconds - seconds_before) / max(tokens - tokens_before, 1), 2)
+            rows.append({"row": mode, "tokens_per_s": round(best, 1), "outputs_us_per_token": per_token})
+            print(f"{mode:9} {best:9.1f} tokens/s   outputs phase {per_token:6.2f} us per token")
     finally:
         server.terminate()
         server.wait(30)

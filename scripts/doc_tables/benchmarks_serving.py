@@ -228,6 +228,20 @@ def ab_commits(name: str) -> Callable[[Load], str]:
     return render
 
 
+def serve_whole(name: str) -> Callable[[Load], str]:
+    """A recorded `scripts/serve_whole.py` run `name`: per mode, tokens/s and the engine's outputs phase per
+    generated token (the server's /metrics)."""
+
+    def render(load: Load) -> str:
+        rows = load(name)["result"]["rows"]
+        return table(
+            ["mode", "tok/s", "outputs phase µs per token"],
+            [[r["row"], f"{r['tokens_per_s']:.0f}", f"**{r['outputs_us_per_token']:.1f}**"] for r in rows],
+        )
+
+    return render
+
+
 def decode_cases(load: Load) -> str:
     """`scripts/decode_cases.py` before and after: per case, the decode and outputs phases (microseconds per
     request-step) and tokens/s."""
