@@ -1,7 +1,7 @@
 """The long mixed workload of the engine tests: requests on a tiny Clover at block 4 that arrive over a run's
 steps, share a prompt prefix longer than a page, stop on ids and strings, and use every decoder the family has
-with the options each combines with; the run itself (`step_outputs`, `run_mixed`) and how two runs' outputs are compared
-(`summary`, `assert_same`)."""
+with the options each combines with; the run itself (`run_steps`, `step_outputs`, `run_mixed`) and how two runs'
+outputs are compared (`summary`, `assert_same`)."""
 
 from __future__ import annotations
 
@@ -59,16 +59,24 @@ def assert_same(got: tuple, want: tuple, what: str) -> None:
         assert all(abs(got_step[t] - want_step[t]) <= 1e-4 for t in want_step), what
 
 
-def step_outputs(engine: LLMEngine, requests: list[tuple[int, list[int], SamplingParams]]) -> Iterator[RequestOutput]:
-    """Adds each request (id: its index) at its arrival step and steps until all are done, yielding every output the
-    steps return, in order."""
+def run_steps(
+    engine: LLMEngine, requests: list[tuple[int, list[int], SamplingParams]]
+) -> Iterator[list[RequestOutput]]:
+    """Adds each request (id: its index) at its arrival step and steps until all are done, yielding each step's
+    outputs as the step returns them."""
     step = 0
     while step <= max(arrival for arrival, _, _ in requests) or engine.has_unfinished_requests():
         for i, (arrival, prompt, params) in enumerate(requests):
             if arrival == step:
                 engine.add_request(str(i), prompt, params)
-        yield from engine.step()
+        yield engine.step()
         step += 1
+
+
+def step_outputs(engine: LLMEngine, requests: list[tuple[int, list[int], SamplingParams]]) -> Iterator[RequestOutput]:
+    """Every output the steps of `run_steps` return, in order."""
+    for outputs in run_steps(engine, requests):
+        yield from outputs
 
 
 def run_mixed(engine: LLMEngine, requests: list[tuple[int, list[int], SamplingParams]]) -> dict[str, tuple]:

@@ -17,6 +17,7 @@ from diffuserve.engine.llm_engine import LLMEngine
 from tests.engine.mixed_workload import (
     assert_same,
     mixed_requests,
+    run_steps,
     step_outputs,
     summary,
     tight_llm,
@@ -115,14 +116,9 @@ def test_a_completion_that_finishes_before_its_siblings_shows_in_the_progress(ch
 
 
 def _steps(engine: LLMEngine, requests: list[tuple[int, list[int], SamplingParams]]):
-    """Like `step_outputs`, step by step: each step's outputs and the progress taken after it."""
-    step = 0
-    while step <= max(arrival for arrival, _, _ in requests) or engine.has_unfinished_requests():
-        for i, (arrival, prompt, params) in enumerate(requests):
-            if arrival == step:
-                engine.add_request(str(i), prompt, params)
-        yield engine.step(), engine.take_progress()
-        step += 1
+    """`run_steps`, with the progress taken after each step: (the step's outputs, its progress)."""
+    for outputs in run_steps(engine, requests):
+        yield outputs, engine.take_progress()
 
 
 class CountingTokenizer:
