@@ -9,7 +9,10 @@ in the machine's load falls on both sides alike. Every run's final JSON line is 
 (`bench compare`: per block length and variant; `bench throughput`: per block length, mode and concurrency) is
 reduced to the median over rounds, and the table prints old, new and new / old. The last line is JSON. A script
 may rate its rows by another rate than tokens/s: its JSON names the rows' key (`"rate": "request_steps_per_s"`),
-and the result carries it on.
+and the result carries it on. With `--phases`, a script whose rows carry the engine's step phases
+(`phases_us_per_request_step`, as scripts/decode_cases.py's) is compared phase by phase too, in microseconds per
+request-step (lower is better): a change of a microsecond or two in one phase shows there long before the
+end-to-end rate can resolve it.
 
 Knows nothing of the engine: it only runs the CLI and reads its JSON.
 """
@@ -62,6 +65,30 @@ def rows(result: dict) -> dict[str, float]:
     return found
 
 
+def phase_rows(result: dict) -> dict[str, float]:
+    """Microseconds per request-step of each row's step phases, named `row: phase`, and the engine's own time (every
+    phase but the forward) as `row: engine`."""
+    found = {}
+    for row in result.get("rows", []):
+        phases = row.get("phases_us_per_request_step", {})
+        for phase, micros in phases.items():
+            found[f"{row['row']}: {phase}"] = micros
+        if phases:
+            found[f"{row['row']}: engine"] = sum(us for phase, us in phases.items() if phase != "forward")
+    return found
+
+
+def compare(samples: dict[str, dict[str, list[float]]], label: str) -> list[dict]:
+    """Per row the median over rounds of both sides and new / old; printed as a table under `label`."""
+    table = []
+    print(f"{'row':32} {'old':>10} {'new':>10} {'new/old':>8}  ({label})")
+    for name in samples["old"]:
+        old, new = (statistics.median(samples[s][name]) for s in ("old", "new"))
+        table.append({"row": name, "old": old, "new": new, "ratio": round(new / old, 3)})
+        print(f"{name:32} {old:10.2f} {new:10.2f} {new / old:8.3f}")
+    return table
+
+
 def rate(result: dict) -> str:
     """The key of the rate a result's rows carry (tokens/s unless a script says otherwise)."""
     return result.get("rate", "tokens_per_s")
@@ -76,12 +103,16 @@ def main() -> int:
     parser.add_argument(
         "--script", type=Path, default=None, help="run this script (e.g. scripts/decode_cases.py) instead of the bench"
     )
+    parser.add_argument(
+        "--phases", action="store_true", help="also compare the rows' step phases (us per request-step)"
+    )
     parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="-- then the `diffuserve bench` arguments")
     args = parser.parse_args()
     bench_args = [a for a in args.bench_args if a != "--"]
     args.work_dir.mkdir(parents=True, exist_ok=True)
     trees = {"old": checkout(args.old, args.work_dir), "new": checkout(args.new, args.work_dir)}
     samples: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
+    phases: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
     rated = "tokens_per_s"
     for i in range(args.rounds):
         for side in ("old", "new") if i % 2 == 0 else ("new", "old"):
@@ -89,14 +120,14 @@ def main() -> int:
             rated = rate(result)
             for name, value in rows(result).items():
                 samples[side].setdefault(name, []).append(value)
-    table = []
-    print(f"{'row':32} {'old':>10} {'new':>10} {'new/old':>8}  ({rated})")
-    for name in samples["old"]:
-        old, new = (statistics.median(samples[s][name]) for s in ("old", "new"))
-        table.append({"row": name, "old": old, "new": new, "ratio": round(new / old, 3)})
-        print(f"{name:32} {old:10.2f} {new:10.2f} {new / old:8.3f}")
+            for name, value in phase_rows(result).items() if args.phases else ():
+                phases[side].setdefault(name, []).append(value)
     revs = {side: tree.name for side, tree in trees.items()}
-    print(json.dumps({"bench": bench_args, "revisions": revs, "rounds": args.rounds, "rate": rated, "rows": table}))
+    summary = {"bench": bench_args, "revisions": revs, "rounds": args.rounds, "rate": rated}
+    summary["rows"] = compare(samples, rated)
+    if args.phases:
+        summary["phase_rows"] = compare(phases, "us per request-step, lower is better")
+    print(json.dumps(summary))
     return 0
 
 
