@@ -108,8 +108,9 @@ class Scheduler:
         for request in sorted(self.running, key=lambda r: r.last_scheduled_step):
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            prefill = is_prefill(request)
-            work = self._plan(request, budget, prefill)
+            target = request.commit_target
+            prefill = is_prefill(request, target)
+            work = self._plan(request, budget, prefill, target)
             if work is None or not self._reserve(work, scheduled, preempted):
                 continue
             scheduled.append(self.cache.allocate(work))
@@ -136,6 +137,7 @@ class Scheduler:
         editing decoder that is after a step that changed nothing or once the post-edit budget is spent, so the
         committed K/V are always those of the block's final tokens."""
         update, now = StepUpdate(), time.monotonic()
+        verifications = verifications or {}
         for work in output.scheduled:
             request = work.request
             if request.status.is_finished:  # a stop string the previous step's text reached (output overlap)
@@ -144,7 +146,7 @@ class Scheduler:
             self._end_scoring(work, update)
             update.num_prefill_tokens += max(0, min(work.commit_end, request.num_prefill_positions) - work.commit_start)
             before = len(request.output_token_ids)
-            verdict = (verifications or {}).get(request.request_id)
+            verdict = verifications.get(request.request_id)
             rejected = verdict is not None and self._apply_verification(work, verdict, update)
             if work.has_block and not rejected:
                 self._apply_block(work, writes.get(request.request_id, NO_WRITE), update)
@@ -266,17 +268,17 @@ class Scheduler:
             return self.max_prefill_tokens
         return self.max_num_batched_tokens
 
-    def _plan(self, request: Request, step_budget: StepBudget, prefill: bool) -> ScheduledRequest | None:
+    def _plan(self, request: Request, step_budget: StepBudget, prefill: bool, target: int) -> ScheduledRequest | None:
         """The largest piece of work that fits the budget: pending commits (all, or a chunk of whole blocks, within
         the prefill budget if they are prefill), the prompt positions those commits let it score
         (prompt_logprobs), then the block once nothing is left to commit or score. With fused_commit off, a
         finished block's commit runs as its own forward. A request with max_tokens 0 has no block: once scored it
-        gets an empty piece of work, which finishes it."""
+        gets an empty piece of work, which finishes it. `target`: the request's commit target."""
         budget = step_budget.tokens
         commit_budget = min(budget, step_budget.prefill_tokens) if prefill else budget
         start = request.num_computed_tokens
-        pending = max(0, request.commit_target - start)
-        limit = self.cache.commit_limit(request) - start
+        pending = max(0, target - start)
+        limit = self.cache.commit_limit(request, target) - start
         chunk = min(pending, commit_budget // self.block_length * self.block_length, max(limit, 0))
         score_start, score_end = self._plan_scoring(request, start + chunk, budget - chunk)
         left = budget - chunk - (score_end - score_start) * self.block_length
@@ -330,8 +332,9 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             page_hits = self.cache.match_prefix(request)
-            prefill = is_prefill(request)  # after the prefix match, which may have reused its prompt
-            work = self._plan(request, budget, prefill)
+            target = request.commit_target  # after the prefix match, which may have reused its prompt
+            prefill = is_prefill(request, target)
+            work = self._plan(request, budget, prefill, target)
             if work is None or not self.cache.can_allocate(work):
                 self.cache.release(request)  # drop the prefix again; retry next step
                 break

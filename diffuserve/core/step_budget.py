@@ -29,10 +29,12 @@ def default_prefill_tokens(device_type: str, max_num_batched_tokens: int, block_
     return max(CPU_PREFILL_TOKENS, block_length)
 
 
-def is_prefill(request: Request) -> bool:
+def is_prefill(request: Request, commit_target: int | None = None) -> bool:
     """Whether the request has prefill commits pending (its prompt, or a recompute after preemption): commits
-    other than the one finished block a decode step commits. A request without is decoding."""
-    pending = request.commit_target - request.num_computed_tokens
+    other than the one finished block a decode step commits. A request without is decoding. `commit_target`: the
+    request's, where the caller has read it already (a property worth computing once per request-step)."""
+    target = request.commit_target if commit_target is None else commit_target
+    pending = target - request.num_computed_tokens
     if pending > request.block_length:
         return True
     return pending > 0 and request.block_start <= request.num_prefill_positions

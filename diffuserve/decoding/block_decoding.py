@@ -58,9 +58,10 @@ class BlockDecoding:
 
     def decoder_of(self, request: Request) -> Decoder:
         """The request's decoder (resolved now if it entered without one, e.g. a test's hand-made request)."""
-        if request.request_id not in self._decoders:
-            self._decoders[request.request_id] = self.registry.resolve(request.params)
-        return self._decoders[request.request_id]
+        decoder = self._decoders.get(request.request_id)
+        if decoder is None:
+            decoder = self._decoders[request.request_id] = self.registry.resolve(request.params)
+        return decoder
 
     def plan(self, scheduled: list[ScheduledRequest]) -> DecodingPlan:
         """Before the forward: each request's block (what its decoder reads and feeds) and the draft its commit

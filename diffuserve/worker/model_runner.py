@@ -164,12 +164,13 @@ class ModelRunner:
         lora = self.executor.lora
         draft_slot = lora.draft_slot if lora is not None else None
         for work in scheduled:
-            if not (work.num_tokens or work.has_block):
+            num_tokens = work.num_tokens
+            if not (num_tokens or work.has_block):
                 continue  # a request that only scores this step
             request = work.request
             if lora is not None:
                 runs.append((len(ids), adapter_slot(request)))
-            for group in groups if work.num_tokens else ():  # a block that is not computed has no keys to lay
+            for group in groups if num_tokens else ():  # a block that is not computed has no keys to lay
                 group.add(work, len(ids))
             if request.request_id in plan.drafts:
                 drafts.add(work, len(ids), plan.drafts[request.request_id].positions)
@@ -180,7 +181,7 @@ class ModelRunner:
                 if draft_slot is not None and request.adapter is None and request.rule.verifies_heads:
                     runs.append((len(ids), draft_slot))  # drafting rows only: the causal rows stay the base's
                 ids += block.tokens
-            positions += range(work.query_start, work.query_end)
+            positions += range(work.commit_start, work.commit_start + num_tokens)  # its queries
         scoring = ScoringRows(shift=self.rules.prediction_shift, causal=self.rules.autoregressive)
         for work in scheduled:
             if work.score_end > work.score_start:

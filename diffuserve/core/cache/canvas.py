@@ -33,9 +33,6 @@ class CanvasKind(CacheKind):
     def prefix_limit(self, request: Request) -> int:
         return request.block_start
 
-    def commit_limit(self, request: Request) -> int:
-        return request.commit_target
-
     def match_prefix(self, request: Request, page_hashes: list[int]) -> int:
         """Any prefix: a canvas slot holds nothing of it."""
         return len(page_hashes)

@@ -26,9 +26,10 @@ class CacheKind(ABC):
     def prefix_limit(self, request: Request) -> int:
         """Positions before the request's block a prefix hit may cover."""
 
-    @abstractmethod
-    def commit_limit(self, request: Request) -> int:
-        """The position this step's commits may reach."""
+    def commit_limit(self, request: Request, target: int) -> int:
+        """The position this step's commits may reach, `target` (the request's commit target) unless this kind
+        holds them back."""
+        return target
 
     @abstractmethod
     def match_prefix(self, request: Request, page_hashes: list[int]) -> int:

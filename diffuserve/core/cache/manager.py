@@ -113,9 +113,13 @@ class CacheManager:
         for kind in self.kinds:
             kind.start_step()
 
-    def commit_limit(self, request: Request) -> int:
-        """The position this step's commits may reach."""
-        return min(kind.commit_limit(request) for kind in self.kinds)
+    def commit_limit(self, request: Request, target: int) -> int:
+        """The position this step's commits may reach: the request's commit target `target`, or less where a
+        kind says so."""
+        limit = target
+        for kind in self.kinds:  # a loop, not min() over a generator: this runs for every request every step
+            limit = min(limit, kind.commit_limit(request, target))
+        return limit
 
     def match_prefix(self, request: Request) -> int:
         """Reuses the longest cached prefix of whole pages before the request's block that every kind can
@@ -138,7 +142,10 @@ class CacheManager:
 
     def can_allocate(self, work: ScheduledRequest) -> bool:
         """Whether every kind has room for `work` now."""
-        return all(kind.can_allocate(work) for kind in self.kinds)
+        for kind in self.kinds:  # noqa: SIM110 (a loop, not all() over a generator: it runs per request per step)
+            if not kind.can_allocate(work):
+                return False
+        return True
 
     def allocate(self, work: ScheduledRequest) -> ScheduledRequest:
         """Takes what `work` needs in every kind (call after `can_allocate`); returns it annotated."""

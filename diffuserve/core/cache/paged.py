@@ -179,9 +179,6 @@ class PagedKind(CacheKind):
     def start_step(self) -> None:
         """Nothing to return: pages are taken and given back by applied steps only."""
 
-    def commit_limit(self, request: Request) -> int:
-        return request.commit_target
-
     def prefix_limit(self, request: Request) -> int:
         return request.settled_end
 
@@ -232,7 +229,9 @@ class PagedKind(CacheKind):
         for i in range(num_registered, len(page_hashes)):
             if pages[i] != FREED:
                 self.pool.register(pages[i], page_hashes[i])
-        self.pool.free(request.score_pages.pop(self.name, []))
+        scratch = request.score_pages.pop(self.name, None)
+        if scratch:  # most steps score nothing
+            self.pool.free(scratch)
         if self.window is not None:
             self._free_behind_window(request)
 

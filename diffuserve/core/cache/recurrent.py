@@ -217,13 +217,13 @@ class RecurrentKind(CacheKind):
     def trim_prefix(self, request: Request, num_pages: int) -> None:
         assert num_pages == 0 or request.request_id in self._restore, "the state kind narrows the prefix last"
 
-    def commit_limit(self, request: Request) -> int:
+    def commit_limit(self, request: Request, target: int) -> int:
         """While the request scores its prompt (prompt_logprobs) its commits stop at the block of its next scored
         position: that block's variants preview the state after exactly the blocks before it, and the slot holds
         only the state after the step's commits (its first position is read from the last committed row, kept
         as the slot's `last_hidden`)."""
         if not request.num_unscored:
-            return request.commit_target
+            return target
         return max(request.num_computed_tokens, _scored_block_start(request))
 
     # ---- allocation ----------------------------------------------------------------------------------------
@@ -297,14 +297,13 @@ class RecurrentKind(CacheKind):
     def _boundary(self, work: ScheduledRequest) -> int | None:
         if not self.pool.enable_snapshots:
             return None
-        page, request = self.page_size, work.request
-        prompt_end = request.num_prefill_positions // page * page
+        page, start, end = self.page_size, work.commit_start, work.commit_end
         interval = self.interval_pages * page
-        candidates = [work.commit_end // interval * interval]
-        if work.commit_start < prompt_end <= work.commit_end:
-            candidates.append(prompt_end)
-        best = max(candidates)
-        return best if work.commit_start < best <= work.commit_end and best > 0 else None
+        best = end // interval * interval
+        prompt_end = work.request.num_prefill_positions // page * page
+        if start < prompt_end <= end:
+            best = max(best, prompt_end)
+        return best if start < best <= end and best > 0 else None
 
     def _prefix_hash(self, request: Request, num_pages: int) -> int:
         """Chain hash of the request's first `num_pages` pages (those already committed are hashed already)."""
