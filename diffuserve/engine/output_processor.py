@@ -32,6 +32,9 @@ from diffuserve.engine.completion import Completion
 from diffuserve.engine.detokenizer import Decoding, TokenTexts
 from diffuserve.sampling_params import RequestOutputKind
 
+FINAL_ONLY = RequestOutputKind.FINAL_ONLY
+"""Read per request per step: a module name and an identity test, not an enum attribute and an enum comparison."""
+
 
 @dataclass
 class ParentRequest:
@@ -50,7 +53,7 @@ class ParentRequest:
     @property
     def final_only(self) -> bool:
         """Whether the caller gets its finished output only (`RequestOutputKind.FINAL_ONLY`)."""
-        return self.completions[0].params.output_kind == RequestOutputKind.FINAL_ONLY
+        return self.completions[0].params.output_kind is FINAL_ONLY
 
     @property
     def is_finished(self) -> bool:
@@ -200,4 +203,4 @@ class OutputProcessor:
 
 def _waits_for_final(request: Request) -> bool:
     """A running request whose caller wants its finished output only: nothing of it is shown yet."""
-    return request.params.output_kind == RequestOutputKind.FINAL_ONLY and not request.status.is_finished
+    return request.params.output_kind is FINAL_ONLY and not request.status.is_finished

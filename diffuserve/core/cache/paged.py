@@ -207,14 +207,13 @@ class PagedKind(CacheKind):
 
     # ---- allocation ----------------------------------------------------------------------------------------
     def can_allocate(self, work: ScheduledRequest) -> bool:
-        return self.pool.can_allocate(self._pages_needed(work))
+        return self.pool.can_allocate(sum(self._pages_needed(work)))
 
     def allocate(self, work: ScheduledRequest) -> ScheduledRequest:
         """The pages up to the work's last query, plus scratch pages for its scoring variants."""
         request = work.request
         table = request.pages.setdefault(self.name, [])
-        num_own = max(ceil_div(work.query_end, self.page_size) - len(table), 0)
-        num_scratch = ceil_div(work.num_score_tokens, self.page_size)
+        num_own, num_scratch = self._pages_needed(work)
         if num_own or num_scratch:  # most steps of a running request need no page: nothing to take or copy
             pages = self.pool.allocate(num_own + num_scratch)
             table += pages[:num_own]  # in place: O(new pages), not a copy of the table
@@ -248,10 +247,12 @@ class PagedKind(CacheKind):
         self.pool.check_invariants()
 
     # ---- helpers -------------------------------------------------------------------------------------------
-    def _pages_needed(self, work: ScheduledRequest) -> int:
-        held = len(work.request.pages.get(self.name, []))
-        own = max(ceil_div(work.query_end, self.page_size) - held, 0)
-        return own + ceil_div(work.num_score_tokens, self.page_size)
+    def _pages_needed(self, work: ScheduledRequest) -> tuple[int, int]:
+        """(pages the request's own queries still need, scratch pages of its scoring variants)."""
+        size = self.pool.page_size  # read once: this runs twice per request per step
+        held = len(work.request.pages.get(self.name, ()))
+        own = max(ceil_div(work.query_end, size) - held, 0)
+        return own, (ceil_div(work.num_score_tokens, size) if work.score_end > work.score_start else 0)
 
     def _first_needed(self, position: int) -> int:
         """The first page a query at `position` or later can still see (window groups)."""

@@ -105,7 +105,9 @@ class PagedMetadataBuilder:
 
     def add(self, work: ScheduledRequest, first_row: int) -> None:
         """The request's own queries (commits and block), starting at batch row `first_row`."""
-        self._add_own(work, first_row, work.request.pages[self.group], 0, self._mask(work))
+        query_end = work.query_end  # read once: this runs for every request every step
+        mask = self._mask(work.commit_start, query_end, work.commit_end - work.commit_start)
+        self._add_own(work, first_row, work.request.pages[self.group], 0, mask, query_end)
 
     def add_sequence(self, slot_mapping: torch.Tensor, sequence: SequenceSlice) -> None:
         """Queries laid out by someone else (prompt scoring's variants)."""
@@ -139,10 +141,16 @@ class PagedMetadataBuilder:
         return PagedStepMetadata(torch.cat(pieces), tuple(sequences))
 
     def _add_own(
-        self, work: ScheduledRequest, first_row: int, pages: list[int], first_page: int, mask: torch.Tensor | None
+        self,
+        work: ScheduledRequest,
+        first_row: int,
+        pages: list[int],
+        first_page: int,
+        mask: torch.Tensor | None,
+        key_end: int,
     ) -> None:
-        """Records a request's own sequence: keys [first_page * page_size, query_end) of its page table `pages`."""
-        key_end = work.query_end
+        """Records a request's own sequence: keys [first_page * page_size, key_end) of its page table `pages`
+        (`key_end`: the work's query end)."""
         num_pages = -(-key_end // self.page_size)
         assert len(pages) >= num_pages, f"{self.group}: {len(pages)} pages hold fewer than {key_end} positions"
         row = self.tables.row(work.request.request_id, pages, num_pages)
@@ -183,9 +191,9 @@ class PagedMetadataBuilder:
         total = sum(lengths)  # given as output_size: no device sync on CUDA
         return torch.arange(total, device=self.device) + offsets.repeat_interleave(counts, output_size=total), counts
 
-    def _mask(self, work: ScheduledRequest) -> torch.Tensor | None:
+    def _mask(self, query_start: int, query_end: int, num_commit: int) -> torch.Tensor | None:
         """[Lq, L] bool, or None when every query sees every key (shared by equal ranges within the step)."""
-        key = (work.query_start, work.query_end, work.commit_end - work.commit_start)
+        key = (query_start, query_end, num_commit)
         if key not in self._masks:
             self._masks[key] = self._new_mask(*key)
         return self._masks[key]
@@ -237,7 +245,7 @@ class WindowMetadataBuilder(PagedMetadataBuilder):
         key = (first - shift, work.query_start - shift, work.query_end - shift, num_commit, block_start - shift)
         if key not in self._windows:
             self._windows[key] = self._window_mask(*key)
-        self._add_own(work, first_row, pages, first_page, self._windows[key])  # no FREED page is read
+        self._add_own(work, first_row, pages, first_page, self._windows[key], work.query_end)  # no FREED page is read
 
     def _window_mask(self, first: int, query_start: int, query_end: int, num_commit: int, block_start: int):
         """[Lq, query_end - first] bool: the window, and the rule, over the kept keys (block rows anchored at
