@@ -63,6 +63,10 @@ class DenoisingStep:
 
 @dataclass
 class CompletionOutput:
+    """One completion's output. While a request runs, the engine updates the same object after every step, and
+    its `token_ids` and `logprobs` lists grow in place (a step appends its new tokens, not a copy of the whole
+    output: vLLM's cumulative outputs share their lists too); copy them to keep one step's view."""
+
     index: int
     text: str
     token_ids: list[int]

@@ -68,7 +68,7 @@ class Completion:
         if not finished and len(token_ids) == self._num_seen:
             return False  # no new token (output tokens only grow until the request finishes): nothing changes
         self._num_seen = len(token_ids)
-        self.output.token_ids = list(token_ids)
+        self._show_tokens(token_ids)
         self.num_shown_tokens = len(token_ids)
         if tokenizer is None:
             return False
@@ -102,7 +102,22 @@ class Completion:
                 # Built, not `dataclasses.replace`d: this runs for every alternative of every token shown.
                 {token: Logprob(lp.logprob, lp.rank, token_text(token)) for token, lp in entry.items()}
             )
-        self.output.logprobs = self._logprobs[: self.num_shown_tokens]
+        shown = self.output.logprobs
+        if shown is None or len(shown) > self.num_shown_tokens:  # the first, or fewer shown than before
+            self.output.logprobs = self._logprobs[: self.num_shown_tokens]
+        else:  # in place, as the tokens (`_show_tokens`)
+            shown += self._logprobs[len(shown) : self.num_shown_tokens]
+
+    def _show_tokens(self, token_ids: list[int]) -> None:
+        """The output's tokens brought up to `token_ids`, in place: a running request's output tokens only grow,
+        so a step appends its new ones, not a copy of the whole output (a step's work stays independent of the
+        output's length, as the text's is). A shorter list (a stop that cut tokens already shown) replaces it.
+        A caller keeping a step's view copies the lists (server/bridge.py does)."""
+        shown = self.output.token_ids
+        if len(token_ids) < len(shown):
+            self.output.token_ids = list(token_ids)
+        else:
+            shown += token_ids[len(shown) :]
 
     def _find_stop(self, text: str, num_stable: int) -> tuple[int, str] | None:
         """The earliest stop string in `text`, searched only where it may end past the `num_stable` characters

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from diffuserve.core.outputs import RequestOutput, RequestProgress
+from diffuserve.core.outputs import CompletionOutput, RequestOutput, RequestProgress
 from diffuserve.engine.engine_stats import EngineStats
 from diffuserve.sampling_params import RequestOutputKind, SamplingParams
 from diffuserve.server.output_stream import OutputStream
@@ -321,13 +321,19 @@ class AsyncEngine:
 
 
 def _copy(output: RequestOutput) -> RequestOutput:
-    """A snapshot the engine will not mutate (it updates its CompletionOutput objects in place every step)."""
+    """A snapshot the engine will not mutate (it updates its CompletionOutput objects, and their token and logprob
+    lists, in place every step)."""
     return dataclasses.replace(
         output,
-        outputs=[dataclasses.replace(o) for o in output.outputs],
+        outputs=[_copy_completion(o) for o in output.outputs],
         metrics=dataclasses.replace(output.metrics),
         new_token_counts=list(output.new_token_counts),
     )
+
+
+def _copy_completion(output: CompletionOutput) -> CompletionOutput:
+    logprobs = None if output.logprobs is None else list(output.logprobs)
+    return dataclasses.replace(output, token_ids=list(output.token_ids), logprobs=logprobs)
 
 
 def _resolve(future: asyncio.Future[object], result: object) -> None:
