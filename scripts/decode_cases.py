@@ -38,6 +38,7 @@ CASES: dict[str, dict[str, Any]] = {
     "sampled+logprobs": dict(temperature=0.8, logprobs=2),
     "penalties": dict(temperature=0.0, frequency_penalty=0.3, repetition_penalty=1.1),
     "edit": dict(temperature=0.0, decoder="edit"),
+    "verified": dict(temperature=0.0, decoder="verified"),
     "auto": dict(temperature=0.0, decoder="auto"),
     "auto-sampled": dict(temperature=0.8, decoder="auto"),
     "grammar": dict(temperature=0.0, structured_outputs=StructuredOutputsParams(regex="[a-z ]{1,400}")),

@@ -97,6 +97,8 @@ def test_verified_equals_autoregressive_decoding_under_preemption(block4):
     assert stats.num_preemptions > 0
     assert spec.num_accepted_tokens < spec.num_draft_tokens  # random weights: one-forward drafts mostly wrong
     assert spec.num_discarded_steps > 0 and stats.prefix_hit_rate > 0
+    verifiers = [d for d in llm.engine.runner.decoding.registry.decoders() if isinstance(d, verified.VerifiedDecoder)]
+    assert verifiers and not any(d._draft_params for d in verifiers)  # the drafts' parameters leave with the requests
     diffusion, _ = _generate(bd, PROMPTS, _greedy(12, decoder="threshold"))
     assert diffusion != want  # the drafts alone are not the autoregressive output
 
