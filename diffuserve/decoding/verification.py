@@ -1,7 +1,8 @@
 """The step's checks of verified requests (decoder=verified or auto), each through the request's own decoder
 (`Decoder.verify`: its penalty and grammar wrappers process the causal rows as they processed its drafts):
 
-    drafts   each draft the step commits, against the causal rows of the commit (`check_drafts`)
+    drafts   each draft the step commits, against the causal rows of the commit (`check_drafts`): plain greedy
+             drafts (no logprobs, penalties or grammar) all at once (draft_checks.py), the others one by one
     heads    each block head the step writes, against the causal row it was read from (`check_heads`): plain
              heads (no logprobs, penalties or grammar) all at once (head_checks.py), the others one by one
 
@@ -10,10 +11,13 @@ What the verdicts do to a request is core/verification.py's; which rows hold the
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from diffuserve.core.request import Request
 from diffuserve.core.writes import BlockWrite, Verification
+from diffuserve.decoding.draft_checks import check_greedy_drafts, is_plain_greedy
 from diffuserve.decoding.generators import RequestGenerators
 from diffuserve.decoding.head_checks import PlainHead, check_plain_heads, with_head
 from diffuserve.decoding.step_decoding import PlannedBlock, PlannedDraft
@@ -23,13 +27,19 @@ def check_drafts(
     drafts: list[PlannedDraft], logits: torch.Tensor, generators: RequestGenerators
 ) -> dict[str, Verification]:
     """logits [D, V] fp32: the causal rows predicting every draft's checked positions, drafts one after another
-    -> each request's verdict."""
-    verdicts, start = {}, 0
-    for draft in drafts:
+    -> each request's verdict, in the drafts' order: the plain greedy drafts all at once (draft_checks.py), the
+    others one by one."""
+    starts = list(itertools.accumulate((len(draft.positions) for draft in drafts), initial=0))
+    plain = [(draft, start) for draft, start in zip(drafts, starts) if is_plain_greedy(draft)]
+    together = check_greedy_drafts(plain, logits) if plain else {}
+    verdicts = {}
+    for draft, start in zip(drafts, starts):
+        request_id = draft.request.request_id
+        if request_id in together:
+            verdicts[request_id] = together[request_id]
+            continue
         rows = logits[start : start + len(draft.positions)]
-        start += len(draft.positions)
-        verdict = draft.decoder.verify(draft.request, rows, draft.positions, draft.drafts, generators)
-        verdicts[draft.request.request_id] = verdict
+        verdicts[request_id] = draft.decoder.verify(draft.request, rows, draft.positions, draft.drafts, generators)
     return verdicts
 
 

@@ -167,6 +167,7 @@ VERIFICATION_FILES = {
     "decoding/verified.py",
     "decoding/verification.py",
     "decoding/head_checks.py",
+    "decoding/draft_checks.py",
     "worker/verification.py",
     "engine/spec_decode_stats.py",
     "decoding/mask_batch.py",
