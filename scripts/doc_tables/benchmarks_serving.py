@@ -228,6 +228,21 @@ def ab_commits(name: str) -> Callable[[Load], str]:
     return render
 
 
+def ab_phases(name: str) -> Callable[[Load], str]:
+    """The step phases of a recorded `scripts/ab_commits.py --phases` run `name`: microseconds per request-step of
+    each row's phase at both revisions (the forward, whose code neither revision changed, is the run's control)."""
+
+    def render(load: Load) -> str:
+        result = load(name)["result"]
+        revisions = result["revisions"]
+        return table(
+            ["row: phase", f"before ({revisions['old']}) µs", f"after ({revisions['new']}) µs", "after / before"],
+            [[r["row"], f"{r['old']:.1f}", f"{r['new']:.1f}", f"**{r['ratio']:.2f}x**"] for r in result["phase_rows"]],
+        )
+
+    return render
+
+
 def serve_whole(name: str) -> Callable[[Load], str]:
     """A recorded `scripts/serve_whole.py` run `name`: per mode, tokens/s and the engine's outputs phase per
     generated token (the server's /metrics)."""
