@@ -17,7 +17,7 @@ import torch
 
 from diffuserve.core.request import Request
 from diffuserve.core.writes import BlockWrite, Verification
-from diffuserve.decoding.draft_checks import check_greedy_drafts, is_plain_greedy
+from diffuserve.decoding import draft_checks
 from diffuserve.decoding.generators import RequestGenerators
 from diffuserve.decoding.head_checks import PlainHead, check_plain_heads, with_head
 from diffuserve.decoding.step_decoding import PlannedBlock, PlannedDraft
@@ -30,8 +30,8 @@ def check_drafts(
     -> each request's verdict, in the drafts' order: the plain greedy drafts all at once (draft_checks.py), the
     others one by one."""
     starts = list(itertools.accumulate((len(draft.positions) for draft in drafts), initial=0))
-    plain = [(draft, start) for draft, start in zip(drafts, starts) if is_plain_greedy(draft)]
-    together = check_greedy_drafts(plain, logits) if plain else {}
+    plain = [(draft, start) for draft, start in zip(drafts, starts) if draft_checks.is_plain_greedy(draft)]
+    together = draft_checks.check_greedy_drafts(plain, logits) if plain else {}
     verdicts = {}
     for draft, start in zip(drafts, starts):
         request_id = draft.request.request_id

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.core.writes import BlockWrite
-from diffuserve.decoding import registry, verified
+from diffuserve.decoding import draft_checks, registry, verified
 from diffuserve.decoding.protocol import BlockDecode
 from diffuserve.decoding.registry import DecoderRegistry
 from diffuserve.errors import RequestError, UnsupportedParameter
@@ -29,16 +29,24 @@ from tests.engine.test_oracle_mutations import apply_source_mutation
 
 PREFIX = [5, 9, 11, 40, 41, 42, 7, 8, 100, 101, 102, 103, 13, 14, 15, 16, 17]
 PROMPTS = [PREFIX + [60 + i] * (i % 5) + [i] for i in range(8)]
-MUTATIONS = {
+MUTATIONS = {  # (module, code, mutated code, the verified requests' parameters: plain drafts are checked together)
     "one token past the first disagreement": (
+        draft_checks,
+        "else (rejected, target[rejected])",
+        "else (min(rejected + 1, len(draft.drafts) - 1), target[rejected])",
+        {},
+    ),
+    "one token past the first disagreement, drafts checked alone": (
         verified,
         "else (rejected, target[rejected])",
         "else (min(rejected + 1, len(drafts) - 1), target[rejected])",
+        dict(logprobs=1),
     ),
     "no GDN rollback": (
         state_step,
         "t.index_copy_(0, slots, copy[index])",
         "pass",
+        {},
     ),
 }
 
@@ -75,11 +83,11 @@ def _greedy(max_tokens: int, **changes) -> SamplingParams:
     )
 
 
-def _verified_under_preemption(model_dir, outputs: list | None = None):
+def _verified_under_preemption(model_dir, outputs: list | None = None, **changes):
     """Block 4, 16-token pages: 5 pages and 4 state slots for 8 requests of up to 34 positions (3 pages each)."""
     probe = LLM(str(model_dir), device="cpu", max_model_len=128)
     slot = probe.engine.state_pool.slot_bytes
-    params = _greedy(12, decoder="verified")
+    params = _greedy(12, decoder="verified", **changes)
     return _generate(model_dir, PROMPTS, params, outputs, num_pages=5, state_cache_memory=4 * slot)
 
 
@@ -170,8 +178,10 @@ def test_penalised_verified_decoding_is_the_penalised_autoregressive_output(bloc
 def test_the_equality_catches_broken_verification(block4, monkeypatch, mutation):
     bd, ar = block4
     want, _ = _generate(ar, PROMPTS, _greedy(12))
-    apply_source_mutation(monkeypatch, *MUTATIONS[mutation])
-    got, _ = _verified_under_preemption(bd)
+    module, code, mutated, changes = MUTATIONS[mutation]
+    assert _verified_under_preemption(bd, **changes)[0] == want
+    apply_source_mutation(monkeypatch, module, code, mutated)
+    got, _ = _verified_under_preemption(bd, **changes)
     assert got != want
 
 
