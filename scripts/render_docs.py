@@ -92,6 +92,7 @@ TABLES: dict[str, Callable[[Load], str]] = {
     "ab-verified-draft-params": benchmarks_serving.ab_phases("ab-verified-draft-params"),
     "ab-verified-draft-checks": benchmarks_serving.ab_phases("ab-verified-draft-checks"),
     "ab-penalties": benchmarks_serving.ab_phases("ab-penalties"),
+    "ab-bundled-final-only": benchmarks_serving.ab_rates_and_phases("ab-bundled-final-only"),
     "ab-decode-cases-block4": benchmarks_serving.ab_commits("ab-decode-cases-block4"),
     "ab-auto-heads": benchmarks_serving.ab_commits("ab-auto-heads"),
     "decode-cases": benchmarks_serving.decode_cases,

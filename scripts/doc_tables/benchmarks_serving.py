@@ -243,6 +243,12 @@ def ab_phases(name: str) -> Callable[[Load], str]:
     return render
 
 
+def ab_rates_and_phases(name: str) -> Callable[[Load], str]:
+    """A recorded `scripts/ab_commits.py --phases` run `name`: its rates' table, then its phases'."""
+    rates, phases = ab_commits(name), ab_phases(name)
+    return lambda load: f"{rates(load)}\n\n{phases(load)}"
+
+
 def serve_whole(name: str) -> Callable[[Load], str]:
     """A recorded `scripts/serve_whole.py` run `name`: per mode, tokens/s and the engine's outputs phase per
     generated token (the server's /metrics)."""
