@@ -5,10 +5,11 @@
 `scripts/ab_commits.py` compares wall-clock tokens/s, which on a shared 2-core machine moves 2-4x with other
 agents' load. This compares the engine's own CPU time instead: each revision is checked out once (a detached
 `git worktree`), and a fresh process per (revision, concurrency) runs `LLM.generate` on one thread over fixed
-prompts of ordinary token ids (temperature 0, `ignore_eos`, so both sides generate the same number of tokens),
-once to warm up and then --repeats times, reporting `time.process_time()` per generated token. Runs go old, new,
-new, old, ... The table prints the best of each side's repeats (the least disturbed), and new / old; the last
-line is JSON. CPU time is not immune to load (shared caches and memory bandwidth), only far less moved by it.
+prompts of ordinary token ids (300 to 4,299, or from 10 on in a smaller vocabulary; temperature 0, `ignore_eos`,
+so both sides generate the same number of tokens), once to warm up and then --repeats times, reporting
+`time.process_time()` per generated token. Runs go old, new, new, old, ... The table prints the best of each
+side's repeats (the least disturbed), and new / old; the last line is JSON. CPU time is not immune to load
+(shared caches and memory bandwidth), only far less moved by it.
 
 Knows nothing of the engine beyond the public `LLM` / `SamplingParams` API that both revisions share.
 """
@@ -32,7 +33,9 @@ torch.set_num_threads(1)
 from diffuserve import LLM, SamplingParams
 model_dir, concurrency, repeats, prompt_tokens, output_tokens = sys.argv[1:6]
 llm = LLM(model_dir)
-prompts = [{"prompt_token_ids": [(7 * i + j) % 4000 + 300 for j in range(int(prompt_tokens))]}
+vocab = llm.engine.args.vocab_size  # ids 300-4299 where the vocabulary holds them (the recorded runs'), else 10 on
+first, span = (300, 4000) if vocab >= 4300 else (10, vocab - 10)
+prompts = [{"prompt_token_ids": [(7 * i + j) % span + first for j in range(int(prompt_tokens))]}
            for i in range(int(concurrency))]
 params = SamplingParams(max_tokens=int(output_tokens), temperature=0.0, ignore_eos=True)
 def cpu_ms_per_token():
