@@ -10,22 +10,22 @@ from __future__ import annotations
 import torch
 
 from diffuserve.core.writes import Verification
+from diffuserve.decoding import verified
 from diffuserve.decoding.generators import forbid_tokens
 from diffuserve.decoding.step_decoding import PlannedDraft
-from diffuserve.decoding.verified import VerifiedDecoder
 
 
 def is_plain_greedy(draft: PlannedDraft) -> bool:
     """Whether the draft's check is its rows' argmax alone: the request's own decoder is the verified one
     (unwrapped: no penalties, no grammar), greedy, with no logprobs asked for."""
     params = draft.request.params
-    return type(draft.decoder) is VerifiedDecoder and params.is_greedy and params.logprobs is None
+    return type(draft.decoder) is verified.VerifiedDecoder and params.is_greedy and params.logprobs is None
 
 
 def check_greedy_drafts(drafts: list[tuple[PlannedDraft, int]], logits: torch.Tensor) -> dict[str, Verification]:
     """`drafts`: each plain greedy draft with the row of `logits` [D, V] fp32 where its checked positions' causal
     rows start (read, not edited) -> each request's verdict: its drafts kept up to the first that is not its row's
-    argmax, which is written instead."""
+    argmax, which is written instead (`verified.greedy_verdict`, the one-by-one check's rule)."""
     device, vocab = logits.device, logits.shape[-1]
     rows = [start + i for draft, start in drafts for i in range(len(draft.positions))]
     taken = logits.index_select(0, torch.tensor(rows, dtype=torch.long, device=device))  # [n, V], a copy
@@ -44,9 +44,7 @@ def check_greedy_drafts(drafts: list[tuple[PlannedDraft, int]], logits: torch.Te
     best = taken.argmax(dim=-1).tolist()  # one transfer
     verdicts, first = {}, 0
     for draft, _ in drafts:
-        target = best[first : first + len(draft.positions)]
+        kept, token = verified.greedy_verdict(draft.drafts, best[first : first + len(draft.positions)])
         first += len(draft.positions)
-        rejected = next((i for i, (d, t) in enumerate(zip(draft.drafts, target, strict=False)) if d != t), None)
-        kept, token = (len(draft.drafts), None) if rejected is None else (rejected, target[rejected])
         verdicts[draft.request.request_id] = Verification(len(draft.positions), kept, token, None)
     return verdicts

@@ -10,9 +10,9 @@ on the raw logits, before temperature, top-k, top-p and the decoder's rule. Coun
 committed output tokens (its finished blocks; tokens accepted in the open block do not count until it is
 finished), plus the prompt's with `penalize_prompt`. The counts live on the device in one table kept across
 steps, a row [V] per penalised request, grown by what each request committed since the step that last read it (one
-indexed add for the whole step). A step's blocks are penalised all at once (`apply_penalties_rows`: each row by
-its own request's counts and penalties) where a decoder decodes many; the one-block path is `apply_penalties`. A
-request without penalties is never wrapped (registry.py), so it pays nothing. Knows nothing of caches or models.
+indexed add for the whole step). A step's blocks are penalised all at once (`apply_penalties`: each row by its
+own request's counts and penalties), one block as a batch of one. A request without penalties is never wrapped
+(registry.py), so it pays nothing. Knows nothing of caches or models.
 """
 
 from __future__ import annotations
@@ -28,26 +28,13 @@ from diffuserve.decoding.wrapped import WrappedDecoder
 from diffuserve.sampling_params import ResolvedSamplingParams
 
 
-def apply_penalties(rows: torch.Tensor, counts: torch.Tensor, params: ResolvedSamplingParams) -> torch.Tensor:
-    """rows [M, V] fp32, edited in place; counts [V]: each token's count among the counted tokens."""
-    seen = counts > 0  # [V]
-    if params.repetition_penalty != 1:
-        r = params.repetition_penalty
-        rows[:, seen] = torch.where(rows[:, seen] > 0, rows[:, seen] / r, rows[:, seen] * r)
-    if params.frequency_penalty:
-        rows -= params.frequency_penalty * counts.to(rows.dtype)
-    if params.presence_penalty:
-        rows -= params.presence_penalty * seen.to(rows.dtype)
-    return rows
-
-
-def apply_penalties_rows(
+def apply_penalties(
     rows: torch.Tensor, counts: torch.Tensor, params: list[ResolvedSamplingParams], lengths: list[int]
 ) -> torch.Tensor:
     """rows [N, V] fp32: request i's `lengths[i]` rows, request after request, edited in place; counts [R, V]:
-    request i's counts -> `apply_penalties` of every request's rows, all at once. A penalty a request leaves off
-    takes its neutral value in its rows (repetition 1, frequency and presence 0), which leaves them exactly as they
-    are: x / 1, x * 1 and x - 0 are x."""
+    request i's counts -> every request's rows penalised by its own counts and penalties (the module docstring's
+    rule), all at once. A penalty a request leaves off takes its neutral value in its rows (repetition 1,
+    frequency and presence 0), which leaves them exactly as they are: x / 1, x * 1 and x - 0 are x."""
     device, dtype = rows.device, rows.dtype
     counts = _per_row(counts, lengths)  # [N, V]
     seen = counts > 0
@@ -160,7 +147,8 @@ class Penalized(WrappedDecoder):
         counts = self.counts.of(request, rows.shape[-1], rows.device)
         # A copy: `rows` may be the step's logits themselves, which a verified request's head check reads again
         # (and penalises once more, as its own causal row) after this decode.
-        return self.inner.decode(request, apply_penalties(rows.clone(), counts, request.params), positions, generators)
+        rows = apply_penalties(rows.clone(), counts[None], [request.params], [rows.shape[0]])
+        return self.inner.decode(request, rows, positions, generators)
 
     def decode_blocks(
         self,
@@ -173,7 +161,7 @@ class Penalized(WrappedDecoder):
         inner decoder decodes them all at once (its batched pass, where it has one)."""
         counts = self.counts.rows(requests, rows.shape[-1], rows.device)  # [R, V]
         lengths = [len(read) for read in positions]
-        rows = apply_penalties_rows(rows.clone(), counts, [r.params for r in requests], lengths)  # a copy, as `decode`
+        rows = apply_penalties(rows.clone(), counts, [r.params for r in requests], lengths)  # a copy, as `decode`
         return self.inner.decode_blocks(requests, rows, positions, generators)
 
     def verify(
@@ -191,7 +179,7 @@ class Penalized(WrappedDecoder):
         )
         rows = rows.clone()  # the caller's rows stay the model's (see decode)
         for i, draft in enumerate(drafts):
-            apply_penalties(rows[i : i + 1], counts, request.params)
+            apply_penalties(rows[i : i + 1], counts[None], [request.params], [1])
             counts[draft] += 1
         return self.inner.verify(request, rows, positions, drafts, generators, grammar)
 

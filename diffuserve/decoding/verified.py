@@ -54,8 +54,8 @@ class VerifiedDecoder(MaskDecoder):
         self.one_forward = one_forward
         """Every masked position drafted in one forward; else the threshold policy over `steps` forwards."""
         self._draft_params: dict[str, ResolvedSamplingParams] = {}
-        """Per request id, its drafts' parameters: made once (a `replace` of the request's frozen parameters costs
-        about ten microseconds, and every draft step of every request reads them)."""
+        """Per request id, its drafts' parameters: made once (a `replace` of the request's frozen parameters builds
+        and checks a new dataclass of some thirty fields, and every draft step of every request reads them)."""
 
     def proposal_params(self, request: Request) -> ResolvedSamplingParams:
         """Drafts are greedy whatever the request's temperature (q is then a point mass: nothing to keep), and
@@ -94,6 +94,13 @@ class VerifiedDecoder(MaskDecoder):
         return Verification(len(positions), kept, token, logprobs)
 
 
+def greedy_verdict(drafts: list[int], target: list[int]) -> tuple[int, int | None]:
+    """Drafts checked against their rows' argmaxes `target` -> (the leading drafts kept, the argmax written at the
+    first disagreement, or None when all are kept)."""
+    rejected = next((i for i, (d, t) in enumerate(zip(drafts, target, strict=False)) if d != t), None)
+    return (len(drafts), None) if rejected is None else (rejected, target[rejected])
+
+
 def _compare(
     rows: torch.Tensor,
     drafts: list[int],
@@ -104,9 +111,7 @@ def _compare(
     """-> (the leading drafts kept, the token at the first rejected position or None). With a `grammar`, each row
     is masked in place by the matcher's state after the drafts kept before it, which it is then fed."""
     if grammar is None and params.is_greedy:  # one transfer for the whole block
-        target = rows.argmax(dim=-1).tolist()
-        rejected = next((i for i, (d, t) in enumerate(zip(drafts, target, strict=False)) if d != t), None)
-        return (len(drafts), None) if rejected is None else (rejected, target[rejected])
+        return greedy_verdict(drafts, rows.argmax(dim=-1).tolist())
     for i, draft in enumerate(drafts):
         if grammar is not None:
             rows[i] = grammar_masked(rows[i : i + 1], grammar.allowed())[0]

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from diffuserve import LLM, SamplingParams
 from diffuserve.core.writes import BlockWrite
-from diffuserve.decoding import draft_checks, registry, verified
+from diffuserve.decoding import registry, verified
 from diffuserve.decoding.protocol import BlockDecode
 from diffuserve.decoding.registry import DecoderRegistry
 from diffuserve.errors import RequestError, UnsupportedParameter
@@ -31,9 +31,9 @@ PREFIX = [5, 9, 11, 40, 41, 42, 7, 8, 100, 101, 102, 103, 13, 14, 15, 16, 17]
 PROMPTS = [PREFIX + [60 + i] * (i % 5) + [i] for i in range(8)]
 MUTATIONS = {  # (module, code, mutated code, the verified requests' parameters: plain drafts are checked together)
     "one token past the first disagreement": (
-        draft_checks,
+        verified,
         "else (rejected, target[rejected])",
-        "else (min(rejected + 1, len(draft.drafts) - 1), target[rejected])",
+        "else (min(rejected + 1, len(drafts) - 1), target[rejected])",
         {},
     ),
     "one token past the first disagreement, drafts checked alone": (
